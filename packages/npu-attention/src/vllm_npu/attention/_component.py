@@ -1,0 +1,17 @@
+"""The attention layer's component declaration. Imports nothing but npu-interface: discovery must stay cheap."""
+
+from vllm_npu.interface import Component
+
+from ._version import __version__
+
+COMPONENT = Component(
+    name="attention",
+    distribution="npu-attention",
+    version=__version__,
+    interface=">=1.0,<2",
+    vllm=">=0.11.0,<0.12",
+    summary="attention backends (Ascend GQA, MLA, SFA), metadata builders, masks, KV-cache ops",
+)
+
+# What vLLM's `vllm.general_plugins` loader calls (entry point `npu_attention`).
+load_plugin = COMPONENT.plugin_entry()

@@ -1,0 +1,71 @@
+"""vllm_npu.interface: the contracts every vllm-npu-plugin layer codes against.
+
+Importing this package costs nothing: every export is loaded on first access (PEP 562), because vLLM runs the
+platform hook on its start-up path in every process. Nothing here imports torch, torch_npu or vLLM.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ._version import __version__
+from .lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from .component import Component, HookContext, Scope
+    from .config import AdditionalConfig, EnvConfig
+    from .settings import ADDITIONAL_CONFIG_KEY, DEVICE_SETTINGS, read_device_setting
+    from .device import DeviceDecision, DeviceMode, Kernel, KernelBackend, NPUProbe, configure_kernels, current_device, current_mode, decide_device, kernel_backend, probe_npu, reset_device_selection
+    from .errors import ComponentSkewError, ConfigError, DeviceUnavailableError, KernelContractError, MissingComponentError, NPUPluginError, install_command
+    from .log import get_logger
+    from .registry import ENTRY_POINT_GROUP, ComponentReport, check_installed_set, compatibility_problems, discover, init_worker, is_available, load_component, once, require
+    from .versions import INTERFACE_VERSION, SUPPORTED_VLLM, distribution_version, in_range
+
+_EXPORTS = {
+    "Component": ".component:Component",
+    "HookContext": ".component:HookContext",
+    "Scope": ".component:Scope",
+    "AdditionalConfig": ".config:AdditionalConfig",
+    "EnvConfig": ".config:EnvConfig",
+    "ADDITIONAL_CONFIG_KEY": ".settings:ADDITIONAL_CONFIG_KEY",
+    "DEVICE_SETTINGS": ".settings:DEVICE_SETTINGS",
+    "read_device_setting": ".settings:read_device_setting",
+    "DeviceDecision": ".device:DeviceDecision",
+    "DeviceMode": ".device:DeviceMode",
+    "Kernel": ".device:Kernel",
+    "KernelBackend": ".device:KernelBackend",
+    "NPUProbe": ".device:NPUProbe",
+    "configure_kernels": ".device:configure_kernels",
+    "current_device": ".device:current_device",
+    "current_mode": ".device:current_mode",
+    "decide_device": ".device:decide_device",
+    "kernel_backend": ".device:kernel_backend",
+    "probe_npu": ".device:probe_npu",
+    "reset_device_selection": ".device:reset_device_selection",
+    "ComponentSkewError": ".errors:ComponentSkewError",
+    "ConfigError": ".errors:ConfigError",
+    "DeviceUnavailableError": ".errors:DeviceUnavailableError",
+    "KernelContractError": ".errors:KernelContractError",
+    "MissingComponentError": ".errors:MissingComponentError",
+    "NPUPluginError": ".errors:NPUPluginError",
+    "install_command": ".errors:install_command",
+    "get_logger": ".log:get_logger",
+    "ENTRY_POINT_GROUP": ".registry:ENTRY_POINT_GROUP",
+    "ComponentReport": ".registry:ComponentReport",
+    "check_installed_set": ".registry:check_installed_set",
+    "compatibility_problems": ".registry:compatibility_problems",
+    "discover": ".registry:discover",
+    "init_worker": ".registry:init_worker",
+    "is_available": ".registry:is_available",
+    "load_component": ".registry:load_component",
+    "once": ".registry:once",
+    "require": ".registry:require",
+    "INTERFACE_VERSION": ".versions:INTERFACE_VERSION",
+    "SUPPORTED_VLLM": ".versions:SUPPORTED_VLLM",
+    "distribution_version": ".versions:distribution_version",
+    "in_range": ".versions:in_range",
+    "lazy_exports": ".lazy:lazy_exports",
+}
+
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
+__all__ = sorted([*_EXPORTS, "__version__"])

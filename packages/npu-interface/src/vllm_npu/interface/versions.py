@@ -1,0 +1,62 @@
+"""The interface version and the range checks every component goes through.
+
+``INTERFACE_VERSION`` is the version of the *contract* in this package (component protocol, device selection, config
+schema, errors), not of the ``npu-interface`` distribution. A component declares the interface range it was written
+against (``">=1.0,<2"``); a minor bump adds to the contract, a major bump breaks it.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+from dataclasses import dataclass
+
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
+from packaging.version import InvalidVersion, Version
+
+INTERFACE_VERSION = "1.0"
+
+#: The vLLM releases this plugin line is written for.
+SUPPORTED_VLLM = ">=0.11.0,<0.12"
+
+
+def parse_range(spec: str, *, what: str) -> SpecifierSet:
+    """Parse a PEP 440 range, naming ``what`` it belongs to when it is malformed."""
+    try:
+        return SpecifierSet(spec)
+    except InvalidSpecifier as exc:
+        raise ValueError(f"{what}: {spec!r} is not a PEP 440 version range (e.g. '>=1.0,<2')") from exc
+
+
+def in_range(version: str, spec: str, *, what: str) -> bool:
+    """Whether ``version`` lies in ``spec``. Pre-releases and local versions (``0.11.0+cpu``) count as their release."""
+    try:
+        v = Version(version)
+    except InvalidVersion:
+        return False
+    return parse_range(spec, what=what).contains(Version(v.base_version), prereleases=True)
+
+
+def distribution_version(dist: str) -> str | None:
+    """The installed version of a distribution, or None. Reads metadata only: never imports the package."""
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+@dataclass(frozen=True)
+class RangeCheck:
+    """One range check: ``subject`` needs ``required`` of ``target`` and found ``found`` (None = not installed)."""
+
+    subject: str
+    target: str
+    required: str
+    found: str | None
+
+    @property
+    def ok(self) -> bool:
+        return self.found is not None and in_range(self.found, self.required, what=f"{self.subject} -> {self.target}")
+
+    def __str__(self) -> str:
+        found = self.found if self.found is not None else "not installed"
+        return f'{self.subject} requires {self.target} "{self.required}" but found {found}'

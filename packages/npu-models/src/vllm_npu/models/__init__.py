@@ -1,0 +1,14 @@
+"""vllm_npu.models: the public API of the models layer.
+
+Importing this package is cheap (exports load on first access): vLLM imports it in every process when it
+discovers plugins.
+"""
+
+from vllm_npu.interface.lazy import lazy_exports
+
+from ._version import __version__
+
+_EXPORTS: dict[str, str] = {}
+
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
+__all__ = sorted([*_EXPORTS, "__version__"])

@@ -1,0 +1,17 @@
+"""The models layer's component declaration. Imports nothing but npu-interface: discovery must stay cheap."""
+
+from vllm_npu.interface import Component
+
+from ._version import __version__
+
+COMPONENT = Component(
+    name="models",
+    distribution="npu-models",
+    version=__version__,
+    interface=">=1.0,<2",
+    vllm=">=0.11.0,<0.12",
+    summary="model overrides (Qwen2/2.5-VL, Qwen3-VL(-MoE), DeepSeek-V3.2, PanguProMoE)",
+)
+
+# What vLLM's `vllm.general_plugins` loader calls (entry point `npu_models`).
+load_plugin = COMPONENT.plugin_entry()

@@ -1,0 +1,52 @@
+"""vllm_npu.platform: the Ascend NPU platform for vLLM.
+
+``register`` is vLLM's ``vllm.platform_plugins`` hook (entry point ``npu``). vLLM calls it in every process, twice,
+and silently swallows anything it raises, so it imports nothing heavy (no torch, no torch_npu, no vLLM), never
+raises, and logs why it declines.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from vllm_npu.interface.lazy import lazy_exports
+
+from ._version import __version__
+
+if TYPE_CHECKING:
+    from .platform import EmulatedNPUPlatform, NPUPlatform
+
+PLATFORM_CLASSES = {
+    "npu": "vllm_npu.platform.platform.NPUPlatform",
+    "emulated": "vllm_npu.platform.platform.EmulatedNPUPlatform",
+}
+
+_declined_reasons: set[str] = set()  # log each distinct decline reason once per process
+
+
+def register() -> str | None:
+    """Return the platform class path if this process should run on the NPU platform, else None."""
+    from vllm_npu.interface.device import current_device
+    from vllm_npu.interface.log import get_logger
+
+    logger = get_logger(__name__)
+    try:
+        decision = current_device()
+    except Exception as exc:  # vLLM would swallow it silently; say it instead
+        logger.warning("NPU platform not activated: %s", exc)
+        return None
+    if decision.mode is None:
+        if decision.reason not in _declined_reasons:
+            _declined_reasons.add(decision.reason)
+            logger.info("NPU platform not activated: %s", decision.reason)
+        return None
+    return PLATFORM_CLASSES[decision.mode.value]
+
+
+_EXPORTS = {
+    "NPUPlatform": ".platform:NPUPlatform",
+    "EmulatedNPUPlatform": ".platform:EmulatedNPUPlatform",
+}
+
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
+__all__ = sorted([*_EXPORTS, "PLATFORM_CLASSES", "__version__", "register"])

@@ -1,0 +1,14 @@
+"""The platform layer's component declaration. Imports nothing but npu-interface: discovery must stay cheap."""
+
+from vllm_npu.interface import Component
+
+from ._version import __version__
+
+COMPONENT = Component(
+    name="platform",
+    distribution="npu-platform",
+    version=__version__,
+    interface=">=1.0,<2",
+    vllm=">=0.11.0,<0.12",
+    summary="NPUPlatform, worker, model runner, communicator, emulated device, the vllm-npu CLI",
+)

@@ -1,0 +1,17 @@
+"""The quant layer's component declaration. Imports nothing but npu-interface: discovery must stay cheap."""
+
+from vllm_npu.interface import Component
+
+from ._version import __version__
+
+COMPONENT = Component(
+    name="quant",
+    distribution="npu-quant",
+    version=__version__,
+    interface=">=1.0,<2",
+    vllm=">=0.11.0,<0.12",
+    summary="the `ascend` quantization method for msModelSlim checkpoints",
+)
+
+# What vLLM's `vllm.general_plugins` loader calls (entry point `npu_quant`).
+load_plugin = COMPONENT.plugin_entry()

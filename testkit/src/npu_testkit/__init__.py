@@ -1,0 +1,1 @@
+"""Private test support for vllm-npu-plugin: see the package README."""
