@@ -1,0 +1,148 @@
+"""Tiny Hugging Face checkpoints built on the fly (no hub downloads), and HF reference generation.
+
+``build_tiny_model(path, config)`` saves random weights for any ``transformers`` config plus a small byte-level BPE
+tokenizer trained on bundled text, so that vLLM and HF load the very same checkpoint. Builds are cached by content:
+calling it again with the same config and seed is free.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+CORPUS = """\
+It was the best of times, it was the worst of times, it was the age of wisdom, it was the age of foolishness,
+it was the epoch of belief, it was the epoch of incredulity, it was the season of Light, it was the season of
+Darkness, it was the spring of hope, it was the winter of despair, we had everything before us, we had nothing
+before us. Call me Ishmael. Some years ago, never mind how long precisely, having little or no money in my purse,
+and nothing particular to interest me on shore, I thought I would sail about a little and see the watery part of
+the world. The quick brown fox jumps over the lazy dog. 0123456789 + - * / = ( ) [ ] { } < > ! ? , . ; : ' "
+"""
+
+SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+CHAT_TEMPLATE = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def default_cache_dir() -> Path:
+    root = os.environ.get("VLLM_NPU_TEST_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "vllm-npu-tests"
+    )
+    return Path(root)
+
+
+def build_tokenizer(vocab_size: int = 512):
+    """A byte-level BPE tokenizer (``PreTrainedTokenizerFast``) trained on :data:`CORPUS`, with a chat template."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator([CORPUS] * 4, trainer=trainer)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        bos_token="<|endoftext|>",
+        eos_token="<|endoftext|>",
+        pad_token="<|endoftext|>",
+        unk_token=None,
+    )
+    fast.chat_template = CHAT_TEMPLATE
+    return fast
+
+
+def _fingerprint(config_dict: dict[str, Any], seed: int, std: float, extra: str) -> str:
+    blob = json.dumps({"config": config_dict, "seed": seed, "std": std, "extra": extra}, sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def build_tiny_model(
+    config: Any,
+    path: str | os.PathLike[str] | None = None,
+    *,
+    seed: int = 0,
+    std: float = 0.2,
+    dtype: str = "float32",
+    auto_class: str = "AutoModelForCausalLM",
+) -> Path:
+    """Save a randomly initialised model for ``config`` (a ``transformers.PretrainedConfig``) and a tokenizer.
+
+    ``std`` is the init std of every weight matrix (large enough that greedy decoding is not degenerate).
+    Returns the checkpoint directory. Rebuilding the same config is skipped (a ``.complete`` marker).
+    """
+    import torch
+    import transformers
+
+    tokenizer = build_tokenizer(vocab_size=min(getattr(config, "vocab_size", 512), 512))
+    config.vocab_size = max(getattr(config, "vocab_size", 0), len(tokenizer))
+    config.bos_token_id = tokenizer.bos_token_id
+    config.eos_token_id = tokenizer.eos_token_id
+    config.pad_token_id = tokenizer.pad_token_id
+    config.torch_dtype = dtype
+    if hasattr(config, "initializer_range"):
+        config.initializer_range = std
+    key = _fingerprint(config.to_dict(), seed, std, auto_class)
+    out = Path(path) if path is not None else default_cache_dir() / f"{config.model_type}-{key}"
+    if (out / ".complete").read_text() == key if (out / ".complete").exists() else False:
+        return out
+    out.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(seed)
+    model = getattr(transformers, auto_class).from_config(config, dtype=getattr(torch, dtype))
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if param.dim() >= 2:
+                param.normal_(0.0, std)
+            elif "norm" in name and name.endswith("weight"):
+                param.uniform_(0.5, 1.5)
+            else:
+                param.normal_(0.0, std / 4)
+    model.save_pretrained(out, safe_serialization=True)
+    tokenizer.save_pretrained(out)
+    (out / ".complete").write_text(key)
+    return out
+
+
+def hf_greedy(model_dir: str | os.PathLike[str], prompts: list[list[int]], max_new_tokens: int, dtype: str = "float32") -> list[list[int]]:
+    """Greedy continuations from HF transformers (the reference), one prompt at a time (no padding effects)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype))
+    model.eval()
+    outputs = []
+    with torch.no_grad():
+        for ids in prompts:
+            inp = torch.tensor([ids])
+            gen = model.generate(
+                inp,
+                attention_mask=torch.ones_like(inp),
+                max_new_tokens=max_new_tokens,
+                min_new_tokens=max_new_tokens,
+                do_sample=False,
+                pad_token_id=model.config.pad_token_id,
+            )
+            outputs.append(gen[0, len(ids):].tolist())
+    return outputs
+
+
+def hf_logprobs(model_dir: str | os.PathLike[str], ids: list[int], dtype: str = "float32"):
+    """HF log-softmax over the vocabulary for every position of ``ids``: a ``[len(ids), vocab]`` float tensor."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype))
+    model.eval()
+    with torch.no_grad():
+        logits = model(torch.tensor([ids])).logits[0].float()
+    return torch.log_softmax(logits, dim=-1)
