@@ -8,7 +8,12 @@ from vllm_npu.interface.lazy import lazy_exports
 
 from ._version import __version__
 
-_EXPORTS: dict[str, str] = {}
+_EXPORTS: dict[str, str] = {
+    "select_backend": ".selector:select_backend",
+    "GQA_BACKEND": ".selector:GQA_BACKEND",
+    "MLA_BACKEND": ".selector:MLA_BACKEND",
+    "SFA_BACKEND": ".selector:SFA_BACKEND",
+}
 
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 __all__ = sorted([*_EXPORTS, "__version__"])
