@@ -1,0 +1,502 @@
+"""torch_npu 2.8.0's documented op signatures, read from the wheel without importing torch_npu.
+
+Importing torch_npu on a host without CANN breaks ``import torch``, so this module only downloads the wheel once
+(``pip download --no-deps``), opens it as a zip and parses three files:
+
+- ``torch_npu/_op_plugin_docs.py``: ``_add_torch_npu_docstr("<name>", <doc string>)`` calls whose doc usually starts
+  with a schema line such as ``torch_npu.npu_rms_norm(Tensor self, Tensor gamma, float epsilon=1e-06) -> (Tensor,
+  Tensor)``. Some schemas span several lines, some drop the ``torch_npu.`` prefix or carry ``func:``, some only
+  give bare names (``npu_iou(bboxes, gtboxes, mode=0)``), and a few docs give no schema at all.
+- ``torch_npu/op_plugin/atb/_atb_api_docs.py``: the same for ``torch_npu.atb.<name>``, where several overloads may
+  be listed on consecutive lines.
+- ``torch_npu/op_plugin/meta/_meta_registrations.py``: ``@impl(m, "<name>") def f(...)`` meta kernels; their Python
+  parameter lists are the only written contract of ops the docs leave out (``npu_add_rms_norm``,
+  ``npu_apply_rotary_pos_emb``, ...).
+
+:func:`load_docs` returns a :class:`TorchNPUDocs` whose :meth:`TorchNPUDocs.check_call` says what is wrong with a
+call (unknown op, undocumented keyword, bad positional arity, missing required argument).
+
+The wheel is cached under ``$VLLM_NPU_TEST_CACHE`` (default ``~/.cache/vllm-npu-tests``); a wheel already on disk can
+be named with ``VLLM_NPU_TORCH_NPU_WHEEL``.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import os
+import re
+import shutil
+import subprocess
+import sys
+import warnings
+import zipfile
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+TORCH_NPU_VERSION = "2.8.0"
+OP_DOCS_PATH = "torch_npu/_op_plugin_docs.py"
+ATB_DOCS_PATH = "torch_npu/op_plugin/atb/_atb_api_docs.py"
+META_PATH = "torch_npu/op_plugin/meta/_meta_registrations.py"
+
+# torch_npu 2.8.0 is built on manylinux_2_28; older tags are tried too so the code survives a re-tagged upload.
+_PLATFORMS = {
+    "x86_64": ("manylinux_2_28_x86_64", "manylinux2014_x86_64"),
+    "aarch64": ("manylinux_2_28_aarch64", "manylinux2014_aarch64"),
+}
+
+_IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+
+
+class DocsUnavailableError(RuntimeError):
+    """The torch_npu wheel could not be found or downloaded."""
+
+
+# --- signatures -----------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Param:
+    """One documented parameter. ``type`` is the schema type (``Tensor?``, ``int[]?``...) or None when untyped."""
+
+    name: str
+    type: str | None = None
+    default: str | None = None
+    kw_only: bool = False
+
+    @property
+    def optional(self) -> bool:
+        """Whether a call may leave it out: it has a default, or its schema type is Optional (``Tensor?``)."""
+        return self.default is not None or (self.type is not None and self.type.rstrip().endswith("?"))
+
+
+@dataclass(frozen=True)
+class Signature:
+    """One documented overload of an op. ``source`` is ``docs``, ``atb`` or ``meta``."""
+
+    name: str
+    params: tuple[Param, ...]
+    returns: str | None
+    source: str
+    text: str
+    var_positional: bool = False
+    var_keyword: bool = False
+
+    @property
+    def positional(self) -> tuple[Param, ...]:
+        return tuple(p for p in self.params if not p.kw_only)
+
+    @property
+    def names(self) -> frozenset[str]:
+        return frozenset(p.name for p in self.params)
+
+    @property
+    def required_positional(self) -> int:
+        """How many leading positional parameters have no default (what a call must pass at least)."""
+        n = 0
+        for p in self.positional:
+            if p.default is not None:
+                break
+            n += 1
+        return n
+
+    def problems(self, n_positional: int, keywords: Sequence[str], *, star_args: bool = False,
+                 star_kwargs: bool = False) -> list[str]:
+        """Why a call with ``n_positional`` positional arguments and ``keywords`` does not fit (empty = it fits).
+
+        ``star_args``/``star_kwargs`` mark calls that spread ``*seq``/``**mapping``: their counts are unknown, so
+        the bounds they could satisfy are not checked.
+        """
+        out: list[str] = []
+        pos = self.positional
+        if not star_args and not self.var_positional and n_positional > len(pos):
+            out.append(f"{n_positional} positional arguments given, at most {len(pos)} documented")
+        filled = {p.name for p in pos[:n_positional]}
+        for kw in keywords:
+            if kw not in self.names and not self.var_keyword:
+                out.append(f"keyword {kw!r} is not a documented parameter")
+            elif kw in filled:
+                out.append(f"{kw!r} is given both positionally and by keyword")
+        if not star_args and not star_kwargs:
+            given = filled | set(keywords)
+            missing = [p.name for p in self.params if p.name not in given and not p.optional]
+            if missing:
+                out.append("required parameter(s) not given: " + ", ".join(missing))
+        return out
+
+    def __str__(self) -> str:
+        return self.text
+
+
+def _split_top_level(text: str, sep: str = ",") -> list[str]:
+    """Split at ``sep`` outside brackets/quotes: ``int[2] a=[1,1], b=(x, y)`` -> two items."""
+    parts, depth, quote, cur = [], 0, "", []
+    for ch in text:
+        if quote:
+            cur.append(ch)
+            if ch == quote:
+                quote = ""
+            continue
+        if ch in "'\"":
+            quote = ch
+        elif ch in "([{":
+            depth += 1
+        elif ch in ")]}":
+            depth -= 1
+        elif ch == sep and depth == 0:
+            parts.append("".join(cur))
+            cur = []
+            continue
+        cur.append(ch)
+    parts.append("".join(cur))
+    return [p.strip() for p in parts]
+
+
+def _parse_param(item: str, kw_only: bool) -> Param | None:
+    """``Tensor? bias=None`` / ``bias=None`` / ``x: List[Tensor]`` / ``Tensor(a!) out`` -> Param (None if unparsable)."""
+    eq = _split_top_level(item, "=")
+    left, default = eq[0], ("=".join(eq[1:]).strip() if len(eq) > 1 else None)
+    if ":" in left and not left.strip().startswith("func"):
+        name, _, typ = left.partition(":")
+        name, typ = name.strip(), typ.strip() or None
+    else:
+        tokens = left.split()
+        if not tokens:
+            return None
+        name, typ = tokens[-1], (" ".join(tokens[:-1]) or None)
+    if not _IDENT.match(name):
+        return None
+    return Param(name=name, type=typ, default=default, kw_only=kw_only)
+
+
+def parse_signature(text: str, source: str = "docs") -> Signature:
+    """Parse ``[torch_npu.[atb.]]name(params) [-> returns]`` into a :class:`Signature`.
+
+    Raises ValueError when the text is not a signature (no balanced parameter list, or an item that is neither a
+    parameter nor ``*``/``*args``/``**kwargs``).
+    """
+    text = " ".join(text.split())
+    text = re.sub(r"^func:\s*", "", text)
+    m = re.match(r"(?:torch_npu\s*\.\s*(?:atb\s*\.\s*|npu\s*\.\s*)?)?([A-Za-z_][\w.]*)\s*\(", text)
+    if not m:
+        raise ValueError(f"not a signature: {text[:80]!r}")
+    name = m.group(1)
+    start = m.end()
+    depth, i = 1, start
+    while i < len(text) and depth:
+        depth += {"(": 1, ")": -1}.get(text[i], 0)
+        i += 1
+    if depth:
+        raise ValueError(f"unbalanced parameter list in {text[:80]!r}")
+    inner, rest = text[start : i - 1], text[i:].strip()
+    returns = rest[2:].strip() if rest.startswith("->") else None
+    params: list[Param] = []
+    kw_only = var_pos = var_kw = False
+    for item in _split_top_level(inner):
+        if not item or item == "/":
+            continue
+        if item == "*":
+            kw_only = True
+            continue
+        if item.startswith("**"):
+            var_kw = True
+            continue
+        if item.startswith("*"):
+            var_pos, kw_only = True, True
+            continue
+        param = _parse_param(item, kw_only)
+        if param is None:
+            raise ValueError(f"cannot parse parameter {item!r} of {name}")
+        params.append(param)
+    return Signature(name, tuple(params), returns, source, text, var_pos, var_kw)
+
+
+def _signature_spans(doc: str, name: str) -> list[str]:
+    """The schema text(s) of ``name`` at the head of a docstring.
+
+    A schema starts at the beginning of a line (optionally after ``func:``) and may continue over several lines
+    until its parentheses balance (plus a ``-> ret`` on the same line). Only the first one counts, plus overloads
+    that follow it on the very next lines; later mentions are usage examples (``torch_npu.op(x, y=y)``), not schemas.
+    """
+    head = re.compile(r"^\s*(?:func:\s*)?(?:torch_npu\s*\.\s*(?:atb\s*\.\s*|npu\s*\.\s*)?)?" + re.escape(name) + r"\s*\(")
+    lines = doc.splitlines()
+    spans: list[str] = []
+    i = 0
+    last_end = None
+    while i < len(lines):
+        line = lines[i]
+        if head.match(line) and "=" not in line.split("(", 1)[0]:
+            if spans and last_end is not None and i != last_end + 1:
+                break
+            buf, depth, j = [], 0, i
+            while j < len(lines):
+                buf.append(lines[j])
+                depth += lines[j].count("(") - lines[j].count(")")
+                if depth <= 0:
+                    break
+                j += 1
+            spans.append("\n".join(buf))
+            last_end = j
+            i = j + 1
+            continue
+        i += 1
+    return spans
+
+
+def _parse_quiet(source: str) -> ast.Module:
+    """ast.parse without the wheel's own invalid-escape DeprecationWarnings (its docstrings are not raw strings)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", SyntaxWarning)
+        warnings.simplefilter("ignore", DeprecationWarning)
+        return ast.parse(source)
+
+
+def _docstr_calls(source: str, helper: str) -> Iterable[tuple[str, str]]:
+    """(name, doc) of every ``helper("name", <doc string>)`` call in a module's source (nested calls included)."""
+    for node in ast.walk(_parse_quiet(source)):
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id == helper
+            and len(node.args) >= 2
+            and all(isinstance(a, ast.Constant) and isinstance(a.value, str) for a in node.args[:2])
+        ):
+            yield node.args[0].value, node.args[1].value
+
+
+def parse_docs_module(source: str, helper: str, source_tag: str) -> dict[str, list[Signature]]:
+    """Op name -> documented overloads. A name with an empty list is documented but gives no parsable schema."""
+    out: dict[str, list[Signature]] = {}
+    for name, doc in _docstr_calls(source, helper):
+        sigs = out.setdefault(name, [])
+        for span in _signature_spans(doc, name):
+            try:
+                sigs.append(parse_signature(span, source_tag))
+            except ValueError:
+                continue
+    return out
+
+
+def parse_meta_registrations(source: str) -> dict[str, list[Signature]]:
+    """Op name -> signatures of the ``@impl(<npu library>, "name")`` meta kernels (aten ones are skipped)."""
+    tree = _parse_quiet(source)
+    npu_libs: set[str] = set()
+    for node in ast.walk(tree):
+        if (
+            isinstance(node, ast.Assign)
+            and isinstance(node.value, ast.Call)
+            and getattr(node.value.func, "id", None) == "Library"
+            and node.value.args
+            and isinstance(node.value.args[0], ast.Constant)
+            and node.value.args[0].value == "npu"
+        ):
+            npu_libs.update(t.id for t in node.targets if isinstance(t, ast.Name))
+    out: dict[str, list[Signature]] = {}
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.FunctionDef):
+            continue
+        for dec in node.decorator_list:
+            if not (isinstance(dec, ast.Call) and getattr(dec.func, "id", None) == "impl" and len(dec.args) >= 2):
+                continue
+            lib, op = dec.args[0], dec.args[1]
+            if not (isinstance(lib, ast.Name) and lib.id in npu_libs and isinstance(op, ast.Constant)):
+                continue
+            out.setdefault(op.value, []).append(_signature_from_def(op.value, node))
+    return out
+
+
+def _signature_from_def(name: str, fn: ast.FunctionDef) -> Signature:
+    a = fn.args
+    pos = [*a.posonlyargs, *a.args]
+    n_def = len(a.defaults)
+    params = [
+        Param(p.arg, None, ast.unparse(a.defaults[i - (len(pos) - n_def)]) if i >= len(pos) - n_def else None, False)
+        for i, p in enumerate(pos)
+    ]
+    for p, d in zip(a.kwonlyargs, a.kw_defaults, strict=True):
+        params.append(Param(p.arg, None, ast.unparse(d) if d is not None else None, True))
+    text = f"{name}({ast.unparse(a)})"
+    return Signature(name, tuple(params), None, "meta", text, a.vararg is not None, a.kwarg is not None)
+
+
+# --- the documented set ---------------------------------------------------------------------------------------
+
+
+@dataclass
+class TorchNPUDocs:
+    """Documented signatures of ``torch_npu.<op>`` (docs, then meta) and ``torch_npu.atb.<op>``."""
+
+    ops: dict[str, list[Signature]] = field(default_factory=dict)
+    atb: dict[str, list[Signature]] = field(default_factory=dict)
+    meta: dict[str, list[Signature]] = field(default_factory=dict)
+
+    def signatures(self, namespace: str, name: str) -> list[Signature] | None:
+        """Overloads to check a call against; None when the op is not documented anywhere.
+
+        ``namespace`` is ``""`` for ``torch_npu.<name>`` and ``"atb"`` for ``torch_npu.atb.<name>``. A docs entry
+        without a parsable schema falls back to the meta registration; an op known only by name gives ``[]``.
+        """
+        table = self.atb if namespace == "atb" else self.ops
+        if name in table and table[name]:
+            return table[name]
+        if namespace != "atb" and name in self.meta:
+            return self.meta[name]
+        if name in table:
+            return []
+        return None
+
+    def check_call(self, namespace: str, name: str, n_positional: int, keywords: Sequence[str], *,
+                   star_args: bool = False, star_kwargs: bool = False) -> list[str]:
+        """Problems of one call (empty = fine). The call fits if it fits any documented overload."""
+        qual = f"torch_npu.{namespace + '.' if namespace else ''}{name}"
+        sigs = self.signatures(namespace, name)
+        if sigs is None:
+            where = "atb docs" if namespace == "atb" else "op docs or meta registrations"
+            return [f"{qual} is not in torch_npu {TORCH_NPU_VERSION}'s {where}"]
+        if not sigs:
+            return []  # documented by name only: existence is all that can be checked
+        per_sig = [s.problems(n_positional, keywords, star_args=star_args, star_kwargs=star_kwargs) for s in sigs]
+        if any(not p for p in per_sig):
+            return []
+        best = min(zip(per_sig, sigs, strict=True), key=lambda ps: len(ps[0]))
+        return [f"{qual}: {p} (documented: {best[1].text})" for p in best[0]]
+
+
+def parse_wheel(wheel: Path) -> TorchNPUDocs:
+    """Parse the three doc sources straight out of the wheel (a zip); nothing is extracted or imported."""
+    with zipfile.ZipFile(wheel) as zf:
+        op_src = zf.read(OP_DOCS_PATH).decode("utf-8")
+        atb_src = zf.read(ATB_DOCS_PATH).decode("utf-8")
+        meta_src = zf.read(META_PATH).decode("utf-8")
+    return TorchNPUDocs(
+        ops=parse_docs_module(op_src, "_add_torch_npu_docstr", "docs"),
+        atb=parse_docs_module(atb_src, "_add_torch_npu_atb_docstr", "atb"),
+        meta=parse_meta_registrations(meta_src),
+    )
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("VLLM_NPU_TEST_CACHE") or Path.home() / ".cache" / "vllm-npu-tests")
+
+
+def _pip_command() -> list[str]:
+    """A pip to run: this interpreter's if it has one, else ``pip`` on PATH (uv venvs often ship without pip)."""
+    probe = subprocess.run([sys.executable, "-m", "pip", "--version"], capture_output=True)
+    if probe.returncode == 0:
+        return [sys.executable, "-m", "pip"]
+    exe = shutil.which("pip") or shutil.which("pip3")
+    if exe is None:
+        raise DocsUnavailableError("no pip found to download torch-npu; set VLLM_NPU_TORCH_NPU_WHEEL to a wheel")
+    return [exe]
+
+
+def wheel_path(download: bool = True) -> Path:
+    """The cached torch-npu wheel, downloaded once (``pip download --no-deps``) if it is not there yet."""
+    explicit = os.environ.get("VLLM_NPU_TORCH_NPU_WHEEL")
+    if explicit:
+        path = Path(explicit)
+        if not path.is_file():
+            raise DocsUnavailableError(f"VLLM_NPU_TORCH_NPU_WHEEL={explicit!r} is not a file")
+        return path
+    dest = cache_dir() / "wheels"
+    pattern = f"torch_npu-{TORCH_NPU_VERSION}-*.whl"
+    found = sorted(dest.glob(pattern))
+    if found:
+        return found[0]
+    if not download:
+        raise DocsUnavailableError(f"no {pattern} in {dest}")
+    dest.mkdir(parents=True, exist_ok=True)
+    arch = "aarch64" if os.uname().machine in ("aarch64", "arm64") else "x86_64"
+    errors = []
+    for plat in _PLATFORMS[arch]:
+        cmd = [*_pip_command(), "download", "--no-deps", f"torch-npu=={TORCH_NPU_VERSION}", "--platform", plat,
+               "--python-version", "3.11", "--only-binary=:all:", "-d", str(dest)]
+        res = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+        found = sorted(dest.glob(pattern))
+        if res.returncode == 0 and found:
+            return found[0]
+        errors.append(f"{plat}: {(res.stderr or res.stdout).strip().splitlines()[-1:]}")
+    raise DocsUnavailableError(
+        f"could not download torch-npu=={TORCH_NPU_VERSION} ({'; '.join(errors)}); put the wheel in {dest} or set "
+        "VLLM_NPU_TORCH_NPU_WHEEL"
+    )
+
+
+@functools.lru_cache(maxsize=1)
+def load_docs() -> TorchNPUDocs:
+    """The parsed torch_npu 2.8.0 docs (downloading the wheel on first use)."""
+    return parse_wheel(wheel_path())
+
+
+# --- scanning source for torch_npu calls ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class NPUCall:
+    """One ``torch_npu.<name>(...)`` / ``torch_npu.atb.<name>(...)`` call found in source."""
+
+    path: str
+    line: int
+    namespace: str
+    name: str
+    n_positional: int
+    keywords: tuple[str, ...]
+    star_args: bool
+    star_kwargs: bool
+
+    @property
+    def where(self) -> str:
+        return f"{self.path}:{self.line}"
+
+
+def _attr_chain(node: ast.AST) -> list[str] | None:
+    parts: list[str] = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    if isinstance(node, ast.Name):
+        parts.append(node.id)
+        return parts[::-1]
+    return None
+
+
+def find_npu_calls(source: str, path: str = "<string>") -> list[NPUCall]:
+    """Every call whose callee is spelled ``torch_npu.<name>`` or ``torch_npu.atb.<name>`` (also ``.out`` forms)."""
+    calls = []
+    for node in ast.walk(ast.parse(source, filename=path)):
+        if not isinstance(node, ast.Call):
+            continue
+        chain = _attr_chain(node.func)
+        if not chain or chain[0] != "torch_npu" or len(chain) < 2:
+            continue
+        if chain[1] == "atb" and len(chain) >= 3:
+            namespace, name = "atb", ".".join(chain[2:])
+        elif chain[1] in ("npu", "_C", "utils", "contrib", "profiler", "dynamo"):
+            continue  # module namespaces (device/runtime APIs), not ops
+        else:
+            namespace, name = "", ".".join(chain[1:])
+        star_args = any(isinstance(a, ast.Starred) for a in node.args)
+        calls.append(
+            NPUCall(
+                path=path,
+                line=node.lineno,
+                namespace=namespace,
+                name=name,
+                n_positional=sum(not isinstance(a, ast.Starred) for a in node.args),
+                keywords=tuple(k.arg for k in node.keywords if k.arg is not None),
+                star_args=star_args,
+                star_kwargs=any(k.arg is None for k in node.keywords),
+            )
+        )
+    return calls
+
+
+def check_calls(calls: Iterable[NPUCall], docs: TorchNPUDocs) -> list[str]:
+    """``path:line: problem`` for every call that does not fit torch_npu's documented contract."""
+    out = []
+    for c in calls:
+        for problem in docs.check_call(c.namespace, c.name, c.n_positional, c.keywords,
+                                       star_args=c.star_args, star_kwargs=c.star_kwargs):
+            out.append(f"{c.where}: {problem}")
+    return out
