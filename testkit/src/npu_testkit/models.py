@@ -13,21 +13,6 @@ import os
 from pathlib import Path
 from typing import Any
 
-CORPUS = """\
-It was the best of times, it was the worst of times, it was the age of wisdom, it was the age of foolishness,
-it was the epoch of belief, it was the epoch of incredulity, it was the season of Light, it was the season of
-Darkness, it was the spring of hope, it was the winter of despair, we had everything before us, we had nothing
-before us. Call me Ishmael. Some years ago, never mind how long precisely, having little or no money in my purse,
-and nothing particular to interest me on shore, I thought I would sail about a little and see the watery part of
-the world. The quick brown fox jumps over the lazy dog. 0123456789 + - * / = ( ) [ ] { } < > ! ? , . ; : ' "
-"""
-
-SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
-CHAT_TEMPLATE = (
-    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
-    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
-
 
 def default_cache_dir() -> Path:
     root = os.environ.get("VLLM_NPU_TEST_CACHE") or os.path.join(
@@ -37,33 +22,14 @@ def default_cache_dir() -> Path:
 
 
 def build_tokenizer(vocab_size: int = 512):
-    """A byte-level BPE tokenizer (``PreTrainedTokenizerFast``) trained on :data:`CORPUS`, with a chat template."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
+    """The demo's byte-level BPE tokenizer (trained on the platform's bundled corpus), with a chat template."""
+    from vllm_npu.platform.demo.checkpoint import build_tokenizer as _build, corpus
 
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size,
-        special_tokens=SPECIAL_TOKENS,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tok.train_from_iterator([CORPUS] * 4, trainer=trainer)
-    fast = PreTrainedTokenizerFast(
-        tokenizer_object=tok,
-        bos_token="<|endoftext|>",
-        eos_token="<|endoftext|>",
-        pad_token="<|endoftext|>",
-        unk_token=None,
-    )
-    fast.chat_template = CHAT_TEMPLATE
-    return fast
+    return _build(corpus(), vocab_size=vocab_size)
 
 
 def _fingerprint(config_dict: dict[str, Any], seed: int, std: float, extra: str) -> str:
-    blob = json.dumps({"config": config_dict, "seed": seed, "std": std, "extra": extra}, sort_keys=True, default=str)
+    blob = json.dumps({"config": config_dict, "seed": seed, "std": std, "extra": extra, "tokenizer": "demo-bpe-v1"}, sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
