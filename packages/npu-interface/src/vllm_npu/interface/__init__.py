@@ -4,6 +4,9 @@ Importing this package costs nothing: every export is loaded on first access (PE
 platform hook on its start-up path in every process. Nothing here imports torch, torch_npu or vLLM.
 """
 
+# The names below are re-exported lazily through __getattr__ (ruff cannot see through the computed __all__).
+# ruff: noqa: F401
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
@@ -14,11 +17,43 @@ from .lazy import lazy_exports
 if TYPE_CHECKING:
     from .component import Component, HookContext, Scope
     from .config import AdditionalConfig, EnvConfig
-    from .settings import ADDITIONAL_CONFIG_KEY, DEVICE_SETTINGS, read_device_setting
-    from .device import DeviceDecision, DeviceMode, Kernel, KernelBackend, NPUProbe, configure_kernels, current_device, current_mode, decide_device, kernel_backend, probe_npu, reset_device_selection
-    from .errors import ComponentSkewError, ConfigError, DeviceUnavailableError, KernelContractError, MissingComponentError, NPUPluginError, install_command
+    from .device import (
+        DeviceDecision,
+        DeviceMode,
+        Kernel,
+        KernelBackend,
+        NPUProbe,
+        configure_kernels,
+        current_device,
+        current_mode,
+        decide_device,
+        kernel_backend,
+        probe_npu,
+        reset_device_selection,
+    )
+    from .errors import (
+        ComponentSkewError,
+        ConfigError,
+        DeviceUnavailableError,
+        KernelContractError,
+        MissingComponentError,
+        NPUPluginError,
+        install_command,
+    )
     from .log import get_logger
-    from .registry import ENTRY_POINT_GROUP, ComponentReport, check_installed_set, compatibility_problems, discover, init_worker, is_available, load_component, once, require
+    from .registry import (
+        ENTRY_POINT_GROUP,
+        ComponentReport,
+        check_installed_set,
+        compatibility_problems,
+        discover,
+        init_worker,
+        is_available,
+        load_component,
+        once,
+        require,
+    )
+    from .settings import ADDITIONAL_CONFIG_KEY, DEVICE_SETTINGS, read_device_setting
     from .versions import INTERFACE_VERSION, SUPPORTED_VLLM, distribution_version, in_range
 
 _EXPORTS = {

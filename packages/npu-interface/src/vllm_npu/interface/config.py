@@ -25,7 +25,6 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from .errors import ConfigError
-
 from .settings import ADDITIONAL_CONFIG_KEY, ENV_PREFIX, read_device_setting
 
 DeviceSetting = Literal["auto", "npu", "emulated", "off"]

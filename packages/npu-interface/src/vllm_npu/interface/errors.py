@@ -33,13 +33,15 @@ class NPUPluginError(Exception):
 class MissingComponentError(NPUPluginError, ImportError):
     """A layer that the request needs is not installed.
 
-    The message reads ``<reason>; install the <layer> layer: pip install "npu-platform[<layer>]"``.
+    The message reads ``<reason>; install the <layer> layer: pip install "npu-platform[<layer>]"``. ``fix``
+    replaces the install advice when the layer is present but unusable (e.g. left out by ``VLLM_PLUGINS``).
     """
 
-    def __init__(self, layer: str, reason: str) -> None:
+    def __init__(self, layer: str, reason: str, *, fix: str | None = None) -> None:
         self.layer = layer
         self.reason = reason
-        super().__init__(f"{reason}; install the {layer} layer: {install_command(layer)}")
+        self.fix = fix if fix is not None else f"install the {layer} layer: {install_command(layer)}"
+        super().__init__(f"{reason}; {self.fix}")
 
 
 class ComponentSkewError(NPUPluginError, RuntimeError):

@@ -46,11 +46,15 @@ class ComponentReport:
 
 
 def _vllm_plugins_filter() -> set[str] | None:
-    """vLLM's ``VLLM_PLUGINS`` filter: None = every plugin; otherwise the allowed entry-point names."""
+    """vLLM's ``VLLM_PLUGINS`` filter: None = every plugin; otherwise the allowed entry-point names.
+
+    Parsed exactly as ``vllm.envs`` does (``split(",")``, no stripping), so ``"npu, npu_quant"`` leaves out
+    ``npu_quant`` here just as it does in vLLM; ``vllm-npu doctor`` points such spaces out.
+    """
     raw = os.environ.get("VLLM_PLUGINS")
     if raw is None:
         return None
-    return {p.strip() for p in raw.split(",") if p.strip()}
+    return set(raw.split(","))
 
 
 def plugin_enabled(component: Component) -> bool:
@@ -90,8 +94,18 @@ def discover(group: str = ENTRY_POINT_GROUP) -> dict[str, ComponentReport]:
         except Exception as exc:  # a broken third-party or half-installed package must not break discovery
             reports[ep.name] = ComponentReport(ep.name, None, False, (), load_error=f"{type(exc).__name__}: {exc}")
             continue
+        problems = compatibility_problems(component)
+        previous = reports.get(component.name)
+        if previous is not None and previous.component is not None and previous.component != component:
+            # Two copies of one layer (a wheel plus a PYTHONPATH/vendored copy): which one imports is an accident.
+            problems.insert(
+                0,
+                f"two installations of the {component.name} layer: {previous.component.distribution} "
+                f"{previous.component.version} and {component.distribution} {component.version} "
+                f"({ep.value}); remove one",
+            )
         reports[component.name] = ComponentReport(
-            component.name, component, plugin_enabled(component), tuple(compatibility_problems(component))
+            component.name, component, plugin_enabled(component), tuple(problems)
         )
     return dict(sorted(reports.items()))
 
@@ -118,8 +132,11 @@ def require(layer: str, reason: str) -> None:
         raise MissingComponentError(layer, reason)
     if not report.enabled:
         raise MissingComponentError(
-            layer, f"{reason}; the {layer} layer is installed but VLLM_PLUGINS={os.environ.get('VLLM_PLUGINS')!r} "
-            f"leaves out its plugin {report.component.plugin_name!r}: add it to VLLM_PLUGINS, or"
+            layer,
+            reason,
+            fix=f"the {layer} layer is installed but VLLM_PLUGINS={os.environ.get('VLLM_PLUGINS')!r} leaves out its "
+            f"plugin {report.component.plugin_name!r}: add it (e.g. VLLM_PLUGINS=npu,{report.component.plugin_name}) "
+            "or unset VLLM_PLUGINS",
         )
 
 
