@@ -1,4 +1,11 @@
-"""vllm_npu.patches: the public API of the patches layer.
+"""vllm_npu.patches: the public API of the patches layer, THE way any vllm-npu layer monkey-patches vLLM.
+
+    from vllm_npu.patches import Patch, register_patch
+    register_patch(Patch(id="my-fix", target="vllm.x.y.f", replacement="vllm_npu.mylayer._fix:make",
+                         scope="worker", vllm=">=0.11.0,<0.12", fingerprint=fingerprint_path("vllm.x.y.f"), ...))
+
+``apply_patches(scope)`` / ``revert_patches()`` drive the process-wide registry (the component hooks call
+``apply_patches`` at plugin load and worker init). See docs/patches.md for the current set.
 
 Importing this package is cheap (exports load on first access): vLLM imports it in every process when it
 discovers plugins.
@@ -8,7 +15,22 @@ from vllm_npu.interface.lazy import lazy_exports
 
 from ._version import __version__
 
-_EXPORTS: dict[str, str] = {}
+_EXPORTS: dict[str, str] = {
+    "Patch": "._model:Patch",
+    "fingerprint_of": "._model:fingerprint_of",
+    "fingerprint_path": "._model:fingerprint_path",
+    "PatchError": "._errors:PatchError",
+    "PatchFingerprintError": "._errors:PatchFingerprintError",
+    "PatchRegistry": "._registry:PatchRegistry",
+    "PatchRecord": "._registry:PatchRecord",
+    "PatchStatus": "._registry:PatchStatus",
+    "PATCH_ENTRY_POINT_GROUP": "._registry:PATCH_ENTRY_POINT_GROUP",
+    "get_registry": "._registry:get_registry",
+    "register_patch": "._registry:register_patch",
+    "apply_patches": "._registry:apply_patches",
+    "revert_patches": "._registry:revert_patches",
+    "patch_status": "._registry:patch_status",
+}
 
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 __all__ = sorted([*_EXPORTS, "__version__"])

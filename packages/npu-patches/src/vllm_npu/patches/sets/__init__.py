@@ -1,0 +1,77 @@
+"""The built-in patch set for vLLM 0.11.0: pure declarations (strings only), so importing this module is cheap.
+
+Each patch states the behaviour that fails (or costs) without it, its upstream reference and its removal plan.
+Implementations live beside this file and are imported only when a patch is applied. The rendered table is
+docs/patches.md (``vllm-npu patches --markdown``).
+
+Candidates looked at and left out are listed in ``NOT_PATCHED`` with the reason.
+"""
+
+from __future__ import annotations
+
+from vllm_npu.interface.component import Scope
+
+from .._model import Patch
+
+REPETITION_PENALTY_TORCH = Patch(
+    id="repetition-penalty-torch",
+    target="vllm._custom_ops.apply_repetition_penalties",
+    replacement="vllm_npu.patches.sets.repetition_penalty:make_replacement",
+    scope=Scope.WORKER,
+    vllm=">=0.11.0,<0.12",
+    fingerprint="efa6bebff39aa945d832cb6d535f875e40194c8b16f1ccd85adebcf454e7acce",
+    also_checks=(
+        # looks the target up at call time: the rebinding reaches the sampler only while this stays so
+        ("vllm.model_executor.layers.utils.apply_penalties",
+         "4172779c7edc95e78076a50e47f1ec78a4e4a122441585156d39d10bfb85f9dd"),
+        # the implementation the replacement delegates to
+        ("vllm._custom_ops.apply_repetition_penalties_torch",
+         "24ae415a9d04fe3761253e4907f932840e4c8abd630daed8f24d633d398058d8"),
+    ),
+    upstream="none filed yet; the branch came with vllm#18437 (https://github.com/vllm-project/vllm/pull/18437). "
+    "Fix to propose: dispatch on current_platform.is_cuda() / logits.device.type instead of Tensor.is_cuda",
+    reason="vLLM picks its CUDA-only _C kernel when `logits.is_cuda`; torch_npu aliases Tensor.is_cuda to is_npu "
+    "when transfer_to_npu is imported or TORCH_NPU_SANITIZER is set, and the NPU build of vLLM has no _C, so the "
+    "first request with repetition_penalty != 1 fails with AttributeError (_C has no apply_repetition_penalties_)",
+    removal="drop when vLLM dispatches this kernel on the platform or the tensor's device type rather than "
+    "Tensor.is_cuda (or when the plugin's vLLM floor has that fix)",
+)
+
+ATTENTION_OUTPUT_EMPTY = Patch(
+    id="attention-output-empty",
+    target="vllm.attention.layer.Attention.forward",
+    replacement="vllm_npu.patches.sets.attention_output:make_replacement",
+    scope=Scope.WORKER,
+    vllm=">=0.11.0,<0.11.1",
+    fingerprint="9a389648e94cb4893cdaef62db75b2405256d81311487272dce7908036e98453",
+    also_checks=(
+        # the custom op the patched forward calls by name with the same arguments
+        ("vllm.attention.layer.unified_attention_with_output",
+         "8964f6d3b3101bb78fc898098d6b6b13d6c8fa5e2834ebfa9c9d826cdb7b280e"),
+    ),
+    upstream="https://github.com/vllm-project/vllm/pull/26680",
+    reason="Attention.forward zero-fills its output buffer (torch.zeros) in every layer on every step: one extra "
+    "kernel per layer per decode step on the NPU that graph capture cannot remove. Uses torch.empty only for "
+    "attention impls declaring fills_output_buffer=True (they write every element, profile run included); "
+    "every other layer keeps vLLM's forward",
+    removal="drop when the plugin's vLLM floor includes vllm#26680 (after 0.11.0); the range already ends at 0.11.1",
+)
+
+#: The built-in set, in application order.
+BUILTIN_PATCHES: tuple[Patch, ...] = (REPETITION_PENALTY_TORCH, ATTENTION_OUTPUT_EMPTY)
+
+#: Candidates examined for vLLM 0.11.0 and deliberately not patched: (what, why not).
+NOT_PATCHED: tuple[tuple[str, str], ...] = (
+    (
+        "GroupCoordinator.all_to_all (vllm.distributed.parallel_state)",
+        "vLLM 0.11.0 already routes expert-parallel exchange through GroupCoordinator.dispatch/combine, which "
+        "delegate to the platform's device communicator: an NPU all-to-all belongs in npu-platform's communicator "
+        "(a subclass of DeviceCommunicatorBase), not in a patch. Nothing in the plugin calls a GroupCoordinator."
+        "all_to_all.",
+    ),
+    (
+        "HCCL pg_options in GroupCoordinator.__init__ (vllm#25417)",
+        "without it HCCL groups are created with default options and work; it only tunes HCCL (buffer size and "
+        "similar are also set by HCCL_* environment variables). No behaviour fails, so no patch.",
+    ),
+)
