@@ -1,0 +1,310 @@
+"""AscendMLABackend: Multi-head Latent Attention (DeepSeek-V2/V3) on the paged latent KV cache.
+
+Built on vLLM 0.11's MLA seams: the backend subclasses ``MLACommonBackend`` (cache shape, spec), the impl subclasses
+``MLACommonBaseImpl`` (its ``process_weights_after_loading`` splits ``kv_b_proj`` into ``W_UK_T [N, P, L]`` and
+``W_UV [N, L, V]``) and overrides the attention itself with our kernels; the metadata builder reads only
+``CommonAttentionMetadata`` and the vLLM config, never the model (vllm-ascend's builder read the model's rotary caches
+and broke users, vllm-ascend#5385).
+
+Per step (decodes first: ``reorder_batch_threshold = 1``):
+
+- the layer's new latent ``kv_c`` and rotated ``k_pe`` go to the cache (:data:`~..ops.mla_cache.MLA_CACHE_WRITE`);
+- decode tokens: absorbed attention over the latent cache (``q_nope @ W_UK`` then MQA with head size ``L + R``,
+  then ``W_UV``; :data:`~..ops.mla_attention.MLA_DECODE`);
+- prefill tokens: compute-friendly attention: the new tokens attend causally to themselves (``kv_b_proj`` up-projects
+  their latents), then the prior context is loaded from the cache chunk by chunk (a bounded workspace,
+  :data:`~..ops.mla_cache.PAGED_CACHE_LOAD`), up-projected, and merged with a running log-sum-exp
+  (:data:`~..ops.mla_attention.RING_MLA`).
+
+Kernels are chosen once per impl (``Kernel.select()``): torch_npu on an NPU, the references on the emulated device.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Optional
+
+import torch
+from vllm.attention.backends.abstract import AttentionLayer
+from vllm.v1.attention.backends.mla.common import (
+    MLACommonBackend,
+    MLACommonBaseImpl,
+    MLACommonMetadata,
+    MLACommonMetadataBuilder,
+)
+from vllm.v1.attention.backends.utils import (
+    AttentionCGSupport,
+    AttentionMetadataBuilder,
+    CommonAttentionMetadata,
+    split_decodes_and_prefills,
+)
+from vllm.v1.kv_cache_interface import AttentionSpec
+
+from vllm_npu.interface.errors import ConfigError, KernelContractError
+
+from ..ops.mla_attention import MLA_DECODE, RING_MLA, ring_mla_mask
+from ..ops.mla_cache import MLA_CACHE_WRITE, PAGED_CACHE_LOAD, latent_cache_planes
+
+
+class AscendMLABackend(MLACommonBackend):
+    accept_output_buffer: bool = True
+
+    @staticmethod
+    def get_name() -> str:
+        return "ASCEND_MLA"
+
+    @staticmethod
+    def get_metadata_cls() -> type[AscendMLAMetadata]:
+        return AscendMLAMetadata
+
+    @staticmethod
+    def get_builder_cls() -> type[AscendMLAMetadataBuilder]:
+        return AscendMLAMetadataBuilder
+
+    @staticmethod
+    def get_impl_cls() -> type[AscendMLAImpl]:
+        return AscendMLAImpl
+
+    @staticmethod
+    def get_kv_cache_shape(
+        num_blocks: int, block_size: int, num_kv_heads: int, head_size: int, cache_dtype_str: str = "auto"
+    ) -> tuple[int, ...]:
+        """``[num_blocks, block_size, L + R]``: vLLM's MLA page size; the impl splits it into the nope and rope planes
+        (:func:`~vllm_npu.attention.ops.mla_cache.latent_cache_planes`)."""
+        if num_kv_heads != 1:
+            raise KernelContractError(f"MLA caches one latent vector per token (num_kv_heads=1), got {num_kv_heads}")
+        if cache_dtype_str not in ("auto", None):
+            raise ConfigError(f"kv_cache_dtype={cache_dtype_str!r} is not supported by AscendMLABackend; use 'auto'")
+        return (num_blocks, block_size, head_size)
+
+    @classmethod
+    def get_supported_dtypes(cls) -> list[torch.dtype]:
+        return [torch.float16, torch.bfloat16, torch.float32]
+
+    @classmethod
+    def get_supported_head_sizes(cls) -> list[int]:
+        return []  # any kv_lora_rank + rope dim on the reference; the NPU kernels check their own limits
+
+    @classmethod
+    def validate_head_size(cls, head_size: int) -> None:
+        if head_size <= 0:
+            raise ConfigError(f"MLA head size (kv_lora_rank + qk_rope_head_dim) must be positive, got {head_size}")
+
+
+# --- metadata ---------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class AscendMLADecodeMetadata:
+    block_table: torch.Tensor  # [num_decodes, max_blocks] int32
+    seq_lens: torch.Tensor  # [num_decodes] device
+    seq_lens_list: list[int]  # the same on the host (the NPU kernel takes a list)
+
+
+@dataclass
+class AscendMLAContextChunk:
+    """One chunk of prior context: for prefill request ``i``, cached positions ``[starts[i], starts[i] + lens[i])``."""
+
+    starts: torch.Tensor  # [num_prefills] int32, device
+    lens: torch.Tensor  # [num_prefills] int32, device
+    lens_list: list[int]
+    total: int
+
+
+@dataclass
+class AscendMLAPrefillMetadata:
+    block_table: torch.Tensor  # [num_prefills, max_blocks]
+    query_start_loc: torch.Tensor  # [num_prefills + 1], relative to the first prefill token
+    max_query_len: int
+    query_lens: list[int]
+    context_lens: list[int]
+    context_chunks: list[AscendMLAContextChunk] = field(default_factory=list)
+
+
+@dataclass
+class AscendMLAMetadata(MLACommonMetadata[AscendMLADecodeMetadata]):
+    """vLLM's MLA metadata with our decode/prefill parts. ``head_dim`` stays None: vLLM's check only knows 576."""
+
+    prefill: Optional[AscendMLAPrefillMetadata] = None  # type: ignore[assignment]
+
+
+class AscendMLAMetadataBuilder(AttentionMetadataBuilder[AscendMLAMetadata]):
+    """Splits the (reordered) batch into decodes and prefills and plans the context chunks of each prefill.
+
+    Context chunks: each prefill request with cached context gets an equal share of a token budget per chunk
+    (vLLM's ``determine_chunked_prefill_workspace_size``), rounded down to whole blocks so chunk starts are
+    block-aligned (never less than one block per request). Set :attr:`context_chunk_tokens` to change the budget.
+    """
+
+    cudagraph_support: ClassVar[AttentionCGSupport] = AttentionCGSupport.NEVER
+    reorder_batch_threshold: int = 1
+
+    def __init__(self, kv_cache_spec: AttentionSpec, layer_names: list[str], vllm_config: Any, device: torch.device):
+        super().__init__(kv_cache_spec, layer_names, vllm_config, device)
+        self.block_size = kv_cache_spec.block_size
+        self.context_chunk_tokens: int = MLACommonMetadataBuilder.determine_chunked_prefill_workspace_size(vllm_config)
+
+    def _plan_context_chunks(self, context_lens: torch.Tensor) -> list[AscendMLAContextChunk]:
+        with_ctx = int((context_lens > 0).sum())
+        if with_ctx == 0:
+            return []
+        # at least one block per request (vLLM sizes the budget for max_num_seqs blocks, so this stays within it)
+        per_req = max(self.block_size, (self.context_chunk_tokens // with_ctx) // self.block_size * self.block_size)
+        num_chunks = -(-int(context_lens.max()) // per_req)
+        chunks = []
+        for c in range(num_chunks):
+            starts = torch.full_like(context_lens, c * per_req)
+            lens = (context_lens - starts).clamp(min=0, max=per_req)
+            chunks.append(
+                AscendMLAContextChunk(
+                    starts=starts.to(torch.int32).to(self.device),
+                    lens=lens.to(torch.int32).to(self.device),
+                    lens_list=lens.tolist(),
+                    total=int(lens.sum()),
+                )
+            )
+        return chunks
+
+    def build(
+        self, common_prefix_len: int, common_attn_metadata: CommonAttentionMetadata, fast_build: bool = False
+    ) -> AscendMLAMetadata:
+        m = common_attn_metadata
+        num_decodes, num_prefills, num_decode_tokens, _ = split_decodes_and_prefills(
+            m, decode_threshold=self.reorder_batch_threshold
+        )
+        qsl_cpu = m.query_start_loc_cpu
+        seq_lens_cpu = m.seq_lens_cpu
+
+        decode = None
+        if num_decodes > 0:
+            decode = AscendMLADecodeMetadata(
+                block_table=m.block_table_tensor[:num_decodes],
+                seq_lens=m.seq_lens[:num_decodes],
+                seq_lens_list=seq_lens_cpu[:num_decodes].tolist(),
+            )
+
+        prefill = None
+        if num_prefills > 0:
+            r0 = num_decodes
+            qsl = qsl_cpu[r0:] - qsl_cpu[r0]
+            query_lens = qsl[1:] - qsl[:-1]
+            context_lens = seq_lens_cpu[r0 : m.num_reqs] - query_lens
+            prefill = AscendMLAPrefillMetadata(
+                block_table=m.block_table_tensor[r0 : m.num_reqs],
+                query_start_loc=m.query_start_loc[r0:] - m.query_start_loc[r0],
+                max_query_len=int(query_lens.max()),
+                query_lens=query_lens.tolist(),
+                context_lens=context_lens.tolist(),
+                context_chunks=self._plan_context_chunks(context_lens),
+            )
+
+        return AscendMLAMetadata(
+            num_reqs=m.num_reqs,
+            max_query_len=m.max_query_len,
+            max_seq_len=m.max_seq_len,
+            num_actual_tokens=m.num_actual_tokens,
+            query_start_loc=m.query_start_loc,
+            slot_mapping=m.slot_mapping,
+            num_decodes=num_decodes,
+            num_decode_tokens=num_decode_tokens,
+            num_prefills=num_prefills,
+            decode=decode,
+            prefill=prefill,
+        )
+
+
+# --- impl -------------------------------------------------------------------------------------------------------
+
+
+class AscendMLAImpl(MLACommonBaseImpl[AscendMLAMetadata]):
+    """MLA attention over the latent cache. Inputs per step (vLLM's ``MultiHeadLatentAttention``):
+    ``q [T, N, P + R]`` (rope applied), ``k_c_normed [T, L]``, ``k_pe [T, 1, R]`` (rope applied);
+    output ``[T, N * V]``."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if self.kv_cache_dtype not in ("auto", None):
+            raise ConfigError(f"kv_cache_dtype={self.kv_cache_dtype!r} is not supported by AscendMLABackend; use 'auto'")
+        self._write = MLA_CACHE_WRITE.select()
+        self._load = PAGED_CACHE_LOAD.select()
+        self._decode = MLA_DECODE.select()
+        self._ring = RING_MLA.select()
+        self._ring_mask: torch.Tensor | None = None
+
+    def forward(
+        self,
+        layer: AttentionLayer,
+        q: torch.Tensor,
+        k_c_normed: torch.Tensor,
+        k_pe: torch.Tensor,
+        kv_cache: torch.Tensor,
+        attn_metadata: AscendMLAMetadata,
+        output: Optional[torch.Tensor] = None,
+        output_scale: Optional[torch.Tensor] = None,
+        output_block_scale: Optional[torch.Tensor] = None,
+    ) -> torch.Tensor:
+        if output is None:
+            raise KernelContractError("AscendMLAImpl.forward needs the output buffer (accept_output_buffer=True)")
+        if output_scale is not None or output_block_scale is not None:
+            raise NotImplementedError("fused output quantization is not supported by AscendMLABackend")
+        if attn_metadata is None:  # profile run: no cache yet; zeros keep DP/EP ranks consistent
+            return output.fill_(0)
+
+        n = attn_metadata.num_actual_tokens
+        nd = attn_metadata.num_decode_tokens
+        q = q[:n]
+        kv_c = k_c_normed[:n]
+        k_pe = k_pe[:n].reshape(n, self.qk_rope_head_dim)
+        nope, rope = latent_cache_planes(kv_cache, self.kv_lora_rank, self.qk_rope_head_dim)
+        self._write(kv_c, k_pe, nope, rope, attn_metadata.slot_mapping[:n])
+
+        if attn_metadata.prefill is not None:
+            out = self._forward_prefill(q[nd:], kv_c[nd:], k_pe[nd:], nope, rope, attn_metadata.prefill)
+            output[nd:n] = out.reshape(n - nd, -1).to(output.dtype)
+        if attn_metadata.decode is not None:
+            out = self._forward_decode(q[:nd], nope, rope, attn_metadata.decode)
+            output[:nd] = out.reshape(nd, -1).to(output.dtype)
+        return output
+
+    def _up_project(self, kv_c: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Latents ``[S, L]`` -> ``k_nope [S, N, P]``, ``v [S, N, V]`` through ``kv_b_proj``."""
+        kv = self.kv_b_proj(kv_c)[0].view(-1, self.num_heads, self.qk_nope_head_dim + self.v_head_dim)
+        k_nope, v = kv.split([self.qk_nope_head_dim, self.v_head_dim], dim=-1)
+        return k_nope, v
+
+    def _mask(self, q: torch.Tensor) -> torch.Tensor:
+        if self._ring_mask is None or self._ring_mask.device != q.device or self._ring_mask.dtype != q.dtype:
+            self._ring_mask = ring_mla_mask(q.dtype, q.device)
+        return self._ring_mask
+
+    def _forward_prefill(
+        self,
+        q: torch.Tensor,
+        kv_c: torch.Tensor,
+        k_pe: torch.Tensor,
+        nope: torch.Tensor,
+        rope: torch.Tensor,
+        meta: AscendMLAPrefillMetadata,
+    ) -> torch.Tensor:
+        q_nope, q_pe = q.split([self.qk_nope_head_dim, self.qk_rope_head_dim], dim=-1)
+        k_nope, v = self._up_project(kv_c)
+        out, lse = self._ring(
+            q_nope, q_pe, k_nope, k_pe.unsqueeze(1), v, meta.query_lens, meta.query_lens, self.scale, True,
+            mask=self._mask(q),
+        )  # fmt: skip
+        for chunk in meta.context_chunks:
+            ctx_c, ctx_pe = self._load(nope, rope, meta.block_table, chunk.lens, chunk.starts)
+            ctx_nope, ctx_v = self._up_project(ctx_c)
+            out, lse = self._ring(
+                q_nope, q_pe, ctx_nope, ctx_pe.unsqueeze(1), ctx_v, meta.query_lens, chunk.lens_list, self.scale,
+                False, prev_out=out, prev_lse=lse, mask=self._mask(q),
+            )  # fmt: skip
+        return out
+
+    def _forward_decode(
+        self, q: torch.Tensor, nope: torch.Tensor, rope: torch.Tensor, meta: AscendMLADecodeMetadata
+    ) -> torch.Tensor:
+        q_nope, q_pe = q.split([self.qk_nope_head_dim, self.qk_rope_head_dim], dim=-1)
+        ql_nope = torch.bmm(q_nope.transpose(0, 1), self.W_UK_T).transpose(0, 1)  # [B, N, L]
+        latent = self._decode(ql_nope, q_pe, nope, rope, meta.block_table, meta.seq_lens_list, self.scale)
+        return torch.bmm(latent.transpose(0, 1), self.W_UV).transpose(0, 1)  # [B, N, V]

@@ -1,0 +1,229 @@
+"""MLA attention kernels: absorbed decode over the paged latent cache, and ring prefill with a running LSE.
+
+Notation: ``N`` heads, ``L`` kv_lora_rank, ``R`` rope dim, ``P`` qk_nope_head_dim, ``V`` v_head_dim, ``bs`` block size.
+All references compute the softmax in float32 and return the input dtype; LSEs are float32 natural logs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from vllm_npu.interface.device import Kernel
+from vllm_npu.interface.errors import KernelContractError
+
+# --- absorbed decode --------------------------------------------------------------------------------------------
+
+
+def mla_decode_reference(
+    ql_nope: torch.Tensor,
+    q_pe: torch.Tensor,
+    nope_cache: torch.Tensor,
+    rope_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    seq_lens: Sequence[int],
+    scale: float,
+) -> torch.Tensor:
+    """Multi-query attention of one token per request over its whole cached sequence, in latent space.
+
+    ``ql_nope [B, N, L]`` (q_nope already multiplied by ``W_UK``), ``q_pe [B, N, R]``; caches ``[nb, bs, 1, L|R]``;
+    ``block_table [B, max_blocks]`` int; ``seq_lens`` B ints (tokens in the cache, including the current one).
+    ``score[b, n, s] = scale * (ql_nope[b, n] . kv_c[b, s] + q_pe[b, n] . k_pe[b, s])`` for ``s < seq_lens[b]``;
+    returns ``softmax(score) @ kv_c`` as ``[B, N, L]`` (the caller applies ``W_UV``).
+    """
+    B, N, L = ql_nope.shape
+    bs = nope_cache.shape[1]
+    lens = torch.as_tensor(list(seq_lens), dtype=torch.int64)
+    if lens.numel() != B or (lens <= 0).any():
+        raise KernelContractError(f"mla_decode: need {B} positive seq_lens, got {lens.tolist()}")
+    S = int(lens.max())
+    dev = ql_nope.device
+    pos = torch.arange(S, device=dev)
+    slots = block_table[:, pos // bs].long() * bs + pos % bs  # [B, S]; entries past seq_len are masked below
+    k_c = nope_cache.view(-1, L)[slots].float()  # [B, S, L]
+    k_r = rope_cache.view(-1, rope_cache.shape[-1])[slots].float()  # [B, S, R]
+    score = torch.einsum("bnl,bsl->bns", ql_nope.float(), k_c) + torch.einsum("bnr,bsr->bns", q_pe.float(), k_r)
+    score = score * scale
+    score = score.masked_fill((pos[None, :] >= lens.to(dev)[:, None])[:, None, :], float("-inf"))
+    p = torch.softmax(score, dim=-1)
+    return torch.einsum("bns,bsl->bnl", p, k_c).to(ql_nope.dtype)
+
+
+def mla_decode_npu(
+    ql_nope: torch.Tensor,
+    q_pe: torch.Tensor,
+    nope_cache: torch.Tensor,
+    rope_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    seq_lens: Sequence[int],
+    scale: float,
+) -> torch.Tensor:
+    """NPU twin of :func:`mla_decode_reference`: ``npu_fused_infer_attention_score`` in its MLA mode (query_rope /
+    key_rope, one KV head, BNSD, paged). Documented limits: L = 512, R = 64, N in {32, 64, 128}, block size 16/128."""
+    import torch_npu
+
+    B, N, L = ql_nope.shape
+    nb, bs, _, _ = nope_cache.shape
+    R = rope_cache.shape[-1]
+    if L != 512 or R != 64 or N not in (32, 64, 128) or bs not in (16, 128):
+        raise KernelContractError(
+            f"npu_fused_infer_attention_score (MLA mode) needs kv_lora_rank 512, rope dim 64, 32/64/128 local heads "
+            f"and block size 16 or 128; got L={L}, R={R}, N={N}, block_size={bs}. Use the reference kernels "
+            "(additional_config npu.kernels='reference') for other shapes"
+        )
+    out, _ = torch_npu.npu_fused_infer_attention_score(
+        ql_nope.reshape(B, N, 1, L).contiguous(),
+        nope_cache.view(nb, 1, bs, L),
+        nope_cache.view(nb, 1, bs, L),
+        query_rope=q_pe.reshape(B, N, 1, R).contiguous(),
+        key_rope=rope_cache.view(nb, 1, bs, R),
+        num_heads=N,
+        num_key_value_heads=1,
+        input_layout="BNSD",
+        scale=scale,
+        block_table=block_table.to(torch.int32),
+        block_size=bs,
+        actual_seq_lengths_kv=list(seq_lens),
+    )
+    return out.view(B, N, L)
+
+
+MLA_DECODE = Kernel("mla_decode", npu=mla_decode_npu, reference=mla_decode_reference)
+
+
+# --- ring prefill (one ring step: attention of new queries over one KV segment, merged into a running result) ------
+
+
+def merge_attention_states(
+    out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tensor, lse_b: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Combine two partial softmax attentions over disjoint key sets.
+
+    ``out_* [T, N, V]``, ``lse_* [N, T]`` float32. Rows whose both LSEs are ``-inf`` (no keys at all) give 0.
+    """
+    lse = torch.logaddexp(lse_a, lse_b)
+    safe = torch.where(torch.isinf(lse), torch.zeros_like(lse), lse)
+    w_a = torch.exp(lse_a - safe).transpose(0, 1).unsqueeze(-1)  # [T, N, 1]
+    w_b = torch.exp(lse_b - safe).transpose(0, 1).unsqueeze(-1)
+    out = out_a.float() * w_a + out_b.float() * w_b
+    return out.to(out_a.dtype), lse
+
+
+def ring_mla_reference(
+    q_nope: torch.Tensor,
+    q_rope: torch.Tensor,
+    k_nope: torch.Tensor,
+    k_rope: torch.Tensor,
+    value: torch.Tensor,
+    q_lens: Sequence[int],
+    kv_lens: Sequence[int],
+    scale: float,
+    causal: bool,
+    prev_out: torch.Tensor | None = None,
+    prev_lse: torch.Tensor | None = None,
+    mask: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Attention of packed queries over packed keys, request by request, optionally merged with a previous result.
+
+    ``q_nope [T, N, P]``, ``q_rope [T, N, R]``, ``k_nope [S, N, P]``, ``k_rope [S, N or 1, R]``, ``value [S, N, V]``;
+    request ``b`` owns ``q_lens[b]`` queries and ``kv_lens[b]`` keys (in order). ``causal``: query ``i`` sees key
+    ``j`` iff ``j <= kv_len - q_len + i`` (bottom-right aligned, used for the new tokens themselves). Requests with
+    no keys yield ``out = 0``, ``lse = -inf``. With ``prev_out [T, N, V]`` / ``prev_lse [N, T]`` the result is merged
+    (:func:`merge_attention_states`). ``mask`` is the NPU kernel's triangular mask, unused here. Returns
+    ``(out [T, N, V], lse [N, T] float32)``.
+    """
+    T, N, _ = q_nope.shape
+    V = value.shape[-1]
+    if len(q_lens) != len(kv_lens) or sum(q_lens) != T or sum(kv_lens) != k_nope.shape[0]:
+        raise KernelContractError(
+            f"ring_mla: q_lens {list(q_lens)} / kv_lens {list(kv_lens)} do not add up to T={T} / S={k_nope.shape[0]}"
+        )
+    out = torch.zeros(T, N, V, dtype=torch.float32, device=q_nope.device)
+    lse = torch.full((N, T), float("-inf"), dtype=torch.float32, device=q_nope.device)
+    k_rope = k_rope.expand(-1, N, -1) if k_rope.shape[1] == 1 else k_rope
+    q0 = k0 = 0
+    for ql, kl in zip(q_lens, kv_lens):
+        if ql > 0 and kl > 0:
+            score = torch.einsum("qnp,knp->nqk", q_nope[q0 : q0 + ql].float(), k_nope[k0 : k0 + kl].float())
+            score += torch.einsum("qnr,knr->nqk", q_rope[q0 : q0 + ql].float(), k_rope[k0 : k0 + kl].float())
+            score *= scale
+            if causal:
+                qi = torch.arange(ql, device=score.device)[:, None]
+                kj = torch.arange(kl, device=score.device)[None, :]
+                score = score.masked_fill(kj > kl - ql + qi, float("-inf"))
+            seg_lse = torch.logsumexp(score, dim=-1)  # [N, ql]
+            p = torch.exp(score - seg_lse.unsqueeze(-1).clamp(min=-1e30))
+            out[q0 : q0 + ql] = torch.einsum("nqk,knv->qnv", p, value[k0 : k0 + kl].float())
+            lse[:, q0 : q0 + ql] = seg_lse
+        q0 += ql
+        k0 += kl
+    result = out.to(q_nope.dtype)
+    if prev_out is not None:
+        if prev_lse is None:
+            raise KernelContractError("ring_mla: prev_out given without prev_lse")
+        return merge_attention_states(prev_out, prev_lse, result, lse)
+    return result, lse
+
+
+_RING_MASK_SIZE = 512
+
+
+def ring_mla_mask(dtype: torch.dtype, device: torch.device | str) -> torch.Tensor:
+    """The ``[512, 512]`` upper-triangular mask ``npu_ring_mla`` takes with ``mask_type_triu`` (1 above the diagonal).
+    Built once per impl; the reference ignores it."""
+    return torch.triu(torch.ones(_RING_MASK_SIZE, _RING_MASK_SIZE, dtype=dtype, device=device), diagonal=1)
+
+
+def ring_mla_npu(
+    q_nope: torch.Tensor,
+    q_rope: torch.Tensor,
+    k_nope: torch.Tensor,
+    k_rope: torch.Tensor,
+    value: torch.Tensor,
+    q_lens: Sequence[int],
+    kv_lens: Sequence[int],
+    scale: float,
+    causal: bool,
+    prev_out: torch.Tensor | None = None,
+    prev_lse: torch.Tensor | None = None,
+    mask: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """NPU twin of :func:`ring_mla_reference`: ``torch_npu.atb.npu_ring_mla`` (``calc_type_first_ring`` without a
+    previous result, ``calc_type_default`` merging ``prev_out``/``prev_lse``). Documented limits: P = V = 128,
+    R = 64, BSND, every request with ``kv_len >= q_len`` or ``kv_len == 0``."""
+    import torch_npu
+
+    T, N, P = q_nope.shape
+    if P != 128 or value.shape[-1] != 128 or q_rope.shape[-1] != 64:
+        raise KernelContractError(
+            f"npu_ring_mla needs qk_nope_head_dim 128, v_head_dim 128 and rope dim 64; got {P}, {value.shape[-1]}, "
+            f"{q_rope.shape[-1]}. Use the reference kernels (additional_config npu.kernels='reference')"
+        )
+    if causal and mask is None:
+        raise KernelContractError("npu_ring_mla with a causal segment needs the triangular mask (ring_mla_mask)")
+    k_rope = k_rope.expand(-1, N, -1).contiguous() if k_rope.shape[1] == 1 else k_rope
+    seqlen = torch.tensor([list(q_lens), list(kv_lens)], dtype=torch.int32)
+    first = prev_out is None
+    out, lse = torch_npu.atb.npu_ring_mla(
+        q_nope.contiguous(),
+        q_rope.contiguous(),
+        k_nope.contiguous(),
+        k_rope,
+        value.contiguous(),
+        mask,
+        seqlen,
+        head_num=N,
+        kv_head_num=N,
+        pre_out=prev_out,
+        prev_lse=prev_lse,
+        qk_scale=scale,
+        kernel_type="kernel_type_high_precision",
+        mask_type="mask_type_triu" if causal else "no_mask",
+        input_layout="type_bsnd",
+        calc_type="calc_type_first_ring" if first else "calc_type_default",
+    )
+    return out, lse
+
+
+RING_MLA = Kernel("ring_mla", npu=ring_mla_npu, reference=ring_mla_reference)
