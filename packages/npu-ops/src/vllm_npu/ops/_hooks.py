@@ -1,0 +1,20 @@
+"""Hooks of the ops component: register the CustomOp overrides with vLLM.
+
+``on_load`` runs in every process where our platform is active (vLLM loads general plugins in the front-end,
+the engine core and each worker); ``on_worker_init`` runs again in each worker at NPUWorker init so a worker never
+depends on plugin load order. Both are idempotent (``registry.once``).
+"""
+
+from __future__ import annotations
+
+from vllm_npu.interface.component import HookContext
+
+from ._registry import register_oot_ops
+
+
+def on_load(ctx: HookContext) -> None:
+    register_oot_ops()
+
+
+def on_worker_init(ctx: HookContext) -> None:
+    register_oot_ops()

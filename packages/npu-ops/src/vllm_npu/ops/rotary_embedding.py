@@ -1,0 +1,192 @@
+"""Rotary embedding overrides: ``npu_rotary_mul`` with cos/sin gathered once per forward.
+
+Kernel contract (torch_npu 2.8.0 docs), ``npu_rotary_mul(x, r1, r2, rotary_mode) -> y``:
+
+- ``x [1, T, N, R]`` (BSND), ``r1``/``r2`` = cos/sin ``[1, T, 1, R]`` (full rotary width), fp16/bf16/fp32;
+- ``half`` (GPT-NeoX): ``x1, x2 = chunk(x, 2, -1)``; ``y = r1 * x + r2 * cat(-x2, x1)``;
+- ``interleave`` (GPT-J): ``y = r1 * x + r2 * stack(-x[..., 1::2], x[..., ::2]).flatten(-2)``.
+
+cos/sin for the current forward are gathered from the layer's ``cos_sin_cache`` once, on the first layer that sees
+a given positions tensor, and every later layer of the same forward reuses them (:class:`PerForwardCosSin`). vLLM's
+``get_rope`` shares one rotary module between all layers of a model, so the cache lives on the module.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Optional
+
+import torch
+from vllm.model_executor.layers.rotary_embedding.base import RotaryEmbedding
+from vllm.model_executor.layers.rotary_embedding.deepseek_scaling_rope import DeepseekScalingRotaryEmbedding
+from vllm.model_executor.layers.rotary_embedding.yarn_scaling_rope import YaRNScalingRotaryEmbedding
+from vllm_npu.interface.device import Kernel
+
+# --- kernel ---------------------------------------------------------------------------------------------------
+
+
+def rotary_mul_npu(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mode: str) -> torch.Tensor:
+    import torch_npu
+
+    return torch_npu.npu_rotary_mul(x, cos, sin, rotary_mode=mode)
+
+
+def rotary_mul_reference(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mode: str) -> torch.Tensor:
+    xf = x.float()
+    if mode == "half":
+        x1, x2 = xf.chunk(2, dim=-1)
+        rotated = torch.cat((-x2, x1), dim=-1)
+    else:
+        rotated = torch.stack((-xf[..., 1::2], xf[..., ::2]), dim=-1).flatten(-2)
+    return (xf * cos.float() + rotated * sin.float()).to(x.dtype)
+
+
+ROTARY_MUL = Kernel("rotary_mul", npu=rotary_mul_npu, reference=rotary_mul_reference)
+
+
+# --- cos/sin once per forward ---------------------------------------------------------------------------------
+
+
+def _current_forward_context() -> Any:
+    from vllm import forward_context
+
+    return forward_context._forward_context
+
+
+def _version(t: torch.Tensor) -> Optional[int]:
+    try:
+        return t._version
+    except RuntimeError:  # inference tensors do not track versions
+        return None
+
+
+class PerForwardCosSin:
+    """Holds the cos/sin of the last positions tensor seen.
+
+    A hit needs the *same* positions tensor object, with the same version counter (no in-place write since), inside
+    the same vLLM forward context. Identity alone would be unsafe when a caller rewrites one buffer in place, so when
+    neither a version counter nor a forward context is available nothing is cached.
+    """
+
+    __slots__ = ("_positions", "_version", "_ctx", "_value", "computed")
+
+    def __init__(self) -> None:
+        self._positions: Optional[torch.Tensor] = None
+        self._version: Optional[int] = None
+        self._ctx: Any = None
+        self._value: Any = None
+        self.computed = 0  # how many times cos/sin were gathered (for tests and benchmarks)
+
+    def get(self, positions: torch.Tensor, compute: Callable[[torch.Tensor], Any]) -> Any:
+        ctx = _current_forward_context()
+        ver = _version(positions)
+        if (
+            positions is self._positions
+            and ver == self._version
+            and ctx is self._ctx
+            and (ver is not None or ctx is not None)
+        ):
+            return self._value
+        value = compute(positions)
+        self._positions, self._version, self._ctx, self._value = positions, ver, ctx, value
+        self.computed += 1
+        return value
+
+
+def gather_cos_sin(cache: torch.Tensor, positions: torch.Tensor, is_neox: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """``cache [P, R]`` (cos | sin halves), ``positions [T]`` -> cos, sin ``[1, T, 1, R]`` in the kernel layout."""
+    cos, sin = cache.index_select(0, positions.flatten()).chunk(2, dim=-1)
+    return expand_cos_sin(cos, sin, is_neox)
+
+
+def expand_cos_sin(cos: torch.Tensor, sin: torch.Tensor, is_neox: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """``[T, R/2]`` halves -> full-width ``[1, T, 1, R]`` (repeated for NeoX, interleaved for GPT-J)."""
+    if is_neox:
+        cos, sin = torch.cat((cos, cos), dim=-1), torch.cat((sin, sin), dim=-1)
+    else:
+        cos, sin = cos.repeat_interleave(2, dim=-1), sin.repeat_interleave(2, dim=-1)
+    t = cos.shape[0]
+    return cos.view(1, t, 1, -1), sin.view(1, t, 1, -1)
+
+
+class _NPURopeMixin:
+    """The shared forward of the rotary overrides (``self`` is a vLLM RotaryEmbedding)."""
+
+    head_size: int
+    rotary_dim: int
+    is_neox_style: bool
+    cos_sin_cache: torch.Tensor
+
+    def _init_npu_rope(self) -> None:
+        if self.rotary_dim % 2 or self.rotary_dim > self.head_size:
+            raise ValueError(f"rotary_dim={self.rotary_dim} must be even and <= head_size={self.head_size}")
+        self._rotary_mul = ROTARY_MUL.select()
+        self._mode = "half" if self.is_neox_style else "interleave"
+        self._cos_sin = PerForwardCosSin()
+
+    def _compute_cos_sin(self, positions: torch.Tensor, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        self._match_cos_sin_cache_dtype(like)  # type: ignore[attr-defined]
+        return gather_cos_sin(self.cos_sin_cache, positions, self.is_neox_style)
+
+    def _rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        x4 = x.reshape(1, cos.shape[1], -1, self.head_size)
+        if self.rotary_dim == self.head_size:
+            return self._rotary_mul(x4, cos, sin, self._mode).reshape(shape)
+        rot = self._rotary_mul(x4[..., : self.rotary_dim].contiguous(), cos, sin, self._mode)
+        return torch.cat((rot, x4[..., self.rotary_dim :]), dim=-1).reshape(shape)
+
+    def _rope_forward(
+        self, positions: torch.Tensor, query: torch.Tensor, key: Optional[torch.Tensor]
+    ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+        cos, sin = self._cos_sin.get(positions, lambda p: self._compute_cos_sin(p, query))
+        return self._rotate(query, cos, sin), (None if key is None else self._rotate(key, cos, sin))
+
+
+class NPURotaryEmbedding(_NPURopeMixin, RotaryEmbedding):
+    """vLLM's RotaryEmbedding (NeoX or GPT-J style, partial ``rotary_dim``). ``positions [T]`` (any shape with T
+    elements), ``query [T, N*D]`` or ``[T, N, D]``, ``key`` likewise or None; returns new tensors of the input shapes."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._init_npu_rope()
+
+    def forward_oot(
+        self, positions: torch.Tensor, query: torch.Tensor, key: Optional[torch.Tensor] = None
+    ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+        return self._rope_forward(positions, query, key)
+
+
+class NPUYaRNScalingRotaryEmbedding(_NPURopeMixin, YaRNScalingRotaryEmbedding):
+    """YaRN scaling: the scaled, mscale-weighted cos/sin live in ``cos_sin_cache``; the rotation is the base one."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._init_npu_rope()
+
+    def forward_oot(
+        self, positions: torch.Tensor, query: torch.Tensor, key: Optional[torch.Tensor] = None
+    ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+        return self._rope_forward(positions, query, key)
+
+
+class NPUDeepseekScalingRotaryEmbedding(_NPURopeMixin, DeepseekScalingRotaryEmbedding):
+    """DeepSeek's YaRN variant (usually GPT-J style). ``offsets`` (batched RoPE) shift the positions; the shifted
+    positions are a new tensor, so they are gathered for that call only."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._init_npu_rope()
+
+    def forward_oot(
+        self,
+        positions: torch.Tensor,
+        query: torch.Tensor,
+        key: Optional[torch.Tensor] = None,
+        offsets: Optional[torch.Tensor] = None,
+    ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+        if key is None:
+            raise ValueError("DeepseekScalingRotaryEmbedding needs a key tensor (vLLM's contract)")
+        if offsets is not None:
+            positions = positions + offsets
+        return self._rope_forward(positions, query, key)
