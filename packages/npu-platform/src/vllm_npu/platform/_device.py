@@ -1,0 +1,309 @@
+"""Device facts and runtime calls of the two device modes, behind one small interface.
+
+Everything above this module (platform, worker, model runner, communicator) is shared between the NPU and the
+emulated device; only the answers below differ:
+
+- :class:`NPUDevice` maps every call to ``torch.npu`` (importing ``torch_npu`` on first use, never at module import,
+  because importing it without CANN breaks ``import torch``).
+- :class:`EmulatedDevice` is the CPU: synchronisation and streams are no-ops (CPU ops complete in order), memory is
+  the process's resident set and the host's RAM.
+
+Memory numbers are bytes. ``device`` arguments accept anything ``torch.device`` accepts, or None (current device).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import threading
+from collections.abc import Iterator
+from typing import Any, ClassVar
+
+import torch
+
+
+@functools.lru_cache(maxsize=1)
+def _torch_npu() -> Any:
+    """``torch.npu`` after importing ``torch_npu`` (which registers the ``npu`` device with torch)."""
+    import torch_npu  # noqa: F401  (registers torch.npu)
+
+    return torch.npu
+
+
+class _NoopEvent:
+    """A completed event: CPU work is done when the call returns, so record/wait/synchronize have nothing to do."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def record(self, stream: Any = None) -> None:
+        pass
+
+    def synchronize(self) -> None:
+        pass
+
+    def wait(self, stream: Any = None) -> None:
+        pass
+
+    def query(self) -> bool:
+        return True
+
+
+class _NoopStream:
+    """The one in-order CPU "stream"."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def synchronize(self) -> None:
+        pass
+
+    def wait_stream(self, stream: Any) -> None:
+        pass
+
+    def wait_event(self, event: Any) -> None:
+        pass
+
+    def record_event(self, event: Any = None) -> _NoopEvent:
+        return event if event is not None else _NoopEvent()
+
+    def query(self) -> bool:
+        return True
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _NoopStream)
+
+    def __hash__(self) -> int:
+        return 0
+
+
+_CPU_STREAM = _NoopStream()
+
+
+class DeviceBackend:
+    """The interface both device modes implement (all static: a device mode is process-wide)."""
+
+    #: torch device type of tensors on this device ("npu" or "cpu").
+    type: ClassVar[str]
+
+    @staticmethod
+    def torch_device(local_rank: int) -> torch.device:
+        raise NotImplementedError
+
+    @staticmethod
+    def set_device(device: torch.device) -> None:
+        raise NotImplementedError
+
+    @staticmethod
+    def synchronize(device: Any = None) -> None:
+        raise NotImplementedError
+
+    @staticmethod
+    def empty_cache() -> None:
+        raise NotImplementedError
+
+    @staticmethod
+    def mem_get_info(device: Any = None) -> tuple[int, int]:
+        """(free, total) bytes of device memory."""
+        raise NotImplementedError
+
+    @staticmethod
+    def memory_allocated(device: Any = None) -> int:
+        raise NotImplementedError
+
+    @staticmethod
+    def memory_reserved(device: Any = None) -> int:
+        raise NotImplementedError
+
+    @staticmethod
+    def peak_memory_allocated(device: Any = None) -> int:
+        raise NotImplementedError
+
+    @staticmethod
+    def reset_peak_memory_stats(device: Any = None) -> None:
+        raise NotImplementedError
+
+    @staticmethod
+    def current_memory_usage(device: Any = None) -> int:
+        """Bytes in use now (what vLLM's ``DeviceMemoryProfiler`` diffs around weight loading)."""
+        raise NotImplementedError
+
+    @staticmethod
+    def device_name(device_id: int = 0) -> str:
+        raise NotImplementedError
+
+    # Stream/event API in the shape of ``torch.cuda``'s, for the model runner's scoped shim.
+    @staticmethod
+    def stream_api() -> dict[str, Any]:
+        """``{"Stream", "Event", "current_stream", "default_stream", "stream"}`` for this device."""
+        raise NotImplementedError
+
+
+class NPUDevice(DeviceBackend):
+    type = "npu"
+
+    @staticmethod
+    def torch_device(local_rank: int) -> torch.device:
+        return torch.device(f"npu:{local_rank}")
+
+    @staticmethod
+    def set_device(device: torch.device) -> None:
+        _torch_npu().set_device(device)
+
+    @staticmethod
+    def synchronize(device: Any = None) -> None:
+        _torch_npu().synchronize(device)
+
+    @staticmethod
+    def empty_cache() -> None:
+        _torch_npu().empty_cache()
+
+    @staticmethod
+    def mem_get_info(device: Any = None) -> tuple[int, int]:
+        free, total = _torch_npu().mem_get_info(device)
+        return int(free), int(total)
+
+    @staticmethod
+    def memory_allocated(device: Any = None) -> int:
+        return int(_torch_npu().memory_allocated(device))
+
+    @staticmethod
+    def memory_reserved(device: Any = None) -> int:
+        return int(_torch_npu().memory_reserved(device))
+
+    @staticmethod
+    def peak_memory_allocated(device: Any = None) -> int:
+        return int(_torch_npu().memory_stats(device).get("allocated_bytes.all.peak", 0))
+
+    @staticmethod
+    def reset_peak_memory_stats(device: Any = None) -> None:
+        _torch_npu().reset_peak_memory_stats(device)
+
+    @staticmethod
+    def current_memory_usage(device: Any = None) -> int:
+        npu = _torch_npu()
+        npu.reset_peak_memory_stats(device)
+        return int(npu.max_memory_allocated(device))
+
+    @staticmethod
+    def device_name(device_id: int = 0) -> str:
+        return str(_torch_npu().get_device_name(device_id))
+
+    @staticmethod
+    def stream_api() -> dict[str, Any]:
+        npu = _torch_npu()
+        return {
+            "Stream": npu.Stream,
+            "Event": npu.Event,
+            "current_stream": npu.current_stream,
+            "default_stream": npu.default_stream,
+            "stream": npu.stream,
+        }
+
+
+def _rss_bytes() -> int:
+    import psutil
+
+    return int(psutil.Process().memory_info().rss)
+
+
+@contextlib.contextmanager
+def _noop_stream_context(stream: Any = None) -> Iterator[None]:
+    yield
+
+
+class EmulatedDevice(DeviceBackend):
+    """The CPU standing in for the NPU. Memory "allocated" is the process RSS: the emulated device shares the host's
+    memory with everything else in the process, so there is no separate device pool to measure."""
+
+    type = "cpu"
+
+    @staticmethod
+    def torch_device(local_rank: int) -> torch.device:
+        return torch.device("cpu")
+
+    @staticmethod
+    def set_device(device: torch.device) -> None:
+        pass  # one CPU device
+
+    @staticmethod
+    def synchronize(device: Any = None) -> None:
+        pass  # CPU kernels have finished when they return
+
+    @staticmethod
+    def empty_cache() -> None:
+        pass  # no caching allocator on the CPU
+
+    @staticmethod
+    def mem_get_info(device: Any = None) -> tuple[int, int]:
+        import psutil
+
+        vm = psutil.virtual_memory()
+        return int(vm.available), int(vm.total)
+
+    @staticmethod
+    def memory_allocated(device: Any = None) -> int:
+        return _rss_bytes()
+
+    @staticmethod
+    def memory_reserved(device: Any = None) -> int:
+        return _rss_bytes()
+
+    @staticmethod
+    def peak_memory_allocated(device: Any = None) -> int:
+        import resource
+
+        return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # Linux reports KiB
+
+    @staticmethod
+    def reset_peak_memory_stats(device: Any = None) -> None:
+        pass  # the kernel's peak RSS cannot be reset
+
+    @staticmethod
+    def current_memory_usage(device: Any = None) -> int:
+        return _rss_bytes()
+
+    @staticmethod
+    def device_name(device_id: int = 0) -> str:
+        return "emulated NPU (CPU)"
+
+    @staticmethod
+    def stream_api() -> dict[str, Any]:
+        return {
+            "Stream": _NoopStream,
+            "Event": _NoopEvent,
+            "current_stream": lambda device=None: _CPU_STREAM,
+            "default_stream": lambda device=None: _CPU_STREAM,
+            "stream": _noop_stream_context,
+        }
+
+
+_STREAM_NAMES = ("Stream", "Event", "current_stream", "default_stream", "stream")
+_shim_lock = threading.Lock()
+_shim_state: dict[str, Any] = {"depth": 0, "saved": None}  # depth of active shims; real torch.cuda attributes
+
+
+@contextlib.contextmanager
+def cuda_stream_api_as(device: type[DeviceBackend]) -> Iterator[None]:
+    """Within the block, ``torch.cuda.{Stream, Event, current_stream, default_stream, stream}`` are ``device``'s.
+
+    vLLM's ``GPUModelRunner`` creates CUDA streams/events in ``__init__`` and, with async scheduling, in
+    ``execute_model`` (``AsyncGPUModelRunnerOutput``). The model runner enters this context only around those two
+    calls, so outside them the process (and other libraries) sees the real ``torch.cuda``. The real attributes are
+    restored when the last active block exits (also when it raises); overlapping blocks on several threads are safe.
+    """
+    with _shim_lock:
+        if _shim_state["depth"] == 0:
+            _shim_state["saved"] = {name: getattr(torch.cuda, name) for name in _STREAM_NAMES}
+            for name, value in device.stream_api().items():
+                setattr(torch.cuda, name, value)
+        _shim_state["depth"] += 1
+    try:
+        yield
+    finally:
+        with _shim_lock:
+            _shim_state["depth"] -= 1
+            if _shim_state["depth"] == 0:
+                for name, value in _shim_state["saved"].items():
+                    setattr(torch.cuda, name, value)
+                _shim_state["saved"] = None

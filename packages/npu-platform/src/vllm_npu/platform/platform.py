@@ -1,0 +1,275 @@
+"""The vLLM platform classes: :class:`NPUPlatform` and its emulated twin :class:`EmulatedNPUPlatform`.
+
+One hierarchy: every hook is written once, in :class:`NPUPlatform`; the emulated class changes only device facts
+(class attributes below and the :mod:`._device` backend). vLLM reads several of these attributes at import time
+(``dispatch_key`` in ``direct_register_custom_op``, ``simple_compile_backend`` in ``@torch.compile`` decorators),
+which is why the mode is fixed by ``register()`` before ``current_platform`` is first touched.
+
+``torch_npu`` is never imported here: only :mod:`._device`'s NPU functions import it, when they run.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING, Any, ClassVar, Optional
+
+import torch
+from vllm.platforms.interface import Platform, PlatformEnum
+
+from vllm_npu.interface.device import current_device
+from vllm_npu.interface.log import get_logger
+
+from ._device import DeviceBackend, EmulatedDevice, NPUDevice
+
+if TYPE_CHECKING:
+    from vllm.config import VllmConfig
+
+logger = get_logger(__name__)
+
+WORKER_CLS = "vllm_npu.platform.worker.NPUWorker"
+COMMUNICATOR_CLS = "vllm_npu.platform.communicator.NPUCommunicator"
+
+
+class NPUPlatform(Platform):
+    """Huawei Ascend NPU (torch_npu, HCCL)."""
+
+    _enum = PlatformEnum.OOT
+    device_name: str = "npu"
+    device_type: str = "npu"
+    dispatch_key: str = "PrivateUse1"
+    ray_device_key: str = "NPU"
+    device_control_env_var: str = "ASCEND_RT_VISIBLE_DEVICES"
+    dist_backend: str = "hccl"
+    # torch_npu ships no supported inductor backend for vLLM's standalone helper functions (masked embedding,
+    # logprob gather): compiling them would fail or fall back per call.
+    simple_compile_backend: str = "eager"
+    supported_quantization: list[str] = ["ascend"]
+
+    #: The device backend (memory, sync, streams) of this mode.
+    device_backend: ClassVar[type[DeviceBackend]] = NPUDevice
+    #: Whether this class drives the emulated device.
+    emulated: ClassVar[bool] = False
+    #: Block size when the user sets none: the NPU attention kernels are tuned for 128-token blocks.
+    default_block_size: ClassVar[int] = 128
+    #: Host buffers pinned for async host-to-device copies.
+    pin_memory: ClassVar[bool] = True
+
+    def __init__(self) -> None:
+        # vLLM instantiates the platform when `current_platform` is first touched and does not swallow errors here:
+        # `VLLM_NPU_DEVICE=npu` on a host without an NPU surfaces as this clear error, not a silent fallback.
+        current_device().raise_if_unusable()
+        super().__init__()
+
+    # --- configuration ------------------------------------------------------------------------------------------
+
+    @classmethod
+    def check_and_update_config(cls, vllm_config: VllmConfig) -> None:
+        from vllm.config import CompilationLevel, CUDAGraphMode
+        from vllm.config.compilation import CompilationConfig
+
+        from vllm_npu.interface.config import AdditionalConfig, EnvConfig
+        from vllm_npu.interface.errors import ConfigError
+        from vllm_npu.interface.registry import check_installed_set
+
+        EnvConfig.from_environ()  # validates every VLLM_NPU_* variable (typos and bad values raise ConfigError)
+        npu_config = AdditionalConfig.from_vllm(vllm_config.additional_config)
+        check_installed_set()
+
+        parallel = vllm_config.parallel_config
+        if parallel.worker_cls == "auto":
+            parallel.worker_cls = WORKER_CLS
+        elif parallel.worker_cls != WORKER_CLS:
+            logger.warning("worker_cls=%s was set explicitly; the NPU platform expects %s", parallel.worker_cls, WORKER_CLS)
+        # vLLM's custom all-reduce is CUDA IPC; HCCL/gloo all-reduce goes through NPUCommunicator.
+        parallel.disable_custom_all_reduce = True
+
+        cache = vllm_config.cache_config
+        if cache is not None and cache.block_size is None:
+            cache.block_size = cls.default_block_size
+
+        model = vllm_config.model_config
+        if model is not None:
+            # Cascade attention is a FlashAttention feature; our backends do not implement it.
+            model.disable_cascade_attn = True
+
+        if not cls.emulated and npu_config.emulated_kv_cache_gb is not None:
+            logger.warning("npu.emulated_kv_cache_gb is ignored on an NPU (gpu_memory_utilization sizes the KV cache)")
+
+        compilation: CompilationConfig = vllm_config.compilation_config
+        enforce_eager = bool(model is not None and model.enforce_eager)
+        mode = npu_config.graph_mode
+        if mode == "auto":
+            mode = "eager" if (cls.emulated or enforce_eager) else "piecewise"
+        elif mode == "piecewise" and enforce_eager:
+            raise ConfigError(
+                "npu.graph_mode='piecewise' conflicts with enforce_eager=True; drop --enforce-eager or set "
+                "npu.graph_mode to 'auto' or 'eager'"
+            )
+        if mode == "eager":
+            compilation.level = CompilationLevel.NO_COMPILATION
+            if model is not None:
+                model.enforce_eager = True
+        else:
+            # Piecewise graphs: Dynamo captures the model, split at the attention op (which stays outside every
+            # graph piece because its metadata changes every step); the pieces run as FX graphs (no inductor:
+            # torch_npu has no supported inductor backend). Static-graph replay is not enabled.
+            compilation.level = CompilationLevel.PIECEWISE
+            compilation.use_inductor = False
+            attention_ops = list(CompilationConfig._attention_ops)
+            user_ops = list(compilation.splitting_ops or [])
+            compilation.splitting_ops = user_ops + [op for op in attention_ops if op not in user_ops]
+        compilation.cudagraph_mode = CUDAGraphMode.NONE
+        compilation.cudagraph_capture_sizes = []
+        if compilation.compile_sizes is None:
+            compilation.compile_sizes = []
+        # Every CustomOp dispatches to forward_oot, where the ops layer puts the NPU kernels (explicit "-op"
+        # entries of the user still disable single ops).
+        compilation.custom_ops = ["all", *[op for op in compilation.custom_ops if op.startswith("-")]]
+
+        if cls.emulated and "VLLM_WORKER_MULTIPROC_METHOD" not in os.environ:
+            # A forked engine core/worker deadlocks if this process already ran torch CPU (OpenMP) work; vLLM's own
+            # CPU platform forces spawn for the same reason. An explicit user setting wins.
+            os.environ["VLLM_WORKER_MULTIPROC_METHOD"] = "spawn"
+
+        logger.info(
+            "%s: graph mode %s, block size %s, worker %s",
+            cls.__name__,
+            mode,
+            cache.block_size if cache is not None else None,
+            parallel.worker_cls,
+        )
+
+    @classmethod
+    def get_attn_backend_cls(
+        cls,
+        selected_backend: Any,
+        head_size: int,
+        dtype: torch.dtype,
+        kv_cache_dtype: Optional[str],
+        block_size: int,
+        use_v1: bool,
+        use_mla: bool,
+        has_sink: bool,
+        use_sparse: bool = False,
+    ) -> str:
+        from vllm_npu.interface.registry import require
+
+        require("attention", "the NPU platform runs attention through the npu-attention layer")
+        from vllm_npu.attention.selector import select_backend
+
+        if selected_backend is not None:
+            logger.warning("attention backend %s was requested; the NPU platform selects its own", selected_backend)
+        return select_backend(
+            use_mla=use_mla,
+            use_sparse=use_sparse,
+            has_sink=has_sink,
+            head_size=head_size,
+            dtype=dtype,
+            block_size=block_size,
+            kv_cache_dtype=kv_cache_dtype,
+        )
+
+    @classmethod
+    def get_device_communicator_cls(cls) -> str:
+        return COMMUNICATOR_CLS
+
+    @classmethod
+    def verify_quantization(cls, quant: str) -> None:
+        if quant == "ascend":
+            from vllm_npu.interface.registry import require
+
+            require("quant", "the 'ascend' quantization method is provided by the npu-quant layer")
+        super().verify_quantization(quant)
+
+    @classmethod
+    def opaque_attention_op(cls) -> bool:
+        # Attention runs as one registered op (`vllm.unified_attention_with_output`, under `dispatch_key`), which
+        # is also the split point of piecewise graphs.
+        return True
+
+    @classmethod
+    def support_static_graph_mode(cls) -> bool:
+        return False
+
+    @classmethod
+    def support_hybrid_kv_cache(cls) -> bool:
+        return False
+
+    @classmethod
+    def is_sleep_mode_available(cls) -> bool:
+        return True
+
+    @classmethod
+    def is_pin_memory_available(cls) -> bool:
+        return cls.pin_memory
+
+    @property
+    def supported_dtypes(self) -> list[torch.dtype]:
+        return [torch.bfloat16, torch.float16, torch.float32]
+
+    @classmethod
+    def check_if_supports_dtype(cls, torch_dtype: torch.dtype) -> None:
+        if torch_dtype not in (torch.bfloat16, torch.float16, torch.float32):
+            raise ValueError(
+                f"{cls.__name__} runs models in bfloat16, float16 or float32, not {torch_dtype}; pass --dtype "
+                "bfloat16 (or float16/float32)"
+            )
+
+    @classmethod
+    def inference_mode(cls):
+        return torch.inference_mode(mode=True)
+
+    # --- device calls -------------------------------------------------------------------------------------------
+
+    @classmethod
+    def get_device_capability(cls, device_id: int = 0) -> None:
+        return None  # no CUDA compute capability: keeps vLLM off capability-gated CUDA kernels
+
+    @classmethod
+    def get_device_name(cls, device_id: int = 0) -> str:
+        return cls.device_backend.device_name(device_id)
+
+    @classmethod
+    def get_device_total_memory(cls, device_id: int = 0) -> int:
+        return cls.device_backend.mem_get_info(device_id)[1]
+
+    @classmethod
+    def set_device(cls, device: torch.device) -> None:
+        cls.device_backend.set_device(device)
+
+    @classmethod
+    def synchronize(cls, device: Any = None) -> None:
+        cls.device_backend.synchronize(device)
+
+    @classmethod
+    def empty_cache(cls) -> None:
+        cls.device_backend.empty_cache()
+
+    @classmethod
+    def mem_get_info(cls, device: Any = None) -> tuple[int, int]:
+        return cls.device_backend.mem_get_info(device)
+
+    @classmethod
+    def get_current_memory_usage(cls, device: Optional[torch.types.Device] = None) -> float:
+        """Bytes in use on the device now (NPU: allocator peak after a reset; emulated: process RSS)."""
+        return float(cls.device_backend.current_memory_usage(device))
+
+
+class EmulatedNPUPlatform(NPUPlatform):
+    """The emulated NPU: the same platform on the CPU, with the pure-PyTorch reference kernels."""
+
+    device_name: str = "cpu"  # vLLM builds `torch.device(device_name)` for OOT process groups
+    device_type: str = "cpu"
+    dispatch_key: str = "CPU"
+    ray_device_key: str = ""  # Ray is not supported on the emulated device
+    # Not under VLLM_NPU_*: vLLM writes this variable for data-parallel ranks, and unknown VLLM_NPU_* names are errors.
+    device_control_env_var: str = "NPU_EMULATED_VISIBLE_DEVICES"
+    dist_backend: str = "gloo"
+    simple_compile_backend: str = "eager"
+
+    device_backend: ClassVar[type[DeviceBackend]] = EmulatedDevice
+    emulated: ClassVar[bool] = True
+    # vLLM's own default: the reference kernels have no preferred block size.
+    default_block_size: ClassVar[int] = 16
+    # Pinning needs a CUDA driver with the CUDA torch wheel; there is no host-to-device copy to speed up anyway.
+    pin_memory: ClassVar[bool] = False

@@ -1,0 +1,267 @@
+"""NPUWorker: vLLM's GPU ``Worker`` on the NPU or the emulated device.
+
+Inherited unchanged: model loading, KV-cache spec, ``execute_model``, warm-up. Overridden where the base is CUDA:
+
+- ``__init__``: fixes the process's kernel backend (``npu.kernels``) and runs every installed component's worker
+  hooks (``vllm_npu.interface.registry.init_worker``) before vLLM builds anything.
+- ``init_device``: device selection and the distributed environment on the platform's backend (HCCL / gloo).
+- ``determine_available_memory``: NPU = profile run + allocator peak, honouring ``gpu_memory_utilization``;
+  emulated = profile run + an explicit KV budget (``npu.emulated_kv_cache_gb`` or
+  ``VLLM_NPU_EMULATED_KV_CACHE_GB``), because the CPU has no device memory to measure.
+- ``sleep``/``wake_up`` without CUDA's ``CuMemAllocator``: device memory is released by shrinking the storages of
+  the weights and the KV cache to zero bytes (every view and every reference vLLM holds stays valid) and regrown on
+  wake-up. Level 1 keeps a host copy of the weights; level 2 drops them and reloads them from the checkpoint.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+from collections.abc import Iterable
+from typing import Any, Optional
+
+import torch
+from vllm.model_executor import set_random_seed
+from vllm.platforms import current_platform
+from vllm.v1.kv_cache_interface import KVCacheConfig
+from vllm.v1.utils import report_usage_stats
+from vllm.v1.worker.gpu_worker import Worker, init_worker_distributed_environment
+
+from vllm_npu.interface.config import AdditionalConfig, EnvConfig
+from vllm_npu.interface.device import DeviceMode, configure_kernels, current_mode
+from vllm_npu.interface.errors import ConfigError
+from vllm_npu.interface.log import get_logger
+from vllm_npu.interface.registry import init_worker
+
+from .model_runner import NPUModelRunner, device_backend
+
+logger = get_logger(__name__)
+
+GiB = 1 << 30
+SLEEP_TAGS = ("weights", "kv_cache")
+
+
+def emulated_kv_cache_bytes(additional_config: Any, environ: Optional[dict[str, str]] = None) -> int:
+    """The emulated device's KV budget in bytes: ``npu.emulated_kv_cache_gb`` if set, else
+    ``VLLM_NPU_EMULATED_KV_CACHE_GB`` (both validated: a float in (0, 1024] GiB), checked against the host's
+    available memory."""
+    npu_config = AdditionalConfig.from_vllm(additional_config)
+    if npu_config.emulated_kv_cache_gb is not None:
+        gib, source = npu_config.emulated_kv_cache_gb, "npu.emulated_kv_cache_gb"
+    else:
+        gib, source = EnvConfig.from_environ(environ).EMULATED_KV_CACHE_GB, "VLLM_NPU_EMULATED_KV_CACHE_GB"
+    budget = int(gib * GiB)
+    available, _ = device_backend().mem_get_info()
+    if budget > available:
+        raise ConfigError(
+            f"{source}={gib} GiB exceeds the host's available memory ({available / GiB:.2f} GiB); lower it"
+        )
+    return budget
+
+
+def _unique_storages(tensors: Iterable[torch.Tensor]) -> list[tuple[torch.UntypedStorage, int]]:
+    """Each distinct non-empty storage behind ``tensors`` (tied weights share one) with its size in bytes."""
+    seen: dict[int, tuple[torch.UntypedStorage, int]] = {}
+    for t in tensors:
+        storage = t.untyped_storage()
+        if storage.nbytes() and storage.data_ptr() not in seen:
+            seen[storage.data_ptr()] = (storage, storage.nbytes())
+    return list(seen.values())
+
+
+class NPUWorker(Worker):
+    def __init__(
+        self,
+        vllm_config: Any,
+        local_rank: int,
+        rank: int,
+        distributed_init_method: str,
+        is_driver_worker: bool = False,
+    ) -> None:
+        mode = current_mode()
+        if mode is None:
+            raise RuntimeError("NPUWorker runs only when the NPU platform is active (VLLM_NPU_DEVICE=npu|emulated|auto)")
+        npu_config = AdditionalConfig.from_vllm(vllm_config.additional_config)
+        self.kernel_backend = configure_kernels(npu_config.kernels)
+        self.components = init_worker(vllm_config, mode)
+        self.device_mode = mode
+        # Storages released by sleep(): tag -> [(storage, nbytes)]; host copies of level-1 weights.
+        self._released: dict[str, list[tuple[torch.UntypedStorage, int]]] = {}
+        self._weights_host_copy: list[torch.UntypedStorage] = []
+        super().__init__(vllm_config, local_rank, rank, distributed_init_method, is_driver_worker)
+        logger.info(
+            "NPUWorker rank %d: %s device, %s kernels, components %s",
+            rank,
+            mode.value,
+            self.kernel_backend,
+            ", ".join(self.components),
+        )
+
+    @property
+    def emulated(self) -> bool:
+        return self.device_mode is DeviceMode.EMULATED
+
+    # --- device and distributed init ----------------------------------------------------------------------------
+
+    def init_device(self) -> None:
+        backend = device_backend()
+        self.device = backend.torch_device(self.local_rank)
+        current_platform.set_device(self.device)
+        current_platform.check_if_supports_dtype(self.model_config.dtype)
+        init_worker_distributed_environment(
+            self.vllm_config,
+            self.rank,
+            self.distributed_init_method,
+            self.local_rank,
+            current_platform.dist_backend,
+        )
+        set_random_seed(self.model_config.seed)
+
+        gc.collect()
+        backend.empty_cache()
+        self.init_free_memory, self.total_memory = backend.mem_get_info(self.device)
+        self.requested_memory = self.total_memory * self.cache_config.gpu_memory_utilization
+        if not self.emulated and self.init_free_memory < self.requested_memory:
+            raise ValueError(
+                f"free NPU memory at start-up ({self.init_free_memory / GiB:.2f}/{self.total_memory / GiB:.2f} GiB) "
+                f"is less than gpu_memory_utilization={self.cache_config.gpu_memory_utilization} "
+                f"({self.requested_memory / GiB:.2f} GiB); lower --gpu-memory-utilization or free the device"
+            )
+        self.model_runner = NPUModelRunner(self.vllm_config, self.device)
+        if self.rank == 0:
+            report_usage_stats(self.vllm_config)
+
+    def _maybe_get_memory_pool_context(self, tag: str) -> contextlib.AbstractContextManager:
+        return contextlib.nullcontext()  # sleep mode needs no special allocator here (see sleep())
+
+    # --- memory -------------------------------------------------------------------------------------------------
+
+    @torch.inference_mode()
+    def determine_available_memory(self) -> int:
+        """Bytes available for the KV cache (the profile run always happens: it exercises the largest batch)."""
+        if kv_bytes := self.cache_config.kv_cache_memory_bytes:
+            self.model_runner.profile_run()
+            logger.info("KV cache: %.3f GiB as set by kv_cache_memory_bytes", kv_bytes / GiB)
+            return int(kv_bytes)
+        if self.emulated:
+            self.model_runner.profile_run()
+            budget = emulated_kv_cache_bytes(self.vllm_config.additional_config)
+            logger.info("KV cache on the emulated device: %.3f GiB", budget / GiB)
+            return budget
+
+        backend = device_backend()
+        backend.empty_cache()
+        non_torch_before = (self.total_memory - self.init_free_memory) - backend.memory_reserved(self.device)
+        backend.reset_peak_memory_stats(self.device)
+        self.model_runner.profile_run()
+        backend.synchronize(self.device)
+        peak = backend.peak_memory_allocated(self.device)  # weights + the largest activation set
+        free_after, _ = backend.mem_get_info(self.device)
+        non_torch_after = (self.total_memory - free_after) - backend.memory_reserved(self.device)
+        non_torch_increase = max(0, non_torch_after - non_torch_before)  # HCCL buffers, runtime workspaces
+        available = int(self.requested_memory - peak - non_torch_increase)
+        if available <= 0:
+            raise ValueError(
+                f"no NPU memory left for the KV cache: weights and activations peak at {peak / GiB:.2f} GiB "
+                f"(+{non_torch_increase / GiB:.2f} GiB outside torch) of the {self.requested_memory / GiB:.2f} GiB "
+                "allowed by gpu_memory_utilization; raise --gpu-memory-utilization, lower "
+                "--max-num-batched-tokens, or use more tensor parallelism"
+            )
+        logger.info(
+            "KV cache: %.2f GiB (peak %.2f GiB, non-torch +%.2f GiB, budget %.2f GiB)",
+            available / GiB,
+            peak / GiB,
+            non_torch_increase / GiB,
+            self.requested_memory / GiB,
+        )
+        gc.collect()
+        return available
+
+    def initialize_from_config(self, kv_cache_config: KVCacheConfig) -> None:
+        self.model_runner.initialize_kv_cache(kv_cache_config)
+
+    # --- sleep mode ---------------------------------------------------------------------------------------------
+
+    def _tensors_of(self, tag: str) -> Iterable[torch.Tensor]:
+        if tag == "weights":
+            return self.model_runner.get_model().parameters()
+        kv = self.model_runner.kv_caches
+        return [t for entry in kv for t in (entry if isinstance(entry, (list, tuple)) else [entry])]
+
+    def sleep(self, level: int = 1) -> None:
+        """Release device memory. Level 1: weights moved to host memory, KV cache discarded. Level 2: both
+        discarded (weights are reloaded from the checkpoint on wake-up)."""
+        if level not in (1, 2):
+            raise ValueError(f"sleep level must be 1 or 2, got {level}")
+        if self._released:
+            logger.warning("NPUWorker is already sleeping")
+            return
+        backend = device_backend()
+        free_before, _ = backend.mem_get_info(self.device)
+        self._sleep_level = level
+        for tag in SLEEP_TAGS:
+            storages = _unique_storages(self._tensors_of(tag))
+            if tag == "weights" and level == 1:
+                self._weights_host_copy = [
+                    torch.UntypedStorage(nbytes, device="cpu").copy_(storage) for storage, nbytes in storages
+                ]
+            for storage, _ in storages:
+                storage.resize_(0)
+            self._released[tag] = storages
+        gc.collect()
+        backend.empty_cache()
+        free_after, total = backend.mem_get_info(self.device)
+        logger.info(
+            "sleep level %d released %.3f GiB (%.3f GiB still in use)",
+            level,
+            max(0, free_after - free_before) / GiB,
+            (total - free_after) / GiB,
+        )
+
+    def wake_up(self, tags: Optional[list[str]] = None) -> None:
+        """Re-allocate the released memory of ``tags`` (default: all): KV cache zeroed, weights restored."""
+        for tag in tags or list(SLEEP_TAGS):
+            if tag not in SLEEP_TAGS:
+                raise ValueError(f"unknown sleep tag {tag!r}; expected one of {SLEEP_TAGS}")
+            storages = self._released.pop(tag, None)
+            if storages is None:
+                continue
+            for storage, nbytes in storages:
+                storage.resize_(nbytes)
+            if tag == "kv_cache":
+                for storage, _ in storages:
+                    storage.fill_(0)
+            elif self._weights_host_copy:
+                for (storage, _), host in zip(storages, self._weights_host_copy):
+                    storage.copy_(host)
+                self._weights_host_copy = []
+            else:
+                self.model_runner.reload_weights()
+        device_backend().synchronize(self.device)
+
+    # --- diagnostics --------------------------------------------------------------------------------------------
+
+    def npu_runtime_info(self) -> dict[str, Any]:
+        """What actually runs in this worker (a ``collective_rpc`` target for tests and ``vllm-npu`` tooling)."""
+        from vllm.attention.layer import Attention
+        from vllm.config import get_layers_from_vllm_config
+
+        runner = self.model_runner
+        attn_layers = get_layers_from_vllm_config(self.vllm_config, Attention)
+        backends = sorted({f"{layer.attn_backend.__module__}.{layer.attn_backend.__qualname__}" for layer in attn_layers.values()})
+        impls = sorted({f"{type(layer.impl).__module__}.{type(layer.impl).__qualname__}" for layer in attn_layers.values()})
+        kv_shapes = [tuple(t.shape) for t in self._tensors_of("kv_cache")][:1]
+        return {
+            "platform": f"{type(current_platform).__module__}.{type(current_platform).__name__}",
+            "worker": f"{type(self).__module__}.{type(self).__name__}",
+            "model_runner": f"{type(runner).__module__}.{type(runner).__name__}",
+            "attention_backends": backends,
+            "attention_impls": impls,
+            "device": str(self.device),
+            "device_mode": self.device_mode.value,
+            "kernel_backend": self.kernel_backend,
+            "components": list(self.components),
+            "kv_cache_shape": kv_shapes[0] if kv_shapes else None,
+            "block_size": self.cache_config.block_size,
+            "rank": self.rank,
+        }

@@ -1,0 +1,214 @@
+"""Real-vLLM engines on the emulated device, for every test module and benchmark.
+
+The contract (keep it stable: every layer's e2e tests use it)::
+
+    from npu_testkit.engine import emulated_env, engine, greedy, make_prompts, tiny_config
+
+    @pytest.fixture(scope="module")
+    def llm(tmp_path_factory):
+        model = build_tiny_model(tiny_config("qwen2"))
+        with engine(model, emulated_env(tmp_path_factory.mktemp("vllm"))) as llm:
+            yield llm
+
+- :func:`emulated_env` returns the environment an engine run needs: ``VLLM_NPU_DEVICE=emulated`` and private
+  cache/config/IPC dirs, offline hub, no usage stats, in-process engine core by default.
+- :func:`engine` applies that environment (restored on exit), builds an ``LLM`` with :func:`make_llm` and shuts it
+  down cleanly, so the next module can start its own engine in the same pytest process.
+- :func:`make_llm` builds ``vllm.LLM`` with test-friendly defaults (float32, small ``max_model_len``, seed 0).
+
+Fork hazard: a forked engine-core or worker process deadlocks if this process already ran torch CPU work (an HF
+reference ``generate``), because OpenMP state does not survive ``fork``. Hence the default in-process engine core
+(``VLLM_ENABLE_V1_MULTIPROCESSING=0``); multi-process runs (TP>1, ``vllm serve``) use ``spawn``, which the emulated
+platform selects itself unless ``VLLM_WORKER_MULTIPROC_METHOD`` is set.
+
+Platform resolution: vLLM resolves ``current_platform`` once per process. :func:`engine` refuses to run (with the
+fix in the message) when vLLM already resolved a different platform in this process, instead of silently running
+on the wrong one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import os
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+#: Defaults of :func:`make_llm`; any keyword argument overrides them.
+LLM_DEFAULTS: dict[str, Any] = {
+    "dtype": "float32",
+    "seed": 0,
+    "max_model_len": 512,
+    "max_num_seqs": 16,
+    "disable_log_stats": True,
+}
+
+
+def emulated_env(
+    tmp_path: str | os.PathLike[str],
+    *,
+    multiprocessing: bool = False,
+    kv_cache_gb: float | None = 0.0625,
+    extra: Mapping[str, str] | None = None,
+) -> dict[str, str]:
+    """The environment of one engine run on the emulated device, with every writable dir under ``tmp_path``.
+
+    ``multiprocessing=False`` runs the engine core in this process (no fork, fast start); ``True`` uses vLLM's
+    separate engine-core process (spawned). ``kv_cache_gb`` sets ``VLLM_NPU_EMULATED_KV_CACHE_GB`` (None = the
+    platform default); the small default keeps test engines light. ``extra`` is merged last.
+    """
+    root = Path(tmp_path)
+    dirs = {name: root / name for name in ("vllm_cache", "vllm_config", "hf_home", "inductor", "rpc")}
+    for d in dirs.values():
+        d.mkdir(parents=True, exist_ok=True)
+    env = {
+        "VLLM_NPU_DEVICE": "emulated",
+        "VLLM_CACHE_ROOT": str(dirs["vllm_cache"]),
+        "VLLM_CONFIG_ROOT": str(dirs["vllm_config"]),
+        "HF_HOME": str(dirs["hf_home"]),
+        "TORCHINDUCTOR_CACHE_DIR": str(dirs["inductor"]),
+        "VLLM_RPC_BASE_PATH": str(dirs["rpc"]),
+        "VLLM_NO_USAGE_STATS": "1",
+        "DO_NOT_TRACK": "1",
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+        "VLLM_ENABLE_V1_MULTIPROCESSING": "1" if multiprocessing else "0",
+    }
+    if kv_cache_gb is not None:
+        env["VLLM_NPU_EMULATED_KV_CACHE_GB"] = repr(float(kv_cache_gb))
+    env.update(extra or {})
+    return env
+
+
+@contextlib.contextmanager
+def patched_environ(env: Mapping[str, str]) -> Iterator[None]:
+    """Set ``env`` in ``os.environ`` for the duration of the block, then restore the previous values."""
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def check_platform_resolution() -> None:
+    """Raise if vLLM already resolved a platform other than the emulated NPU platform in this process."""
+    import sys
+
+    platforms = sys.modules.get("vllm.platforms")
+    resolved = getattr(platforms, "_current_platform", None) if platforms is not None else None
+    if resolved is None:
+        from vllm_npu.interface.device import reset_device_selection
+
+        reset_device_selection()  # the env may have changed since a previous decision in this process
+        return
+    if type(resolved).__name__ != "EmulatedNPUPlatform":
+        raise RuntimeError(
+            f"vLLM already resolved its platform to {type(resolved).__name__} in this process, before "
+            "VLLM_NPU_DEVICE=emulated was set; set VLLM_NPU_DEVICE=emulated in the environment before anything "
+            "imports vLLM (e.g. run this test file on its own, or export it for the whole pytest session)"
+        )
+
+
+def make_llm(model_dir: str | os.PathLike[str], **kwargs: Any):
+    """``vllm.LLM`` for ``model_dir`` with :data:`LLM_DEFAULTS` (overridden by ``kwargs``). The environment must
+    already be set (see :func:`engine`)."""
+    check_platform_resolution()
+    from vllm import LLM
+
+    args = {**LLM_DEFAULTS, **kwargs}
+    return LLM(model=str(model_dir), **args)
+
+
+def shutdown_llm(llm: Any) -> None:
+    """Stop ``llm``'s engine core (and workers) and tear down the in-process distributed state, so another engine
+    can start in this process."""
+    engine_core = getattr(getattr(llm, "llm_engine", None), "engine_core", None)
+    if engine_core is not None:
+        engine_core.shutdown()
+    with contextlib.suppress(Exception):
+        from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
+
+        cleanup_dist_env_and_memory()
+    gc.collect()
+
+
+@contextlib.contextmanager
+def engine(model_dir: str | os.PathLike[str], env: Mapping[str, str], **kwargs: Any) -> Iterator[Any]:
+    """An ``LLM`` on the emulated device for the duration of the block (environment applied, then restored)."""
+    with patched_environ(env):
+        llm = make_llm(model_dir, **kwargs)
+        try:
+            yield llm
+        finally:
+            shutdown_llm(llm)
+            del llm
+            gc.collect()
+
+
+# --- inputs and outputs -----------------------------------------------------------------------------------------
+
+
+def make_prompts(lengths: Sequence[int], *, vocab_size: int = 512, seed: int = 0, avoid: Sequence[int] = ()) -> list[list[int]]:
+    """Deterministic token-id prompts of the given lengths (ids in ``[3, vocab_size)``, special ids skipped)."""
+    import random
+
+    rng = random.Random(seed)
+    banned = set(avoid)
+    out = []
+    for n in lengths:
+        ids: list[int] = []
+        while len(ids) < n:
+            t = rng.randrange(3, vocab_size)
+            if t not in banned:
+                ids.append(t)
+        out.append(ids)
+    return out
+
+
+def token_prompts(prompts: Sequence[Sequence[int]]) -> list[Any]:
+    """vLLM ``TokensPrompt`` dicts for token-id prompts."""
+    return [{"prompt_token_ids": list(p)} for p in prompts]
+
+
+def greedy(llm: Any, prompts: Sequence[Sequence[int]], max_tokens: int, **sampling: Any) -> list[list[int]]:
+    """Greedy token ids for each prompt (``ignore_eos``: always ``max_tokens`` tokens)."""
+    from vllm import SamplingParams
+
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True, **sampling)
+    outs = llm.generate(token_prompts(prompts), params, use_tqdm=False)
+    return [list(o.outputs[0].token_ids) for o in outs]
+
+
+# --- tiny configs -----------------------------------------------------------------------------------------------
+
+
+def tiny_config(arch: str = "qwen2", **overrides: Any) -> Any:
+    """A tiny GQA ``transformers`` config for ``arch`` in {"qwen2", "llama"}: hidden 64, 2 layers, 4 query heads,
+    2 KV heads, head dim 16, vocab 512. ``overrides`` replace any field."""
+    import transformers
+
+    common: dict[str, Any] = {
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "vocab_size": 512,
+        "max_position_embeddings": 1024,
+        "rms_norm_eps": 1e-6,
+        "tie_word_embeddings": False,
+    }
+    if arch == "qwen2":
+        cfg = transformers.Qwen2Config(**{**common, "rope_theta": 10000.0, **overrides})
+    elif arch == "llama":
+        cfg = transformers.LlamaConfig(**{**common, "rope_theta": 10000.0, "head_dim": 16, **overrides})
+    else:
+        raise ValueError(f"tiny_config: unknown arch {arch!r}; expected 'qwen2' or 'llama'")
+    return cfg
