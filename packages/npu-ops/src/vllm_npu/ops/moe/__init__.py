@@ -1,0 +1,39 @@
+"""vllm_npu.ops.moe: FusedMoE for Ascend NPUs (gating, token permutation, grouped matmul, expert parallelism).
+
+Import-light: exports load on first access. The layer classes (``AscendFusedMoE``, ``AscendSharedFusedMoE``) live
+in ``.layer`` and import vLLM; the kernel modules import only torch.
+
+For quantised MoE methods: build nothing yourself; the layer carries ``layer.moe_plan`` (a :class:`MoEPlan`), and
+``moe_forward(x, router_logits, plan=layer.moe_plan, experts=<your ExpertsFn>, e_score_correction_bias=...)`` runs
+gating, permutation, expert-parallel exchange and the weighted combine around your expert MLP.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from vllm_npu.interface.lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from .experts import ExpertsFn, UnquantizedExperts, grouped_matmul_npu, grouped_matmul_reference
+    from .forward import MoEPlan, build_moe_plan, moe_forward
+    from .gating import RoutingConfig, build_gate
+    from .layer import AscendFusedMoE, AscendSharedFusedMoE, AscendUnquantizedFusedMoEMethod
+
+_EXPORTS = {
+    "AscendFusedMoE": ".layer:AscendFusedMoE",
+    "AscendSharedFusedMoE": ".layer:AscendSharedFusedMoE",
+    "AscendUnquantizedFusedMoEMethod": ".layer:AscendUnquantizedFusedMoEMethod",
+    "ExpertsFn": ".experts:ExpertsFn",
+    "UnquantizedExperts": ".experts:UnquantizedExperts",
+    "grouped_matmul_npu": ".experts:grouped_matmul_npu",
+    "grouped_matmul_reference": ".experts:grouped_matmul_reference",
+    "MoEPlan": ".forward:MoEPlan",
+    "build_moe_plan": ".forward:build_moe_plan",
+    "moe_forward": ".forward:moe_forward",
+    "RoutingConfig": ".gating:RoutingConfig",
+    "build_gate": ".gating:build_gate",
+}
+
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
+__all__ = sorted(_EXPORTS)

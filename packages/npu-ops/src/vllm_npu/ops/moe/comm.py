@@ -1,0 +1,159 @@
+"""Token dispatchers: move routed rows to the experts that own them, run the experts, and combine.
+
+A dispatcher is ``dispatcher(hidden [T, H], topk_weights [T, k] f32, topk_ids [T, k] int, experts: ExpertsFn) -> [T, H]``.
+
+- :class:`LocalDispatcher`: no communication. Without expert parallelism it runs every expert. With expert
+  parallelism over replicated tokens (vLLM's default EP: the EP group is the TP group and every rank holds the same
+  tokens) it runs this rank's experts only and returns a partial sum; vLLM's usual all-reduce after the MoE adds
+  the ranks up, exactly as with vLLM's own kernels.
+- :class:`AllToAllDispatcher`: expert parallelism over *different* tokens per rank (data parallel attention). Rows
+  are sent to the ranks owning their experts with a variable-size all-to-all, computed there, sent back and
+  combined locally. The result is complete on every rank (no reduction afterwards).
+
+Placement follows vLLM's ``determine_expert_map`` (``linear`` or ``round_robin``), given as the per-rank expert maps.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+import torch
+
+from .experts import ExpertsFn
+from .routing import InitRouting, Unpermute, combine_masked
+
+# (input [N, ...], output_split_sizes, input_split_sizes) -> output [sum(output_split_sizes), ...]
+AllToAll = Callable[[torch.Tensor, list[int], list[int]], torch.Tensor]
+
+
+@dataclass
+class LocalDispatcher:
+    """Route, run the local experts, combine; no communication.
+
+    ``expert_map`` [E] int (global id -> local id, -1 when not local) or None when every expert is local.
+    """
+
+    num_experts: int
+    init_routing: InitRouting
+    unpermute: Unpermute
+    expert_map: Optional[torch.Tensor] = None
+
+    def __post_init__(self) -> None:
+        if self.expert_map is None:
+            self.num_local = self.num_experts
+        else:
+            if self.expert_map.numel() != self.num_experts:
+                raise ValueError(f"expert_map has {self.expert_map.numel()} entries, expected {self.num_experts}")
+            self.num_local = int((self.expert_map >= 0).sum())
+            # Non-local experts map to one sentinel id past the local range, which init_routing leaves out.
+            self._local_id = torch.where(self.expert_map >= 0, self.expert_map, self.num_local).long()
+
+    def __call__(
+        self, hidden: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor, experts: ExpertsFn
+    ) -> torch.Tensor:
+        if self.expert_map is None:
+            rows, row_idx, counts = self.init_routing(hidden, topk_ids, self.num_experts, (0, self.num_experts))
+            return self.unpermute(experts(rows, counts), row_idx, topk_weights)
+        local_ids = self._local_id.to(topk_ids.device)[topk_ids.long()]
+        rows, row_idx, counts = self.init_routing(hidden, local_ids, self.num_local + 1, (0, self.num_local))
+        # The NPU grouped matmul wants the counts to cover every row it gets: keep the in-range rows only.
+        n = int(counts.sum())
+        return combine_masked(experts(rows[:n], counts), row_idx[:n], topk_weights, out_dtype=hidden.dtype)
+
+
+def torch_all_to_all(group: Any) -> AllToAll:
+    """A variable-split all-to-all over a ``torch.distributed`` process group (gloo on the emulated device)."""
+    import torch.distributed as dist
+
+    def all_to_all(x: torch.Tensor, output_split_sizes: list[int], input_split_sizes: list[int]) -> torch.Tensor:
+        out = x.new_empty((sum(output_split_sizes), *x.shape[1:]))
+        dist.all_to_all_single(out, x.contiguous(), output_split_sizes, input_split_sizes, group=group)
+        return out
+
+    return all_to_all
+
+
+def coordinator_all_to_all(coordinator: Any) -> AllToAll:
+    """The all-to-all of a vLLM ``GroupCoordinator``: its device communicator's when it has one, else torch's.
+
+    A device communicator's ``all_to_all(input_, scatter_dim, gather_dim, scatter_sizes, gather_sizes)`` (the shape
+    of vllm-ascend's and our platform's NPUCommunicator) is used with dim 0 both ways.
+    """
+    comm = getattr(coordinator, "device_communicator", None)
+    method = getattr(comm, "all_to_all", None)
+    if method is not None:
+        params = inspect.signature(method).parameters
+        if {"scatter_sizes", "gather_sizes"} <= params.keys():
+
+            def all_to_all(x: torch.Tensor, output_split_sizes: list[int], input_split_sizes: list[int]) -> torch.Tensor:
+                return method(x, scatter_dim=0, gather_dim=0, scatter_sizes=input_split_sizes, gather_sizes=output_split_sizes)
+
+            return all_to_all
+    return torch_all_to_all(coordinator.device_group)
+
+
+@dataclass
+class AllToAllDispatcher:
+    """Expert parallelism over different tokens per rank, with a variable-size all-to-all.
+
+    ``expert_maps[r]`` is rank r's expert map ([E] int: global -> local id, -1 elsewhere); every expert lives on
+    exactly one rank. Per call: route rows by (owner rank, local id); exchange the per-expert counts; all-to-all the
+    rows; re-sort the received rows by local expert (they arrive grouped by source rank); run the experts; undo the
+    re-sort; all-to-all back; combine with the routing weights.
+    """
+
+    num_experts: int
+    rank: int
+    expert_maps: Sequence[torch.Tensor]
+    all_to_all: AllToAll
+    init_routing: InitRouting
+    unpermute: Unpermute
+    _owner: torch.Tensor = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        maps = torch.stack([m.long().cpu() for m in self.expert_maps])  # [R, E]
+        if maps.shape[1] != self.num_experts:
+            raise ValueError(f"expert maps have {maps.shape[1]} experts, expected {self.num_experts}")
+        owners = (maps >= 0).sum(0)
+        if not bool((owners == 1).all()):
+            raise ValueError("AllToAllDispatcher needs every expert on exactly one rank (no redundant experts)")
+        self.world = maps.shape[0]
+        self.local_counts = (maps >= 0).sum(1).tolist()  # experts per rank
+        self.max_local = max(self.local_counts)
+        owner = (maps >= 0).long().argmax(0)  # [E]
+        local = maps.gather(0, owner.unsqueeze(0)).squeeze(0)  # [E]
+        offsets = torch.tensor([0, *self.local_counts]).cumsum(0)
+        # "Physical" id: experts numbered rank by rank, so one sort groups rows by owner then by local expert.
+        self._physical = (offsets[owner] + local).long()
+        self._owner = owner
+        self._offsets = offsets.tolist()
+
+    def __call__(
+        self, hidden: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor, experts: ExpertsFn
+    ) -> torch.Tensor:
+        device = hidden.device
+        physical = self._physical.to(device)[topk_ids.long()]
+        rows, row_idx, counts = self.init_routing(hidden, physical, self.num_experts, (0, self.num_experts))
+        # counts per (destination rank, its local expert), padded to max_local: [R, L]
+        send = torch.zeros(self.world, self.max_local, dtype=torch.int64, device=device)
+        for r in range(self.world):
+            lo, hi = self._offsets[r], self._offsets[r + 1]
+            send[r, : hi - lo] = counts[lo:hi]
+        recv = self.all_to_all(send, [1] * self.world, [1] * self.world).view(self.world, self.max_local)
+        send_splits = send.sum(1).tolist()
+        recv_splits = recv.sum(1).tolist()
+        received = self.all_to_all(rows, recv_splits, send_splits)
+        # Received rows: by source rank, each chunk sorted by local expert. Sort stably by local expert.
+        n_local = self.local_counts[self.rank]
+        per_source_expert = recv[:, :n_local].reshape(-1)
+        expert_of_row = torch.arange(n_local, device=device).repeat(self.world).repeat_interleave(per_source_expert)
+        order = torch.sort(expert_of_row, stable=True).indices
+        group_counts = recv[:, :n_local].sum(0)
+        out_sorted = experts(received.index_select(0, order), group_counts)
+        out_received = torch.empty_like(out_sorted)
+        out_received[order] = out_sorted
+        returned = self.all_to_all(out_received, send_splits, recv_splits)
+        return self.unpermute(returned, row_idx, topk_weights).to(hidden.dtype)

@@ -1,0 +1,111 @@
+"""Expert MLPs over expert-sorted rows: grouped matmul -> gated activation -> grouped matmul.
+
+:func:`grouped_matmul_npu` / :func:`grouped_matmul_reference` (``npu_grouped_matmul`` with one x, one 3-D weight,
+one output: ``split_item=2``, ``group_type=0`` (groups along M), ``group_list_type=1`` (counts))::
+
+    (x [N, K], weight [G, K, M] (any strides: a transposed view of vLLM's [G, M, K] parameter is fine),
+     group_counts [G] int64 with sum == N) -> y [N, M], y[rows of group g] = x[rows of group g] @ weight[g]
+
+:func:`swiglu_npu` / :func:`swiglu_reference` (``npu_swiglu``, dim=-1): ``x = [a | b]`` -> ``silu(a) * b`` (vLLM's
+``w13`` stacks gate (w1) then up (w3), so this is ``SiluAndMul``).
+
+An :data:`ExpertsFn` ``(rows [N, H], group_counts [E_local] int64) -> [N, H]`` is what the token dispatchers call;
+:class:`UnquantizedExperts` is the bf16/fp16/fp32 one. Quantised MoE methods supply their own ``ExpertsFn`` (same
+signature) and reuse the gating and dispatch unchanged.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from vllm_npu.interface import ConfigError, Kernel, KernelBackend
+
+ExpertsFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+GroupedMatmul = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def grouped_matmul_npu(x: torch.Tensor, weight: torch.Tensor, group_counts: torch.Tensor) -> torch.Tensor:
+    """Per-expert matmul over contiguous row groups with ``npu_grouped_matmul``."""
+    import torch_npu
+
+    return torch_npu.npu_grouped_matmul(
+        [x], [weight], group_list=group_counts.to(torch.int64), split_item=2, group_type=0, group_list_type=1
+    )[0]
+
+
+def grouped_matmul_reference(x: torch.Tensor, weight: torch.Tensor, group_counts: torch.Tensor) -> torch.Tensor:
+    """Reference twin of :func:`grouped_matmul_npu` (a loop over experts, none over tokens)."""
+    counts = group_counts.tolist()
+    if len(counts) != weight.shape[0]:
+        raise ValueError(f"group_counts has {len(counts)} groups but weight has {weight.shape[0]} experts")
+    if sum(counts) != x.shape[0]:
+        raise ValueError(f"group_counts sum to {sum(counts)} but x has {x.shape[0]} rows")
+    out = x.new_empty(x.shape[0], weight.shape[-1])
+    start = 0
+    for expert, n in enumerate(counts):
+        if n:
+            torch.matmul(x[start : start + n], weight[expert], out=out[start : start + n])
+        start += n
+    return out
+
+
+GROUPED_MATMUL = Kernel("moe_grouped_matmul", npu=grouped_matmul_npu, reference=grouped_matmul_reference)
+
+
+def swiglu_npu(x: torch.Tensor) -> torch.Tensor:
+    """``silu(a) * b`` for ``x = [a | b]`` along the last dim, with ``npu_swiglu``."""
+    import torch_npu
+
+    return torch_npu.npu_swiglu(x, dim=-1)
+
+
+def swiglu_reference(x: torch.Tensor) -> torch.Tensor:
+    """Reference twin of :func:`swiglu_npu`."""
+    a, b = x.chunk(2, dim=-1)
+    return F.silu(a) * b
+
+
+SWIGLU = Kernel("moe_swiglu", npu=swiglu_npu, reference=swiglu_reference)
+
+
+def gelu_and_mul(x: torch.Tensor) -> torch.Tensor:
+    """``gelu(a) * b`` (vLLM's ``activation="gelu"`` for MoE); plain torch on both backends."""
+    a, b = x.chunk(2, dim=-1)
+    return F.gelu(a) * b
+
+
+def build_activation(activation: str, backend: KernelBackend | None = None) -> Callable[[torch.Tensor], torch.Tensor]:
+    if activation == "silu":
+        return SWIGLU.select(backend)
+    if activation == "gelu":
+        return gelu_and_mul
+    raise ConfigError(f"MoE activation {activation!r} is not supported by npu-ops; supported: 'silu', 'gelu'")
+
+
+@dataclass(frozen=True)
+class UnquantizedExperts:
+    """The expert MLP for float weights in vLLM's layout: w13 [E, 2I, H], w2 [E, H, I] (used as transposed views)."""
+
+    w13: torch.Tensor
+    w2: torch.Tensor
+    grouped_matmul: GroupedMatmul
+    activation: Callable[[torch.Tensor], torch.Tensor]
+
+    def __call__(self, rows: torch.Tensor, group_counts: torch.Tensor) -> torch.Tensor:
+        gate_up = self.grouped_matmul(rows, self.w13.transpose(1, 2), group_counts)
+        return self.grouped_matmul(self.activation(gate_up), self.w2.transpose(1, 2), group_counts)
+
+
+def unquantized_experts(
+    w13: torch.Tensor, w2: torch.Tensor, activation: str = "silu", backend: KernelBackend | None = None
+) -> UnquantizedExperts:
+    """Build the float expert MLP, choosing its kernels now."""
+    if w13.dim() != 3 or w2.dim() != 3 or w13.shape[0] != w2.shape[0] or w13.shape[1] != 2 * w2.shape[2]:
+        raise ConfigError(
+            f"MoE weights must be w13 [E, 2I, H] and w2 [E, H, I]; got {tuple(w13.shape)} and {tuple(w2.shape)}"
+        )
+    return UnquantizedExperts(w13, w2, GROUPED_MATMUL.select(backend), build_activation(activation, backend))

@@ -1,0 +1,117 @@
+"""The MoE forward as one function over pluggable parts: gate -> dispatch -> experts -> combine.
+
+:func:`build_moe_plan` chooses every kernel once (when a layer is built); :func:`moe_forward` runs a plan::
+
+    out = moe_forward(hidden [T, H], router_logits [T, E], plan=plan, experts=experts_fn,
+                      e_score_correction_bias=bias_or_None)            # -> [T, H], hidden.dtype
+
+``experts_fn(rows [N, H], group_counts [E_local] int64) -> [N, H]`` computes the expert MLPs over rows sorted by
+local expert (``group_counts`` rows per expert, in order). ``plan.unquantized_experts(w13, w2)`` is the float one;
+a quantised MoE method passes its own (quantise rows, int8 grouped matmuls, dequant/swiglu, ...) and keeps the
+gating, token permutation and expert-parallel communication of the plan unchanged.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Optional, Union
+
+import torch
+
+from vllm_npu.interface import ConfigError, KernelBackend
+
+from .comm import AllToAll, AllToAllDispatcher, LocalDispatcher
+from .experts import GROUPED_MATMUL, ExpertsFn, GroupedMatmul, UnquantizedExperts, build_activation
+from .gating import Gate, RoutingConfig, build_gate, gate_path
+from .routing import INIT_ROUTING, build_unpermute
+
+Dispatcher = Union[LocalDispatcher, AllToAllDispatcher]
+
+
+@dataclass(frozen=True, eq=False)
+class MoEPlan:
+    """Everything a MoE layer decided at build time. Immutable; one per layer."""
+
+    routing: RoutingConfig
+    num_experts: int
+    gate: Gate
+    gate_path: str
+    dispatcher: Dispatcher
+    grouped_matmul: GroupedMatmul
+    activation: Callable[[torch.Tensor], torch.Tensor]
+    apply_router_weight_on_input: bool = False
+
+    def unquantized_experts(self, w13: torch.Tensor, w2: torch.Tensor) -> UnquantizedExperts:
+        """The float expert MLP over vLLM-layout weights (w13 [E_local, 2I, H], w2 [E_local, H, I])."""
+        return UnquantizedExperts(w13, w2, self.grouped_matmul, self.activation)
+
+    @property
+    def all_to_all(self) -> bool:
+        return isinstance(self.dispatcher, AllToAllDispatcher)
+
+
+def build_moe_plan(
+    routing: RoutingConfig,
+    num_experts: int,
+    *,
+    act_dtype: torch.dtype,
+    activation: str = "silu",
+    expert_map: Optional[torch.Tensor] = None,
+    all_to_all: Optional[AllToAll] = None,
+    ep_rank: int = 0,
+    expert_maps: Optional[Sequence[torch.Tensor]] = None,
+    apply_router_weight_on_input: bool = False,
+    backend: KernelBackend | None = None,
+) -> MoEPlan:
+    """Choose the kernels and the dispatcher for one MoE layer.
+
+    - ``expert_map`` (this rank's [E] global -> local map, -1 elsewhere) without ``all_to_all``: experts split
+      over ranks that hold the same tokens; the output is this rank's partial sum (reduce it across the EP group).
+    - ``all_to_all`` with ``expert_maps`` (every rank's map) and ``ep_rank``: tokens differ per rank and are
+      exchanged; the output is complete.
+    """
+    if apply_router_weight_on_input and routing.top_k != 1:
+        raise ConfigError("apply_router_weight_on_input needs top_k == 1 (as in vLLM)")
+    init_routing = INIT_ROUTING.select(backend)
+    unpermute = build_unpermute(act_dtype, backend)
+    dispatcher: Dispatcher
+    if all_to_all is not None:
+        if expert_maps is None:
+            raise ConfigError("the all-to-all dispatcher needs the expert maps of every rank (expert_maps)")
+        dispatcher = AllToAllDispatcher(num_experts, ep_rank, expert_maps, all_to_all, init_routing, unpermute)
+    else:
+        dispatcher = LocalDispatcher(num_experts, init_routing, unpermute, expert_map)
+    return MoEPlan(
+        routing=routing,
+        num_experts=num_experts,
+        gate=build_gate(routing, num_experts, backend),
+        gate_path=gate_path(routing, num_experts),
+        dispatcher=dispatcher,
+        grouped_matmul=GROUPED_MATMUL.select(backend),
+        activation=build_activation(activation, backend),
+        apply_router_weight_on_input=apply_router_weight_on_input,
+    )
+
+
+def moe_forward(
+    hidden_states: torch.Tensor,
+    router_logits: torch.Tensor,
+    *,
+    plan: MoEPlan,
+    experts: ExpertsFn,
+    e_score_correction_bias: Optional[torch.Tensor] = None,
+) -> torch.Tensor:
+    """Routed-expert output for ``hidden_states`` [T, H] (no shared experts, no reduction across ranks)."""
+    if hidden_states.dim() != 2 or router_logits.shape != (hidden_states.shape[0], plan.num_experts):
+        raise ValueError(
+            f"moe_forward wants hidden [T, H] and router_logits [T, {plan.num_experts}]; got "
+            f"{tuple(hidden_states.shape)} and {tuple(router_logits.shape)}"
+        )
+    topk_weights, topk_ids = plan.gate(hidden_states, router_logits, e_score_correction_bias)
+    if plan.apply_router_weight_on_input:
+        hidden_states = hidden_states * topk_weights.to(hidden_states.dtype)
+        topk_weights = torch.ones_like(topk_weights)
+    if hidden_states.shape[0] == 0 and not plan.all_to_all:
+        return torch.zeros_like(hidden_states)
+    return plan.dispatcher(hidden_states, topk_weights, topk_ids, experts)

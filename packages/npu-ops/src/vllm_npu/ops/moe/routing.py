@@ -1,0 +1,132 @@
+"""Token permutation for MoE: group the (token, slot) pairs by expert, and put them back.
+
+Notation: T tokens, k slots per token (top-k), H hidden size, E expert ids, ``flat = t * k + j`` the index of slot j
+of token t in ``topk_ids.reshape(-1)``.
+
+:func:`init_routing_npu` / :func:`init_routing_reference` (``npu_moe_init_routing_v2`` semantics, dropless, no
+quantisation)::
+
+    (hidden [T, H], topk_ids [T, k] int, num_experts E, expert_range [start, end))
+        -> expanded_x [T*k, H]        rows sorted stably by expert id; only experts in the range, first
+           expanded_row_idx [T*k] int32   expanded row i came from slot expanded_row_idx[i] (a flat index);
+                                          -1 for the rows past the in-range ones
+           counts [end - start] int64     rows per local expert (``group_list_type=1`` counts)
+
+Rows past ``counts.sum()`` are undefined on the NPU (zeros in the reference): callers slice them off.
+
+:func:`unpermute_npu` / :func:`unpermute_reference` (``npu_moe_token_unpermute``): ``sorted_indices`` is a full
+permutation of ``range(T*k)`` (row i holds slot ``sorted_indices[i]``) and ``out[t] = sum_j probs[t, j] *
+permuted[pos(t, j)]``. :func:`combine_masked` is the same sum in plain torch for a partial set of rows (expert
+parallel with replicated tokens) and for the dtypes the NPU op does not take (it is documented for bf16 only).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from vllm_npu.interface import Kernel
+
+RoutingOutput = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+InitRouting = Callable[[torch.Tensor, torch.Tensor, int, tuple[int, int]], RoutingOutput]
+Unpermute = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def init_routing_npu(
+    hidden: torch.Tensor, topk_ids: torch.Tensor, num_experts: int, expert_range: tuple[int, int]
+) -> RoutingOutput:
+    """Permute with ``npu_moe_init_routing_v2`` (count mode, gather-type row index, no quantisation)."""
+    import torch_npu
+
+    num_tokens, top_k = topk_ids.shape
+    expanded_x, expanded_row_idx, counts, _scale = torch_npu.npu_moe_init_routing_v2(
+        hidden,
+        topk_ids.to(torch.int32),
+        active_num=num_tokens * top_k,
+        expert_capacity=-1,
+        expert_num=num_experts,
+        drop_pad_mode=0,
+        expert_tokens_num_type=1,
+        expert_tokens_num_flag=True,
+        quant_mode=-1,
+        active_expert_range=[expert_range[0], expert_range[1]],
+        row_idx_type=0,
+    )
+    return expanded_x, expanded_row_idx, counts
+
+
+def init_routing_reference(
+    hidden: torch.Tensor, topk_ids: torch.Tensor, num_experts: int, expert_range: tuple[int, int]
+) -> RoutingOutput:
+    """Reference twin of :func:`init_routing_npu` (vectorised: two stable sorts, no per-token loop)."""
+    start, end = expert_range
+    if not 0 <= start <= end <= num_experts:
+        raise ValueError(f"expert_range={expert_range} must satisfy 0 <= start <= end <= num_experts={num_experts}")
+    top_k = topk_ids.shape[1]
+    flat = topk_ids.reshape(-1).long()
+    in_range = (flat >= start) & (flat < end)
+    # Out-of-range slots get a key past every local expert, so one stable sort puts them last in slot order.
+    key = torch.where(in_range, flat - start, torch.full_like(flat, end - start))
+    order = torch.sort(key, stable=True).indices
+    valid = in_range[order]
+    expanded_row_idx = torch.where(valid, order, torch.full_like(order, -1)).to(torch.int32)
+    gathered = hidden.index_select(0, order // top_k)
+    expanded_x = torch.where(valid.unsqueeze(1), gathered, torch.zeros((), dtype=hidden.dtype))
+    counts = torch.zeros(end - start, dtype=torch.int64, device=hidden.device)
+    counts.index_add_(0, key[in_range], torch.ones_like(key[in_range]))
+    return expanded_x, expanded_row_idx, counts
+
+
+INIT_ROUTING = Kernel("moe_init_routing", npu=init_routing_npu, reference=init_routing_reference)
+
+
+def unpermute_npu(permuted: torch.Tensor, sorted_indices: torch.Tensor, probs: torch.Tensor) -> torch.Tensor:
+    """Weighted un-permutation with ``npu_moe_token_unpermute`` (bf16 only, per the docs)."""
+    import torch_npu
+
+    return torch_npu.npu_moe_token_unpermute(
+        permuted, sorted_indices.to(torch.int64), probs=probs.to(permuted.dtype), padded_mode=False
+    )
+
+
+def unpermute_reference(permuted: torch.Tensor, sorted_indices: torch.Tensor, probs: torch.Tensor) -> torch.Tensor:
+    """Reference twin of :func:`unpermute_npu`: permuted [T*k, H], sorted_indices [T*k], probs [T, k] -> [T, H].
+
+    Accumulates in float32 and returns ``permuted.dtype``.
+    """
+    num_tokens, top_k = probs.shape
+    position = torch.empty_like(sorted_indices, dtype=torch.int64)
+    position[sorted_indices.long()] = torch.arange(sorted_indices.numel(), device=sorted_indices.device)
+    rows = permuted.index_select(0, position).view(num_tokens, top_k, permuted.shape[-1]).float()
+    return (rows * probs.float().unsqueeze(-1)).sum(dim=1).to(permuted.dtype)
+
+
+UNPERMUTE = Kernel("moe_token_unpermute", npu=unpermute_npu, reference=unpermute_reference)
+
+
+def combine_masked(
+    rows: torch.Tensor, row_idx: torch.Tensor, probs: torch.Tensor, *, out_dtype: torch.dtype | None = None
+) -> torch.Tensor:
+    """``out[t] = sum over rows i with row_idx[i] // k == t of probs.flat[row_idx[i]] * rows[i]``.
+
+    ``rows`` [N, H] and ``row_idx`` [N] (flat slot indices; -1 marks a row that contributes nothing, whatever its
+    content, NaN included); probs [T, k]. Plain torch (index_add in float32), used on both backends.
+    """
+    num_tokens, top_k = probs.shape
+    valid = row_idx >= 0
+    slot = row_idx.long().clamp(min=0)
+    weight = torch.where(valid, probs.reshape(-1).float().index_select(0, slot), torch.zeros((), device=rows.device))
+    contrib = torch.where(valid.unsqueeze(1), rows.float(), torch.zeros((), device=rows.device)) * weight.unsqueeze(1)
+    out = torch.zeros(num_tokens, rows.shape[1], dtype=torch.float32, device=rows.device)
+    out.index_add_(0, slot // top_k, contrib)
+    return out.to(out_dtype or rows.dtype)
+
+
+def build_unpermute(act_dtype: torch.dtype, backend: str | None = None) -> Unpermute:
+    """The full-permutation combine for a layer: the NPU op for bf16, :func:`combine_masked` for other dtypes."""
+    if UNPERMUTE.select(backend) is unpermute_npu and act_dtype == torch.bfloat16:
+        return unpermute_npu
+    if UNPERMUTE.select(backend) is unpermute_npu:
+        return lambda permuted, sorted_indices, probs: combine_masked(permuted, sorted_indices, probs)
+    return unpermute_reference
