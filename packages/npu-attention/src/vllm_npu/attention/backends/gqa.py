@@ -1,0 +1,197 @@
+"""The Ascend attention backend for standard MHA / GQA / MQA decoder and encoder-only layers.
+
+Kernel per step (the metadata's :class:`~vllm_npu.attention.metadata.AscendAttentionState`):
+
+======================================  ==========================================================================
+encoder-only layer (bidirectional)      ``encoder_attention`` over the step's own K/V (no cache)
+PrefillNoCache, no sliding window       ``prefill_no_cache`` over the step's own K/V
+DecodeOnly, no sliding window           ``paged_decode`` over the paged cache
+every other state / any sliding window  ``paged_prefill`` (fused infer attention, TND, right-down causal or band)
+======================================  ==========================================================================
+
+Decoder layers first write the step's K/V into the cache (``reshape_and_cache``). Each kernel is picked once when
+the layer is built (:meth:`vllm_npu.interface.Kernel.select`): the torch_npu call on an NPU, its pure-PyTorch twin
+on the emulated device.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from vllm.attention.backends.abstract import AttentionBackend, AttentionImpl, AttentionLayer, AttentionType
+
+from vllm_npu.interface.device import kernel_backend
+from vllm_npu.interface.errors import ConfigError
+
+from ..metadata import AscendAttentionMetadataBuilder, AscendAttentionState, AscendMetadata
+from ..ops.flash_attention import ENCODER_ATTENTION, PREFILL_NO_CACHE
+from ..ops.kv_cache import RESHAPE_AND_CACHE
+from ..ops.paged_attention import PAGED_DECODE, PAGED_PREFILL
+
+# torch_npu paged attention v2 takes head sizes up to 256, fused infer attention needs multiples of 16.
+NPU_MAX_HEAD_SIZE = 256
+NPU_HEAD_ALIGN = 16
+NPU_DTYPES = (torch.float16, torch.bfloat16)
+
+
+class AscendAttentionBackend(AttentionBackend):
+    accept_output_buffer: bool = True
+
+    @staticmethod
+    def get_name() -> str:
+        return "ASCEND"
+
+    @staticmethod
+    def get_impl_cls() -> type[AscendAttentionImpl]:
+        return AscendAttentionImpl
+
+    @staticmethod
+    def get_metadata_cls() -> type[AscendMetadata]:
+        return AscendMetadata
+
+    @staticmethod
+    def get_builder_cls() -> type[AscendAttentionMetadataBuilder]:
+        return AscendAttentionMetadataBuilder
+
+    @staticmethod
+    def get_kv_cache_shape(
+        num_blocks: int,
+        block_size: int,
+        num_kv_heads: int,
+        head_size: int,
+        cache_dtype_str: str = "auto",
+    ) -> tuple[int, ...]:
+        """``(2, num_blocks, block_size, num_kv_heads, head_size)``: K and V pages, token-major inside a block."""
+        if block_size % 16:
+            raise ValueError(f"block_size={block_size} must be a multiple of 16 for the Ascend attention backend")
+        return (2, num_blocks, block_size, num_kv_heads, head_size)
+
+    @staticmethod
+    def get_kv_cache_stride_order() -> tuple[int, ...]:
+        return (0, 1, 2, 3, 4)
+
+    @classmethod
+    def get_supported_dtypes(cls) -> list[torch.dtype]:
+        if kernel_backend() == "npu":
+            return list(NPU_DTYPES)
+        return [torch.float16, torch.bfloat16, torch.float32]
+
+
+class AscendAttentionImpl(AttentionImpl[AscendMetadata]):
+    """Forward of one attention layer. Layouts: query ``[T, N, D]``, key/value ``[T, Nkv, D]``, output ``[T, N, D]``,
+    kv_cache ``[2, num_blocks, block_size, Nkv, D]``."""
+
+    def __init__(
+        self,
+        num_heads: int,
+        head_size: int,
+        scale: float,
+        num_kv_heads: int | None = None,
+        alibi_slopes: list[float] | None = None,
+        sliding_window: int | None = None,
+        kv_cache_dtype: str = "auto",
+        logits_soft_cap: float | None = None,
+        attn_type: str = AttentionType.DECODER,
+        kv_sharing_target_layer_name: str | None = None,
+        sinks: torch.Tensor | None = None,
+        **unsupported: Any,
+    ) -> None:
+        if unsupported:
+            raise ConfigError(
+                f"the Ascend attention backend does not support the layer options {sorted(unsupported)}"
+            )
+        self.num_heads = num_heads
+        self.head_size = head_size
+        self.scale = float(scale)
+        self.num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
+        if self.num_heads % self.num_kv_heads:
+            raise ConfigError(f"num_heads={num_heads} is not a multiple of num_kv_heads={self.num_kv_heads}")
+        self.sliding_window = sliding_window
+        self.logits_soft_cap = logits_soft_cap or None
+        self.attn_type = attn_type
+        self.kv_sharing_target_layer_name = kv_sharing_target_layer_name
+        if sinks is not None:
+            raise ConfigError("attention sinks are not supported by the Ascend attention backend")
+        if alibi_slopes is not None:
+            raise ConfigError("ALiBi attention is not supported by the Ascend GQA backend")
+        if kv_cache_dtype != "auto":
+            raise ConfigError(
+                f"kv_cache_dtype={kv_cache_dtype!r} is not supported by the Ascend GQA backend; use auto"
+            )
+        if attn_type not in (AttentionType.DECODER, AttentionType.ENCODER_ONLY):
+            raise ConfigError(
+                f"attention type {attn_type!r} (encoder / cross attention) is not supported by the Ascend GQA "
+                "backend; only decoder and encoder-only models are"
+            )
+        if sliding_window is not None and sliding_window <= 0:
+            raise ConfigError(f"sliding_window must be positive, got {sliding_window}")
+        backend = kernel_backend()
+        if backend == "npu":
+            self._check_npu_support()
+        self.reshape_and_cache = RESHAPE_AND_CACHE.select(backend)
+        self.paged_decode = PAGED_DECODE.select(backend)
+        self.paged_prefill = PAGED_PREFILL.select(backend)
+        self.prefill_no_cache = PREFILL_NO_CACHE.select(backend)
+        self.encoder_attention = ENCODER_ATTENTION.select(backend)
+
+    def _check_npu_support(self) -> None:
+        if self.logits_soft_cap is not None:
+            raise ConfigError(
+                "logits soft-capping (e.g. Gemma-2) has no torch_npu attention kernel; serve this model with "
+                "--additional-config '{\"npu\": {\"kernels\": \"reference\"}}' or without soft-capping"
+            )
+        if self.head_size % NPU_HEAD_ALIGN or self.head_size > NPU_MAX_HEAD_SIZE:
+            raise ConfigError(
+                f"head_size={self.head_size} is not supported by the Ascend attention kernels "
+                f"(needs a multiple of {NPU_HEAD_ALIGN}, at most {NPU_MAX_HEAD_SIZE})"
+            )
+        dtype = torch.get_default_dtype()  # vLLM builds layers under the model dtype
+        if dtype not in NPU_DTYPES:
+            raise ConfigError(f"the Ascend attention kernels compute in float16/bfloat16, not {dtype}; use --dtype")
+
+    def forward(
+        self,
+        layer: AttentionLayer,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        kv_cache: torch.Tensor,
+        attn_metadata: AscendMetadata | None,
+        output: torch.Tensor | None = None,
+        output_scale: torch.Tensor | None = None,
+        output_block_scale: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        if output is None:
+            raise ValueError("AscendAttentionImpl.forward needs the output buffer (accept_output_buffer=True)")
+        if output_scale is not None or output_block_scale is not None:
+            raise NotImplementedError("fused output quantization is not supported by the Ascend GQA backend")
+        if attn_metadata is None:  # profile / dummy run
+            return output
+        md = attn_metadata
+        n = md.num_actual_tokens
+        q, out = query[:n], output[:n]
+        heads = {"num_heads": self.num_heads, "num_kv_heads": self.num_kv_heads, "scale": self.scale,
+                 "logits_soft_cap": self.logits_soft_cap}
+
+        if self.attn_type == AttentionType.ENCODER_ONLY or not md.causal:
+            self.encoder_attention(q, key[:n], value[:n], md.query_start_loc_list, md.max_query_len,
+                                   attn_mask=md.attn_mask, out=out, sliding_window=self.sliding_window, **heads)
+            return output
+
+        key_cache, value_cache = kv_cache.unbind(0)
+        fresh_kv = key is not None and value is not None
+        if self.kv_sharing_target_layer_name is None and fresh_kv:
+            self.reshape_and_cache(key[:n], value[:n], key_cache, value_cache, md.slot_mapping[:n])
+
+        state = md.attn_state
+        if self.sliding_window is None and fresh_kv and state is AscendAttentionState.PrefillNoCache:
+            self.prefill_no_cache(q, key[:n], value[:n], md.seq_lens_list, attn_mask=md.attn_mask, out=out,
+                                  **heads)
+        elif self.sliding_window is None and state is AscendAttentionState.DecodeOnly:
+            self.paged_decode(q, key_cache, value_cache, md.block_table, md.seq_lens_list, out=out, **heads)
+        else:
+            self.paged_prefill(q, key_cache, value_cache, md.block_table, md.query_start_loc_list,
+                               md.seq_lens_list, attn_mask=md.splitfuse_mask, out=out,
+                               sliding_window=self.sliding_window, **heads)
+        return output

@@ -1,0 +1,184 @@
+"""Per-step attention metadata of the GQA backend and the builder that makes it from vLLM's common metadata.
+
+The builder reads only vLLM's ``CommonAttentionMetadata``, the layer group's ``AttentionSpec`` and the
+``VllmConfig`` (never the model). It classifies the batch into an :class:`AscendAttentionState` (the kernel choice
+of the impl) and keeps both the device tensors and the host lists the NPU kernels take as ``SymInt[]``.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from vllm.v1.attention.backends.utils import (
+    AttentionCGSupport,
+    AttentionMetadataBuilder,
+    CommonAttentionMetadata,
+    split_decodes_and_prefills,
+)
+
+from vllm_npu.interface.device import kernel_backend
+from vllm_npu.interface.errors import ConfigError
+
+from .masks import AttentionMaskBuilder
+
+# TND layout of npu_fused_infer_attention_score: a "decode" request may carry at most 16 query tokens.
+MAX_DECODE_THRESHOLD = 16
+# Block sizes the NPU paged kernels accept for every state (FIA paged prefill: multiple of 128, <= 512;
+# paged attention v2: <= 128).
+NPU_BLOCK_SIZE = 128
+
+
+class AscendAttentionState(enum.IntEnum):
+    """What kind of batch a step is; decides the kernel (see :mod:`.backends.gqa`)."""
+
+    PrefillNoCache = 0  # every request is a first prefill: no cached context
+    PrefillCacheHit = 1  # only prefills (no decodes), some with cached context (prefix hit or later chunk)
+    DecodeOnly = 2  # one new token per request
+    ChunkedPrefill = 3  # decodes mixed with prefills, with or without cached context
+    SpecDecoding = 4  # every request has 1..decode_threshold new tokens, some more than one
+
+
+def classify_batch(query_lens: torch.Tensor, seq_lens: torch.Tensor, decode_threshold: int) -> AscendAttentionState:
+    """The state of a batch from host tensors ``query_lens`` and ``seq_lens`` (``[num_reqs]``, integer)."""
+    if query_lens.numel() == 0:
+        return AscendAttentionState.DecodeOnly
+    if bool(torch.equal(query_lens, seq_lens)):
+        return AscendAttentionState.PrefillNoCache
+    if bool((query_lens == 1).all()):
+        return AscendAttentionState.DecodeOnly
+    is_decode = query_lens <= decode_threshold
+    if decode_threshold > 1 and bool(is_decode.all()):
+        return AscendAttentionState.SpecDecoding
+    if not bool(is_decode.any()):
+        return AscendAttentionState.PrefillCacheHit
+    return AscendAttentionState.ChunkedPrefill
+
+
+@dataclass
+class AscendMetadata:
+    """Attention metadata of one step for the GQA backend (shared by the layers of one KV-cache group).
+
+    Tokens are packed request by request; requests with at most ``decode_threshold`` new tokens come first (vLLM
+    reorders the batch by ``reorder_batch_threshold``).
+    """
+
+    attn_state: AscendAttentionState
+    causal: bool
+    num_actual_tokens: int
+    num_reqs: int
+    num_decodes: int
+    num_decode_tokens: int
+    num_prefills: int
+    max_query_len: int
+    max_seq_len: int
+    # device tensors
+    query_start_loc: torch.Tensor  # [num_reqs + 1] int32, cumulative
+    seq_lens: torch.Tensor  # [num_reqs] int32, cached + new tokens per request
+    block_table: torch.Tensor  # [num_reqs, max_blocks] int32
+    slot_mapping: torch.Tensor  # [>= num_actual_tokens] int64, -1 past num_actual_tokens
+    # host copies, the SymInt[] arguments of the NPU kernels
+    query_start_loc_list: list[int]  # num_reqs + 1 entries
+    seq_lens_list: list[int]
+    query_lens_list: list[int]
+    # NPU kernel masks (None on the reference backend, whose kernels derive masks from positions):
+    # attn_mask is the state's own (float causal for PrefillNoCache, bool pooling mask for encoder-only, the int8
+    # splitfuse mask for cache-reading prefill states, None for DecodeOnly); splitfuse_mask is the 2048 int8 mask
+    # of the fused-infer-attention paths (also used by sliding-window layers in every state).
+    attn_mask: torch.Tensor | None = None
+    splitfuse_mask: torch.Tensor | None = None
+
+    @property
+    def actual_seq_lengths_q(self) -> list[int]:
+        """Cumulative query ends (TND ``actual_seq_lengths``)."""
+        return self.query_start_loc_list[1:]
+
+
+class AscendAttentionMetadataBuilder(AttentionMetadataBuilder[AscendMetadata]):
+    """Builds :class:`AscendMetadata` from vLLM's ``CommonAttentionMetadata``.
+
+    ``reorder_batch_threshold`` (= decode threshold) is ``1 + num_speculative_tokens`` so speculative-decoding
+    verification steps count as decodes; it must stay <= 16 (the TND layout limit of the NPU kernel).
+    """
+
+    cudagraph_support = AttentionCGSupport.NEVER
+
+    def __init__(self, kv_cache_spec: Any, layer_names: list[str], vllm_config: Any, device: torch.device) -> None:
+        super().__init__(kv_cache_spec, layer_names, vllm_config, device)
+        self._init_reorder_batch_threshold(1, supports_spec_as_decode=True)
+        self.decode_threshold: int = int(self.reorder_batch_threshold or 1)
+        if self.decode_threshold > MAX_DECODE_THRESHOLD:
+            raise ConfigError(
+                f"speculative decoding with {self.decode_threshold - 1} speculative tokens gives a decode threshold "
+                f"of {self.decode_threshold}, above the Ascend attention limit of {MAX_DECODE_THRESHOLD}; "
+                f"use num_speculative_tokens <= {MAX_DECODE_THRESHOLD - 1}"
+            )
+        parallel = getattr(vllm_config, "parallel_config", None)
+        dcp = getattr(parallel, "decode_context_parallel_size", 1) or 1
+        if dcp > 1:
+            raise ConfigError(
+                "decode context parallelism (decode_context_parallel_size > 1) is not supported by the Ascend GQA "
+                "attention backend; run with decode_context_parallel_size=1"
+            )
+        self.block_size: int = int(kv_cache_spec.block_size)
+        self.dtype: torch.dtype = kv_cache_spec.dtype
+        if kernel_backend() == "npu" and self.block_size % NPU_BLOCK_SIZE:
+            raise ConfigError(
+                f"block_size={self.block_size} is not supported by the Ascend paged attention kernels; "
+                f"use --block-size {NPU_BLOCK_SIZE}"
+            )
+        self.masks = AttentionMaskBuilder(device)
+
+    def reorder_batch(self, input_batch: Any, scheduler_output: Any) -> bool:
+        # vLLM's model runner already reorders by reorder_batch_threshold (decodes first); nothing else to do.
+        return False
+
+    def build(
+        self,
+        common_prefix_len: int,
+        common_attn_metadata: CommonAttentionMetadata,
+        fast_build: bool = False,
+    ) -> AscendMetadata:
+        cm = common_attn_metadata
+        num_reqs = cm.num_reqs
+        qsl_cpu = cm.query_start_loc_cpu[: num_reqs + 1]
+        query_lens = qsl_cpu[1:] - qsl_cpu[:-1]
+        seq_lens_cpu = cm.seq_lens_cpu[:num_reqs]
+        state = classify_batch(query_lens, seq_lens_cpu, self.decode_threshold)
+        num_decodes, num_prefills, num_decode_tokens, _ = split_decodes_and_prefills(
+            cm, decode_threshold=self.decode_threshold
+        )
+        return AscendMetadata(
+            attn_state=state,
+            causal=cm.causal,
+            num_actual_tokens=cm.num_actual_tokens,
+            num_reqs=num_reqs,
+            num_decodes=num_decodes,
+            num_decode_tokens=num_decode_tokens,
+            num_prefills=num_prefills,
+            max_query_len=cm.max_query_len,
+            max_seq_len=cm.max_seq_len,
+            query_start_loc=cm.query_start_loc[: num_reqs + 1],
+            seq_lens=cm.seq_lens[:num_reqs],
+            block_table=cm.block_table_tensor[:num_reqs],
+            slot_mapping=cm.slot_mapping,
+            query_start_loc_list=qsl_cpu.tolist(),
+            seq_lens_list=seq_lens_cpu.tolist(),
+            query_lens_list=query_lens.tolist(),
+            attn_mask=self._mask_for(state, cm),
+            splitfuse_mask=self.masks.splitfuse_mask() if kernel_backend() == "npu" else None,
+        )
+
+    def _mask_for(self, state: AscendAttentionState, cm: CommonAttentionMetadata) -> torch.Tensor | None:
+        """The mask the state's NPU kernel takes; the reference kernels derive theirs from positions."""
+        if kernel_backend() != "npu":
+            return None
+        if not cm.causal:
+            return self.masks.pooling_mask()
+        if state is AscendAttentionState.DecodeOnly:
+            return None
+        if state is AscendAttentionState.PrefillNoCache:
+            return self.masks.causal_mask(cm.max_seq_len, self.dtype)
+        return self.masks.splitfuse_mask()

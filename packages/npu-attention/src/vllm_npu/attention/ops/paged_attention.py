@@ -1,0 +1,283 @@
+"""Attention of new query tokens over the paged KV cache (decode, chunked prefill, prefix hits, spec decode).
+
+Two kernels, each an NPU call beside its reference twin:
+
+``paged_decode`` — one query token per request (DecodeOnly without a sliding window):
+    query ``[B, N, D]``; key_cache/value_cache ``[num_blocks, block_size, Nkv, D]``; block_table ``[B, max_blocks]``
+    int32; context_lens ``list[int]`` (B entries, tokens in the cache including the new one); out ``[B, N, D]``
+    written in place. ``out[b, h] = softmax(scale * q[b, h] . K_b^T) V_b`` over the request's ``context_lens[b]``
+    cached tokens, KV head ``h // (N // Nkv)``, no mask.
+    NPU: ``torch_npu.atb._npu_paged_attention_v2`` (documented ATB op; block_size % 16 == 0 and <= 128,
+    head_size <= 256).
+
+``paged_prefill`` — any number of query tokens per request, packed (TND):
+    query ``[T, N, D]``; caches as above (the new tokens are already written); block_table ``[B, max_blocks]``;
+    query_start_loc ``list[int]`` (B + 1 cumulative offsets, ``query_start_loc[-1] == T``); seq_lens ``list[int]``
+    (B, cached tokens per request including the new ones); out ``[T, N, D]`` in place.
+    Causal, bottom-right aligned: new token ``i`` (0-based) of request ``b`` with ``q_b`` new and ``L_b`` total
+    tokens sees cache positions ``j <= L_b - q_b + i``, and with ``sliding_window = W`` also ``j > L_b - q_b + i - W``.
+    NPU: ``torch_npu.npu_fused_infer_attention_score`` in TND layout with the paged cache viewed as
+    ``[num_blocks, block_size, Nkv * D]``: ``sparse_mode=3`` (right-down causal) with the 2048 int8 splitfuse mask,
+    or ``sparse_mode=4`` (band, right-down origin) with ``pre_tokens = W - 1, next_tokens = 0`` for a sliding window.
+    FIA needs block_size a multiple of 128 (<= 512) for query lengths > 1 and fp16/bf16.
+
+Logits soft-capping has no torch_npu kernel: the NPU twins reject it (the backend refuses such layers up front on
+the NPU); the reference twins apply ``cap * tanh(scores / cap)`` to the scaled scores (vLLM/flash-attn semantics).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from vllm_npu.interface.device import Kernel
+from vllm_npu.interface.errors import KernelContractError
+
+from ._reference import attend, gather_pages, gather_sequence, window_allowed
+
+# Requests with at most this many new tokens are computed together in one padded batch by the reference (decodes,
+# speculative-decoding verification); longer ones one request at a time.
+_SHORT_QUERY = 16
+
+
+def _no_soft_cap(logits_soft_cap: float | None, op: str) -> None:
+    if logits_soft_cap:
+        raise KernelContractError(f"{op}: torch_npu has no attention kernel with logits soft-capping")
+
+
+# --- paged decode ------------------------------------------------------------------------------------------------
+
+
+def paged_decode_npu(
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    context_lens: list[int],
+    *,
+    num_heads: int,
+    num_kv_heads: int,
+    scale: float,
+    out: torch.Tensor,
+    logits_soft_cap: float | None = None,
+) -> None:
+    import torch_npu
+
+    _no_soft_cap(logits_soft_cap, "paged_decode")
+    torch_npu.atb._npu_paged_attention_v2(
+        query,
+        key_cache,
+        block_table,
+        context_lens,
+        value_cache=value_cache,
+        num_kv_heads=num_kv_heads,
+        num_heads=num_heads,
+        scale_value=scale,
+        mask_type=0,
+        out=out,
+    )
+
+
+def paged_decode_reference(
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    context_lens: list[int],
+    *,
+    num_heads: int,
+    num_kv_heads: int,
+    scale: float,
+    out: torch.Tensor,
+    logits_soft_cap: float | None = None,
+) -> None:
+    _check_heads(query, key_cache, num_heads, num_kv_heads)
+    lens = torch.tensor(context_lens, dtype=torch.long, device=query.device)
+    o = _attend_short_group(
+        query[:, None],
+        key_cache,
+        value_cache,
+        block_table,
+        seq_lens=lens,
+        query_lens=torch.ones_like(lens),
+        max_seq_len=max(context_lens),
+        scale=scale,
+        sliding_window=None,
+        logits_soft_cap=logits_soft_cap,
+    )
+    out.copy_(o[:, 0].to(out.dtype))
+
+
+PAGED_DECODE = Kernel("paged_decode", npu=paged_decode_npu, reference=paged_decode_reference)
+
+
+# --- paged prefill (chunked prefill, prefix hits, mixed batches, spec decode) -------------------------------------
+
+
+def paged_prefill_npu(
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    query_start_loc: list[int],
+    seq_lens: list[int],
+    *,
+    num_heads: int,
+    num_kv_heads: int,
+    scale: float,
+    attn_mask: torch.Tensor,
+    out: torch.Tensor,
+    sliding_window: int | None = None,
+    logits_soft_cap: float | None = None,
+) -> None:
+    import torch_npu
+
+    _no_soft_cap(logits_soft_cap, "paged_prefill")
+    num_blocks, block_size = key_cache.shape[:2]
+    if sliding_window is None:
+        sparse_mode, pre_tokens, next_tokens = 3, 2147483647, 2147483647
+    else:
+        sparse_mode, pre_tokens, next_tokens = 4, sliding_window - 1, 0
+    attn_out, _ = torch_npu.npu_fused_infer_attention_score(
+        query,
+        key_cache.view(num_blocks, block_size, -1),
+        value_cache.view(num_blocks, block_size, -1),
+        atten_mask=attn_mask,
+        block_table=block_table,
+        input_layout="TND",
+        block_size=block_size,
+        actual_seq_lengths=query_start_loc[1:],
+        actual_seq_lengths_kv=seq_lens,
+        num_key_value_heads=num_kv_heads,
+        num_heads=num_heads,
+        scale=scale,
+        sparse_mode=sparse_mode,
+        pre_tokens=pre_tokens,
+        next_tokens=next_tokens,
+    )
+    out.copy_(attn_out.view_as(out))
+
+
+def paged_prefill_reference(
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    query_start_loc: list[int],
+    seq_lens: list[int],
+    *,
+    num_heads: int,
+    num_kv_heads: int,
+    scale: float,
+    attn_mask: torch.Tensor | None,
+    out: torch.Tensor,
+    sliding_window: int | None = None,
+    logits_soft_cap: float | None = None,
+) -> None:
+    _check_heads(query, key_cache, num_heads, num_kv_heads)
+    num_reqs = len(seq_lens)
+    if len(query_start_loc) != num_reqs + 1:
+        raise KernelContractError(
+            f"paged_prefill: query_start_loc has {len(query_start_loc)} entries, expected {num_reqs + 1}"
+        )
+    q_lens = [query_start_loc[i + 1] - query_start_loc[i] for i in range(num_reqs)]
+    if any(q > s for q, s in zip(q_lens, seq_lens)):
+        raise KernelContractError("paged_prefill: a request has more new tokens than cached tokens (seq_lens)")
+    short = [i for i in range(num_reqs) if 0 < q_lens[i] <= _SHORT_QUERY]
+    if short:
+        _prefill_short(query, key_cache, value_cache, block_table, query_start_loc, q_lens, seq_lens, short,
+                       scale=scale, sliding_window=sliding_window, logits_soft_cap=logits_soft_cap, out=out)
+    for i in range(num_reqs):
+        if q_lens[i] <= _SHORT_QUERY:
+            continue
+        start, end, seq_len = query_start_loc[i], query_start_loc[i + 1], seq_lens[i]
+        k = gather_sequence(key_cache, block_table[i], seq_len)
+        v = gather_sequence(value_cache, block_table[i], seq_len)
+        k_pos = torch.arange(seq_len, device=query.device)
+        allowed = window_allowed(k_pos[seq_len - q_lens[i]:], k_pos, causal=True, sliding_window=sliding_window)
+        o = attend(query[start:end], k, v, allowed, scale, logits_soft_cap)
+        out[start:end] = o.to(out.dtype)
+
+
+PAGED_PREFILL = Kernel("paged_prefill", npu=paged_prefill_npu, reference=paged_prefill_reference)
+
+
+# --- reference helpers --------------------------------------------------------------------------------------------
+
+
+def _check_heads(query: torch.Tensor, key_cache: torch.Tensor, num_heads: int, num_kv_heads: int) -> None:
+    if query.shape[-2] != num_heads or key_cache.shape[-2] != num_kv_heads:
+        raise KernelContractError(
+            f"attention heads: query has {query.shape[-2]} heads and the cache {key_cache.shape[-2]}, "
+            f"expected num_heads={num_heads}, num_kv_heads={num_kv_heads}"
+        )
+    if num_heads % num_kv_heads:
+        raise KernelContractError(f"num_heads={num_heads} is not a multiple of num_kv_heads={num_kv_heads}")
+
+
+def _attend_short_group(
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    *,
+    seq_lens: torch.Tensor,
+    query_lens: torch.Tensor,
+    max_seq_len: int,
+    scale: float,
+    sliding_window: int | None,
+    logits_soft_cap: float | None,
+) -> torch.Tensor:
+    """Batched causal paged attention for a group of requests with few new tokens each.
+
+    query ``[B, Qmax, N, D]`` (row ``r`` of request ``b`` is its ``r``-th new token; rows past ``query_lens[b]`` are
+    padding and come back as garbage); block_table ``[B, max_blocks]``; seq_lens/query_lens ``[B]``.
+    Returns fp32 ``[B, Qmax, N, D]``.
+    """
+    k = gather_pages(key_cache, block_table, max_seq_len)
+    v = gather_pages(value_cache, block_table, max_seq_len)
+    q_max = query.shape[1]
+    k_pos = torch.arange(k.shape[1], device=query.device)
+    q_pos = (seq_lens - query_lens)[:, None] + torch.arange(q_max, device=query.device)[None, :]
+    # Causality also hides every page slot past the request's own length: for a real row, q_pos < seq_len.
+    allowed = window_allowed(q_pos, k_pos[None, :].expand(q_pos.shape[0], -1), causal=True,
+                             sliding_window=sliding_window)
+    return attend(query, k, v, allowed, scale, logits_soft_cap)
+
+
+def _prefill_short(
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    query_start_loc: list[int],
+    q_lens: list[int],
+    seq_lens: list[int],
+    reqs: list[int],
+    *,
+    scale: float,
+    sliding_window: int | None,
+    logits_soft_cap: float | None,
+    out: torch.Tensor,
+) -> None:
+    device = query.device
+    idx = torch.tensor(reqs, dtype=torch.long, device=device)
+    starts = torch.tensor([query_start_loc[i] for i in reqs], dtype=torch.long, device=device)
+    qlens = torch.tensor([q_lens[i] for i in reqs], dtype=torch.long, device=device)
+    slens = torch.tensor([seq_lens[i] for i in reqs], dtype=torch.long, device=device)
+    q_max = max(q_lens[i] for i in reqs)
+    rows = torch.arange(q_max, device=device)[None, :]
+    valid = rows < qlens[:, None]
+    tokens = torch.where(valid, starts[:, None] + rows, starts[:, None])  # padding rows re-read the first token
+    o = _attend_short_group(
+        query[tokens],
+        key_cache,
+        value_cache,
+        block_table[idx],
+        seq_lens=slens,
+        query_lens=qlens,
+        max_seq_len=max(seq_lens[i] for i in reqs),
+        scale=scale,
+        sliding_window=sliding_window,
+        logits_soft_cap=logits_soft_cap,
+    )
+    out[tokens[valid]] = o[valid].to(out.dtype)
