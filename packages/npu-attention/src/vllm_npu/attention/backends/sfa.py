@@ -1,0 +1,232 @@
+"""AscendSFABackend: DeepSeek-V3.2 sparse MLA attention, plus the indexer key cache and the lightning indexer.
+
+How vLLM 0.11 drives it (``vllm/model_executor/models/deepseek_v2.py``, ``vllm/model_executor/layers/mla.py``):
+
+- a config with ``index_topk`` makes every ``DeepseekV2MLAAttention`` build an ``Indexer`` and pass
+  ``is_sparse=True``; ``MultiHeadLatentAttention`` then creates its ``Attention(use_mla=True, use_sparse=True,
+  indexer=...)``, so the platform's ``get_attn_backend_cls(use_sparse=True)`` selects :class:`AscendSFABackend` and the
+  impl receives the ``indexer`` module;
+- each step ``MultiHeadLatentAttention.forward`` first calls ``indexer(hidden_states, q_c, positions, rotary_emb)``,
+  which fills ``indexer.topk_indices_buffer [max_num_batched_tokens, index_topk]`` (int32 request-local positions,
+  ``-1`` = none) for the step's tokens, then calls the attention layer; the sparse impl reads that buffer
+  (as vLLM's ``FlashMLASparseImpl`` does);
+- the indexer keys live in their own cache layer (``Indexer.k_cache``, a ``DeepseekV32IndexerCache``): one vector of
+  ``index_head_dim`` per token, with its own KV spec and backend.
+
+vLLM's own indexer path is CUDA-only (fp8 keys, DeepGEMM logits, ``topk_indices_buffer`` allocated on "cuda",
+``DeepseekV32IndexerBackend``'s builder queries CUDA device properties). On Ascend the indexer keys stay in the model
+dtype, so the model's indexer must be overridden (npu-models) to: allocate its cache layer with
+:class:`AscendSFAIndexerBackend` and a ``[nb, bs, index_head_dim]`` model-dtype spec, and call
+:class:`AscendLightningIndexer` instead of ``torch.ops.vllm.sparse_attn_indexer``. This module provides those pieces;
+it never reaches into the model itself.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar, Optional
+
+import torch
+from vllm.attention.backends.abstract import AttentionBackend, AttentionLayer
+from vllm.v1.attention.backends.mla.common import MLACommonBaseImpl
+from vllm.v1.attention.backends.utils import AttentionCGSupport, AttentionMetadataBuilder, CommonAttentionMetadata
+from vllm.v1.kv_cache_interface import AttentionSpec
+
+from vllm_npu.interface.errors import ConfigError, KernelContractError
+
+from ..ops.mla_cache import MLA_CACHE_WRITE, latent_cache_planes
+from ..ops.sfa_kernels import INDEXER_CACHE_WRITE, LIGHTNING_INDEXER, SPARSE_MLA_ATTENTION
+from .mla import AscendMLABackend
+
+
+@dataclass
+class AscendSFAMetadata:
+    """Per-step metadata of the sparse attention layers and of the indexer cache layer (same fields)."""
+
+    num_reqs: int
+    max_query_len: int
+    max_seq_len: int
+    num_actual_tokens: int
+    query_start_loc: torch.Tensor  # [B + 1] device
+    slot_mapping: torch.Tensor  # [T] device
+    block_table: torch.Tensor  # [B, max_blocks] int32
+    query_start_loc_list: list[int]  # host copies: the kernels take lists / build their own tensors
+    seq_lens_list: list[int]
+
+
+class AscendSFAMetadataBuilder(AttentionMetadataBuilder[AscendSFAMetadata]):
+    """No decode/prefill split: sparse attention treats every token alike (top-k keys each)."""
+
+    cudagraph_support: ClassVar[AttentionCGSupport] = AttentionCGSupport.NEVER
+    reorder_batch_threshold: ClassVar[Optional[int]] = None
+
+    def __init__(self, kv_cache_spec: AttentionSpec, layer_names: list[str], vllm_config: Any, device: torch.device):
+        super().__init__(kv_cache_spec, layer_names, vllm_config, device)
+
+    def build(
+        self, common_prefix_len: int, common_attn_metadata: CommonAttentionMetadata, fast_build: bool = False
+    ) -> AscendSFAMetadata:
+        m = common_attn_metadata
+        return AscendSFAMetadata(
+            num_reqs=m.num_reqs,
+            max_query_len=m.max_query_len,
+            max_seq_len=m.max_seq_len,
+            num_actual_tokens=m.num_actual_tokens,
+            query_start_loc=m.query_start_loc,
+            slot_mapping=m.slot_mapping,
+            block_table=m.block_table_tensor[: m.num_reqs],
+            query_start_loc_list=m.query_start_loc_cpu[: m.num_reqs + 1].tolist(),
+            seq_lens_list=m.seq_lens_cpu[: m.num_reqs].tolist(),
+        )
+
+
+class AscendSFABackend(AscendMLABackend):
+    """Same latent cache as :class:`AscendMLABackend`; attention restricted to the indexer's top-k tokens."""
+
+    @staticmethod
+    def get_name() -> str:
+        return "ASCEND_SFA"
+
+    @staticmethod
+    def get_metadata_cls() -> type[AscendSFAMetadata]:
+        return AscendSFAMetadata
+
+    @staticmethod
+    def get_builder_cls() -> type[AscendSFAMetadataBuilder]:
+        return AscendSFAMetadataBuilder
+
+    @staticmethod
+    def get_impl_cls() -> type[AscendSFAImpl]:
+        return AscendSFAImpl
+
+
+class AscendSFAImpl(MLACommonBaseImpl[AscendSFAMetadata]):
+    """Sparse MLA: absorbed (latent-space) MQA of every token over the cached tokens its indexer picked.
+
+    Inputs as for MLA (``q [T, N, P + R]``, ``k_c_normed [T, L]``, ``k_pe [T, 1, R]``); the selection comes from
+    ``indexer.topk_indices_buffer[:T]``, filled earlier in the same layer forward. Output ``[T, N * V]``.
+    """
+
+    def __init__(self, *args: Any, indexer: Any = None, **kwargs: Any) -> None:
+        super().__init__(*args, indexer=indexer, **kwargs)
+        if indexer is None or getattr(indexer, "topk_indices_buffer", None) is None:
+            raise ConfigError(
+                "AscendSFABackend serves sparse (DeepSeek-V3.2) attention layers only: the layer must pass its "
+                "indexer (with topk_indices_buffer); a dense MLA model should select AscendMLABackend"
+            )
+        if self.kv_cache_dtype not in ("auto", None):
+            raise ConfigError(f"kv_cache_dtype={self.kv_cache_dtype!r} is not supported by AscendSFABackend; use 'auto'")
+        self._write = MLA_CACHE_WRITE.select()
+        self._sparse = SPARSE_MLA_ATTENTION.select()
+
+    def forward(
+        self,
+        layer: AttentionLayer,
+        q: torch.Tensor,
+        k_c_normed: torch.Tensor,
+        k_pe: torch.Tensor,
+        kv_cache: torch.Tensor,
+        attn_metadata: AscendSFAMetadata,
+        output: Optional[torch.Tensor] = None,
+        output_scale: Optional[torch.Tensor] = None,
+        output_block_scale: Optional[torch.Tensor] = None,
+    ) -> torch.Tensor:
+        if output is None:
+            raise KernelContractError("AscendSFAImpl.forward needs the output buffer (accept_output_buffer=True)")
+        if output_scale is not None or output_block_scale is not None:
+            raise NotImplementedError("fused output quantization is not supported by AscendSFABackend")
+        if attn_metadata is None:  # profile run
+            return output.fill_(0)
+
+        n = attn_metadata.num_actual_tokens
+        q = q[:n]
+        nope, rope = latent_cache_planes(kv_cache, self.kv_lora_rank, self.qk_rope_head_dim)
+        self._write(k_c_normed[:n], k_pe[:n].reshape(n, -1), nope, rope, attn_metadata.slot_mapping[:n])
+
+        q_nope, q_pe = q.split([self.qk_nope_head_dim, self.qk_rope_head_dim], dim=-1)
+        ql_nope = torch.bmm(q_nope.transpose(0, 1), self.W_UK_T).transpose(0, 1)  # [T, N, L]
+        topk = self.indexer.topk_indices_buffer[:n]
+        latent = self._sparse(
+            ql_nope, q_pe, nope, rope, topk, attn_metadata.block_table,
+            attn_metadata.query_start_loc_list, attn_metadata.seq_lens_list, self.scale,
+        )  # fmt: skip
+        out = torch.bmm(latent.transpose(0, 1), self.W_UV).transpose(0, 1)  # [T, N, V]
+        output[:n] = out.reshape(n, -1).to(output.dtype)
+        return output
+
+
+# --- the indexer's key cache and top-k selection ------------------------------------------------------------------
+
+
+class AscendSFAIndexerBackend(AttentionBackend):
+    """Backend of the indexer key-cache layer: one ``index_head_dim`` key per token, ``[nb, bs, D]``, model dtype.
+    It has no attention impl of its own; :class:`AscendLightningIndexer` reads and writes the cache."""
+
+    @staticmethod
+    def get_name() -> str:
+        return "ASCEND_SFA_INDEXER"
+
+    @staticmethod
+    def get_impl_cls() -> type:
+        raise NotImplementedError("the indexer cache layer has no attention impl; use AscendLightningIndexer")
+
+    @staticmethod
+    def get_metadata_cls() -> type[AscendSFAMetadata]:
+        return AscendSFAMetadata
+
+    @staticmethod
+    def get_builder_cls() -> type[AscendSFAMetadataBuilder]:
+        return AscendSFAMetadataBuilder
+
+    @staticmethod
+    def get_kv_cache_shape(
+        num_blocks: int, block_size: int, num_kv_heads: int, head_size: int, cache_dtype_str: str = "auto"
+    ) -> tuple[int, ...]:
+        if num_kv_heads != 1:
+            raise KernelContractError(f"the indexer caches one key per token (num_kv_heads=1), got {num_kv_heads}")
+        return (num_blocks, block_size, head_size)
+
+    @staticmethod
+    def get_kv_cache_stride_order() -> tuple[int, ...]:
+        return (0, 1, 2)
+
+
+class AscendLightningIndexer:
+    """The per-step indexer work that replaces vLLM's CUDA ``sparse_attn_indexer`` op on Ascend.
+
+    Built once per indexer layer (kernels chosen here). Call it with the layer's index queries ``q [T, H, D]``
+    (rope applied), keys ``k [T, D]`` (normed, rope applied), per-head ``weights [T, H]`` (``weights_proj`` output
+    times ``softmax_scale * H**-0.5``), the indexer cache ``[nb, bs, D]`` and the cache layer's
+    :class:`AscendSFAMetadata` (None in the profile run). It writes the new keys, selects the top-k cached tokens of
+    every query token and stores them in ``topk_indices_buffer[:T]`` (``-1`` padded), which it returns.
+    """
+
+    def __init__(self, topk_tokens: int) -> None:
+        if topk_tokens <= 0:
+            raise ConfigError(f"index_topk must be positive, got {topk_tokens}")
+        self.topk_tokens = topk_tokens
+        self._write = INDEXER_CACHE_WRITE.select()
+        self._select = LIGHTNING_INDEXER.select()
+
+    def __call__(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        weights: torch.Tensor,
+        kv_cache: torch.Tensor,
+        attn_metadata: Optional[AscendSFAMetadata],
+        topk_indices_buffer: torch.Tensor,
+    ) -> torch.Tensor:
+        if attn_metadata is None:
+            return topk_indices_buffer
+        if topk_indices_buffer.shape[1] != self.topk_tokens:
+            raise KernelContractError(
+                f"topk_indices_buffer has {topk_indices_buffer.shape[1]} columns, index_topk is {self.topk_tokens}"
+            )
+        n = attn_metadata.num_actual_tokens
+        self._write(k[:n], kv_cache, attn_metadata.slot_mapping[:n])
+        topk_indices_buffer[:n] = self._select(
+            q[:n], weights[:n], kv_cache, attn_metadata.block_table,
+            attn_metadata.query_start_loc_list, attn_metadata.seq_lens_list, self.topk_tokens,
+        )  # fmt: skip
+        return topk_indices_buffer

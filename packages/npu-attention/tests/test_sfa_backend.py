@@ -1,0 +1,160 @@
+"""AscendSFABackend and the lightning indexer against dense references.
+
+- top-k >= every sequence length: the indexer selects every causal token, so sparse attention equals dense MLA;
+- small top-k: equals dense attention restricted (by a mask) to the tokens a brute-force indexer picks.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+pytest.importorskip("vllm")
+
+from vllm_npu.attention.backends.sfa import (  # noqa: E402
+    AscendLightningIndexer,
+    AscendSFABackend,
+    AscendSFAImpl,
+    AscendSFAIndexerBackend,
+    AscendSFAMetadataBuilder,
+)
+from vllm_npu.attention.ops.sfa_kernels import indexer_cache_write_reference, lightning_indexer_reference  # noqa: E402
+from vllm_npu.interface.device import configure_kernels  # noqa: E402
+
+_spec = importlib.util.spec_from_file_location("_mla_cases", Path(__file__).with_name("test_mla_backend.py"))
+mla_cases = importlib.util.module_from_spec(_spec)
+sys.modules["_mla_cases"] = mla_cases  # dataclasses resolve their module through sys.modules
+_spec.loader.exec_module(mla_cases)
+
+H_IDX, D_IDX = 3, 16  # indexer heads and head dim
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _reference_kernels():
+    configure_kernels("reference")
+
+
+def indexer_inputs(s, seed: int):
+    """Random indexer q/k/weights for every position of every request (k for all, q for the new tokens)."""
+    g = torch.Generator().manual_seed(seed + 100)
+    ks = [torch.randn(c + ql, D_IDX, generator=g) for c, ql in s.reqs]
+    qs = [torch.randn(ql, H_IDX, D_IDX, generator=g) for _, ql in s.reqs]
+    ws = [torch.rand(ql, H_IDX, generator=g) + 0.1 for _, ql in s.reqs]
+    return qs, ks, ws
+
+
+def run_sfa(s, topk: int, seed: int):
+    d = s.dims
+    q, kv_c, k_pe, slot_mapping, common = mla_cases.step_inputs(s)
+    n = common.num_actual_tokens
+    spec = SimpleNamespace(block_size=s.block_size)
+    meta = AscendSFAMetadataBuilder(spec, ["x"], None, torch.device("cpu")).build(0, common)
+
+    # indexer: cache holds the context keys from earlier steps; this step writes the new ones and selects
+    qs, ks, ws = indexer_inputs(s, seed)
+    idx_cache = torch.zeros(s.kv_cache.shape[0], s.block_size, D_IDX)
+    for b, (c, _) in enumerate(s.reqs):
+        indexer_cache_write_reference(ks[b][:c], idx_cache, s.slots[b][:c])
+    buffer = torch.full((n + s.pad + 4, topk), 12345, dtype=torch.int32)
+    k_new = torch.cat([ks[b][c:] for b, (c, _) in enumerate(s.reqs)] + [torch.randn(s.pad, D_IDX)])
+    q_idx = torch.cat(qs + [torch.randn(s.pad, H_IDX, D_IDX)])
+    w_idx = torch.cat(ws + [torch.rand(s.pad, H_IDX)])
+    AscendLightningIndexer(topk)(q_idx, k_new, w_idx, idx_cache, meta, buffer)
+
+    impl = AscendSFAImpl(
+        d.N, d.L + d.R, s.scale, 1, None, None, "auto", None, "decoder", None,
+        q_lora_rank=None, kv_lora_rank=d.L, qk_nope_head_dim=d.P, qk_rope_head_dim=d.R,
+        qk_head_dim=d.P + d.R, v_head_dim=d.V, kv_b_proj=mla_cases.KvBProj(s.w_kv_b),
+        indexer=SimpleNamespace(topk_indices_buffer=buffer),
+    )  # fmt: skip
+    impl.process_weights_after_loading(q.dtype)
+    output = torch.full((q.shape[0], d.N * d.V), 7.0, dtype=q.dtype)
+    impl.forward(None, q, kv_c, k_pe, s.kv_cache, meta, output=output)
+    return output, buffer, (qs, ks, ws), n
+
+
+def brute_force_scores(s, qs, ks, ws) -> list[list[list[float]]]:
+    """Per request, per new token: the indexer score of every causal position (loops, float64)."""
+    out = []
+    for b, (c, ql) in enumerate(s.reqs):
+        out.append([
+            [sum(float(ws[b][i, h]) * max(0.0, float(qs[b][i, h].double() @ ks[b][j].double())) for h in range(H_IDX))
+             for j in range(c + i + 1)]
+            for i in range(ql)
+        ])  # fmt: skip
+    return out
+
+
+def masked_dense_reference(s, selection) -> torch.Tensor:
+    d = s.dims
+    outs = []
+    for b, (c, ql) in enumerate(s.reqs):
+        kv = (s.kv_c[b].double() @ s.w_kv_b.double().T).view(-1, d.N, d.P + d.V)
+        k_nope, v = kv.split([d.P, d.V], dim=-1)
+        k = torch.cat([k_nope, s.k_pe[b].double()[:, None, :].expand(-1, d.N, -1)], dim=-1)
+        score = torch.einsum("qnd,knd->nqk", s.q[b].double(), k) * s.scale
+        allowed = torch.zeros(ql, c + ql, dtype=torch.bool)
+        for i, chosen in enumerate(selection[b]):
+            allowed[i, sorted(chosen)] = True
+        score = score.masked_fill(~allowed, float("-inf"))
+        outs.append(torch.einsum("nqk,knv->qnv", torch.softmax(score, -1), v).reshape(ql, d.N * d.V))
+    return torch.cat(outs)
+
+
+@pytest.mark.parametrize("block_size", [16, 128])
+def test_topk_covering_the_sequence_equals_dense_mla(block_size: int) -> None:
+    s = mla_cases.make_scenario([(60, 1), (0, 1), (33, 17), (0, 25)], block_size, seed=11, pad=3)
+    topk = 128  # >= every sequence length (max 60 + 1)
+    out, buffer, _, n = run_sfa(s, topk, seed=11)
+    mla_cases.assert_close(s, out[:n], mla_cases.dense_reference(s))
+    assert torch.all(out[n:] == 7.0)
+    assert torch.all(buffer[n:] == 12345), "rows past the step's tokens are not the indexer's to write"
+
+
+@pytest.mark.parametrize("block_size", [16, 128])
+def test_small_topk_equals_masked_dense(block_size: int) -> None:
+    s = mla_cases.make_scenario([(40, 1), (21, 6), (0, 12)], block_size, seed=12)
+    topk = 8
+    out, buffer, (qs, ks, ws), n = run_sfa(s, topk, seed=12)
+    scores = [t for req in brute_force_scores(s, qs, ks, ws) for t in req]
+    got = [set(r[r >= 0].tolist()) for r in buffer[:n]]
+    for chosen, sc in zip(got, scores):  # a valid top-k (ties, e.g. several all-zero ReLU scores, may go either way)
+        assert len(chosen) == min(topk, len(sc)) and max(chosen) < len(sc)
+        rest = [v for j, v in enumerate(sc) if j not in chosen]
+        assert not rest or min(sc[j] for j in chosen) >= max(rest) - 1e-4
+    selection, t = [], 0
+    for _, ql in s.reqs:
+        selection.append(got[t : t + ql])
+        t += ql
+    mla_cases.assert_close(s, out[:n], masked_dense_reference(s, selection))
+
+
+def test_lightning_indexer_pads_with_minus_one() -> None:
+    cache = torch.randn(4, 16, D_IDX)
+    bt = torch.tensor([[2, 1]], dtype=torch.int32)
+    idx = lightning_indexer_reference(torch.randn(3, H_IDX, D_IDX), torch.rand(3, H_IDX), cache, bt, [0, 3], [5], 6)
+    # tokens at positions 2, 3, 4 see 3, 4, 5 candidates
+    assert [int((r >= 0).sum()) for r in idx] == [3, 4, 5]
+    assert all(int(r[r >= 0].max()) <= p for r, p in zip(idx, [2, 3, 4]))
+
+
+def test_sfa_needs_an_indexer() -> None:
+    with pytest.raises(ValueError, match="indexer"):
+        AscendSFAImpl(
+            4, 48, 0.1, 1, None, None, "auto", None, "decoder", None,
+            q_lora_rank=None, kv_lora_rank=32, qk_nope_head_dim=24, qk_rope_head_dim=16,
+            qk_head_dim=40, v_head_dim=20, kv_b_proj=None,
+        )  # fmt: skip
+
+
+def test_declarations() -> None:
+    assert AscendSFABackend.get_name() == "ASCEND_SFA"
+    assert AscendSFABackend.get_impl_cls() is AscendSFAImpl
+    assert AscendSFAIndexerBackend.get_kv_cache_shape(7, 16, 1, 128) == (7, 16, 128)
+    assert math.prod(AscendSFABackend.get_kv_cache_shape(7, 16, 1, 576)) == 7 * 16 * 576
