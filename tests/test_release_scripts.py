@@ -1,0 +1,222 @@
+"""scripts/release.py and scripts/check_workspace_ranges.py on throwaway workspaces (and on this one)."""
+
+from __future__ import annotations
+
+import json
+import sys
+import textwrap
+import zipfile
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _script_loader import load_script  # noqa: E402
+
+release = load_script("release")
+ranges = load_script("check_workspace_ranges")
+Workspace = release.Workspace
+
+
+def write(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(textwrap.dedent(text))
+
+
+def member(root: Path, dirname: str, name: str, version: str, deps: list[str] = (), extras: dict | None = None,
+           sources: list[str] = (), private: bool = False, where: str = "packages") -> None:
+    sub = name.removeprefix("npu-").replace("-", "_")
+    extras_toml = "".join(f"{k} = {json.dumps(v)}\n" for k, v in (extras or {}).items())
+    classifiers = '["Private :: Do Not Upload"]' if private else "[]"
+    sources_toml = "".join(f"{s} = {{ workspace = true }}\n" for s in sources)
+    write(root / where / dirname / "pyproject.toml", f"""
+        [project]
+        name = "{name}"
+        dynamic = ["version"]
+        classifiers = {classifiers}
+        dependencies = {json.dumps(list(deps))}
+        [project.optional-dependencies]
+        {extras_toml}
+        [tool.hatch.version]
+        path = "src/vllm_npu/{sub}/_version.py"
+        [tool.uv.sources]
+        {sources_toml}
+    """)
+    write(root / where / dirname / f"src/vllm_npu/{sub}/_version.py", f'__version__ = "{version}"\n')
+
+
+@pytest.fixture
+def ws(tmp_path: Path) -> Path:
+    """iface <- impl <- plat[impl] (extra), plus a second impl and a private test helper."""
+    write(tmp_path / "pyproject.toml", """
+        [tool.uv.workspace]
+        members = ["packages/*", "kit"]
+    """)
+    member(tmp_path, "npu-iface", "npu-iface", "0.3.0", deps=["pydantic>=2"])
+    member(tmp_path, "npu-impl", "npu-impl", "0.1.0", deps=["npu-iface>=0.3,<0.4"], sources=["npu-iface"])
+    member(tmp_path, "npu-vision", "npu-vision", "1.2.0", deps=["npu-iface>=0.3,<0.4"], sources=["npu-iface"])
+    member(tmp_path, "npu-plat", "npu-plat", "0.2.0.dev0", deps=["npu-iface>=0.3,<0.4"],
+           extras={"impl": ["npu-impl>=0.1,<0.2"], "all": ["npu-plat[impl]"]}, sources=["npu-iface", "npu-impl"])
+    write(tmp_path / "kit" / "pyproject.toml", """
+        [project]
+        name = "npu-kit"
+        version = "0.0.0"
+        classifiers = ["Private :: Do Not Upload"]
+    """)
+    return tmp_path
+
+
+# --- check_workspace_ranges -----------------------------------------------------------------------------------
+
+
+def test_consistent_ranges_pass(ws: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert ranges.main(["--root", str(ws)]) == 0
+    assert "OK: 4 sibling requirements across 5 members" in capsys.readouterr().out
+
+
+def test_version_outside_a_sibling_range_is_an_error(ws: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    write(ws / "packages/npu-impl/src/vllm_npu/impl/_version.py", '__version__ = "0.2.0"\n')
+    assert ranges.main(["--root", str(ws)]) == 1
+    out = capsys.readouterr().out
+    assert (
+        "ERROR npu-plat (extra 'impl'): requires 'npu-impl<0.2,>=0.1' but workspace npu-impl is 0.2.0 "
+        "-> bump the range or the version"
+    ) in out
+
+
+def test_dev_versions_count_as_their_release(ws: Path) -> None:
+    write(ws / "packages/npu-iface/src/vllm_npu/iface/_version.py", '__version__ = "0.3.1.dev0"\n')
+    assert ranges.check(Workspace(ws)) == []
+
+
+def test_unbounded_and_unsourced_siblings(ws: Path) -> None:
+    member(ws, "npu-extra", "npu-extra", "0.1.0", deps=["npu-iface>=0.3", "npu-impl"])
+    errors = ranges.check(Workspace(ws))
+    assert any("npu-extra (dependencies): requires 'npu-iface>=0.3' has no upper bound -> add one (e.g. <0.4)" in e
+               for e in errors)
+    assert any("requires 'npu-impl' without a version range" in e for e in errors)
+    assert any("lacks npu-iface = { workspace = true }" in e for e in errors)
+
+
+def test_this_workspace_is_consistent() -> None:
+    assert ranges.check(Workspace()) == []
+
+
+# --- release.py tag -------------------------------------------------------------------------------------------
+
+
+def test_tag_is_split_at_the_last_dash_v(ws: Path) -> None:
+    workspace = Workspace(ws)
+    assert release.parse_tag("npu-vision-v1.2.0", workspace) == {
+        "package": "npu-vision", "version": "1.2.0", "dir": "packages/npu-vision"}
+    assert release.parse_tag("refs/tags/npu-plat-v0.2.0.dev0", workspace)["package"] == "npu-plat"
+    assert release.parse_tag("npu-iface-v0.3", workspace)["version"] == "0.3"  # 0.3 == 0.3.0 in PEP 440
+
+
+@pytest.mark.parametrize(
+    ("tag", "message"),
+    [
+        ("npu-iface-0.3.0", "does not look like <package>-v<version>"),
+        ("npu-iface-v", "does not look like <package>-v<version>"),
+        ("npu-nope-v1.0", "names package 'npu-nope', which is not a workspace package; known: npu-iface, npu-impl"),
+        ("npu-kit-v0.0.0", "not a workspace package"),
+        ("npu-iface-vbanana", "'banana' is not a PEP 440 version"),
+        ("npu-iface-v0.3.1", "says npu-iface 0.3.1 but packages/npu-iface/src/vllm_npu/iface/_version.py says 0.3.0"),
+    ],
+)
+def test_bad_tags(ws: Path, tag: str, message: str) -> None:
+    with pytest.raises(release.ReleaseError, match=None) as info:
+        release.parse_tag(tag, Workspace(ws))
+    assert message in str(info.value)
+
+
+def test_private_member_under_packages_is_never_released(ws: Path) -> None:
+    member(ws, "npu-secret", "npu-secret", "0.1.0", private=True)
+    with pytest.raises(release.ReleaseError, match="is private"):
+        release.parse_tag("npu-secret-v0.1.0", Workspace(ws))
+
+
+def test_tag_cli(ws: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert release.main(["--root", str(ws), "tag", "npu-impl-v0.1.0"]) == 0
+    assert capsys.readouterr().out.splitlines() == ["package=npu-impl", "version=0.1.0", "dir=packages/npu-impl"]
+    assert release.main(["--root", str(ws), "tag", "npu-impl-v9"]) == 1
+    assert capsys.readouterr().err.startswith("ERROR tag 'npu-impl-v9' says npu-impl 9")
+
+
+# --- release.py check-built -----------------------------------------------------------------------------------
+
+
+def fake_wheel(dist: Path, name: str, file_version: str, meta_version: str | None = None) -> Path:
+    dist.mkdir(exist_ok=True)
+    norm = name.replace("-", "_")
+    path = dist / f"{norm}-{file_version}-py3-none-any.whl"
+    with zipfile.ZipFile(path, "w") as archive:
+        archive.writestr(f"{norm}-{file_version}.dist-info/METADATA",
+                         f"Metadata-Version: 2.4\nName: {name}\nVersion: {meta_version or file_version}\n")
+    return path
+
+
+def test_check_built(tmp_path: Path) -> None:
+    dist = tmp_path / "dist"
+    wheel = fake_wheel(dist, "npu-impl", "0.1.0")
+    fake_wheel(dist, "npu-iface", "0.3.0")
+    assert release.check_built("npu-impl", "0.1.0", dist) == wheel
+    assert release.check_built("npu_impl", "0.1", dist) == wheel
+    with pytest.raises(release.ReleaseError, match=r"tag version 0.1.1 does not match the built wheel npu_impl-0.1.0"):
+        release.check_built("npu-impl", "0.1.1", dist)
+    with pytest.raises(release.ReleaseError, match="expected exactly one npu-plat wheel"):
+        release.check_built("npu-plat", "0.2.0", dist)
+    fake_wheel(dist, "npu-impl", "0.0.9")
+    with pytest.raises(release.ReleaseError, match="found \\['npu_impl-0.0.9"):
+        release.check_built("npu-impl", "0.1.0", dist)
+
+
+def test_check_built_reads_metadata(tmp_path: Path) -> None:
+    fake_wheel(tmp_path, "npu-impl", "0.1.0", meta_version="0.1.1")
+    with pytest.raises(release.ReleaseError, match="METADATA says npu-impl 0.1.1, expected npu-impl 0.1.0"):
+        release.check_built("npu-impl", "0.1.0", tmp_path)
+
+
+# --- release.py affected / dependents -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("paths", "expected"),
+    [
+        (["packages/npu-iface/src/vllm_npu/iface/x.py"], ["npu-iface", "npu-impl", "npu-plat", "npu-vision"]),
+        (["packages/npu-impl/tests/test_x.py"], ["npu-impl", "npu-plat"]),
+        (["./packages/npu-plat/README.md"], ["npu-plat"]),
+        (["packages/npu-vision/pyproject.toml", "packages/npu-impl/x"], ["npu-impl", "npu-plat", "npu-vision"]),
+        (["README.md", "CONTRIBUTING.md"], []),
+        (["uv.lock"], ["npu-iface", "npu-impl", "npu-plat", "npu-vision"]),
+        ([".github/workflows/ci.yml"], ["npu-iface", "npu-impl", "npu-plat", "npu-vision"]),
+        (["kit/src/x.py"], ["npu-iface", "npu-impl", "npu-plat", "npu-vision"]),
+        (["tests/test_e2e.py"], ["npu-iface", "npu-impl", "npu-plat", "npu-vision"]),
+        (["some/new/thing.py"], ["npu-iface", "npu-impl", "npu-plat", "npu-vision"]),
+        ([], []),
+    ],
+)
+def test_affected(ws: Path, paths: list[str], expected: list[str]) -> None:
+    assert release.affected(paths, Workspace(ws)) == expected
+
+
+def test_unknown_package_path_is_an_error(ws: Path) -> None:
+    with pytest.raises(release.ReleaseError, match="packages/npu-new is not a workspace member"):
+        release.affected(["packages/npu-impl/x.py", "packages/npu-new/src/x.py"], Workspace(ws))
+
+
+def test_dependents(ws: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert release.dependents("npu-iface", Workspace(ws)) == ["npu-impl", "npu-plat", "npu-vision"]
+    assert release.dependents("npu-impl", Workspace(ws)) == ["npu-plat"]
+    assert release.main(["--root", str(ws), "dependents", "npu-iface"]) == 0
+    assert capsys.readouterr().out.strip() == 'packages=["npu-impl", "npu-plat", "npu-vision"]'
+
+
+def test_this_workspace_graph() -> None:
+    workspace = Workspace()
+    assert release.dependents("npu-interface", workspace) == [
+        "npu-attention", "npu-models", "npu-ops", "npu-patches", "npu-platform", "npu-quant"]
+    assert release.affected(["packages/npu-quant/src/vllm_npu/quant/__init__.py"], workspace) == ["npu-platform", "npu-quant"]
+    for name, m in workspace.members.items():
+        if not m.private:
+            assert release.parse_tag(f"{name}-v{m.version}", workspace)["dir"] == f"packages/{name}"
