@@ -1,0 +1,87 @@
+"""The ``vllm.platform_plugins`` hook: import-light, pure, never raising, and declining on a CPU host by default."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+from vllm_npu.interface import reset_device_selection
+from vllm_npu.platform import PLATFORM_CLASSES, register
+
+_PROBE = textwrap.dedent(
+    """
+    import json, sys
+    import vllm_npu.platform
+    first = vllm_npu.platform.register()
+    second = vllm_npu.platform.register()  # vLLM calls it twice
+    heavy = ("torch", "torch_npu", "vllm", "pydantic", "packaging", "transformers")
+    print(json.dumps({"first": first, "second": second, "heavy": sorted(m for m in heavy if m in sys.modules)}))
+    """
+)
+
+
+def run_register(**env: str) -> dict:
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("VLLM_NPU_", "VLLM_PLUGINS"))}
+    proc = subprocess.run([sys.executable, "-c", _PROBE], capture_output=True, text=True, timeout=60,
+                          env={**clean, **env}, check=True)
+    return json.loads(proc.stdout)
+
+
+@pytest.mark.parametrize(
+    ("env", "expected"),
+    [
+        ({}, None),
+        ({"VLLM_NPU_DEVICE": "off"}, None),
+        ({"VLLM_NPU_DEVICE": "emulated"}, "vllm_npu.platform.platform.EmulatedNPUPlatform"),
+        # Asked for the NPU without one: the platform activates so that it can fail loudly at init, not fall back.
+        ({"VLLM_NPU_DEVICE": "npu"}, "vllm_npu.platform.platform.NPUPlatform"),
+        ({"VLLM_NPU_DEVICE": "bogus"}, None),
+    ],
+)
+def test_register_is_import_light_and_pure(env: dict[str, str], expected: str | None) -> None:
+    result = run_register(**env)
+    assert result["first"] == expected and result["second"] == expected
+    assert result["heavy"] == [], "the platform hook must not import torch, torch_npu, vLLM, pydantic or packaging"
+
+
+def test_register_names_existing_classes() -> None:
+    assert set(PLATFORM_CLASSES) == {"npu", "emulated"}
+    for path in PLATFORM_CLASSES.values():
+        module, _, cls = path.rpartition(".")
+        assert module == "vllm_npu.platform.platform" and cls.endswith("NPUPlatform")
+
+
+def test_register_logs_why_it_declines(monkeypatch: pytest.MonkeyPatch) -> None:
+    import logging
+
+    records: list[logging.LogRecord] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            records.append(record)
+
+    logger = logging.getLogger("vllm.vllm_npu.platform")
+    handler, old = Keep(logging.DEBUG), logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.DEBUG)
+    import vllm_npu.platform as platform_pkg
+
+    monkeypatch.setattr(platform_pkg, "_declined_reasons", set())  # each reason is logged once per process
+    try:
+        monkeypatch.setenv("VLLM_NPU_DEVICE", "bogus")
+        reset_device_selection()
+        assert register() is None
+        monkeypatch.setenv("VLLM_NPU_DEVICE", "auto")
+        reset_device_selection()
+        assert register() is None
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(old)
+        reset_device_selection()
+    messages = [r.getMessage() for r in records]
+    assert any(m.startswith("NPU platform not activated: bad environment: VLLM_NPU_DEVICE='bogus'") for m in messages)
+    assert any("NPU platform not activated: VLLM_NPU_DEVICE=auto and" in m for m in messages)
