@@ -35,7 +35,8 @@ class Patch:
     """One monkey-patch of vLLM.
 
     - ``id``: kebab-case, unique; the name used by ``VLLM_NPU_PATCHES=-<id>`` and ``disabled_patches``.
-    - ``target``: dotted path of the attribute replaced, e.g. ``"vllm.attention.layer.Attention.forward"``.
+    - ``target``: dotted path of the attribute replaced, e.g. ``"vllm.attention.layer.Attention.forward"`` (vLLM,
+      or a library vLLM runs on, such as torch).
     - ``replacement``: ``"module:function"`` of a factory ``f(original) -> new`` building the new attribute from
       the original one (resolved lazily, so declaring a patch imports nothing).
     - ``scope``: ``platform`` = every process where our platform is active, at plugin load; ``worker`` = each
@@ -68,8 +69,8 @@ class Patch:
             raise PatchError(f"{where}: an id must be kebab-case ([a-z0-9] words joined by '-')")
         if not isinstance(self.scope, Scope):
             object.__setattr__(self, "scope", _scope(self.scope, where))
-        if self.target.count(".") < 1 or not self.target.startswith("vllm."):
-            raise PatchError(f"{where}: target {self.target!r} must be a dotted path inside vllm (vllm.<module>.<attr>)")
+        if self.target.count(".") < 1 or not all(part.isidentifier() for part in self.target.split(".")):
+            raise PatchError(f"{where}: target {self.target!r} must be a dotted path like vllm.<module>.<attr>")
         if ":" not in self.replacement:
             raise PatchError(f"{where}: replacement {self.replacement!r} must look like 'package.module:factory'")
         try:

@@ -1,0 +1,59 @@
+"""The built-in set against the installed vLLM 0.11.0: fingerprints match, each patch applies and reverts exactly."""
+
+from __future__ import annotations
+
+import pytest
+
+from vllm_npu.interface.versions import distribution_version
+from vllm_npu.patches import PatchRegistry, PatchStatus, fingerprint_path, get_registry
+from vllm_npu.patches._model import resolve
+from vllm_npu.patches.sets import BUILTIN_PATCHES
+
+VLLM = distribution_version("vllm")
+IDS = [p.id for p in BUILTIN_PATCHES]
+
+pytestmark = pytest.mark.usefixtures("vllm_unpatched")
+
+
+def test_installed_vllm_is_the_one_the_set_was_written_for():
+    assert VLLM is not None and VLLM.split("+")[0] == "0.11.0"
+
+
+@pytest.mark.parametrize("patch", BUILTIN_PATCHES, ids=IDS)
+def test_fingerprints_match_installed_vllm(patch):
+    for path, expected in patch.fingerprints:
+        assert fingerprint_path(path) == expected, f"{patch.id}: {path} changed"
+
+
+@pytest.mark.parametrize("patch", BUILTIN_PATCHES, ids=IDS)
+def test_applies_and_reverts_cleanly(patch):
+    target = resolve(patch.target)
+    before = target.raw()
+    reg = PatchRegistry([patch])
+    [rec] = reg.apply(patch.scope, environ={})
+    assert rec.status is PatchStatus.APPLIED, rec.reason
+    after = target.raw()
+    assert after is not before and after.__vllm_npu_patch__ == patch.id
+    reg.apply(patch.scope, environ={})  # twice: harmless
+    assert target.raw() is after
+    assert reg.revert() == [patch.id]
+    assert target.raw() is before
+    assert fingerprint_path(patch.target) == patch.fingerprint
+
+
+@pytest.mark.parametrize("patch", BUILTIN_PATCHES, ids=IDS)
+def test_next_vllm_outside_the_range_is_skipped(patch):
+    reg = PatchRegistry([patch])
+    [rec] = reg.apply(patch.scope, environ={}, vllm_version="0.12.0")
+    assert rec.status is PatchStatus.SKIPPED and "0.12.0" in rec.reason
+
+
+def test_process_registry_holds_the_builtin_set_first():
+    assert get_registry().ids()[: len(IDS)] == IDS
+
+
+def test_every_builtin_patch_can_be_disabled_by_id():
+    reg = PatchRegistry(BUILTIN_PATCHES)
+    environ = {"VLLM_NPU_PATCHES": ",".join(f"-{i}" for i in IDS)}
+    recs = reg.apply("worker", environ=environ)
+    assert {r.status for r in recs} == {PatchStatus.DISABLED}

@@ -1,0 +1,45 @@
+"""The component hooks drive the process-wide registry: worker patches at worker init, honouring both settings."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from vllm_npu.interface.component import HookContext, Scope
+from vllm_npu.interface.device import DeviceMode
+from vllm_npu.interface.errors import ConfigError
+from vllm_npu.patches import PatchStatus, get_registry, patch_status, revert_patches
+from vllm_npu.patches._hooks import on_load, on_worker_init
+
+pytestmark = pytest.mark.usefixtures("vllm_unpatched")
+
+
+def ctx(scope: Scope, disabled: list[str] | None = None) -> HookContext:
+    cfg = SimpleNamespace(additional_config={"npu": {"disabled_patches": disabled or []}})
+    return HookContext(mode=DeviceMode.EMULATED, scope=scope, vllm_config=cfg if scope is Scope.WORKER else None)
+
+
+def test_worker_hook_applies_worker_patches_and_reads_additional_config(monkeypatch):
+    import vllm._custom_ops as ops
+
+    monkeypatch.delenv("VLLM_NPU_PATCHES", raising=False)
+    on_load(ctx(Scope.PLATFORM))  # no platform patches in the built-in set: nothing changes
+    assert all(s is not PatchStatus.APPLIED for s, _ in patch_status().values())
+    on_worker_init(ctx(Scope.WORKER, disabled=["attention-output-empty"]))
+    try:
+        status = patch_status()
+        assert status["repetition-penalty-torch"][0] is PatchStatus.APPLIED
+        assert ops.apply_repetition_penalties.__vllm_npu_patch__ == "repetition-penalty-torch"
+        assert status["attention-output-empty"] == (
+            PatchStatus.DISABLED, "disabled by --additional-config npu.disabled_patches")
+    finally:
+        revert_patches(ids=["repetition-penalty-torch"])
+    assert not hasattr(ops.apply_repetition_penalties, "__vllm_npu_patch__")
+
+
+def test_worker_hook_rejects_unknown_ids(monkeypatch):
+    monkeypatch.setenv("VLLM_NPU_PATCHES", "-no-such-patch")
+    with pytest.raises(ConfigError, match="known ids: attention-output-empty, repetition-penalty-torch"):
+        on_worker_init(ctx(Scope.WORKER))
+    assert all(r.status is not PatchStatus.APPLIED for r in get_registry().records())
