@@ -1,4 +1,4 @@
-"""vllm_npu.quant: the public API of the quant layer.
+"""vllm_npu.quant: the public API of the quant layer (the ``ascend`` method for msModelSlim checkpoints).
 
 Importing this package is cheap (exports load on first access): vLLM imports it in every process when it
 discovers plugins.
@@ -8,7 +8,17 @@ from vllm_npu.interface.lazy import lazy_exports
 
 from ._version import __version__
 
-_EXPORTS: dict[str, str] = {}
+_EXPORTS: dict[str, str] = {
+    "AscendQuantConfig": ".config:AscendQuantConfig",
+    "register": ".config:register",
+    "QUANT_METHOD": ".detect:QUANT_METHOD",
+    "add_cli_choice": ".detect:add_cli_choice",
+    "claim_checkpoint": ".detect:claim_checkpoint",
+    "QuantDescription": ".description:QuantDescription",
+    "QuantDescriptionError": ".description:QuantDescriptionError",
+    "QuantLoadError": ".params:QuantLoadError",
+    "quantize_checkpoint": ".quantizer:quantize_checkpoint",
+}
 
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 __all__ = sorted([*_EXPORTS, "__version__"])

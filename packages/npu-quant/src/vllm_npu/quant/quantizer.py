@@ -1,0 +1,195 @@
+"""HF checkpoint -> msModelSlim-format checkpoint (safetensors + quant_model_description.json), without msModelSlim.
+
+What gets quantized: every ``nn.Linear`` inside the decoder layers with the chosen scheme, except MoE routers
+(``*.gate``, ``*shared_expert_gate``, ``*router*``), which stay FLOAT. MoE experts (``*.experts.<e>.*``) use
+W8A8_DYNAMIC whatever the scheme (the MoE scheme npu-quant implements; msModelSlim's W8A8 MoE exports do the same).
+Embeddings, norms and ``lm_head`` stay FLOAT. W8A8 (static) calibrates per-tensor input ranges by running the HF
+model on calibration prompts.
+
+The output directory gets: ``quant_model_weights.safetensors``, ``quant_model_description.json``, ``config.json``
+(the input's, plus ``"quantization_config": {"quant_method": "ascend"}`` so vLLM selects the method by itself),
+``generation_config.json`` and tokenizer files copied.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .description import DESCRIPTION_FILENAME
+from .quantize_math import (
+    flatquant_transforms,
+    quantize_w4a4_flatquant,
+    quantize_w4a8,
+    quantize_w8a8,
+    quantize_w8a8_dynamic,
+)
+from .schemes.w4a4_flatquant import decompose_dim
+
+SCHEMES = {"W8A8": "W8A8", "W8A8_DYNAMIC": "W8A8_DYNAMIC", "W4A8_DYNAMIC": "W4A8_DYNAMIC",
+           "W4A4_FLATQUANT": "W4A4_FLATQUANT_DYNAMIC", "W4A4_FLATQUANT_DYNAMIC": "W4A4_FLATQUANT_DYNAMIC"}
+MOE_SCHEME = "W8A8_DYNAMIC"
+WEIGHTS_FILE = "quant_model_weights.safetensors"
+
+DEFAULT_CALIBRATION = [
+    "The quick brown fox jumps over the lazy dog.",
+    "It was the best of times, it was the worst of times.",
+    "Call me Ishmael. Some years ago, never mind how long precisely.",
+    "0123456789 + - * / = ( ) [ ] { } < > ! ? , . ; :",
+    "we had everything before us, we had nothing before us",
+]
+_COPY_FILES = ("generation_config.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+               "vocab.json", "merges.txt", "tokenizer.model", "added_tokens.json", "chat_template.jinja")
+_ROUTER = re.compile(r"(\.gate|shared_expert_gate|router)$")
+_EXPERT = re.compile(r"\.experts\.\d+\.")
+_ROW_PARALLEL = re.compile(r"(o_proj|down_proj|dense|out_proj|w2)$")
+
+
+class QuantizeError(ValueError):
+    """The model cannot be quantized with the requested scheme (the message says why and what to change)."""
+
+
+def _targets(model: torch.nn.Module) -> dict[str, torch.nn.Linear]:
+    return {
+        name: mod for name, mod in model.named_modules()
+        if isinstance(mod, torch.nn.Linear) and ".layers." in f".{name}" and not _ROUTER.search(name)
+    }
+
+
+def _pick_group_size(ks: Sequence[int], requested: int | None) -> int:
+    if requested is not None:
+        bad = sorted({k for k in ks if requested and k % requested})
+        if bad:
+            raise QuantizeError(f"group size {requested} does not divide input sizes {bad}; choose one that does")
+        return requested
+    for g in (256, 128, 64, 32):
+        if all(k % g == 0 for k in ks):
+            return g
+    raise QuantizeError(f"no group size in (256, 128, 64, 32) divides all input sizes {sorted(set(ks))}")
+
+
+@torch.no_grad()
+def _calibrate(model: torch.nn.Module, tokenizer: Any, names: Sequence[str], prompts: Sequence[str]) -> dict[str, tuple[float, float]]:
+    stats: dict[str, list[float]] = {}
+    handles = []
+    modules = dict(model.named_modules())
+    for name in names:
+        def hook(mod: torch.nn.Module, args: tuple[torch.Tensor, ...], name: str = name) -> None:
+            x = args[0].detach().float()
+            lo, hi = float(x.min()), float(x.max())
+            cur = stats.get(name)
+            stats[name] = [min(lo, cur[0]), max(hi, cur[1])] if cur else [lo, hi]
+        handles.append(modules[name].register_forward_pre_hook(hook))
+    try:
+        for prompt in prompts:
+            ids = tokenizer(prompt, return_tensors="pt").input_ids
+            model(ids)
+    finally:
+        for h in handles:
+            h.remove()
+    missing = [n for n in names if n not in stats]
+    if missing:
+        raise QuantizeError(f"calibration never reached {missing[:3]}; are they used by the model's forward?")
+    return {n: (v[0], v[1]) for n, v in stats.items()}
+
+
+def quantize_checkpoint(
+    model_dir: str | Path,
+    out_dir: str | Path,
+    scheme: str,
+    *,
+    group_size: int | None = None,
+    w4a8_version: str = "0",
+    clip_ratio: float = 1.0,
+    calibration: Sequence[str] | None = None,
+    seed: int = 0,
+) -> Path:
+    """Write a msModelSlim-format checkpoint of the HF model in ``model_dir`` to ``out_dir``. Returns ``out_dir``."""
+    from safetensors.torch import save_file
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if scheme not in SCHEMES:
+        raise QuantizeError(f"unknown scheme {scheme!r}; choose one of {', '.join(sorted(set(SCHEMES) - {'W4A4_FLATQUANT_DYNAMIC'}))}")
+    qtype = SCHEMES[scheme]
+    if w4a8_version not in ("0", "1.0.0"):
+        raise QuantizeError(f"W4A8 format version must be '0' or '1.0.0', got {w4a8_version!r}")
+    model_dir, out_dir = Path(model_dir), Path(out_dir)
+    config = json.loads((model_dir / "config.json").read_text())
+    dtype = getattr(torch, str(config.get("torch_dtype") or config.get("dtype") or "float32"))
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype)
+    model.eval()
+    targets = _targets(model)
+    dense = {n: m for n, m in targets.items() if not _EXPERT.search(n)}
+    experts = {n: m for n, m in targets.items() if _EXPERT.search(n)}
+    if not targets:
+        raise QuantizeError(f"no linear layer under '.layers.' in {model_dir}: not a decoder model npu-quant knows")
+
+    settings: dict[str, Any] = {"model_quant_type": qtype, "version": "0"}
+    if qtype == "W4A8_DYNAMIC":
+        settings["group_size"] = _pick_group_size([m.in_features for m in dense.values()], group_size)
+        settings["version"] = w4a8_version
+        bad = sorted({n for n, m in dense.items() if m.out_features % 8})
+        if bad:
+            raise QuantizeError(f"W4A8_DYNAMIC needs output sizes divisible by 8; {bad[:3]} are not")
+    if qtype == "W4A4_FLATQUANT_DYNAMIC":
+        for n, m in dense.items():
+            l, r = decompose_dim(m.in_features)
+            if m.in_features % 8 or r % 8:
+                raise QuantizeError(f"{n}: input size {m.in_features} = {l} x {r}; W4A4_FLATQUANT needs K and R divisible by 8")
+        if not 0 < clip_ratio <= 1:
+            raise QuantizeError(f"clip ratio must lie in (0, 1], got {clip_ratio}")
+    ranges: dict[str, tuple[float, float]] = {}
+    if qtype == "W8A8":
+        tok = AutoTokenizer.from_pretrained(model_dir)
+        ranges = _calibrate(model, tok, list(dense), list(calibration or DEFAULT_CALIBRATION))
+
+    state = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
+    if config.get("tie_word_embeddings") and "lm_head.weight" in state:
+        del state["lm_head.weight"]
+    description: dict[str, Any] = {k: "FLOAT" for k in state}
+    transforms: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def emit(name: str, t: str, tensors: dict[str, torch.Tensor]) -> None:
+        del state[f"{name}.weight"]
+        for suffix, tensor in tensors.items():
+            state[f"{name}.{suffix}"] = tensor.contiguous()
+            description[f"{name}.{suffix}"] = t
+        if f"{name}.bias" in state:
+            description[f"{name}.bias"] = "FLOAT"
+
+    for name, mod in dense.items():
+        w = mod.weight.detach()
+        bias = mod.bias.detach() if mod.bias is not None else None
+        if qtype == "W8A8":
+            lo, hi = ranges[name]
+            emit(name, qtype, quantize_w8a8(w, bias, lo, hi, dtype))
+        elif qtype == "W8A8_DYNAMIC":
+            emit(name, qtype, quantize_w8a8_dynamic(w, dtype))
+        elif qtype == "W4A8_DYNAMIC":
+            emit(name, qtype, quantize_w4a8(w, settings["group_size"], w4a8_version,
+                                            bool(_ROW_PARALLEL.search(name)), dtype))
+        else:
+            k = mod.in_features
+            if k not in transforms:  # one transform per input size: shards sharing an input agree by construction
+                transforms[k] = flatquant_transforms(k, seed)
+            left, right = transforms[k]
+            emit(name, qtype, quantize_w4a4_flatquant(w, left, right, clip_ratio, dtype))
+    for name, mod in experts.items():
+        emit(name, MOE_SCHEME, quantize_w8a8_dynamic(mod.weight.detach(), dtype))
+    description.update(settings)
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    save_file(state, str(out_dir / WEIGHTS_FILE), metadata={"format": "pt"})
+    (out_dir / DESCRIPTION_FILENAME).write_text(json.dumps(description, indent=2, sort_keys=True) + "\n")
+    config["quantization_config"] = {"quant_method": "ascend"}
+    (out_dir / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    for fname in _COPY_FILES:
+        if (model_dir / fname).exists():
+            shutil.copy2(model_dir / fname, out_dir / fname)
+    return out_dir

@@ -1,0 +1,74 @@
+"""W8A8 (static): int8 weights, per-tensor static int8 activations with a zero point, int32 quant bias.
+
+Maths (msModelSlim export; ``s_x``/``o_x`` = input_scale/input_offset, ``s_w[n]`` = weight scale)::
+
+    x_q   = clamp(round(x / s_x + o_x), -128, 127)
+    y[n]  = (sum_k x_q[k] W_q[n, k] + quant_bias[n]) * deq_scale[n]
+    deq_scale[n]  = s_x * s_w[n]
+    quant_bias[n] = round(bias[n] / deq_scale[n]) - o_x * sum_k W_q[n, k]
+
+so the layer's float ``bias`` is already inside ``quant_bias`` and is not added again (as in vllm-ascend). For
+row-parallel layers only TP rank 0 adds ``quant_bias`` (the partial sums are all-reduced).
+``deq_scale`` is float32 for bf16/fp32 models; fp16 checkpoints store it as int64 (``npu_trans_quant_param`` form),
+which is decoded at load and re-packed for the NPU kernel.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .. import kernels
+from ..kernels import decode_scale
+from ..params import FLOATS, TensorSpec, loaded_names, replace_param
+from .base import LinearScheme, LinearShape, flat2d, require_int_range, require_positive
+
+
+class W8A8Scheme(LinearScheme):
+    name = "W8A8"
+
+    def __init__(self) -> None:
+        self._quantize = kernels.quantize_per_tensor.select()
+        self._qmm = kernels.quant_matmul.select()
+        self._trans = kernels.trans_quant_param.select()
+
+    def specs(self, shape: LinearShape) -> list[TensorSpec]:
+        n, k, dt = shape.n, shape.k, shape.params_dtype
+        return [
+            TensorSpec("weight", (n, k), torch.int8, output_dim=0, input_dim=1),
+            TensorSpec("input_scale", (1,), torch.float32, accept=FLOATS, shared=True),
+            TensorSpec("input_offset", (1,), torch.float32, accept=(torch.int8, *FLOATS), shared=True, integral=True),
+            TensorSpec("quant_bias", (n,), torch.int32, output_dim=0),
+            TensorSpec("deq_scale", (n,), torch.float32, accept=(*FLOATS, torch.int64), output_dim=0,
+                       convert=decode_scale),
+            TensorSpec("weight_scale", (n, 1), dt, accept=FLOATS, output_dim=0, required=False),
+            TensorSpec("weight_offset", (n, 1), dt, accept=FLOATS, output_dim=0, required=False),
+        ]
+
+    def process(self, layer: torch.nn.Module, shape: LinearShape) -> None:
+        p = shape.prefix
+        require_positive(layer.input_scale.data, f"{p}.input_scale")
+        require_int_range(layer.input_offset.data, -128, 127, f"{p}.input_offset")
+        require_positive(layer.deq_scale.data, f"{p}.deq_scale")
+        k = layer.weight.shape[1]
+        dt = shape.params_dtype
+        # npu_quantize runs in multiply mode with per-channel vectors: 1/s_x and o_x repeated over K.
+        replace_param(layer, "aclnn_input_scale_reciprocal", (1.0 / layer.input_scale.data.float()).repeat(k).to(dt))
+        replace_param(layer, "aclnn_input_offset", layer.input_offset.data.float().repeat(k).to(dt))
+        replace_param(layer, "weight", layer.weight.data.t().contiguous())  # [K, N] for npu_quant_matmul
+        deq = layer.deq_scale.data.float()
+        # fp16 output takes the int64 (FP19) scale form; bf16/fp32 outputs take float32 directly.
+        replace_param(layer, "deq_scale", self._trans(deq) if dt == torch.float16 else deq)
+        for name in ("weight_scale", "weight_offset"):
+            if name not in loaded_names(layer) and name in layer._parameters:
+                del layer._parameters[name]
+        self._rank_adds_bias = not (shape.row_parallel and getattr(layer, "tp_rank", 0) > 0)
+
+    def apply(self, layer: torch.nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        x2, lead = flat2d(x)
+        out_dtype = layer.params_dtype if x.dtype == torch.int8 else x.dtype
+        xq = x2 if x2.dtype == torch.int8 else self._quantize(
+            x2, layer.aclnn_input_scale_reciprocal, layer.aclnn_input_offset
+        )
+        qbias = layer.quant_bias if self._rank_adds_bias else None
+        out = self._qmm(xq, layer.weight, layer.deq_scale, None, qbias, out_dtype)
+        return out.reshape(*lead, out.shape[-1])
