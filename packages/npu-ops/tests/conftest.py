@@ -1,0 +1,58 @@
+"""Shared fixtures of the ops layer's tests: emulated device, a vLLM config context, a one-rank process group.
+
+The device mode is fixed per process on first use, so ``VLLM_NPU_DEVICE=emulated`` is set at import time (before
+any test module resolves vLLM's platform or our kernel backend).
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Iterator
+
+import pytest
+
+os.environ.setdefault("VLLM_NPU_DEVICE", "emulated")
+os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
+
+
+@pytest.fixture(scope="session")
+def oot_registered() -> list[str]:
+    """Register the ops layer's CustomOp overrides (idempotent) and return the vLLM names now overridden."""
+    from vllm.model_executor.custom_op import CustomOp
+    from vllm_npu.ops._registry import register_oot_ops
+
+    register_oot_ops()
+    return sorted(CustomOp.op_registry_oot)
+
+
+@pytest.fixture
+def vllm_ctx(oot_registered: list[str]) -> Iterator[object]:
+    """A default VllmConfig as the current config, so layers can be built without an engine."""
+    from vllm.config import VllmConfig, set_current_vllm_config
+
+    cfg = VllmConfig()
+    with set_current_vllm_config(cfg):
+        yield cfg
+
+
+@pytest.fixture(scope="session")
+def tp1_group() -> Iterator[None]:
+    """A single-rank gloo process group with vLLM's TP/PP groups (needed to build linear/embedding layers)."""
+    from vllm.config import VllmConfig, set_current_vllm_config
+    from vllm.distributed import parallel_state as ps
+
+    if ps.model_parallel_is_initialized():
+        yield None
+        return
+    with tempfile.TemporaryDirectory() as d, set_current_vllm_config(VllmConfig()):
+        ps.init_distributed_environment(world_size=1, rank=0, local_rank=0,
+                                        distributed_init_method=f"file://{d}/pg", backend="gloo")
+        ps.initialize_model_parallel(1, 1)
+        try:
+            yield None
+        finally:
+            ps.destroy_model_parallel()
+            ps.destroy_distributed_environment()
+
+
