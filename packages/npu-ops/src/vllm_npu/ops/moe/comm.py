@@ -77,19 +77,20 @@ def torch_all_to_all(group: Any) -> AllToAll:
 
 
 def coordinator_all_to_all(coordinator: Any) -> AllToAll:
-    """The all-to-all of a vLLM ``GroupCoordinator``: its device communicator's when it has one, else torch's.
+    """The all-to-all of a vLLM ``GroupCoordinator`` (the EP group): its device communicator's when it has one.
 
-    A device communicator's ``all_to_all(input_, scatter_dim, gather_dim, scatter_sizes, gather_sizes)`` (the shape
-    of vllm-ascend's and our platform's NPUCommunicator) is used with dim 0 both ways.
+    Our platform's ``NPUCommunicator.all_to_all(input_, output_split_sizes, input_split_sizes)`` (HCCL on the NPU,
+    gloo on the emulated device) is used as is; a group without it falls back to ``all_to_all_single`` on the
+    group's device process group.
     """
     comm = getattr(coordinator, "device_communicator", None)
     method = getattr(comm, "all_to_all", None)
     if method is not None:
         params = inspect.signature(method).parameters
-        if {"scatter_sizes", "gather_sizes"} <= params.keys():
+        if {"output_split_sizes", "input_split_sizes"} <= params.keys():
 
             def all_to_all(x: torch.Tensor, output_split_sizes: list[int], input_split_sizes: list[int]) -> torch.Tensor:
-                return method(x, scatter_dim=0, gather_dim=0, scatter_sizes=input_split_sizes, gather_sizes=output_split_sizes)
+                return method(x, output_split_sizes=output_split_sizes, input_split_sizes=input_split_sizes)
 
             return all_to_all
     return torch_all_to_all(coordinator.device_group)

@@ -1,0 +1,199 @@
+"""AscendFusedMoE / AscendSharedFusedMoE: vLLM's FusedMoE layers with npu-ops' MoE forward.
+
+Registered (by name, through ``vllm_npu.ops._registry``) for vLLM's ``FusedMoE`` and ``SharedFusedMoE``, so every
+model that builds those gets these classes. What changes against vLLM:
+
+- At build, the layer chooses its kernels and token dispatcher once: ``layer.moe_plan`` (:class:`MoEPlan`).
+- An unquantised layer gets :class:`AscendUnquantizedFusedMoEMethod`, whose ``apply`` is :func:`moe_forward` over
+  vLLM-layout float weights. Quantised methods (npu-quant) call :func:`moe_forward` with ``layer.moe_plan`` and
+  their own experts function: the quant-method seam of vLLM (``layer.quant_method.apply``) is kept.
+- Expert parallelism: with replicated tokens (vLLM's default EP, data parallel size 1) each rank runs its experts
+  and vLLM's usual all-reduce sums the ranks. With data-parallel attention (DP > 1, attention TP 1) tokens go to
+  the owning ranks by all-to-all through the EP group's device communicator instead of vLLM's all-gather /
+  reduce-scatter (``forward_impl``).
+
+Everything else (weight loading, the ``torch.ops.vllm.moe_forward`` custom op, shared experts, the final
+all-reduce) is vLLM's.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Optional, Union
+
+import torch
+from vllm.model_executor.layers.fused_moe.layer import FusedMoE, UnquantizedFusedMoEMethod, determine_expert_map
+from vllm.model_executor.layers.shared_fused_moe.shared_fused_moe import SharedFusedMoE
+
+from vllm_npu.interface import ConfigError, get_logger
+
+from .comm import AllToAll, coordinator_all_to_all
+from .forward import MoEPlan, build_moe_plan, moe_forward
+from .gating import RoutingConfig
+
+logger = get_logger(__name__)
+
+
+def routing_config_of(layer: FusedMoE) -> RoutingConfig:
+    """The routing config of a vLLM ``FusedMoE`` layer."""
+    return RoutingConfig(
+        top_k=layer.top_k,
+        renormalize=layer.renormalize,
+        use_grouped_topk=layer.use_grouped_topk,
+        num_expert_group=layer.num_expert_group,
+        topk_group=layer.topk_group,
+        scoring_func=layer.scoring_func,
+        routed_scaling_factor=layer.routed_scaling_factor,
+        has_correction_bias=layer.e_score_correction_bias is not None,
+        custom_routing_function=layer.custom_routing_function,
+    )
+
+
+def _expert_maps_of(layer: FusedMoE) -> list[torch.Tensor]:
+    """Every EP rank's expert map, by recomputing vLLM's placement and matching this rank's map."""
+    assert layer.expert_map is not None
+    own = layer.expert_map.cpu()
+    for strategy in ("linear", "round_robin"):
+        _, candidate = determine_expert_map(layer.ep_size, layer.ep_rank, layer.global_num_experts, strategy)
+        if candidate is not None and torch.equal(candidate, own):
+            return [
+                determine_expert_map(layer.ep_size, r, layer.global_num_experts, strategy)[1]  # type: ignore[misc]
+                for r in range(layer.ep_size)
+            ]
+    raise ConfigError(f"{layer.layer_name}: the expert map matches neither linear nor round-robin placement")
+
+
+def uses_all_to_all(layer: FusedMoE) -> bool:
+    """Whether tokens differ per EP rank (DP attention with TP 1), so rows must be exchanged by all-to-all."""
+    from vllm.distributed import get_tensor_model_parallel_world_size
+
+    return bool(
+        layer.use_ep and layer.dp_size > 1 and get_tensor_model_parallel_world_size() == 1
+        and not layer.is_sequence_parallel
+    )
+
+
+def build_layer_plan(layer: FusedMoE, *, all_to_all: Optional[AllToAll] = None) -> MoEPlan:
+    """The :class:`MoEPlan` of a built vLLM ``FusedMoE`` layer (any quant method); see the module docstring.
+
+    ``all_to_all`` overrides the EP group's exchange (tests); by default it is used only when
+    :func:`uses_all_to_all` says so.
+    """
+    if layer.enable_eplb:
+        raise ConfigError(
+            f"{layer.layer_name}: expert-parallel load balancing (enable_eplb) is not supported by npu-ops' MoE; "
+            "start without --enable-eplb"
+        )
+    if getattr(layer, "zero_expert_num", 0):
+        raise ConfigError(f"{layer.layer_name}: zero experts (zero_expert_num > 0) are not supported by npu-ops' MoE")
+    if getattr(layer.moe_config, "has_bias", False):
+        raise ConfigError(f"{layer.layer_name}: MoE expert biases (has_bias=True) are not supported by npu-ops' MoE")
+    kwargs: dict[str, Any] = {}
+    if all_to_all is None and uses_all_to_all(layer):
+        from vllm.distributed import get_ep_group
+
+        all_to_all = coordinator_all_to_all(get_ep_group())
+    if all_to_all is not None:
+        kwargs.update(all_to_all=all_to_all, ep_rank=layer.ep_rank, expert_maps=_expert_maps_of(layer))
+    else:
+        kwargs.update(expert_map=layer.expert_map)
+    plan = build_moe_plan(
+        routing_config_of(layer),
+        layer.global_num_experts,
+        act_dtype=layer.moe_config.in_dtype,
+        activation=layer.activation,
+        apply_router_weight_on_input=layer.apply_router_weight_on_input,
+        **kwargs,
+    )
+    logger.debug("%s: MoE gate=%s dispatcher=%s", layer.layer_name, plan.gate_path, type(plan.dispatcher).__name__)
+    return plan
+
+
+class AscendUnquantizedFusedMoEMethod(UnquantizedFusedMoEMethod):
+    """Float experts through :func:`moe_forward`; weights stay in vLLM's layout (w13 [E, 2I, H], w2 [E, H, I])."""
+
+    def process_weights_after_loading(self, layer: torch.nn.Module) -> None:
+        # vLLM's version repacks weights for ROCm/CPU/XPU kernels; none of those run here, so nothing to do.
+        return None
+
+    def apply(  # type: ignore[override]
+        self,
+        layer: torch.nn.Module,
+        x: torch.Tensor,
+        router_logits: torch.Tensor,
+        top_k: int,
+        renormalize: bool,
+        use_grouped_topk: bool = False,
+        topk_group: Optional[int] = None,
+        num_expert_group: Optional[int] = None,
+        global_num_experts: int = -1,
+        expert_map: Optional[torch.Tensor] = None,
+        custom_routing_function: Optional[Callable] = None,
+        scoring_func: str = "softmax",
+        routed_scaling_factor: float = 1.0,
+        e_score_correction_bias: Optional[torch.Tensor] = None,
+        apply_router_weight_on_input: bool = False,
+        activation: str = "silu",
+        enable_eplb: bool = False,
+        **_: Any,
+    ) -> torch.Tensor:
+        plan: Optional[MoEPlan] = getattr(layer, "moe_plan", None)
+        if plan is None:
+            raise RuntimeError(
+                "AscendUnquantizedFusedMoEMethod.apply needs layer.moe_plan (built by AscendFusedMoE); "
+                "build the layer through vLLM's FusedMoE with npu-ops registered"
+            )
+        experts = plan.unquantized_experts(layer.w13_weight, layer.w2_weight)
+        return moe_forward(x, router_logits, plan=plan, experts=experts, e_score_correction_bias=e_score_correction_bias)
+
+
+class AscendFusedMoE(FusedMoE):
+    """vLLM's ``FusedMoE`` with npu-ops' gating, permutation, grouped matmul and expert-parallel exchange."""
+
+    moe_plan: MoEPlan
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if type(self.quant_method) is UnquantizedFusedMoEMethod:
+            # Same create_weights (already run by vLLM); only apply/process_weights_after_loading differ.
+            self.quant_method = AscendUnquantizedFusedMoEMethod(self.moe_config)
+        self.moe_plan = build_layer_plan(self)
+
+    def forward_impl(
+        self, hidden_states: torch.Tensor, router_logits: torch.Tensor
+    ) -> Union[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+        if not self.moe_plan.all_to_all:
+            return super().forward_impl(hidden_states, router_logits)
+        # DP attention: the plan's all-to-all replaces vLLM's all-gather dispatch / reduce-scatter combine, and
+        # the routed output is complete on this rank (attention TP is 1, so vLLM's TP all-reduce is a no-op).
+        self.ensure_moe_quant_config()
+        shared = self.shared_experts(hidden_states) if self.shared_experts is not None else None
+        routed = self.quant_method.apply(
+            layer=self,
+            x=hidden_states,
+            router_logits=router_logits,
+            top_k=self.top_k,
+            renormalize=self.renormalize,
+            use_grouped_topk=self.use_grouped_topk,
+            global_num_experts=self.global_num_experts,
+            expert_map=self.expert_map,
+            topk_group=self.topk_group,
+            num_expert_group=self.num_expert_group,
+            custom_routing_function=self.custom_routing_function,
+            scoring_func=self.scoring_func,
+            routed_scaling_factor=self.routed_scaling_factor,
+            e_score_correction_bias=self.e_score_correction_bias,
+            activation=self.activation,
+            apply_router_weight_on_input=self.apply_router_weight_on_input,
+            enable_eplb=self.enable_eplb,
+            expert_load_view=self.expert_load_view,
+            logical_to_physical_map=self.logical_to_physical_map,
+            logical_replica_count=self.logical_replica_count,
+        )
+        return routed if shared is None else (shared, routed)
+
+
+class AscendSharedFusedMoE(SharedFusedMoE, AscendFusedMoE):
+    """vLLM's ``SharedFusedMoE`` (shared experts + routed experts) on :class:`AscendFusedMoE`.
+
+    MRO: SharedFusedMoE -> AscendFusedMoE -> FusedMoE, so vLLM's shared-expert handling wraps our routed path.
+    """
