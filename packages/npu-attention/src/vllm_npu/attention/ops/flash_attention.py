@@ -51,9 +51,9 @@ def prefill_no_cache_npu(
     out: torch.Tensor,
     logits_soft_cap: float | None = None,
 ) -> None:
+    _no_soft_cap(logits_soft_cap, "prefill_no_cache")
     import torch_npu
 
-    _no_soft_cap(logits_soft_cap, "prefill_no_cache")
     torch_npu.atb._npu_flash_attention_v2(
         query,
         key,
@@ -120,9 +120,9 @@ def encoder_attention_npu(
     sliding_window: int | None = None,
     logits_soft_cap: float | None = None,
 ) -> None:
+    _no_soft_cap(logits_soft_cap, "encoder_attention")
     import torch_npu
 
-    _no_soft_cap(logits_soft_cap, "encoder_attention")
     band = max_query_len if sliding_window is None else sliding_window - 1
     cu = query_start_loc[1:]
     attn_out = torch_npu.npu_fusion_attention(

@@ -60,9 +60,9 @@ def paged_decode_npu(
     out: torch.Tensor,
     logits_soft_cap: float | None = None,
 ) -> None:
+    _no_soft_cap(logits_soft_cap, "paged_decode")
     import torch_npu
 
-    _no_soft_cap(logits_soft_cap, "paged_decode")
     torch_npu.atb._npu_paged_attention_v2(
         query,
         key_cache,
@@ -129,9 +129,9 @@ def paged_prefill_npu(
     sliding_window: int | None = None,
     logits_soft_cap: float | None = None,
 ) -> None:
+    _no_soft_cap(logits_soft_cap, "paged_prefill")
     import torch_npu
 
-    _no_soft_cap(logits_soft_cap, "paged_prefill")
     num_blocks, block_size = key_cache.shape[:2]
     if sliding_window is None:
         sparse_mode, pre_tokens, next_tokens = 3, 2147483647, 2147483647
