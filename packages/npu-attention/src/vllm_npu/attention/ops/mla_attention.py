@@ -61,8 +61,6 @@ def mla_decode_npu(
 ) -> torch.Tensor:
     """NPU twin of :func:`mla_decode_reference`: ``npu_fused_infer_attention_score`` in its MLA mode (query_rope /
     key_rope, one KV head, BNSD, paged). Documented limits: L = 512, R = 64, N in {32, 64, 128}, block size 16/128."""
-    import torch_npu
-
     B, N, L = ql_nope.shape
     nb, bs, _, _ = nope_cache.shape
     R = rope_cache.shape[-1]
@@ -72,6 +70,8 @@ def mla_decode_npu(
             f"and block size 16 or 128; got L={L}, R={R}, N={N}, block_size={bs}. Use the reference kernels "
             "(additional_config npu.kernels='reference') for other shapes"
         )
+    import torch_npu
+
     out, _ = torch_npu.npu_fused_infer_attention_score(
         ql_nope.reshape(B, N, 1, L).contiguous(),
         nope_cache.view(nb, 1, bs, L),
@@ -192,8 +192,6 @@ def ring_mla_npu(
     """NPU twin of :func:`ring_mla_reference`: ``torch_npu.atb.npu_ring_mla`` (``calc_type_first_ring`` without a
     previous result, ``calc_type_default`` merging ``prev_out``/``prev_lse``). Documented limits: P = V = 128,
     R = 64, BSND, every request with ``kv_len >= q_len`` or ``kv_len == 0``."""
-    import torch_npu
-
     T, N, P = q_nope.shape
     if P != 128 or value.shape[-1] != 128 or q_rope.shape[-1] != 64:
         raise KernelContractError(
@@ -202,6 +200,8 @@ def ring_mla_npu(
         )
     if causal and mask is None:
         raise KernelContractError("npu_ring_mla with a causal segment needs the triangular mask (ring_mla_mask)")
+    import torch_npu
+
     k_rope = k_rope.expand(-1, N, -1).contiguous() if k_rope.shape[1] == 1 else k_rope
     seqlen = torch.tensor([list(q_lens), list(kv_lens)], dtype=torch.int32)
     first = prev_out is None
