@@ -20,6 +20,13 @@ Subcommands (each prints ``key=value`` lines for ``$GITHUB_OUTPUT`` unless said 
 ``dependents PACKAGE``
     The publishable members that require PACKAGE directly (``packages=<json list>``): what a new npu-interface is
     tested against.
+``admits --wheel WHEEL --requirement NAME --version V``
+    Whether the wheel's ``Requires-Dist`` on NAME admits version V (``admits=true|false``): a published
+    implementation whose range excludes a new npu-interface is protected by the resolver and is not tested
+    against it.
+``notes --package P --version V``
+    The ``## <version>`` section of ``packages/P/CHANGELOG.md`` (printed as Markdown, for the GitHub release);
+    fails if the changelog has no such section.
 ``graph``
     The dependency graph, one ``member -> siblings`` line each (for people).
 """
@@ -31,12 +38,14 @@ import json
 import subprocess
 import sys
 import zipfile
+from email.message import Message
 from email.parser import HeaderParser
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _workspace import REPO_ROOT, Workspace  # noqa: E402
+from packaging.requirements import Requirement  # noqa: E402
 from packaging.utils import canonicalize_name, parse_wheel_filename  # noqa: E402
 from packaging.version import InvalidVersion, Version  # noqa: E402
 
@@ -86,16 +95,57 @@ def check_built(package: str, version: str, dist: Path) -> Path:
     built = parse_wheel_filename(wheel.name)[1]
     if built != Version(version):
         raise ReleaseError(f"tag version {version} does not match the built wheel {wheel.name} (version {built})")
-    with zipfile.ZipFile(wheel) as archive:
-        metadata_path = next((n for n in archive.namelist() if n.endswith(".dist-info/METADATA")), None)
-        if metadata_path is None:
-            raise ReleaseError(f"{wheel.name} has no METADATA")
-        headers = HeaderParser().parsestr(archive.read(metadata_path).decode())
+    headers = wheel_metadata(wheel)
     if Version(headers["Version"]) != Version(version) or canonicalize_name(headers["Name"]) != name:
         raise ReleaseError(
             f"{wheel.name}: METADATA says {headers['Name']} {headers['Version']}, expected {name} {version}"
         )
     return wheel
+
+
+def wheel_metadata(wheel: Path) -> Message:
+    with zipfile.ZipFile(wheel) as archive:
+        metadata_path = next((n for n in archive.namelist() if n.endswith(".dist-info/METADATA")), None)
+        if metadata_path is None:
+            raise ReleaseError(f"{wheel.name} has no METADATA")
+        return HeaderParser().parsestr(archive.read(metadata_path).decode())
+
+
+def admits(wheel: Path, requirement: str, version: str) -> bool:
+    """Whether ``wheel`` requires ``requirement`` with a range that contains ``version`` (unconditionally)."""
+    name = canonicalize_name(requirement)
+    for raw in wheel_metadata(wheel).get_all("Requires-Dist") or []:
+        req = Requirement(raw)
+        if canonicalize_name(req.name) == name and (req.marker is None or req.marker.evaluate({"extra": ""})):
+            return req.specifier.contains(version, prereleases=True)
+    raise ReleaseError(f"{wheel.name} does not require {requirement}")
+
+
+def release_notes(package: str, version: str, workspace: Workspace) -> str:
+    """The CHANGELOG section of ``version`` (heading ``## <version>`` or ``## Version <version> ...``)."""
+    member = workspace.members.get(canonicalize_name(package))
+    if member is None:
+        raise ReleaseError(f"{package!r} is not a workspace member")
+    changelog = member.path / "CHANGELOG.md"
+    lines = changelog.read_text().splitlines()
+    wanted = Version(version)
+    start = None
+    for i, line in enumerate(lines):
+        if line.startswith("## "):
+            if start is not None:
+                return "\n".join(lines[start:i]).strip() + "\n"
+            words = line[3:].replace("Version ", "").split()
+            try:
+                if words and Version(words[0]) == wanted:
+                    start = i + 1
+            except InvalidVersion:
+                continue
+    if start is None:
+        raise ReleaseError(
+            f"{changelog.relative_to(workspace.root)} has no '## {version}' section: move the Unreleased entries "
+            "under a heading for this version before tagging"
+        )
+    return "\n".join(lines[start:]).strip() + "\n"
 
 
 # --- affected packages ----------------------------------------------------------------------------------------
@@ -169,6 +219,13 @@ def main(argv: list[str] | None = None) -> int:
     p_aff.add_argument("paths", nargs="*")
     p_dep = sub.add_parser("dependents", help="publishable members that require PACKAGE")
     p_dep.add_argument("package")
+    p_adm = sub.add_parser("admits", help="does a wheel's requirement admit a version")
+    p_adm.add_argument("--wheel", type=Path, required=True)
+    p_adm.add_argument("--requirement", required=True)
+    p_adm.add_argument("--version", required=True)
+    p_notes = sub.add_parser("notes", help="the CHANGELOG section of a version")
+    p_notes.add_argument("--package", required=True)
+    p_notes.add_argument("--version", required=True)
     sub.add_parser("graph", help="print the dependency graph")
     args = parser.parse_args(argv)
 
@@ -184,6 +241,10 @@ def main(argv: list[str] | None = None) -> int:
             _emit({"packages": json.dumps(affected(paths, workspace))})
         elif args.command == "dependents":
             _emit({"packages": json.dumps(dependents(args.package, workspace))})
+        elif args.command == "admits":
+            _emit({"admits": str(admits(args.wheel, args.requirement, args.version)).lower()})
+        elif args.command == "notes":
+            print(release_notes(args.package, args.version, workspace), end="")
         elif args.command == "graph":
             for sib_owner in sorted(workspace.members):
                 targets = sorted({s.target for s in workspace.sibling_requirements() if s.owner == sib_owner})

@@ -220,3 +220,52 @@ def test_this_workspace_graph() -> None:
     for name, m in workspace.members.items():
         if not m.private:
             assert release.parse_tag(f"{name}-v{m.version}", workspace)["dir"] == f"packages/{name}"
+
+
+# --- release.py admits / notes --------------------------------------------------------------------------------
+
+
+def wheel_requiring(dist: Path, *requires: str) -> Path:
+    dist.mkdir(exist_ok=True)
+    path = dist / "npu_impl-0.1.0-py3-none-any.whl"
+    lines = "".join(f"Requires-Dist: {r}\n" for r in requires)
+    with zipfile.ZipFile(path, "w") as archive:
+        archive.writestr("npu_impl-0.1.0.dist-info/METADATA",
+                         f"Metadata-Version: 2.4\nName: npu-impl\nVersion: 0.1.0\n{lines}")
+    return path
+
+
+def test_admits(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    wheel = wheel_requiring(tmp_path, "safetensors>=0.4", "npu-interface<0.2,>=0.1", "npu-other; extra == 'x'")
+    assert release.admits(wheel, "npu-interface", "0.1.7")
+    assert release.admits(wheel, "npu_interface", "0.1.8.dev0")
+    assert not release.admits(wheel, "npu-interface", "0.2.0")
+    with pytest.raises(release.ReleaseError, match="does not require npu-other"):
+        release.admits(wheel, "npu-other", "1.0")  # only through an extra
+    assert release.main(["admits", "--wheel", str(wheel), "--requirement", "npu-interface", "--version", "0.2"]) == 0
+    assert capsys.readouterr().out.strip() == "admits=false"
+
+
+def test_release_notes(ws: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    write(ws / "packages/npu-impl/CHANGELOG.md", """
+        # Changelog
+
+        ## Unreleased
+
+        - next thing
+
+        ## Version 0.1.0 (2026-11-30)
+
+        - first thing
+        - second thing
+
+        ## 0.0.9
+
+        - old
+    """)
+    assert release.release_notes("npu-impl", "0.1.0", Workspace(ws)) == "- first thing\n- second thing\n"
+    assert release.release_notes("npu-impl", "0.0.9", Workspace(ws)) == "- old\n"
+    with pytest.raises(release.ReleaseError, match=r"has no '## 0.2.0' section"):
+        release.release_notes("npu-impl", "0.2.0", Workspace(ws))
+    assert release.main(["--root", str(ws), "notes", "--package", "npu-impl", "--version", "0.1"]) == 0
+    assert capsys.readouterr().out == "- first thing\n- second thing\n"
