@@ -115,19 +115,21 @@ def test_declaring_impl_gets_an_unfilled_buffer_and_the_same_result(patched, dir
 
 def test_empty_is_safe_every_element_is_overwritten(patched, monkeypatch):
     """Poison the buffer the patched forward allocates: a declaring impl must leave no NaN behind."""
+    import vllm_npu.patches.sets.attention_output as mod
+
     original, forward = patched
-    real_empty = torch.empty
+    real_new_output = mod.new_output
     poisoned = []
 
-    def nan_empty(*args: Any, **kwargs: Any) -> torch.Tensor:
+    def nan_output(*args: Any) -> torch.Tensor:
         poisoned.append(args)
-        return real_empty(*args, **kwargs).fill_(float("nan"))
+        return real_new_output(*args).fill_(float("nan"))
 
-    monkeypatch.setattr(torch, "empty", nan_empty)
+    monkeypatch.setattr(mod, "new_output", nan_output)
     got, _ = run(forward, FakeLayer(FullImpl()))
     monkeypatch.undo()
     want, _ = run(original, FakeLayer(FullImpl()))
-    assert poisoned, "the patched forward did not allocate through torch.empty"
+    assert poisoned, "the patched forward did not allocate through new_output"
     assert not torch.isnan(got).any()
     torch.testing.assert_close(got, want, rtol=0, atol=0)
 

@@ -14,16 +14,22 @@ and calls vLLM's original forward, zero-fill included, for every other layer and
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
+
+import torch
 
 #: The class attribute an attention impl sets to True to declare that it writes its whole output buffer.
 FILLS_OUTPUT_BUFFER = "fills_output_buffer"
 
 
+def new_output(shape: Sequence[int], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """The output buffer of a declaring impl: allocated, not initialised (tests poison it to prove the contract)."""
+    return torch.empty(shape, dtype=dtype, device=device)
+
+
 def make_replacement(original: Callable[..., Any]) -> Callable[..., Any]:
     """Build the ``Attention.forward`` that allocates its output with ``torch.empty`` for backends that fill it."""
-    import torch
     from vllm.forward_context import get_forward_context
 
     def forward(self: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -33,7 +39,7 @@ def make_replacement(original: Callable[..., Any]) -> Callable[..., Any]:
             return original(self, query, key, value, output_shape)
         shape = output_shape if output_shape is not None else query.shape
         # The backend overwrites every element (its declared contract), so no fill is needed.
-        output = torch.empty(shape, dtype=query.dtype, device=query.device)
+        output = new_output(shape, query.dtype, query.device)
         hidden_size = shape[-1]
         if not self.use_mla:  # MLA passes latent q/k/v whose shapes are the backend's business
             query = query.view(-1, self.num_heads, self.head_size)
