@@ -269,3 +269,60 @@ def test_release_notes(ws: Path, capsys: pytest.CaptureFixture[str]) -> None:
         release.release_notes("npu-impl", "0.2.0", Workspace(ws))
     assert release.main(["--root", str(ws), "notes", "--package", "npu-impl", "--version", "0.1"]) == 0
     assert capsys.readouterr().out == "- first thing\n- second thing\n"
+
+
+# --- the workflows wire the scripts up as intended ------------------------------------------------------------
+
+WORKFLOWS = Path(__file__).resolve().parent.parent / ".github" / "workflows"
+
+
+def _workflow(name: str) -> dict:
+    yaml = pytest.importorskip("yaml")
+    data = yaml.safe_load((WORKFLOWS / name).read_text())
+    data["on"] = data.pop(True, data.get("on"))  # YAML 1.1 reads the key `on` as True
+    return data
+
+
+def test_release_workflow_shape() -> None:
+    import fnmatch
+
+    wf = _workflow("release.yml")
+    (pattern,) = wf["on"]["push"]["tags"]
+    for name, m in Workspace().members.items():
+        if not m.private:
+            assert fnmatch.fnmatch(f"{name}-v{m.version}", pattern), name
+    assert wf["permissions"] == {"contents": "read"}
+    jobs = wf["jobs"]
+    publish = jobs["publish"]
+    assert publish["permissions"] == {"id-token": "write"}
+    assert publish["environment"]["name"] == "pypi-${{ needs.meta.outputs.package }}"
+    assert set(publish["needs"]) == {"meta", "build", "compat"}
+    assert any(step.get("uses", "").startswith("pypa/gh-action-pypi-publish") for step in publish["steps"])
+    for name, job in jobs.items():  # only the publish job may mint an OIDC token
+        if name != "publish":
+            assert "id-token" not in job.get("permissions", {}), name
+    build = "\n".join(step.get("run", "") for step in jobs["build"]["steps"])
+    assert 'uv build --package "$PACKAGE" --no-sources' in build
+    assert "scripts/release.py check-built" in build and "scripts/smoke_wheel.py" in build
+    assert "scripts/check_workspace_ranges.py" in build
+    assert jobs["compat"]["if"].startswith("needs.meta.outputs.package == 'npu-interface'")
+    meta = "\n".join(step.get("run", "") for step in jobs["meta"]["steps"])
+    assert 'scripts/release.py tag "$GITHUB_REF_NAME"' in meta
+
+
+def test_ci_workflow_runs_lint_and_the_readme_command() -> None:
+    wf = _workflow("ci.yml")
+    assert "pull_request" in wf["on"]
+    runs = {name: "\n".join(s.get("run", "") for s in job["steps"]) for name, job in wf["jobs"].items()}
+    assert "ruff" in runs["lint"] and "check_workspace_ranges.py" in runs["lint"]
+    assert runs["test"].strip() == "bash .ci/run"
+    assert "scripts/release.py affected --base" in runs["changes"]
+
+
+def test_workflows_reference_existing_scripts() -> None:
+    import re
+
+    root = WORKFLOWS.parent.parent
+    for wf in WORKFLOWS.glob("*.yml"):
+        for script in re.findall(r"scripts/[\w./-]+\.py", wf.read_text()):
+            assert (root / script).is_file(), f"{wf.name} runs {script}, which does not exist"
