@@ -245,6 +245,7 @@ class NPUWorker(Worker):
         """What actually runs in this worker (a ``collective_rpc`` target for tests and ``vllm-npu`` tooling)."""
         from vllm.attention.layer import Attention
         from vllm.config import get_layers_from_vllm_config
+        from vllm.distributed.parallel_state import get_tp_group
 
         runner = self.model_runner
         attn_layers = get_layers_from_vllm_config(self.vllm_config, Attention)
@@ -264,4 +265,8 @@ class NPUWorker(Worker):
             "kv_cache_shape": kv_shapes[0] if kv_shapes else None,
             "block_size": self.cache_config.block_size,
             "rank": self.rank,
+            "tp_communicator": type(get_tp_group().device_communicator).__qualname__,
+            "tp_backend": str(torch.distributed.get_backend(get_tp_group().device_group)),
+            # Bytes released by sleep() and not yet woken up, per tag.
+            "sleeping_bytes": {tag: sum(n for _, n in storages) for tag, storages in self._released.items()},
         }
