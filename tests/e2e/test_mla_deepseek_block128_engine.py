@@ -5,7 +5,6 @@ softmax scale carries DeepSeek's mscale²) and KV block size 128. One engine; re
 from __future__ import annotations
 
 import pytest
-
 from npu_testkit.engine import emulated_env, engine, greedy, make_prompts
 from npu_testkit.models import build_tiny_model, hf_greedy
 

@@ -8,7 +8,6 @@ give prefills with context). Reference: HF transformers ``DeepseekV3ForCausalLM`
 from __future__ import annotations
 
 import pytest
-
 from npu_testkit.engine import emulated_env, engine, greedy, make_prompts, token_prompts
 from npu_testkit.models import build_tiny_model, hf_greedy
 

@@ -18,7 +18,6 @@ pytest.importorskip("vllm")
 
 from vllm.model_executor.layers.linear import UnquantizedLinearMethod  # noqa: E402
 from vllm.v1.attention.backends.utils import CommonAttentionMetadata  # noqa: E402
-
 from vllm_npu.attention.backends.mla import AscendMLABackend, AscendMLAImpl, AscendMLAMetadataBuilder  # noqa: E402
 from vllm_npu.attention.ops.mla_cache import latent_cache_planes, mla_cache_write_reference  # noqa: E402
 from vllm_npu.interface.device import configure_kernels  # noqa: E402
@@ -76,7 +75,7 @@ def make_scenario(reqs, block_size, *, dims=None, seed=0, pad=0, dtype=torch.flo
     perm = (torch.randperm(num_blocks - 1, generator=g) + 1).tolist()
     block_table = torch.zeros(len(reqs), max(nblk) + 2, dtype=torch.int32)
     slots = []
-    for b, (t, nb) in enumerate(zip(totals, nblk)):
+    for b, (t, nb) in enumerate(zip(totals, nblk, strict=True)):
         ids = [perm.pop() for _ in range(nb)]
         block_table[b, :nb] = torch.tensor(ids, dtype=torch.int32)
         pos = torch.arange(t)

@@ -20,7 +20,6 @@ from vllm_npu.attention.ops.mla_cache import (  # noqa: E402
     deinterleave,
     kv_rmsnorm_rope_cache_reference,
     latent_cache_planes,
-    mla_cache_write_reference,
     paged_cache_load_reference,
 )
 from vllm_npu.interface.errors import KernelContractError  # noqa: E402
@@ -110,9 +109,9 @@ def test_ring_steps_merged_by_lse_equal_one_pass() -> None:
     def cat(parts, i):
         return torch.cat([p[i] for p in parts])
 
-    full = [tuple(torch.cat([c[i], n[i]]) for i in range(3)) for c, n in zip(ctx, new)]
+    full = [tuple(torch.cat([c[i], n[i]]) for i in range(3)) for c, n in zip(ctx, new, strict=True)]
     want, want_lse = ring_mla_reference(
-        qn, qr, cat(full, 0), cat(full, 1), cat(full, 2), q_lens, [c + q for c, q in zip(ctx_lens, q_lens)], scale, True
+        qn, qr, cat(full, 0), cat(full, 1), cat(full, 2), q_lens, [c + q for c, q in zip(ctx_lens, q_lens, strict=True)], scale, True
     )
     out, lse = ring_mla_reference(qn, qr, cat(new, 0), cat(new, 1), cat(new, 2), q_lens, q_lens, scale, True)
     for lo, hi in [(0, 5), (5, 12)]:  # two context chunks

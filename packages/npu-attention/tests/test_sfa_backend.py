@@ -124,7 +124,7 @@ def test_small_topk_equals_masked_dense(block_size: int) -> None:
     out, buffer, (qs, ks, ws), n = run_sfa(s, topk, seed=12)
     scores = [t for req in brute_force_scores(s, qs, ks, ws) for t in req]
     got = [set(r[r >= 0].tolist()) for r in buffer[:n]]
-    for chosen, sc in zip(got, scores):  # a valid top-k (ties, e.g. several all-zero ReLU scores, may go either way)
+    for chosen, sc in zip(got, scores, strict=True):  # a valid top-k (ties, e.g. several all-zero ReLU scores, may go either way)
         assert len(chosen) == min(topk, len(sc)) and max(chosen) < len(sc)
         rest = [v for j, v in enumerate(sc) if j not in chosen]
         assert not rest or min(sc[j] for j in chosen) >= max(rest) - 1e-4
@@ -141,7 +141,7 @@ def test_lightning_indexer_pads_with_minus_one() -> None:
     idx = lightning_indexer_reference(torch.randn(3, H_IDX, D_IDX), torch.rand(3, H_IDX), cache, bt, [0, 3], [5], 6)
     # tokens at positions 2, 3, 4 see 3, 4, 5 candidates
     assert [int((r >= 0).sum()) for r in idx] == [3, 4, 5]
-    assert all(int(r[r >= 0].max()) <= p for r, p in zip(idx, [2, 3, 4]))
+    assert all(int(r[r >= 0].max()) <= p for r, p in zip(idx, [2, 3, 4], strict=True))
 
 
 def test_sfa_needs_an_indexer() -> None:

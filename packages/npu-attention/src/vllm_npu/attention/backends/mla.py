@@ -39,7 +39,6 @@ from vllm.v1.attention.backends.utils import (
     split_decodes_and_prefills,
 )
 from vllm.v1.kv_cache_interface import AttentionSpec
-
 from vllm_npu.interface.errors import ConfigError, KernelContractError
 
 from ..ops.mla_attention import MLA_DECODE, RING_MLA, ring_mla_mask
@@ -128,6 +127,15 @@ class AscendMLAMetadata(MLACommonMetadata[AscendMLADecodeMetadata]):
     prefill: Optional[AscendMLAPrefillMetadata] = None  # type: ignore[assignment]
 
 
+def _dcp_world_size() -> int:
+    from vllm.distributed.parallel_state import get_dcp_group
+
+    try:
+        return get_dcp_group().world_size
+    except AssertionError:  # no distributed state (unit tests, tooling): no DCP
+        return 1
+
+
 class AscendMLAMetadataBuilder(AttentionMetadataBuilder[AscendMLAMetadata]):
     """Splits the (reordered) batch into decodes and prefills and plans the context chunks of each prefill.
 
@@ -141,6 +149,11 @@ class AscendMLAMetadataBuilder(AttentionMetadataBuilder[AscendMLAMetadata]):
 
     def __init__(self, kv_cache_spec: AttentionSpec, layer_names: list[str], vllm_config: Any, device: torch.device):
         super().__init__(kv_cache_spec, layer_names, vllm_config, device)
+        if _dcp_world_size() > 1:
+            raise ConfigError(
+                "decode context parallelism (--decode-context-parallel-size > 1) is not supported by "
+                "AscendMLABackend; run with decode_context_parallel_size=1"
+            )
         self.block_size = kv_cache_spec.block_size
         self.context_chunk_tokens: int = MLACommonMetadataBuilder.determine_chunked_prefill_workspace_size(vllm_config)
 

@@ -31,7 +31,6 @@ from vllm.attention.backends.abstract import AttentionBackend, AttentionLayer
 from vllm.v1.attention.backends.mla.common import MLACommonBaseImpl
 from vllm.v1.attention.backends.utils import AttentionCGSupport, AttentionMetadataBuilder, CommonAttentionMetadata
 from vllm.v1.kv_cache_interface import AttentionSpec
-
 from vllm_npu.interface.errors import ConfigError, KernelContractError
 
 from ..ops.mla_cache import MLA_CACHE_WRITE, latent_cache_planes

@@ -9,7 +9,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
-
 from vllm_npu.interface.device import Kernel
 from vllm_npu.interface.errors import KernelContractError
 
@@ -143,7 +142,7 @@ def ring_mla_reference(
     lse = torch.full((N, T), float("-inf"), dtype=torch.float32, device=q_nope.device)
     k_rope = k_rope.expand(-1, N, -1) if k_rope.shape[1] == 1 else k_rope
     q0 = k0 = 0
-    for ql, kl in zip(q_lens, kv_lens):
+    for ql, kl in zip(q_lens, kv_lens, strict=True):
         if ql > 0 and kl > 0:
             score = torch.einsum("qnp,knp->nqk", q_nope[q0 : q0 + ql].float(), k_nope[k0 : k0 + kl].float())
             score += torch.einsum("qnr,knr->nqk", q_rope[q0 : q0 + ql].float(), k_rope[k0 : k0 + kl].float())

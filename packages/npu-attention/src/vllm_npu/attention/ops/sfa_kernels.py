@@ -17,7 +17,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
-
 from vllm_npu.interface.device import Kernel
 from vllm_npu.interface.errors import KernelContractError, MissingComponentError
 
