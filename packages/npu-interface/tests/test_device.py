@@ -192,3 +192,21 @@ def test_kernel_select_on_npu(monkeypatch: pytest.MonkeyPatch) -> None:
 
     monkeypatch.setattr(device, "current_mode", lambda: DeviceMode.NPU)
     assert Kernel("add", npu=_npu_add, reference=_ref_add).select()(1, 2) == "npu:3"
+
+
+def test_kernel_is_immutable_and_comparable() -> None:
+    kernel = Kernel("add", npu=_npu_add, reference=_ref_add)
+    with pytest.raises(AttributeError, match="immutable"):
+        kernel.npu = _ref_add  # type: ignore[misc]
+    assert kernel == Kernel("add", _npu_add, _ref_add) and hash(kernel) == hash(Kernel("add", _npu_add, _ref_add))
+    assert kernel != Kernel("add", _ref_add, _npu_add)
+    assert repr(kernel).startswith("Kernel(name='add', npu=<function _npu_add")
+
+
+def test_decision_and_probe_are_immutable_values() -> None:
+    decision = decide_device({"VLLM_NPU_DEVICE": "off"}, probe=CPU_HOST)
+    assert decision == decide_device({"VLLM_NPU_DEVICE": "off"}, probe=NPU_HOST)
+    with pytest.raises(AttributeError):
+        decision.mode = DeviceMode.NPU  # type: ignore[misc]
+    with pytest.raises(AttributeError):
+        CPU_HOST.cann_found = True  # type: ignore[misc]

@@ -18,8 +18,7 @@ import glob
 import importlib.util
 import os
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
-from typing import Generic, Literal, TypeVar
+from typing import Generic, Literal, NamedTuple, TypeVar
 
 from .errors import ConfigError, DeviceUnavailableError
 from .settings import KERNEL_SETTINGS, read_device_setting
@@ -36,8 +35,11 @@ class DeviceMode(str, enum.Enum):
     EMULATED = "emulated"
 
 
-@dataclass(frozen=True)
-class NPUProbe:
+# NPUProbe and DeviceDecision are NamedTuples and Kernel a slotted class, not dataclasses: this module is on vLLM's
+# platform-resolution path in every process, and each frozen dataclass costs ~1 ms of exec() at import.
+
+
+class NPUProbe(NamedTuple):
     """What the cheap probe found. ``available`` means torch_npu, CANN and at least one visible NPU are present."""
 
     torch_npu_installed: bool
@@ -77,8 +79,7 @@ def probe_npu(environ: Mapping[str, str] | None = None, dev_glob: str = "/dev/da
     )
 
 
-@dataclass(frozen=True)
-class DeviceDecision:
+class DeviceDecision(NamedTuple):
     """The outcome of device selection.
 
     ``mode`` is None when the platform declines to activate; ``reason`` says why in either case. ``error`` is set
@@ -183,16 +184,39 @@ def kernel_backend() -> KernelBackend:
 F = TypeVar("F", bound=Callable[..., object])
 
 
-@dataclass(frozen=True)
 class Kernel(Generic[F]):
     """An NPU kernel and its pure-PyTorch reference twin: same contract (shapes, dtypes, layouts, in-place effects).
 
     Both live in the same module as the layer that uses them. ``select()`` is called when a layer is built.
+    Immutable; equal when name and both functions are equal.
     """
 
+    __slots__ = ("name", "npu", "reference")
     name: str
     npu: F
     reference: F
+
+    def __init__(self, name: str, npu: F, reference: F) -> None:
+        object.__setattr__(self, "name", name)
+        object.__setattr__(self, "npu", npu)
+        object.__setattr__(self, "reference", reference)
+
+    def __setattr__(self, key: str, value: object) -> None:
+        raise AttributeError(f"Kernel is immutable: cannot set {key!r}")
+
+    def __delattr__(self, key: str) -> None:
+        raise AttributeError(f"Kernel is immutable: cannot delete {key!r}")
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Kernel):
+            return NotImplemented
+        return (self.name, self.npu, self.reference) == (other.name, other.npu, other.reference)
+
+    def __hash__(self) -> int:
+        return hash((self.name, self.npu, self.reference))
+
+    def __repr__(self) -> str:
+        return f"Kernel(name={self.name!r}, npu={self.npu!r}, reference={self.reference!r})"
 
     def select(self, backend: KernelBackend | None = None) -> F:
         return self.npu if (backend or kernel_backend()) == "npu" else self.reference
