@@ -1,0 +1,62 @@
+"""Speculative decoding (ngram proposer, 3 speculative tokens) end to end on the emulated device: greedy tokens
+equal HF transformers' greedy tokens, i.e. the same as decoding without speculation.
+
+The verification steps carry 1..4 query tokens per request; the attention metadata builder's decode threshold is
+``1 + num_speculative_tokens = 4`` so vLLM reorders such requests to the front and the backend computes them in the
+SpecDecoding / ChunkedPrefill states.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from npu_testkit.engine import emulated_env, engine, greedy, make_prompts
+from npu_testkit.models import hf_greedy
+
+pytestmark = [
+    pytest.mark.engine,
+    # Not an attention problem: vLLM 0.11's RejectionSampler (v1/sample/rejection_sampler.py) launches Triton
+    # kernels (expand_kernel, rejection_*_sample_kernel), which do not exist without CUDA; the engine fails at its
+    # first sampler dry run with "TypeError: 'function' object is not subscriptable". A torch rejection sampler in
+    # the platform/patches layer is needed; strict, so the marker must go once that exists.
+    pytest.mark.xfail(strict=True, raises=TypeError, reason="vLLM's rejection sampler needs Triton"),
+]
+
+NUM_SPEC = 3
+MAX_TOKENS = 48
+
+
+@pytest.fixture(scope="module")
+def llm(tiny_qwen2, tmp_path_factory):
+    env = emulated_env(tmp_path_factory.mktemp("specdec"))
+    spec = {"method": "ngram", "num_speculative_tokens": NUM_SPEC, "prompt_lookup_max": 4, "prompt_lookup_min": 2}
+    with engine(tiny_qwen2, env, speculative_config=spec, max_num_batched_tokens=64, disable_log_stats=False) as llm:
+        yield llm
+
+
+def _prompts() -> list[list[int]]:
+    # Repeated phrases give the ngram proposer matches from the first decode step on.
+    a, b, c = make_prompts([6, 9, 4], seed=31)
+    return [a * 4, b * 3 + a, c * 6, make_prompts([70], seed=32)[0]]
+
+
+def _counter(llm, name: str) -> float:
+    return sum(m.value for m in llm.get_metrics() if m.name == name)
+
+
+def test_decode_threshold_follows_num_speculative_tokens(llm):
+    def threshold(worker):
+        return worker.model_runner.reorder_batch_threshold
+
+    assert llm.collective_rpc(threshold) == [1 + NUM_SPEC]
+
+
+def test_ngram_speculative_greedy_matches_hf(llm, tiny_qwen2):
+    prompts = _prompts()
+    drafted_before = _counter(llm, "vllm:spec_decode_num_draft_tokens")
+    got = greedy(llm, prompts, MAX_TOKENS)
+    drafted = _counter(llm, "vllm:spec_decode_num_draft_tokens") - drafted_before
+    accepted = _counter(llm, "vllm:spec_decode_num_accepted_tokens")
+    assert got == hf_greedy(tiny_qwen2, prompts, MAX_TOKENS)
+    # Speculation really ran: tokens were drafted and some were accepted (multi-token verification steps).
+    assert drafted > 0 and accepted > 0, (drafted, accepted)
