@@ -67,6 +67,18 @@ def test_mla_backend_ran(llm):
     assert info["kv_cache_shape"][1:] == (info["block_size"], 32 + 8)  # [blocks, block_size, kv_lora_rank + rope]
 
 
+def _mla_layers(worker) -> list[tuple[str, bool]]:
+    from vllm.model_executor.layers.mla import MultiHeadLatentAttention
+
+    model = worker.model_runner.get_model()
+    return [(type(m).__name__, m.fused_cache_write) for m in model.modules() if isinstance(m, MultiHeadLatentAttention)]
+
+
+def test_mla_layers_fuse_norm_rope_and_cache_write(llm):
+    (layers,) = llm.collective_rpc(_mla_layers)
+    assert layers == [("AscendMultiHeadLatentAttention", True)] * 2
+
+
 def test_batched_prompts_match_hf(llm, tiny_model):
     # 1..150 tokens in one batch: the 150-token prompt is prefilled in chunks of <= 64 tokens, each chunk after the
     # first attends to its cached context while the short requests decode.

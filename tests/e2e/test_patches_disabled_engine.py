@@ -10,7 +10,6 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-
 from npu_testkit.engine import emulated_env, engine, greedy, make_prompts
 
 pytestmark = pytest.mark.engine
@@ -33,7 +32,6 @@ def _worker_view(worker: Any) -> dict[str, Any]:
 
     import vllm._custom_ops as ops
     from vllm.attention.layer import Attention
-
     from vllm_npu.patches import patch_status
 
     return {

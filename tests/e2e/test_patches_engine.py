@@ -16,7 +16,6 @@ from typing import Any
 
 import pytest
 import torch
-
 from npu_testkit.engine import emulated_env, engine, greedy, make_prompts
 
 pytestmark = pytest.mark.engine
@@ -36,7 +35,6 @@ def _worker_view(worker: Any) -> dict[str, Any]:
     """Runs inside the worker (collective_rpc): patch states and what the model's attention layers run."""
     import vllm._custom_ops as ops
     from vllm.attention.layer import Attention
-
     from vllm_npu.patches import patch_status
 
     layers = [m for m in worker.model_runner.model.modules() if isinstance(m, Attention)]

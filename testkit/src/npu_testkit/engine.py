@@ -132,6 +132,10 @@ def shutdown_llm(llm: Any) -> None:
     engine_core = getattr(getattr(llm, "llm_engine", None), "engine_core", None)
     if engine_core is not None:
         engine_core.shutdown()
+    _cleanup_distributed()
+
+
+def _cleanup_distributed() -> None:
     with contextlib.suppress(Exception):
         from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
 
@@ -143,7 +147,12 @@ def shutdown_llm(llm: Any) -> None:
 def engine(model_dir: str | os.PathLike[str], env: Mapping[str, str], **kwargs: Any) -> Iterator[Any]:
     """An ``LLM`` on the emulated device for the duration of the block (environment applied, then restored)."""
     with patched_environ(env):
-        llm = make_llm(model_dir, **kwargs)
+        try:
+            llm = make_llm(model_dir, **kwargs)
+        except BaseException:
+            # A failed start can leave this process's distributed state initialised; clear it for the next engine.
+            _cleanup_distributed()
+            raise
         try:
             yield llm
         finally:

@@ -58,6 +58,11 @@ class NPUPlatform(Platform):
         # vLLM instantiates the platform when `current_platform` is first touched and does not swallow errors here:
         # `VLLM_NPU_DEVICE=npu` on a host without an NPU surfaces as this clear error, not a silent fallback.
         current_device().raise_if_unusable()
+        # Validate the VLLM_NPU_* variables here too: errors raised in check_and_update_config reach the user
+        # wrapped in pydantic's ValidationError of VllmConfig, this one arrives as the ConfigError itself.
+        from vllm_npu.interface.config import EnvConfig
+
+        EnvConfig.from_environ()
         super().__init__()
 
     # --- configuration ------------------------------------------------------------------------------------------
