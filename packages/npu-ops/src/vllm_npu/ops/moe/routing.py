@@ -59,7 +59,7 @@ def init_routing_npu(
 def init_routing_reference(
     hidden: torch.Tensor, topk_ids: torch.Tensor, num_experts: int, expert_range: tuple[int, int]
 ) -> RoutingOutput:
-    """Reference twin of :func:`init_routing_npu` (vectorised: two stable sorts, no per-token loop)."""
+    """Reference twin of :func:`init_routing_npu` (vectorised: one stable sort, no per-token loop)."""
     start, end = expert_range
     if not 0 <= start <= end <= num_experts:
         raise ValueError(f"expert_range={expert_range} must satisfy 0 <= start <= end <= num_experts={num_experts}")
@@ -69,10 +69,11 @@ def init_routing_reference(
     # Out-of-range slots get a key past every local expert, so one stable sort puts them last in slot order.
     key = torch.where(in_range, flat - start, torch.full_like(flat, end - start))
     order = torch.sort(key, stable=True).indices
-    valid = in_range[order]
-    expanded_row_idx = torch.where(valid, order, torch.full_like(order, -1)).to(torch.int32)
-    gathered = hidden.index_select(0, order // top_k)
-    expanded_x = torch.where(valid.unsqueeze(1), gathered, torch.zeros((), dtype=hidden.dtype))
+    n_valid = int(in_range.sum())
+    expanded_row_idx = torch.full_like(order, -1, dtype=torch.int32)
+    expanded_row_idx[:n_valid] = order[:n_valid].to(torch.int32)
+    expanded_x = hidden.new_zeros((order.numel(), hidden.shape[1]))
+    torch.index_select(hidden, 0, order[:n_valid] // top_k, out=expanded_x[:n_valid])
     counts = torch.zeros(end - start, dtype=torch.int64, device=hidden.device)
     counts.index_add_(0, key[in_range], torch.ones_like(key[in_range]))
     return expanded_x, expanded_row_idx, counts
@@ -99,7 +100,7 @@ def unpermute_reference(permuted: torch.Tensor, sorted_indices: torch.Tensor, pr
     position = torch.empty_like(sorted_indices, dtype=torch.int64)
     position[sorted_indices.long()] = torch.arange(sorted_indices.numel(), device=sorted_indices.device)
     rows = permuted.index_select(0, position).view(num_tokens, top_k, permuted.shape[-1]).float()
-    return (rows * probs.float().unsqueeze(-1)).sum(dim=1).to(permuted.dtype)
+    return torch.bmm(probs.float().unsqueeze(1), rows).squeeze(1).to(permuted.dtype)
 
 
 UNPERMUTE = Kernel("moe_token_unpermute", npu=unpermute_npu, reference=unpermute_reference)
