@@ -91,9 +91,9 @@ def _vllm_plugins(environ: Mapping[str, str], device_active: bool, components: d
     return section
 
 
-def collect(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
-    """The whole report as plain data (what ``--json`` prints). ``environ`` defaults to ``os.environ``."""
-    environ = os.environ if environ is None else environ
+def collect() -> dict[str, Any]:
+    """The whole report as plain data (what ``--json`` prints), for this process's environment."""
+    environ = os.environ
     errors: list[str] = []
     warnings: list[str] = []
 
