@@ -27,7 +27,8 @@ KernelBackend = Literal["npu", "reference"]
 
 # Where CANN's set_env.sh points; any one of them marks a CANN install.
 _CANN_ENV_VARS = ("ASCEND_HOME_PATH", "ASCEND_TOOLKIT_HOME", "ASCEND_OPP_PATH")
-_CANN_DEFAULT_DIR = "/usr/local/Ascend/ascend-toolkit"
+# Default install locations: the toolkit layout up to CANN 8.3, and the 8.5 layout.
+_CANN_DEFAULT_DIRS = ("/usr/local/Ascend/ascend-toolkit", "/usr/local/Ascend/cann")
 
 
 class DeviceMode(str, enum.Enum):
@@ -58,7 +59,7 @@ class NPUProbe(NamedTuple):
         if not self.cann_found:
             return (
                 "torch_npu is installed but CANN is not (no ASCEND_HOME_PATH / ASCEND_TOOLKIT_HOME and no "
-                f"{_CANN_DEFAULT_DIR}); source CANN's set_env.sh, or uninstall torch-npu on hosts without CANN"
+                f"{' or '.join(_CANN_DEFAULT_DIRS)}); source CANN's set_env.sh, or uninstall torch-npu on hosts without CANN"
             )
         if not self.device_nodes:
             return "no Ascend device node (/dev/davinci<N>) is visible"
@@ -70,7 +71,7 @@ class NPUProbe(NamedTuple):
 def probe_npu(environ: Mapping[str, str] | None = None, dev_glob: str = "/dev/davinci[0-9]*") -> NPUProbe:
     """Look for an Ascend NPU without importing torch_npu (importing it without CANN breaks ``import torch``)."""
     environ = os.environ if environ is None else environ
-    cann = any(environ.get(v) for v in _CANN_ENV_VARS) or os.path.isdir(_CANN_DEFAULT_DIR)
+    cann = any(environ.get(v) for v in _CANN_ENV_VARS) or any(os.path.isdir(d) for d in _CANN_DEFAULT_DIRS)
     return NPUProbe(
         torch_npu_installed=importlib.util.find_spec("torch_npu") is not None,
         cann_found=cann,
