@@ -48,12 +48,32 @@ def _time(fn: Callable[[], Any], repeats: int) -> float:
     return statistics.median(runs) * 1e3
 
 
+def _time_parts(plan: Any, experts: Any, vllm_moe: Any, layer: Any, cfg: Any, x: Any, logits: Any, bias: Any,
+                repeats: int = 5) -> dict[str, float]:
+    from vllm_npu.ops.moe import routing as rt
+    from vllm_npu.ops.moe.forward import moe_forward
+
+    e, k = plan.num_experts, cfg.top_k
+    w, ids = plan.gate(x, logits, bias)
+    rows, row_idx, counts = rt.init_routing_reference(x, ids, e, (0, e))
+    y = experts(rows, counts)
+    return {
+        "gate": _time(lambda: plan.gate(x, logits, bias), repeats),
+        "route": _time(lambda: rt.init_routing_reference(x, ids, e, (0, e)), repeats),
+        "experts": _time(lambda: experts(rows, counts), repeats),
+        "combine": _time(lambda: rt.unpermute_reference(y, row_idx, w), repeats),
+        "total": _time(lambda: moe_forward(x, logits, plan=plan, experts=experts, e_score_correction_bias=bias), repeats),
+        "vllm_cpu": _time(lambda: vllm_moe(
+            layer, x, cfg.use_grouped_topk, k, logits, True, topk_group=cfg.topk_group,
+            num_expert_group=cfg.num_expert_group, global_num_experts=e, scoring_func=cfg.scoring_func,
+            routed_scaling_factor=cfg.routed_scaling_factor, e_score_correction_bias=bias), repeats),
+    }
+
+
 def bench(router: str, dtype_name: str, tokens: list[int], repeats: int) -> list[dict[str, Any]]:
     import torch
     from vllm.model_executor.layers.fused_moe.cpu_fused_moe import CPUFusedMOE
-
-    from vllm_npu.ops.moe import routing as rt
-    from vllm_npu.ops.moe.forward import build_moe_plan, moe_forward
+    from vllm_npu.ops.moe.forward import build_moe_plan
     from vllm_npu.ops.moe.gating import RoutingConfig
 
     dtype = getattr(torch, dtype_name)
@@ -78,22 +98,8 @@ def bench(router: str, dtype_name: str, tokens: list[int], repeats: int) -> list
         x = torch.randn(t, h, generator=gen).to(dtype)
         logits = torch.randn(t, e, generator=gen).to(dtype)
         with torch.no_grad():
-            w, ids = plan.gate(x, logits, bias)
-            rows, row_idx, counts = rt.init_routing_reference(x, ids, e, (0, e))
-            y = experts(rows, counts)
-            res = {
-                "router": router, "dtype": dtype_name, "tokens": t,
-                "gate": _time(lambda: plan.gate(x, logits, bias), repeats),
-                "route": _time(lambda: rt.init_routing_reference(x, ids, e, (0, e)), repeats),
-                "experts": _time(lambda: experts(rows, counts), repeats),
-                "combine": _time(lambda: rt.unpermute_reference(y, row_idx, w), repeats),
-                "total": _time(lambda: moe_forward(x, logits, plan=plan, experts=experts, e_score_correction_bias=bias),
-                               repeats),
-                "vllm_cpu": _time(lambda: vllm_moe(
-                    layer, x, cfg.use_grouped_topk, k, logits, True, topk_group=cfg.topk_group,
-                    num_expert_group=cfg.num_expert_group, global_num_experts=e, scoring_func=cfg.scoring_func,
-                    routed_scaling_factor=cfg.routed_scaling_factor, e_score_correction_bias=bias), repeats),
-            }
+            res = {"router": router, "dtype": dtype_name, "tokens": t, **_time_parts(plan, experts, vllm_moe, layer,
+                                                                                       cfg, x, logits, bias, repeats)}
         rows_out.append(res)
         print(f"{router:8s} {dtype_name:8s} T={t:5d}  " + "  ".join(
             f"{key}={res[key]:8.2f}" for key in ("gate", "route", "experts", "combine", "total", "vllm_cpu")

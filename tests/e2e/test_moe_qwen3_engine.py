@@ -8,7 +8,6 @@ top-k gate, init_routing, grouped matmul + swiglu, unpermute (reference kernels)
 from __future__ import annotations
 
 import pytest
-
 from npu_testkit.engine import emulated_env, engine, greedy, make_prompts
 from npu_testkit.models import build_tiny_model, hf_greedy
 

@@ -61,7 +61,6 @@ def expert_maps(num_experts: int, world: int, placement: str) -> list[torch.Tens
 def main() -> None:
     rank, world, init, out_dir, comm = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5]
     import torch.distributed as dist
-
     from vllm_npu.ops.moe.comm import coordinator_all_to_all, torch_all_to_all
     from vllm_npu.ops.moe.forward import build_moe_plan, moe_forward
     from vllm_npu.ops.moe.gating import RoutingConfig

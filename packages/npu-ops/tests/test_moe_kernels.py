@@ -12,7 +12,6 @@ import types
 
 import pytest
 import torch
-
 from vllm_npu.ops.moe import experts as ex
 from vllm_npu.ops.moe import gating as g
 from vllm_npu.ops.moe import routing as rt

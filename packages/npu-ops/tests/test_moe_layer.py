@@ -37,7 +37,6 @@ def _fill(layer, seed: int = 0) -> None:
 def test_vllm_fused_moe_is_ours_and_matches_vllm_torch_moe(ctx):
     from vllm.model_executor.layers.fused_moe.layer import FusedMoE
     from vllm.model_executor.layers.fused_moe.moe_torch_iterative import fused_moe
-
     from vllm_npu.ops.moe.comm import LocalDispatcher
     from vllm_npu.ops.moe.layer import AscendFusedMoE, AscendUnquantizedFusedMoEMethod
 
@@ -76,7 +75,6 @@ def test_grouped_router_layer_matches_vllm_cpu_moe(ctx):
 
 def test_eplb_is_a_clear_error(ctx):
     from vllm.model_executor.layers.fused_moe.layer import FusedMoE
-
     from vllm_npu.interface import ConfigError
 
     with pytest.raises((ConfigError, NotImplementedError)):
@@ -100,7 +98,6 @@ def test_vllm_deepseek_moe_block_matches_hf_deepseek_v3(ctx, num_tokens):
     """vLLM's DeepseekV2MoE (our AscendSharedFusedMoE inside) vs transformers' DeepseekV3MoE, same weights."""
     from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3MoE
     from vllm.model_executor.models.deepseek_v2 import DeepseekV2MoE
-
     from vllm_npu.ops.moe.layer import AscendSharedFusedMoE
 
     hf_cfg = _deepseek_config()

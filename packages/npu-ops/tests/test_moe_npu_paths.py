@@ -15,7 +15,6 @@ import types
 
 import pytest
 import torch
-
 from vllm_npu.ops.moe import experts as ex
 from vllm_npu.ops.moe import routing as rt
 from vllm_npu.ops.moe.forward import build_moe_plan, moe_forward

@@ -1,3 +1,4 @@
+# ruff: noqa: F401
 """vllm_npu.ops.moe: FusedMoE for Ascend NPUs (gating, token permutation, grouped matmul, expert parallelism).
 
 Import-light: exports load on first access. The layer classes (``AscendFusedMoE``, ``AscendSharedFusedMoE``) live

@@ -21,7 +21,6 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
-
 from vllm_npu.interface import ConfigError, Kernel, KernelBackend
 
 ExpertsFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]

@@ -18,7 +18,6 @@ from dataclasses import dataclass
 from typing import Optional, Union
 
 import torch
-
 from vllm_npu.interface import ConfigError, KernelBackend
 
 from .comm import AllToAll, AllToAllDispatcher, LocalDispatcher

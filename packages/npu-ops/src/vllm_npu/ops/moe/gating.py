@@ -28,7 +28,6 @@ from dataclasses import dataclass
 from typing import Optional
 
 import torch
-
 from vllm_npu.interface import ConfigError, Kernel, KernelBackend
 
 GateOutput = tuple[torch.Tensor, torch.Tensor]

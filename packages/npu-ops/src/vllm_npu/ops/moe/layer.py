@@ -18,12 +18,12 @@ all-reduce) is vLLM's.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Optional, Union
+from collections.abc import Callable
+from typing import Any, Optional, Union
 
 import torch
 from vllm.model_executor.layers.fused_moe.layer import FusedMoE, UnquantizedFusedMoEMethod, determine_expert_map
 from vllm.model_executor.layers.shared_fused_moe.shared_fused_moe import SharedFusedMoE
-
 from vllm_npu.interface import ConfigError, get_logger
 
 from .comm import AllToAll, coordinator_all_to_all

@@ -25,7 +25,6 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
-
 from vllm_npu.interface import Kernel
 
 RoutingOutput = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
