@@ -16,8 +16,13 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-#: Where CANN lives when no environment variable says so (toolkit <= 8.3 layout, then the 8.5 layout).
-CANN_DEFAULT_HOMES = ("/usr/local/Ascend/ascend-toolkit/latest", "/usr/local/Ascend/cann")
+#: Where CANN lives when no environment variable says so (toolkit <= 8.3 layout, then the 8.5 layout). The same
+#: directories make the device probe (vllm_npu.interface.device) count CANN as installed.
+CANN_DEFAULT_HOMES = (
+    "/usr/local/Ascend/ascend-toolkit/latest",
+    "/usr/local/Ascend/ascend-toolkit",
+    "/usr/local/Ascend/cann",
+)
 #: The variables CANN's set_env.sh exports, most specific first.
 CANN_HOME_VARS = ("ASCEND_TOOLKIT_HOME", "ASCEND_HOME_PATH")
 AUTOLOAD_VAR = "TORCH_DEVICE_BACKEND_AUTOLOAD"
