@@ -65,6 +65,19 @@ def test_block_size_128_latent_cache(llm):
     assert info["block_size"] == 128 and info["kv_cache_shape"][1:] == (128, 16 + 8)
 
 
+def _fused_flags(worker) -> list[bool]:
+    from vllm.model_executor.layers.mla import MultiHeadLatentAttention
+
+    model = worker.model_runner.get_model()
+    return [m.fused_cache_write for m in model.modules() if isinstance(m, MultiHeadLatentAttention)]
+
+
+def test_fused_write_with_yarn_rope(llm):
+    # DeepSeek's YaRN rope (mscale folded into cos/sin) still goes through the fused norm + rope + write kernel.
+    (flags,) = llm.collective_rpc(_fused_flags)
+    assert flags == [True, True]
+
+
 def test_greedy_matches_hf(llm, tiny_model):
     # 200 tokens: 4 prefill chunks of <= 64 tokens crossing the first 128-token block, plus short requests decoding.
     prompts = make_prompts([2, 17, 200], seed=21)

@@ -232,6 +232,18 @@ def test_cache_holds_every_new_token_and_padding_is_skipped() -> None:
     assert not (nope[0] != 0).any() and not (rope[0] != 0).any()
 
 
+def test_impl_leaves_the_cache_to_a_layer_that_writes_it() -> None:
+    """With ``layer_writes_cache`` (the fused MLA layer wrote kv_c/k_pe already) the impl must not write again."""
+    s = make_scenario([(10, 1), (4, 12)], 16, seed=8)
+    q, kv_c, k_pe, _, common = step_inputs(s)
+    meta = make_builder(s).build(0, common)
+    impl = make_impl(s)
+    impl.layer_writes_cache = True
+    before = s.kv_cache.clone()
+    impl.forward(None, q, kv_c, k_pe, s.kv_cache, meta, output=torch.zeros(q.shape[0], s.dims.N * s.dims.V))
+    assert torch.equal(s.kv_cache, before)
+
+
 def test_chunking_does_not_change_the_result() -> None:
     s = make_scenario([(200, 30), (77, 3)], 16, seed=6)
     one, m1 = run_backend(s, chunk_tokens=10_000)

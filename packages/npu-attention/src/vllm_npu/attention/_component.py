@@ -11,6 +11,8 @@ COMPONENT = Component(
     interface=">=1.0,<2",
     vllm=">=0.11.0,<0.12",
     summary="attention backends (Ascend GQA, MLA, SFA), metadata builders, masks, KV-cache ops",
+    on_load="vllm_npu.attention._hooks:on_load",
+    on_worker_init="vllm_npu.attention._hooks:on_worker_init",
 )
 
 # What vLLM's `vllm.general_plugins` loader calls (entry point `npu_attention`).

@@ -243,6 +243,9 @@ class AscendMLAImpl(MLACommonBaseImpl[AscendMLAMetadata]):
         self._decode = MLA_DECODE.select()
         self._ring = RING_MLA.select()
         self._ring_mask: torch.Tensor | None = None
+        # True when the MLA layer writes the latent cache itself with the fused k-norm + rope + write kernel
+        # (vllm_npu.attention.ops.mla_layer.AscendMultiHeadLatentAttention sets it once, at construction).
+        self.layer_writes_cache = False
 
     def forward(
         self,
@@ -269,7 +272,8 @@ class AscendMLAImpl(MLACommonBaseImpl[AscendMLAMetadata]):
         kv_c = k_c_normed[:n]
         k_pe = k_pe[:n].reshape(n, self.qk_rope_head_dim)
         nope, rope = latent_cache_planes(kv_cache, self.kv_lora_rank, self.qk_rope_head_dim)
-        self._write(kv_c, k_pe, nope, rope, attn_metadata.slot_mapping[:n])
+        if not self.layer_writes_cache:
+            self._write(kv_c, k_pe, nope, rope, attn_metadata.slot_mapping[:n])
 
         if attn_metadata.prefill is not None:
             out = self._forward_prefill(q[nd:], kv_c[nd:], k_pe[nd:], nope, rope, attn_metadata.prefill)

@@ -1,0 +1,110 @@
+"""``MultiHeadLatentAttention`` override: the k-norm, k rope and latent-cache write in one fused kernel.
+
+vLLM's ``MultiHeadLatentAttention.forward_native`` normalises the latent (``kv_a_layernorm``), rotates ``k_pe`` and
+``q_pe`` (GPT-J style, in place) and hands them to the attention layer, whose impl then writes the cache. On Ascend
+the norm, the rope of ``k_pe`` and the write are one kernel (``npu_kv_rmsnorm_rope_cache``), so this override:
+
+1. projects q and the raw ``kv_a_proj`` output exactly like vLLM;
+2. rotates ``q_pe`` with the interleave-rope kernel and writes ``kv_c`` / ``k_pe`` through the fused kernel
+   (:data:`~.mla_cache.KV_RMSNORM_ROPE_CACHE`), both taking cos/sin of the layer's own rotary embedding;
+3. calls the attention layer with the normalised latent and rotated ``k_pe``; its impl was told at construction that
+   the layer writes the cache (:attr:`AscendMLAImpl.layer_writes_cache`).
+
+The interleave rope leaves the rope channels de-interleaved (NeoX order) in both q and k: every q.k product is the
+one of vLLM's GPT-J rotation. cos/sin come from ``rotary_emb.cos_sin_cache`` (every vLLM rotary embedding has it,
+DeepSeek's YaRN mscale included), read inside the layer that owns it: the metadata builder stays model-free.
+
+Falls back to vLLM's ``forward_native`` whenever the fusion does not apply: sparse (DeepSeek-V3.2) layers, a NeoX
+rope, partial rotary, a biased norm, or an attention backend other than :class:`AscendMLABackend`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from vllm.forward_context import get_forward_context
+from vllm.model_executor.layers.mla import MultiHeadLatentAttention
+
+from vllm_npu.interface.device import Kernel
+
+from .mla_cache import KV_RMSNORM_ROPE_CACHE, interleave_rope_reference, latent_cache_planes
+
+
+def interleave_rope_npu(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """NPU twin of :func:`~.mla_cache.interleave_rope_reference` for ``x [T, N, R]``, ``cos``/``sin`` ``[T, 1, R]``
+    (``torch_npu.npu_interleave_rope`` on ``[T, N, 1, R]``; documented by its meta registration)."""
+    import torch_npu
+
+    T, N, R = x.shape
+    out = torch_npu.npu_interleave_rope(x.reshape(T, N, 1, R).contiguous(), cos.reshape(T, 1, 1, R), sin.reshape(T, 1, 1, R))
+    return out.view(T, N, R)
+
+
+INTERLEAVE_ROPE = Kernel("interleave_rope", npu=interleave_rope_npu, reference=interleave_rope_reference)
+
+
+def _fusable(layer: MultiHeadLatentAttention) -> bool:
+    from ..backends.mla import AscendMLAImpl
+
+    rope = layer.rotary_emb
+    norm = layer.kv_a_layernorm
+    return (
+        not layer.is_sparse
+        and isinstance(getattr(layer.mla_attn, "impl", None), AscendMLAImpl)
+        and isinstance(getattr(rope, "cos_sin_cache", None), torch.Tensor)
+        and getattr(rope, "is_neox_style", True) is False
+        and getattr(rope, "rotary_dim", None) == layer.qk_rope_head_dim
+        and isinstance(getattr(norm, "weight", None), torch.Tensor)
+        and getattr(norm, "bias", None) is None
+        and hasattr(norm, "variance_epsilon")
+    )
+
+
+class AscendMultiHeadLatentAttention(MultiHeadLatentAttention):
+    """Registered for vLLM's ``MultiHeadLatentAttention`` (``CustomOp.register_oot``, by the attention layer's hooks)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.fused_cache_write = _fusable(self)
+        if self.fused_cache_write:
+            self.mla_attn.impl.layer_writes_cache = True
+            self._rope = INTERLEAVE_ROPE.select()
+            self._norm_rope_write = KV_RMSNORM_ROPE_CACHE.select()
+
+    def forward_oot(self, positions: torch.Tensor, hidden_states: torch.Tensor) -> torch.Tensor:
+        if not self.fused_cache_write:
+            return self.forward_native(positions, hidden_states)
+        ctx = get_forward_context()
+        meta = ctx.attn_metadata
+        if isinstance(meta, dict):
+            meta = meta.get(self.mla_attn.layer_name)
+        if meta is None:  # profile / dummy run: no cache to write, the impl zero-fills
+            return self.forward_native(positions, hidden_states)
+
+        if self.q_lora_rank is not None:
+            q_c, kv_lora = self.fused_qkv_a_proj(hidden_states)[0].split(
+                [self.q_lora_rank, self.kv_lora_rank + self.qk_rope_head_dim], dim=-1
+            )
+            q = self.q_b_proj(self.q_a_layernorm(q_c))[0]
+        else:
+            kv_lora = self.kv_a_proj_with_mqa(hidden_states)[0]
+            q = self.q_proj(hidden_states)[0]
+        T = hidden_states.shape[0]
+        q = q.view(T, self.num_heads, self.qk_head_dim)
+
+        half = self.rotary_emb.cos_sin_cache.index_select(0, positions.long()).to(q.dtype)
+        cos, sin = half.chunk(2, dim=-1)
+        cos, sin = torch.cat((cos, cos), dim=-1), torch.cat((sin, sin), dim=-1)  # [T, R] full width
+        q = torch.cat((q[..., : self.qk_nope_head_dim], self._rope(q[..., self.qk_nope_head_dim :], cos[:, None], sin[:, None])), dim=-1)
+
+        n = meta.num_actual_tokens
+        nope, rope = latent_cache_planes(
+            self.mla_attn.kv_cache[ctx.virtual_engine], self.kv_lora_rank, self.qk_rope_head_dim
+        )
+        k_pe, kv_c = self._norm_rope_write(
+            kv_lora[:n].contiguous(), self.kv_a_layernorm.weight, cos[:n], sin[:n], meta.slot_mapping[:n], nope, rope,
+            self.kv_a_layernorm.variance_epsilon,
+        )  # fmt: skip
+        attn_out = self.mla_attn(q, kv_c, k_pe.unsqueeze(1), output_shape=(T, self.num_heads * self.v_head_dim))
+        return self.o_proj(attn_out)[0]
