@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 from vllm_npu.interface import INTERFACE_VERSION, distribution_version
-from vllm_npu.platform.cli._host import _parse_version_file, find_cann
+from vllm_npu.platform.cli._host import _parse_version_file, find_cann, torch_state
 
 IN_TREE = {"attention", "models", "ops", "patches", "platform", "quant"}
 _CLEAN = ("VLLM_NPU_", "VLLM_PLUGINS", "ASCEND_", "TORCH_DEVICE_BACKEND_AUTOLOAD", "PYTHONPATH")
@@ -87,6 +87,18 @@ def test_healthy_dev_env() -> None:
     assert device["requested"] == "auto" and device["mode"] is None
     assert "VLLM_NPU_DEVICE=auto" in device["reason"] and "VLLM_NPU_DEVICE=emulated" in device["reason"]
     assert report["vllm_plugins"]["value"] is None
+    assert report["config"] == {"VLLM_NPU_DEVICE": "auto", "VLLM_NPU_EMULATED_KV_CACHE_GB": 0.5,
+                                "VLLM_NPU_PATCHES": "all"}
+
+
+def test_torch_autoload_follows_torch_rule() -> None:
+    """torch auto-loads backends iff TORCH_DEVICE_BACKEND_AUTOLOAD is "1" (its default); "true" turns it off."""
+    assert torch_state({}).autoload
+    assert torch_state({"TORCH_DEVICE_BACKEND_AUTOLOAD": "1"}).autoload
+    assert not torch_state({"TORCH_DEVICE_BACKEND_AUTOLOAD": "0"}).autoload
+    assert not torch_state({"TORCH_DEVICE_BACKEND_AUTOLOAD": "true"}).autoload
+    state = torch_state({})
+    assert state.torch == "2.8.0" and state.torch_npu is None
 
 
 def test_text_report() -> None:

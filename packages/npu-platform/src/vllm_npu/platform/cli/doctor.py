@@ -127,8 +127,10 @@ def collect() -> dict[str, Any]:
         if environ.get(var) and not os.path.isdir(environ[var]):
             warnings.append(f"{var}={environ[var]!r} is not a directory")
 
+    config: dict[str, Any] | None = None
     try:
-        EnvConfig.from_environ(environ)
+        env_config = EnvConfig.from_environ(environ)
+        config = {f"VLLM_NPU_{key}": value for key, value in env_config.model_dump().items()}
     except ConfigError as exc:
         errors.append(str(exc))
     device: dict[str, Any]
@@ -217,6 +219,7 @@ def collect() -> dict[str, Any]:
             "import_torch_breaks": torch.import_torch_breaks(cann),
         },
         "device": device,
+        "config": config,
         "components": components,
         "missing": missing,
         "full_install": 'pip install "npu-platform[all]"' if missing else None,
