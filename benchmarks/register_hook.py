@@ -21,7 +21,10 @@ for ``VLLM_NPU_DEVICE`` unset (a CPU host: the hook declines) and ``emulated`` (
 Our modules' bytecode is written by a warm-up run first, as any pip/uv install does (``--no-pyc`` measures
 compiling from source instead, e.g. an editable install with ``PYTHONDONTWRITEBYTECODE=1``).
 
-Usage: python benchmarks/register_hook.py [--runs 21] [--target-ms 20] [--vllm] [--no-pyc] [--json]
+``--python`` runs the samples with another interpreter, e.g. a venv holding our wheels (one ``site-packages``
+directory instead of the dev env's eight editable ``src`` directories that the ``vllm_npu`` namespace spans).
+
+Usage: python benchmarks/register_hook.py [--runs 21] [--target-ms 20] [--vllm] [--no-pyc] [--python PY] [--json]
 """
 
 from __future__ import annotations
@@ -59,7 +62,7 @@ print("@@" + json.dumps({{"import": t1 - t0, "cold": t2 - t0, "warm": t3 - t2, "
 SETTINGS = {"unset": None, "emulated": "emulated"}
 
 
-def sample(context: str, device: str | None, pyc: bool) -> dict:
+def sample(context: str, device: str | None, pyc: bool, python: str = sys.executable) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("VLLM_NPU_", "VLLM_PLUGINS"))}
     env.pop("PYTHONDONTWRITEBYTECODE", None)
     if not pyc:
@@ -68,7 +71,7 @@ def sample(context: str, device: str | None, pyc: bool) -> dict:
         env["VLLM_NPU_DEVICE"] = device
     code = _SAMPLE.format(preload=PRELOAD[context])
     flags = [] if pyc else ["-B"]
-    out = subprocess.run([sys.executable, *flags, "-c", code], env=env, capture_output=True, text=True, check=True)
+    out = subprocess.run([python, *flags, "-c", code], env=env, capture_output=True, text=True, check=True)
     return json.loads(out.stdout.rpartition("@@")[2])
 
 
@@ -76,12 +79,12 @@ def _stats(values: list[float]) -> dict[str, float]:
     return {"median": statistics.median(values) * 1e3, "min": min(values) * 1e3, "max": max(values) * 1e3}
 
 
-def measure(contexts: list[str], runs: int, pyc: bool) -> dict[str, dict[str, dict]]:
+def measure(contexts: list[str], runs: int, pyc: bool, python: str = sys.executable) -> dict[str, dict[str, dict]]:
     results: dict[str, dict[str, dict]] = {}
     for context in contexts:
         for label, device in SETTINGS.items():
-            sample(context, device, pyc)  # warm-up: OS file cache, and our .pyc files unless --no-pyc
-            samples = [sample(context, device, pyc) for _ in range(runs)]
+            sample(context, device, pyc, python)  # warm-up: OS file cache, and our .pyc files unless --no-pyc
+            samples = [sample(context, device, pyc, python) for _ in range(runs)]
             results.setdefault(context, {})[label] = {
                 "result": samples[0]["result"],
                 **{f"{key}_ms": _stats([s[key] for s in samples]) for key in ("import", "cold", "warm", "cpu")},
@@ -95,21 +98,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--target-ms", type=float, default=20.0, help="budget for the median cold cost (default 20)")
     parser.add_argument("--vllm", action="store_true", help="also measure after really importing vLLM (slow)")
     parser.add_argument("--no-pyc", action="store_true", help="compile our modules from source in every sample")
+    parser.add_argument("--python", default=sys.executable, help="interpreter to measure (default: this one)")
     parser.add_argument("--json", action="store_true", help="print the numbers as JSON")
     args = parser.parse_args(argv)
 
     contexts = ["in-vllm", "bare"] + (["vllm"] if args.vllm else [])
-    results = measure(contexts, args.runs, pyc=not args.no_pyc)
+    results = measure(contexts, args.runs, pyc=not args.no_pyc, python=args.python)
     judged = max(r["cold_ms"]["median"] for r in results["in-vllm"].values())
     passed = judged <= args.target_ms
     load = os.getloadavg() if hasattr(os, "getloadavg") else None
     if args.json:
         print(json.dumps({"runs": args.runs, "target_ms": args.target_ms, "pass": passed, "loadavg": load,
+                          "python": args.python,
                           "pyc": not args.no_pyc, "contexts": results}, indent=2))
     else:
         print(f"vllm_npu.platform:register: median over {args.runs} fresh interpreters (min..max), "
               f"bytecode {'cached' if not args.no_pyc else 'compiled from source'}, "
-              f"load average {' '.join(f'{x:.1f}' for x in load) if load else '?'} on {os.cpu_count()} CPUs")
+              f"load average {' '.join(f'{x:.1f}' for x in load) if load else '?'} on {os.cpu_count()} CPUs, "
+              f"python {args.python}")
         for context, settings in results.items():
             for label, r in settings.items():
                 print(f"  [{context}] VLLM_NPU_DEVICE={label:<9} -> {r['result']}")
