@@ -175,29 +175,18 @@ class AscendW8A8DynamicFusedMoEMethod(FusedMoEMethodBase):
         self._build(layer)
 
     def _build(self, layer: torch.nn.Module) -> None:
-        """Choose every kernel once: npu-ops' plan (gate, dispatcher, activation) plus our quantized experts."""
-        try:
-            from vllm_npu.ops.moe.forward import build_moe_plan
-            from vllm_npu.ops.moe.gating import RoutingConfig
-        except ImportError:
-            require("ops", "W8A8_DYNAMIC MoE experts run inside npu-ops' MoE forward")
-            raise
-        routing = RoutingConfig(
-            top_k=layer.top_k,
-            renormalize=layer.renormalize,
-            use_grouped_topk=layer.use_grouped_topk,
-            num_expert_group=layer.num_expert_group,
-            topk_group=layer.topk_group,
-            scoring_func=layer.scoring_func,
-            routed_scaling_factor=layer.routed_scaling_factor,
-            has_correction_bias=layer.e_score_correction_bias is not None,
-            custom_routing_function=layer.custom_routing_function,
-        )
-        self._plan = build_moe_plan(
-            routing, layer.global_num_experts, act_dtype=layer.moe_config.in_dtype, activation=layer.activation,
-            expert_map=layer.expert_map, apply_router_weight_on_input=layer.apply_router_weight_on_input,
-        )
-        self._experts = W8A8DynamicExperts(layer, self._plan.activation)
+        """Choose every kernel once: npu-ops' plan (gate, dispatcher, activation; ``layer.moe_plan`` when the layer
+        is npu-ops' AscendFusedMoE, else built the same way) plus our quantized experts."""
+        plan = getattr(layer, "moe_plan", None)
+        if plan is None:
+            try:
+                from vllm_npu.ops.moe.layer import build_layer_plan
+            except ImportError:
+                require("ops", "W8A8_DYNAMIC MoE experts run inside npu-ops' MoE forward")
+                raise
+            plan = build_layer_plan(layer)
+        self._plan = plan
+        self._experts = W8A8DynamicExperts(layer, plan.activation)
 
     # --- forward ----------------------------------------------------------------------------------------------------
     def get_fused_moe_quant_config(self, layer: torch.nn.Module) -> None:
