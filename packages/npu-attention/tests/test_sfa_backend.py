@@ -158,3 +158,63 @@ def test_declarations() -> None:
     assert AscendSFABackend.get_impl_cls() is AscendSFAImpl
     assert AscendSFAIndexerBackend.get_kv_cache_shape(7, 16, 1, 128) == (7, 16, 128)
     assert math.prod(AscendSFABackend.get_kv_cache_shape(7, 16, 1, 576)) == 7 * 16 * 576
+
+
+def test_ascend_indexer_forward_follows_vllm_indexer_math() -> None:
+    """``ascend_indexer_forward`` = vLLM 0.11's Indexer.forward (rope channels first, GPT-J rope, weights scaled by
+    softmax_scale / sqrt(H)) in the model dtype, then the lightning indexer; checked against a hand-written loop."""
+    from vllm.forward_context import ForwardContext, override_forward_context
+    from vllm.model_executor.layers.rotary_embedding.common import apply_rotary_emb_torch
+    from vllm_npu.attention.backends.sfa import AscendIndexerCache, ascend_indexer_forward
+
+    torch.manual_seed(5)
+    hidden, q_lora, H, D, rope_dim, bs = 24, 12, 2, 8, 4, 16
+
+    class Lin(torch.nn.Linear):
+        def forward(self, x):  # vLLM linear layers return (output, bias)
+            return super().forward(x), None
+
+    inv_freq = 1.0 / (10000.0 ** (torch.arange(0, rope_dim, 2).float() / rope_dim))
+
+    def rotary_emb(positions, q, k):  # vLLM's DeepSeek rope: GPT-J style on [T, heads, rope_dim]
+        f = positions.float()[:, None] * inv_freq[None, :]
+        return apply_rotary_emb_torch(q, f.cos(), f.sin(), False), apply_rotary_emb_torch(k, f.cos(), f.sin(), False)
+
+    cache_layer = AscendIndexerCache.__new__(AscendIndexerCache)  # no vLLM config here: fill the fields directly
+    torch.nn.Module.__init__(cache_layer)
+    cache_layer.prefix, cache_layer.kv_cache = "layers.0.indexer.k_cache", [torch.zeros(4, bs, D)]
+    indexer = SimpleNamespace(
+        wq_b=Lin(q_lora, H * D, bias=False), wk=Lin(hidden, D, bias=False), k_norm=torch.nn.LayerNorm(D),
+        weights_proj=Lin(hidden, H, bias=False), n_head=H, head_dim=D, rope_dim=rope_dim, softmax_scale=D**-0.5,
+        k_cache=cache_layer, topk_indices_buffer=torch.full((8, 4), 99, dtype=torch.int32),
+    )  # fmt: skip
+    # one request, 3 cached tokens (written earlier) + 3 new ones at positions 3..5, blocks [2]
+    x_all, qr_all = torch.randn(6, hidden), torch.randn(6, q_lora)
+    pos_all = torch.arange(6)
+    with torch.no_grad():
+        k_all = indexer.k_norm(indexer.wk(x_all)[0])
+        kp, kn = k_all.split([rope_dim, D - rope_dim], -1)
+        k_all = torch.cat([rotary_emb(pos_all, kp.unsqueeze(1), kp.unsqueeze(1))[1].squeeze(1), kn], -1)
+        cache_layer.kv_cache[0][2, :3] = k_all[:3]
+
+        meta = SimpleNamespace(
+            num_actual_tokens=3, slot_mapping=torch.tensor([2 * bs + 3, 2 * bs + 4, 2 * bs + 5]),
+            block_table=torch.tensor([[2]], dtype=torch.int32), query_start_loc_list=[0, 3], seq_lens_list=[6],
+        )  # fmt: skip
+        ctx = ForwardContext(no_compile_layers={}, attn_metadata={cache_layer.prefix: meta}, virtual_engine=0)
+        with override_forward_context(ctx):
+            out = ascend_indexer_forward(indexer, x_all[3:], qr_all[3:], pos_all[3:], rotary_emb, AscendLightningIndexer(4))
+
+        torch.testing.assert_close(cache_layer.kv_cache[0][2, :6], k_all)
+        q = indexer.wq_b(qr_all[3:])[0].view(3, H, D)
+        qp, qn = q.split([rope_dim, D - rope_dim], -1)
+        q = torch.cat([rotary_emb(pos_all[3:], qp, qp)[0], qn], -1)
+        w = indexer.weights_proj(x_all[3:])[0] * D**-0.5 * H**-0.5
+        for t in range(3):
+            p = 3 + t
+            score = torch.stack([(w[t] * (q[t] @ k_all[j]).relu()).sum() for j in range(p + 1)])
+            chosen = set(out[t][out[t] >= 0].tolist())
+            assert len(chosen) == min(4, p + 1)
+            rest = [float(score[j]) for j in range(p + 1) if j not in chosen]
+            assert not rest or min(float(score[j]) for j in chosen) >= max(rest) - 1e-5
+        assert torch.all(out[3:] == 99)

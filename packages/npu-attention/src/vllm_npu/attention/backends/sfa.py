@@ -15,10 +15,10 @@ How vLLM 0.11 drives it (``vllm/model_executor/models/deepseek_v2.py``, ``vllm/m
 
 vLLM's own indexer path is CUDA-only (fp8 keys, DeepGEMM logits, ``topk_indices_buffer`` allocated on "cuda",
 ``DeepseekV32IndexerBackend``'s builder queries CUDA device properties). On Ascend the indexer keys stay in the model
-dtype, so the model's indexer must be overridden (npu-models) to: allocate its cache layer with
-:class:`AscendSFAIndexerBackend` and a ``[nb, bs, index_head_dim]`` model-dtype spec, and call
-:class:`AscendLightningIndexer` instead of ``torch.ops.vllm.sparse_attn_indexer``. This module provides those pieces;
-it never reaches into the model itself.
+dtype, so a DeepSeek-V3.2 model override (npu-models) must: allocate ``topk_indices_buffer`` on the current device,
+give each ``Indexer`` an :class:`AscendIndexerCache` (a ``[nb, bs, index_head_dim]`` model-dtype spec served by
+:class:`AscendSFAIndexerBackend`) and run :func:`ascend_indexer_forward` (ending in :class:`AscendLightningIndexer`)
+instead of ``Indexer.forward``. This module provides those pieces; it never reaches into the model itself.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from typing import Any, ClassVar, Optional
 
 import torch
 from vllm.attention.backends.abstract import AttentionBackend, AttentionLayer
+from vllm.model_executor.layers.attention_layer_base import AttentionLayerBase
 from vllm.v1.attention.backends.mla.common import MLACommonBaseImpl
 from vllm.v1.attention.backends.utils import AttentionCGSupport, AttentionMetadataBuilder, CommonAttentionMetadata
 from vllm.v1.kv_cache_interface import AttentionSpec
@@ -229,3 +230,69 @@ class AscendLightningIndexer:
             attn_metadata.query_start_loc_list, attn_metadata.seq_lens_list, self.topk_tokens,
         )  # fmt: skip
         return topk_indices_buffer
+
+
+# --- model-side pieces for a DeepSeek-V3.2 override (npu-models wires them in; see the module docstring) ----------
+
+
+class AscendIndexerCache(torch.nn.Module, AttentionLayerBase):
+    """Drop-in for vLLM's ``DeepseekV32IndexerCache``: the indexer keys in the model dtype, ``[nb, bs, head_dim]``,
+    served by :class:`AscendSFAIndexerBackend` (vLLM's stores fp8 values + fp32 scales and needs CUDA)."""
+
+    def __init__(self, head_dim: int, dtype: torch.dtype, prefix: str, cache_config: Any) -> None:
+        super().__init__()
+        from vllm.config import get_current_vllm_config
+
+        self.kv_cache = [torch.tensor([])]
+        self.head_dim = head_dim
+        self.dtype = dtype
+        self.prefix = prefix
+        self.cache_config = cache_config
+        ctx = get_current_vllm_config().compilation_config.static_forward_context
+        if prefix in ctx:
+            raise ValueError(f"Duplicate layer name: {prefix}")
+        ctx[prefix] = self
+
+    def get_kv_cache_spec(self) -> Any:
+        from vllm.v1.kv_cache_interface import MLAAttentionSpec
+
+        return MLAAttentionSpec(
+            block_size=self.cache_config.block_size, num_kv_heads=1, head_size=self.head_dim, dtype=self.dtype
+        )
+
+    def get_attn_backend(self) -> type[AttentionBackend]:
+        return AscendSFAIndexerBackend
+
+    def forward(self) -> None:  # the cache is read and written by AscendLightningIndexer
+        return None
+
+
+def ascend_indexer_forward(
+    indexer: Any,
+    hidden_states: torch.Tensor,
+    qr: torch.Tensor,
+    positions: torch.Tensor,
+    rotary_emb: Any,
+    lightning: AscendLightningIndexer,
+) -> torch.Tensor:
+    """vLLM 0.11's ``Indexer.forward`` in the model dtype (no fp8), ending in :class:`AscendLightningIndexer`.
+
+    Uses the indexer's own modules and fields exactly as vLLM does (``wq_b``, ``wk``, ``k_norm``, ``weights_proj``,
+    ``n_head``, ``head_dim``, ``rope_dim`` with the rope channels first, ``softmax_scale``, ``k_cache`` -- an
+    :class:`AscendIndexerCache` -- and ``topk_indices_buffer``). Returns the filled ``topk_indices_buffer``.
+    """
+    from vllm.forward_context import get_forward_context
+
+    q = indexer.wq_b(qr)[0].view(-1, indexer.n_head, indexer.head_dim)
+    q_pe, q_nope = torch.split(q, [indexer.rope_dim, indexer.head_dim - indexer.rope_dim], dim=-1)
+    k = indexer.k_norm(indexer.wk(hidden_states)[0])
+    k_pe, k_nope = torch.split(k, [indexer.rope_dim, indexer.head_dim - indexer.rope_dim], dim=-1)
+    q_pe, k_pe = rotary_emb(positions, q_pe, k_pe.unsqueeze(1))
+    q = torch.cat([q_pe, q_nope], dim=-1)
+    k = torch.cat([k_pe.squeeze(1), k_nope], dim=-1)
+    weights = indexer.weights_proj(hidden_states)[0] * (indexer.softmax_scale * indexer.n_head**-0.5)
+
+    meta = get_forward_context().attn_metadata
+    if isinstance(meta, dict):
+        meta = meta.get(indexer.k_cache.prefix)
+    return lightning(q, k, weights, indexer.k_cache.kv_cache[0], meta, indexer.topk_indices_buffer)
