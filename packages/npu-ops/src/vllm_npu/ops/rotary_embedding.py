@@ -17,6 +17,7 @@ from collections.abc import Callable
 from typing import Any, Optional
 
 import torch
+from vllm import forward_context as _vllm_forward_context
 from vllm.model_executor.layers.rotary_embedding.base import RotaryEmbedding
 from vllm.model_executor.layers.rotary_embedding.deepseek_scaling_rope import DeepseekScalingRotaryEmbedding
 from vllm.model_executor.layers.rotary_embedding.yarn_scaling_rope import YaRNScalingRotaryEmbedding
@@ -48,9 +49,7 @@ ROTARY_MUL = Kernel("rotary_mul", npu=rotary_mul_npu, reference=rotary_mul_refer
 
 
 def _current_forward_context() -> Any:
-    from vllm import forward_context
-
-    return forward_context._forward_context
+    return _vllm_forward_context._forward_context
 
 
 def _version(t: torch.Tensor) -> Optional[int]:
@@ -77,7 +76,9 @@ class PerForwardCosSin:
         self._value: Any = None
         self.computed = 0  # how many times cos/sin were gathered (for tests and benchmarks)
 
-    def get(self, positions: torch.Tensor, compute: Callable[[torch.Tensor], Any]) -> Any:
+    def get(self, positions: torch.Tensor, like: torch.Tensor,
+            compute: Callable[[torch.Tensor, torch.Tensor], Any]) -> Any:
+        """cos/sin for ``positions`` (``compute(positions, like)`` on a miss; ``like`` gives device and dtype)."""
         ctx = _current_forward_context()
         ver = _version(positions)
         if (
@@ -87,16 +88,19 @@ class PerForwardCosSin:
             and (ver is not None or ctx is not None)
         ):
             return self._value
-        value = compute(positions)
+        value = compute(positions, like)
         self._positions, self._version, self._ctx, self._value = positions, ver, ctx, value
         self.computed += 1
         return value
 
 
-def gather_cos_sin(cache: torch.Tensor, positions: torch.Tensor, is_neox: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """``cache [P, R]`` (cos | sin halves), ``positions [T]`` -> cos, sin ``[1, T, 1, R]`` in the kernel layout."""
-    cos, sin = cache.index_select(0, positions.flatten()).chunk(2, dim=-1)
-    return expand_cos_sin(cos, sin, is_neox)
+def full_width_tables(cache: torch.Tensor, is_neox: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """``cache [P, R]`` (cos | sin halves) -> contiguous full-width cos and sin tables ``[P, R]`` in the kernel's
+    order (halves repeated for NeoX, interleaved for GPT-J), so a forward gathers each with one index_select."""
+    cos, sin = cache.chunk(2, dim=-1)
+    if is_neox:
+        return torch.cat((cos, cos), dim=-1), torch.cat((sin, sin), dim=-1)
+    return cos.repeat_interleave(2, dim=-1), sin.repeat_interleave(2, dim=-1)
 
 
 def expand_cos_sin(cos: torch.Tensor, sin: torch.Tensor, is_neox: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -123,10 +127,18 @@ class _NPURopeMixin:
         self._rotary_mul = ROTARY_MUL.select()
         self._mode = "half" if self.is_neox_style else "interleave"
         self._cos_sin = PerForwardCosSin()
+        self._tables_src: Optional[torch.Tensor] = None
+        self._tables: tuple[torch.Tensor, torch.Tensor] = (torch.empty(0), torch.empty(0))
 
     def _compute_cos_sin(self, positions: torch.Tensor, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         self._match_cos_sin_cache_dtype(like)  # type: ignore[attr-defined]
-        return gather_cos_sin(self.cos_sin_cache, positions, self.is_neox_style)
+        if self._tables_src is not self.cos_sin_cache:  # first use, or the cache moved to another device/dtype
+            self._tables = full_width_tables(self.cos_sin_cache, self.is_neox_style)
+            self._tables_src = self.cos_sin_cache
+        flat = positions.flatten()
+        t = flat.shape[0]
+        cos_t, sin_t = self._tables
+        return cos_t.index_select(0, flat).view(1, t, 1, -1), sin_t.index_select(0, flat).view(1, t, 1, -1)
 
     def _rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         shape = x.shape
@@ -139,7 +151,7 @@ class _NPURopeMixin:
     def _rope_forward(
         self, positions: torch.Tensor, query: torch.Tensor, key: Optional[torch.Tensor]
     ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
-        cos, sin = self._cos_sin.get(positions, lambda p: self._compute_cos_sin(p, query))
+        cos, sin = self._cos_sin.get(positions, query, self._compute_cos_sin)
         return self._rotate(query, cos, sin), (None if key is None else self._rotate(key, cos, sin))
 
 
