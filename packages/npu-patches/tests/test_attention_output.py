@@ -14,7 +14,6 @@ import pytest
 import torch
 import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
-
 from vllm_npu.patches import PatchRegistry
 from vllm_npu.patches.sets import ATTENTION_OUTPUT_EMPTY
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from vllm_npu.interface.versions import distribution_version
 from vllm_npu.patches import PatchRegistry, PatchStatus, fingerprint_path, get_registry
 from vllm_npu.patches._model import resolve

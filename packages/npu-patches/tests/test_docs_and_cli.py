@@ -5,7 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
 from vllm_npu.patches import get_registry
 from vllm_npu.patches._docs import render_markdown
 from vllm_npu.patches.cli import main

@@ -5,11 +5,10 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import pytest
-
 from vllm_npu.interface.component import HookContext, Scope
 from vllm_npu.interface.device import DeviceMode
 from vllm_npu.interface.errors import ConfigError
-from vllm_npu.patches import PatchStatus, get_registry, patch_status, revert_patches
+from vllm_npu.patches import PatchStatus, get_registry, patch_report, patch_status, revert_patches
 from vllm_npu.patches._hooks import on_load, on_worker_init
 
 pytestmark = pytest.mark.usefixtures("vllm_unpatched")
@@ -33,6 +32,11 @@ def test_worker_hook_applies_worker_patches_and_reads_additional_config(monkeypa
         assert ops.apply_repetition_penalties.__vllm_npu_patch__ == "repetition-penalty-torch"
         assert status["attention-output-empty"] == (
             PatchStatus.DISABLED, "disabled by --additional-config npu.disabled_patches")
+        report = patch_report(object())  # what llm.collective_rpc(patch_report) returns per worker
+        assert report["repetition-penalty-torch"]["installed"] is True
+        assert report["attention-output-empty"] == {
+            "status": "disabled", "reason": "disabled by --additional-config npu.disabled_patches",
+            "target": "vllm.attention.layer.Attention.forward", "scope": "worker", "installed": False}
     finally:
         revert_patches(ids=["repetition-penalty-torch"])
     assert not hasattr(ops.apply_repetition_penalties, "__vllm_npu_patch__")

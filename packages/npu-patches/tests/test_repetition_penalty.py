@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from vllm_npu.patches import PatchRegistry
 from vllm_npu.patches.sets import REPETITION_PENALTY_TORCH
 

@@ -30,6 +30,7 @@ _EXPORTS: dict[str, str] = {
     "apply_patches": "._registry:apply_patches",
     "revert_patches": "._registry:revert_patches",
     "patch_status": "._registry:patch_status",
+    "patch_report": "._registry:patch_report",
 }
 
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

@@ -17,6 +17,7 @@ once, with the same settings.
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import importlib.metadata
 import threading
@@ -249,10 +250,8 @@ class PatchRegistry:
     def _apply_one(rec: PatchRecord, target: Target) -> None:
         original = target.raw()
         replacement = rec.patch.make_replacement(original)
-        try:
+        with contextlib.suppress(AttributeError, TypeError):  # e.g. a builtin: the registry record still knows
             setattr(replacement, MARKER, rec.id)
-        except (AttributeError, TypeError):
-            pass  # e.g. a bound builtin: the registry record still knows
         had_own = target.own
         setattr(target.owner, target.name, replacement)
         rec._target, rec._original, rec._had_own, rec._replacement = target, original, had_own, replacement
@@ -352,3 +351,28 @@ def revert_patches(scope: Scope | str | None = None, ids: Iterable[str] | None =
 def patch_status() -> dict[str, tuple[PatchStatus, str]]:
     """``{id: (status, reason)}`` for every patch of the process-wide registry, in registration order."""
     return {r.id: (r.status, r.reason) for r in get_registry().records()}
+
+
+def patch_report(_worker: Any = None) -> dict[str, dict[str, Any]]:
+    """Every patch of this process: ``{id: {"status", "reason", "target", "scope", "installed"}}``.
+
+    ``installed`` says whether the target currently holds this patch's replacement. The ignored first argument
+    lets ``llm.collective_rpc(patch_report)`` run it in every worker (vLLM passes the worker; the function is
+    importable, so it crosses process boundaries).
+    """
+    out: dict[str, dict[str, Any]] = {}
+    for rec in get_registry().records():
+        installed = False
+        if rec.status is PatchStatus.APPLIED:
+            try:
+                installed = getattr(resolve(rec.patch.target).raw(), MARKER, None) == rec.id
+            except PatchError:
+                installed = False
+        out[rec.id] = {
+            "status": rec.status.value,
+            "reason": rec.reason,
+            "target": rec.patch.target,
+            "scope": rec.patch.scope.value,
+            "installed": installed,
+        }
+    return out
