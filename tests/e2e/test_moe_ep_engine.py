@@ -12,7 +12,6 @@ import sys
 
 import cloudpickle
 import pytest
-
 from npu_testkit.engine import emulated_env, engine, greedy, make_prompts
 from npu_testkit.models import build_tiny_model, hf_greedy
 

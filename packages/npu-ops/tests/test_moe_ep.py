@@ -61,3 +61,44 @@ def test_all_to_all_ep2_matches_single_process(tmp_path, comm):
                                  e_score_correction_bias=bias if routing.get("has_correction_bias") else None)
             assert got[name].shape == (tokens[rank], worker.HIDDEN)
             torch.testing.assert_close(got[name], expect, atol=1e-5, rtol=1e-5, msg=f"{name} rank {rank}")
+
+
+def test_fused_moe_layer_dp2_all_to_all_matches_single_process(tmp_path):
+    """vLLM's FusedMoE (our override) with data_parallel_size=2 + enable_expert_parallel, two processes: the
+    layer picks the all-to-all mode, exchanges rows through NPUCommunicator (gloo), and each rank's output equals
+    the single-process MoE over its own tokens with all 7 experts (4 + 3 per rank)."""
+    worker_path = WORKER.with_name("moe_dp_worker.py")
+    spec = importlib.util.spec_from_file_location("moe_dp_worker", worker_path)
+    worker = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(worker)
+    init = f"file://{tmp_path}/pg"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "VLLM_NPU_DEVICE": "emulated", "VLLM_NO_USAGE_STATS": "1"}
+    procs = [
+        subprocess.Popen([sys.executable, str(worker_path), str(r), init, str(tmp_path)], env=env,
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        for r in range(2)
+    ]
+    logs = []
+    for p in procs:
+        try:
+            out, _ = p.communicate(timeout=400)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            out, _ = p.communicate()
+        logs.append(out)
+    assert all(p.returncode == 0 for p in procs), "\n".join(logs)
+
+    from vllm_npu.ops.moe.forward import build_moe_plan, moe_forward
+    from vllm_npu.ops.moe.gating import RoutingConfig
+
+    plan = build_moe_plan(RoutingConfig(top_k=worker.TOP_K), worker.NUM_EXPERTS, act_dtype=torch.float32,
+                          backend="reference")
+    for rank in range(2):
+        got = torch.load(tmp_path / f"dp_rank{rank}.pt")
+        assert got["info"] == {
+            "class": "AscendFusedMoE", "ep_size": 2, "ep_rank": rank, "dp_size": 2, "all_to_all": True,
+            "communicator": "NPUCommunicator", "local_experts": [[0, 1, 2, 3], [4, 5, 6]][rank],
+        }
+        w13, w2, x, logits = worker.inputs(rank)
+        expect = moe_forward(x, logits, plan=plan, experts=plan.unquantized_experts(w13, w2))
+        torch.testing.assert_close(got["out"], expect, atol=1e-5, rtol=1e-5)

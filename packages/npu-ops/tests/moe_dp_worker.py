@@ -1,0 +1,74 @@
+"""One rank of the DP=2 expert-parallel layer test (run as a script by test_moe_ep.py; not a test module).
+
+Usage: python moe_dp_worker.py <rank> <init_method> <out_dir>
+
+Builds vLLM's parallel state for data_parallel_size=2 with enable_expert_parallel (TP 1 per rank), constructs
+vLLM's ``FusedMoE`` (npu-ops' registered override), fills this rank's experts from the shared global weights and
+runs its own tokens through the layer: the all-to-all mode of AscendFusedMoE through the EP group's device
+communicator. Saves the output and what the layer chose to ``<out_dir>/dp_rank<r>.pt``.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import torch
+
+NUM_EXPERTS, HIDDEN, INTER, TOP_K = 7, 16, 8, 2
+TOKENS = [6, 3]
+
+
+def inputs(rank: int):
+    gen = torch.Generator().manual_seed(77)
+    w13 = torch.randn(NUM_EXPERTS, 2 * INTER, HIDDEN, generator=gen) / HIDDEN**0.5
+    w2 = torch.randn(NUM_EXPERTS, HIDDEN, INTER, generator=gen) / INTER**0.5
+    gen_r = torch.Generator().manual_seed(500 + rank)
+    return w13, w2, torch.randn(TOKENS[rank], HIDDEN, generator=gen_r), torch.randn(TOKENS[rank], NUM_EXPERTS,
+                                                                                       generator=gen_r)
+
+
+def main() -> None:
+    rank, init, out_dir = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+    os.environ.setdefault("VLLM_NPU_DEVICE", "emulated")
+    os.environ["RANK"] = str(rank)  # vLLM derives data_parallel_rank from it with the external launcher
+    torch.distributed.init_process_group("gloo", init_method=init, rank=rank, world_size=2)
+    from vllm.config import ParallelConfig, VllmConfig, set_current_vllm_config
+    from vllm.distributed import get_ep_group
+    from vllm.distributed import parallel_state as ps
+    from vllm.forward_context import set_forward_context
+    from vllm.model_executor.layers.fused_moe.layer import FusedMoE
+    from vllm_npu.ops._registry import register_oot_ops
+
+    register_oot_ops()
+    cfg = VllmConfig(parallel_config=ParallelConfig(data_parallel_size=2, data_parallel_rank=rank,
+                                                    enable_expert_parallel=True,
+                                                    distributed_executor_backend="external_launcher"))
+    with set_current_vllm_config(cfg):
+        ps.init_distributed_environment(world_size=2, rank=rank, local_rank=rank, distributed_init_method=init,
+                                        backend="gloo")
+        ps.initialize_model_parallel(1, 1)
+        layer = FusedMoE(num_experts=NUM_EXPERTS, top_k=TOP_K, hidden_size=HIDDEN, intermediate_size=INTER,
+                         params_dtype=torch.float32, renormalize=True, prefix="dp.experts")
+        w13, w2, x, logits = inputs(rank)
+        emap = layer.expert_map
+        local = (emap >= 0).nonzero().flatten()[emap[emap >= 0].argsort()]
+        with torch.no_grad():
+            layer.w13_weight.copy_(w13[local])
+            layer.w2_weight.copy_(w2[local])
+        layer.quant_method.process_weights_after_loading(layer)
+        with set_forward_context(None, cfg), torch.no_grad():
+            out = layer(x, logits)
+        info = {
+            "class": type(layer).__name__, "ep_size": layer.ep_size, "ep_rank": layer.ep_rank,
+            "dp_size": layer.dp_size, "all_to_all": layer.moe_plan.all_to_all,
+            "communicator": type(get_ep_group().device_communicator).__name__, "local_experts": local.tolist(),
+        }
+        torch.save({"out": out, "info": info}, f"{out_dir}/dp_rank{rank}.pt")
+        torch.distributed.barrier()
+        ps.destroy_model_parallel()
+        ps.destroy_distributed_environment()
+
+
+if __name__ == "__main__":
+    main()
