@@ -64,10 +64,10 @@ BUILTIN_PATCHES: tuple[Patch, ...] = (REPETITION_PENALTY_TORCH, ATTENTION_OUTPUT
 NOT_PATCHED: tuple[tuple[str, str], ...] = (
     (
         "GroupCoordinator.all_to_all (vllm.distributed.parallel_state)",
-        "vLLM 0.11.0 already routes expert-parallel exchange through GroupCoordinator.dispatch/combine, which "
-        "delegate to the platform's device communicator: an NPU all-to-all belongs in npu-platform's communicator "
-        "(a subclass of DeviceCommunicatorBase), not in a patch. Nothing in the plugin calls a GroupCoordinator."
-        "all_to_all.",
+        "not needed: vLLM 0.11.0 gives every GroupCoordinator a device communicator chosen by the platform, and "
+        "npu-platform's NPUCommunicator (a DeviceCommunicatorBase subclass) implements all_to_all (HCCL on the NPU, "
+        "gloo on the emulated device). npu-ops' MoE dispatch calls group.device_communicator.all_to_all, so the "
+        "method is reached through vLLM's seam and GroupCoordinator itself needs no new method.",
     ),
     (
         "HCCL pg_options in GroupCoordinator.__init__ (vllm#25417)",
