@@ -1,0 +1,40 @@
+"""bfloat16 on the emulated device stays close to HF transformers float32 (tiny Qwen2).
+
+Metric: teacher-forced log-probabilities. For a fixed 120-token sequence, vLLM's ``prompt_logprobs`` of each actual
+next token (bf16 weights, activations and KV cache) against HF float32 ``log_softmax`` at the same position:
+mean |difference| < 0.06 nats and max < 0.3 nats (measured: 0.028 / 0.13). Greedy decoding in bf16 drifts from fp32
+after a few tokens on random weights, so only the first generated token of every prompt (a pure prefill decision)
+must equal HF's.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from npu_testkit.engine import emulated_env, engine, greedy, make_prompts, token_prompts
+from npu_testkit.models import hf_greedy, hf_logprobs
+
+pytestmark = pytest.mark.engine
+
+
+@pytest.fixture(scope="module")
+def llm(tiny_qwen2, tmp_path_factory):
+    with engine(tiny_qwen2, emulated_env(tmp_path_factory.mktemp("bf16")), dtype="bfloat16") as llm:
+        yield llm
+
+
+def test_bf16_teacher_forced_logprobs_close_to_hf_fp32(llm, tiny_qwen2):
+    import torch
+    from vllm import SamplingParams
+
+    seq = make_prompts([120], seed=9)[0]
+    (out,) = llm.generate(token_prompts([seq]), SamplingParams(max_tokens=1, prompt_logprobs=0), use_tqdm=False)
+    assert llm.llm_engine.vllm_config.model_config.dtype == torch.bfloat16
+    ref = hf_logprobs(tiny_qwen2, seq, dtype="float32")
+    diffs = torch.tensor([abs(out.prompt_logprobs[i][seq[i]].logprob - float(ref[i - 1, seq[i]])) for i in range(1, len(seq))])
+    assert diffs.mean() < 0.06 and diffs.max() < 0.3, (float(diffs.mean()), float(diffs.max()))
+
+
+def test_bf16_first_greedy_token_equals_hf_fp32(llm, tiny_qwen2, prompts):
+    got = greedy(llm, prompts, 1)
+    assert got == hf_greedy(tiny_qwen2, prompts, 1, dtype="float32")
