@@ -5,7 +5,8 @@ Usage: python moe_dp_worker.py <rank> <init_method> <out_dir>
 Builds vLLM's parallel state for data_parallel_size=2 with enable_expert_parallel (TP 1 per rank), constructs
 vLLM's ``FusedMoE`` (npu-ops' registered override), fills this rank's experts from the shared global weights and
 runs its own tokens through the layer: the all-to-all mode of AscendFusedMoE through the EP group's device
-communicator. Saves the output and what the layer chose to ``<out_dir>/dp_rank<r>.pt``.
+communicator, then the all-gather / reduce-scatter mode (a plan without all-to-all, as a quant method that does not
+run ``layer.moe_plan`` has). Saves the output and what the layer chose to ``<out_dir>/dp_rank<r>.pt``.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ def main() -> None:
     from vllm.forward_context import set_forward_context
     from vllm.model_executor.layers.fused_moe.layer import FusedMoE
     from vllm_npu.ops._registry import register_oot_ops
+    from vllm_npu.ops.moe.layer import build_layer_plan
 
     register_oot_ops()
     cfg = VllmConfig(parallel_config=ParallelConfig(data_parallel_size=2, data_parallel_rank=rank,
@@ -50,6 +52,7 @@ def main() -> None:
         ps.initialize_model_parallel(1, 1)
         layer = FusedMoE(num_experts=NUM_EXPERTS, top_k=TOP_K, hidden_size=HIDDEN, intermediate_size=INTER,
                          params_dtype=torch.float32, renormalize=True, prefix="dp.experts")
+        all_to_all = layer.moe_plan.all_to_all
         w13, w2, x, logits = inputs(rank)
         emap = layer.expert_map
         local = (emap >= 0).nonzero().flatten()[emap[emap >= 0].argsort()]
@@ -59,12 +62,17 @@ def main() -> None:
         layer.quant_method.process_weights_after_loading(layer)
         with set_forward_context(None, cfg), torch.no_grad():
             out = layer(x, logits)
+        # A quant method that does not run layer.moe_plan gets a local-expert plan; the layer then all-gathers the
+        # ranks' tokens and reduce-scatters the partial sums instead. Emulate one by swapping the plan.
+        layer.moe_plan = build_layer_plan(layer, allow_all_to_all=False)
+        with set_forward_context(None, cfg), torch.no_grad():
+            out_gathered = layer(x, logits)
         info = {
             "class": type(layer).__name__, "ep_size": layer.ep_size, "ep_rank": layer.ep_rank,
-            "dp_size": layer.dp_size, "all_to_all": layer.moe_plan.all_to_all,
+            "dp_size": layer.dp_size, "all_to_all": all_to_all, "gathered_plan": type(layer.moe_plan.dispatcher).__name__,
             "communicator": type(get_ep_group().device_communicator).__name__, "local_experts": local.tolist(),
         }
-        torch.save({"out": out, "info": info}, f"{out_dir}/dp_rank{rank}.pt")
+        torch.save({"out": out, "out_gathered": out_gathered, "info": info}, f"{out_dir}/dp_rank{rank}.pt")
         torch.distributed.barrier()
         ps.destroy_model_parallel()
         ps.destroy_distributed_environment()

@@ -66,7 +66,8 @@ def test_all_to_all_ep2_matches_single_process(tmp_path, comm):
 def test_fused_moe_layer_dp2_all_to_all_matches_single_process(tmp_path):
     """vLLM's FusedMoE (our override) with data_parallel_size=2 + enable_expert_parallel, two processes: the
     layer picks the all-to-all mode, exchanges rows through NPUCommunicator (gloo), and each rank's output equals
-    the single-process MoE over its own tokens with all 7 experts (4 + 3 per rank)."""
+    the single-process MoE over its own tokens with all 7 experts (4 + 3 per rank). Same for the all-gather /
+    reduce-scatter mode used with quant methods that do not run ``layer.moe_plan``."""
     worker_path = WORKER.with_name("moe_dp_worker.py")
     spec = importlib.util.spec_from_file_location("moe_dp_worker", worker_path)
     worker = importlib.util.module_from_spec(spec)
@@ -97,8 +98,10 @@ def test_fused_moe_layer_dp2_all_to_all_matches_single_process(tmp_path):
         got = torch.load(tmp_path / f"dp_rank{rank}.pt")
         assert got["info"] == {
             "class": "AscendFusedMoE", "ep_size": 2, "ep_rank": rank, "dp_size": 2, "all_to_all": True,
-            "communicator": "NPUCommunicator", "local_experts": [[0, 1, 2, 3], [4, 5, 6]][rank],
+            "gathered_plan": "LocalDispatcher", "communicator": "NPUCommunicator",
+            "local_experts": [[0, 1, 2, 3], [4, 5, 6]][rank],
         }
         w13, w2, x, logits = worker.inputs(rank)
         expect = moe_forward(x, logits, plan=plan, experts=plan.unquantized_experts(w13, w2))
         torch.testing.assert_close(got["out"], expect, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(got["out_gathered"], expect, atol=1e-5, rtol=1e-5)

@@ -6,11 +6,14 @@ model that builds those gets these classes. What changes against vLLM:
 - At build, the layer chooses its kernels and token dispatcher once: ``layer.moe_plan`` (:class:`MoEPlan`).
 - An unquantised layer gets :class:`AscendUnquantizedFusedMoEMethod`, whose ``apply`` is :func:`moe_forward` over
   vLLM-layout float weights. Quantised methods (npu-quant) call :func:`moe_forward` with ``layer.moe_plan`` and
-  their own experts function: the quant-method seam of vLLM (``layer.quant_method.apply``) is kept.
+  their own experts function: the quant-method seam of vLLM (``layer.quant_method.apply``) is kept. A method sets
+  the class attribute ``uses_layer_moe_plan = True`` to say it runs ``layer.moe_plan``; only then may the layer
+  use the all-to-all mode below (else the layer all-gathers the DP ranks' tokens, the method adds its local
+  experts, and the sums are reduce-scattered back).
 - Expert parallelism: with replicated tokens (vLLM's default EP, data parallel size 1) each rank runs its experts
   and vLLM's usual all-reduce sums the ranks. With data-parallel attention (DP > 1, attention TP 1) tokens go to
-  the owning ranks by all-to-all through the EP group's device communicator instead of vLLM's all-gather /
-  reduce-scatter (``forward_impl``).
+  the owning ranks by all-to-all through the EP group's device communicator (``forward_impl``; vLLM's own
+  DP dispatch/combine is a no-op on our device communicator).
 
 Everything else (weight loading, the ``torch.ops.vllm.moe_forward`` custom op, shared experts, the final
 all-reduce) is vLLM's.
@@ -62,8 +65,8 @@ def _expert_maps_of(layer: FusedMoE) -> list[torch.Tensor]:
     raise ConfigError(f"{layer.layer_name}: the expert map matches neither linear nor round-robin placement")
 
 
-def uses_all_to_all(layer: FusedMoE) -> bool:
-    """Whether tokens differ per EP rank (DP attention with TP 1), so rows must be exchanged by all-to-all."""
+def tokens_differ_per_ep_rank(layer: FusedMoE) -> bool:
+    """Whether tokens differ per EP rank (DP attention with attention TP 1), so rows must cross ranks."""
     from vllm.distributed import get_tensor_model_parallel_world_size
 
     return bool(
@@ -72,11 +75,13 @@ def uses_all_to_all(layer: FusedMoE) -> bool:
     )
 
 
-def build_layer_plan(layer: FusedMoE, *, all_to_all: Optional[AllToAll] = None) -> MoEPlan:
+def build_layer_plan(
+    layer: FusedMoE, *, all_to_all: Optional[AllToAll] = None, allow_all_to_all: bool = True
+) -> MoEPlan:
     """The :class:`MoEPlan` of a built vLLM ``FusedMoE`` layer (any quant method); see the module docstring.
 
     ``all_to_all`` overrides the EP group's exchange (tests); by default it is used only when
-    :func:`uses_all_to_all` says so.
+    :func:`uses_all_to_all` says so and ``allow_all_to_all`` is true.
     """
     if layer.enable_eplb:
         raise ConfigError(
@@ -88,7 +93,7 @@ def build_layer_plan(layer: FusedMoE, *, all_to_all: Optional[AllToAll] = None) 
     if getattr(layer.moe_config, "has_bias", False):
         raise ConfigError(f"{layer.layer_name}: MoE expert biases (has_bias=True) are not supported by npu-ops' MoE")
     kwargs: dict[str, Any] = {}
-    if all_to_all is None and uses_all_to_all(layer):
+    if all_to_all is None and allow_all_to_all and tokens_differ_per_ep_rank(layer):
         from vllm.distributed import get_ep_group
 
         all_to_all = coordinator_all_to_all(get_ep_group())
@@ -110,6 +115,9 @@ def build_layer_plan(layer: FusedMoE, *, all_to_all: Optional[AllToAll] = None) 
 
 class AscendUnquantizedFusedMoEMethod(UnquantizedFusedMoEMethod):
     """Float experts through :func:`moe_forward`; weights stay in vLLM's layout (w13 [E, 2I, H], w2 [E, H, I])."""
+
+    #: This method runs ``layer.moe_plan`` (so the layer may give it the all-to-all dispatcher under DP attention).
+    uses_layer_moe_plan = True
 
     def process_weights_after_loading(self, layer: torch.nn.Module) -> None:
         # vLLM's version repacks weights for ROCm/CPU/XPU kernels; none of those run here, so nothing to do.
@@ -156,18 +164,41 @@ class AscendFusedMoE(FusedMoE):
         if type(self.quant_method) is UnquantizedFusedMoEMethod:
             # Same create_weights (already run by vLLM); only apply/process_weights_after_loading differ.
             self.quant_method = AscendUnquantizedFusedMoEMethod(self.moe_config)
-        self.moe_plan = build_layer_plan(self)
+        # The all-to-all dispatcher lives in the plan, so it only helps a quant method that runs this plan
+        # (``uses_layer_moe_plan = True``); other methods get the all-gather / reduce-scatter of forward_impl.
+        self.moe_plan = build_layer_plan(self, allow_all_to_all=getattr(self.quant_method, "uses_layer_moe_plan", False))
+        self._tokens_differ_per_ep_rank = tokens_differ_per_ep_rank(self)
 
     def forward_impl(
         self, hidden_states: torch.Tensor, router_logits: torch.Tensor
     ) -> Union[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
-        if not self.moe_plan.all_to_all:
+        if not self._tokens_differ_per_ep_rank:
             return super().forward_impl(hidden_states, router_logits)
-        # DP attention: the plan's all-to-all replaces vLLM's all-gather dispatch / reduce-scatter combine, and
-        # the routed output is complete on this rank (attention TP is 1, so vLLM's TP all-reduce is a no-op).
+        # DP attention + EP: tokens differ per rank. vLLM would all-gather / reduce-scatter through the device
+        # communicator's dispatch/combine (no-ops on ours), so the exchange happens here. Attention TP is 1, so
+        # vLLM's TP all-reduce afterwards is a no-op and the routed output must be complete on this rank.
         self.ensure_moe_quant_config()
         shared = self.shared_experts(hidden_states) if self.shared_experts is not None else None
-        routed = self.quant_method.apply(
+        if self.moe_plan.all_to_all:
+            routed = self._apply(hidden_states, router_logits)
+        else:
+            routed = self._gathered_apply(hidden_states, router_logits)
+        return routed if shared is None else (shared, routed)
+
+    def _gathered_apply(self, hidden_states: torch.Tensor, router_logits: torch.Tensor) -> torch.Tensor:
+        """For quant methods that do not run ``layer.moe_plan``: gather every rank's tokens, let the method add
+        this rank's experts (a partial sum), then reduce-scatter the sums back to the owning ranks."""
+        from vllm.distributed import get_ep_group
+
+        ep = get_ep_group()
+        count = torch.tensor([hidden_states.shape[0]], dtype=torch.int64, device=hidden_states.device)
+        sizes = [int(n) for n in ep.all_gather(count, dim=0).tolist()]
+        gathered = self._apply(ep.all_gatherv(hidden_states, dim=0, sizes=sizes),
+                               ep.all_gatherv(router_logits, dim=0, sizes=sizes))
+        return ep.reduce_scatterv(gathered, dim=0, sizes=sizes)
+
+    def _apply(self, hidden_states: torch.Tensor, router_logits: torch.Tensor) -> torch.Tensor:
+        return self.quant_method.apply(
             layer=self,
             x=hidden_states,
             router_logits=router_logits,
@@ -189,7 +220,6 @@ class AscendFusedMoE(FusedMoE):
             logical_to_physical_map=self.logical_to_physical_map,
             logical_replica_count=self.logical_replica_count,
         )
-        return routed if shared is None else (shared, routed)
 
 
 class AscendSharedFusedMoE(SharedFusedMoE, AscendFusedMoE):
