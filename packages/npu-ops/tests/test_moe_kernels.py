@@ -363,3 +363,15 @@ def test_moe_forward_zero_tokens_and_router_weight_on_input():
         ex.swiglu_reference((w[t] * x[t]) @ w13[e[t]].T) @ w2[e[t]].T for t in range(5)
     ])
     torch.testing.assert_close(out, expect, atol=1e-5, rtol=1e-5)
+
+
+def test_package_door_is_import_light():
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, vllm_npu.ops.moe as m; "
+        "assert 'torch' not in sys.modules and 'vllm' not in sys.modules, 'heavy import'; "
+        "assert {'moe_forward', 'build_moe_plan', 'AscendFusedMoE', 'build_layer_plan'} <= set(m.__all__)"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)

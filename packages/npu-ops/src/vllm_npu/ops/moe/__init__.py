@@ -6,7 +6,9 @@ in ``.layer`` and import vLLM; the kernel modules import only torch.
 
 For quantised MoE methods: build nothing yourself; the layer carries ``layer.moe_plan`` (a :class:`MoEPlan`), and
 ``moe_forward(x, router_logits, plan=layer.moe_plan, experts=<your ExpertsFn>, e_score_correction_bias=...)`` runs
-gating, permutation, expert-parallel exchange and the weighted combine around your expert MLP.
+gating, permutation, expert-parallel exchange and the weighted combine around your expert MLP. Set the class
+attribute ``uses_layer_moe_plan = True`` on the method so the layer may give the plan its all-to-all dispatcher
+under DP attention. ``build_layer_plan(layer)`` builds a plan for a vLLM ``FusedMoE`` that is not ours.
 """
 
 from __future__ import annotations
@@ -19,12 +21,20 @@ if TYPE_CHECKING:
     from .experts import ExpertsFn, UnquantizedExperts, grouped_matmul_npu, grouped_matmul_reference
     from .forward import MoEPlan, build_moe_plan, moe_forward
     from .gating import RoutingConfig, build_gate
-    from .layer import AscendFusedMoE, AscendSharedFusedMoE, AscendUnquantizedFusedMoEMethod
+    from .layer import (
+        AscendFusedMoE,
+        AscendSharedFusedMoE,
+        AscendUnquantizedFusedMoEMethod,
+        build_layer_plan,
+        routing_config_of,
+    )
 
 _EXPORTS = {
     "AscendFusedMoE": ".layer:AscendFusedMoE",
     "AscendSharedFusedMoE": ".layer:AscendSharedFusedMoE",
     "AscendUnquantizedFusedMoEMethod": ".layer:AscendUnquantizedFusedMoEMethod",
+    "build_layer_plan": ".layer:build_layer_plan",
+    "routing_config_of": ".layer:routing_config_of",
     "ExpertsFn": ".experts:ExpertsFn",
     "UnquantizedExperts": ".experts:UnquantizedExperts",
     "grouped_matmul_npu": ".experts:grouped_matmul_npu",
