@@ -13,12 +13,13 @@ pass 1.0 and scale outside).
 Two NPU kernels, each with its pure-PyTorch reference twin right below it:
 
 - ``npu_moe_gating_top_k_softmax``: softmax top-k without grouping or bias (Mixtral, Qwen-MoE, ...);
-- ``npu_moe_gating_top_k``: grouped top-k, sigmoid + renormalise (DeepSeek-V3 ``noaux_tc``) or softmax without
-  renormalisation, with an optional correction bias.
+- ``npu_moe_gating_top_k``: grouped top-k with sigmoid scores and renormalisation (DeepSeek-V3 ``noaux_tc``),
+  with an optional correction bias.
 
 Every other routing config (custom routing functions, a correction bias without grouping, sigmoid without
-renormalisation, group shapes the fused op rejects) uses :func:`select_experts_native`, plain torch that runs the
-same on the NPU and on the emulated device. The choice is made once, by :func:`build_gate`, when the layer is built.
+renormalisation, softmax grouped top-k, group shapes the fused op rejects) uses :func:`select_experts_native`,
+plain torch that runs the same on the NPU and on the emulated device. The choice is made once, by
+:func:`build_gate`, when the layer is built.
 """
 
 from __future__ import annotations
@@ -173,12 +174,13 @@ GROUPED_TOPK = Kernel("moe_gating_grouped_topk", npu=grouped_topk_npu, reference
 def fused_grouped_topk_supports(cfg: RoutingConfig, num_experts: int) -> bool:
     """Whether ``npu_moe_gating_top_k`` computes exactly vLLM's grouped top-k for this config.
 
-    The op always renormalises sigmoid scores and never softmax ones, so only (sigmoid, renormalize) and
-    (softmax, not renormalize) map onto it; the shape limits are the documented ones.
+    Only sigmoid scoring with renormalisation (DeepSeek-V3's ``noaux_tc``): the op renormalises sigmoid weights
+    (with eps), which is what vLLM does for ``renormalize=True``. Whether it renormalises softmax weights is not
+    stated in the docs, so softmax grouped configs take the torch path. The shape limits are the documented ones.
     """
     if not cfg.use_grouped_topk or cfg.custom_routing_function is not None:
         return False
-    if (cfg.scoring_func == "sigmoid") != cfg.renormalize:
+    if cfg.scoring_func != "sigmoid" or not cfg.renormalize:
         return False
     g, kg = cfg.num_expert_group or 0, cfg.topk_group or 0
     if g <= 0 or num_experts % g or num_experts > _MAX_EXPERTS:
