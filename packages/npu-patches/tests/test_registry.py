@@ -132,10 +132,12 @@ def test_changed_target_fails_loudly_naming_patch_and_target(fake):
     assert reg.record("shout").status is PatchStatus.PENDING
 
 
-def test_fingerprint_ignores_comments_and_formatting(fake):
+def test_fingerprint_ignores_comments_docstrings_and_formatting(fake):
     before = fingerprint_path(f"{fake.mod.__name__}.greet")
     src = fake.mod.__loader__.get_source(fake.mod.__name__)
-    fake.rewrite(src.replace('    return "hello " + name', '    # a comment\n\n    return ("hello "   +   name)'))
+    fake.rewrite(src.replace('    return "hello " + name', '    # a comment\n\n    return ("hello "   +   name)')
+                 .replace('"""Say hello."""', '"""Say hello to someone, politely."""'))
+    assert fake.mod.greet.__doc__ == "Say hello to someone, politely."
     assert fingerprint_path(f"{fake.mod.__name__}.greet") == before
 
 

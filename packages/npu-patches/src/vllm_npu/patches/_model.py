@@ -3,10 +3,9 @@
 A :class:`Patch` is pure data (strings), so declaring one imports nothing: the target and the replacement are
 resolved only when the patch is checked or applied.
 
-Fingerprint: ``sha256`` of ``ast.dump`` of the target's source (``inspect.getsource``, dedented). Going through the
-AST makes the fingerprint blind to comments, blank lines and formatting, and sensitive to everything that runs
-(including docstrings, which only costs a re-check when vLLM rewords one). Objects without Python source
-(constants, builtins) are fingerprinted by ``repr``.
+Fingerprint: ``sha256`` of ``ast.dump`` of the target's source (``inspect.getsource``, dedented), with docstrings
+removed. Going through the AST makes the fingerprint blind to comments, docstrings, blank lines and formatting, and
+sensitive to everything that runs. Objects without Python source (constants, builtins) are fingerprinted by ``repr``.
 """
 
 from __future__ import annotations
@@ -164,12 +163,24 @@ def _unwrap(obj: Any) -> Any:
     return obj
 
 
+def _strip_docstrings(tree: ast.AST) -> ast.AST:
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            body = node.body
+            if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) \
+                    and isinstance(body[0].value.value, str):
+                node.body = body[1:] or [ast.Pass()]
+    return tree
+
+
 def fingerprint_of(obj: Any) -> str:
-    """sha256 of the normalised source of ``obj`` (see the module docstring). Stable across formatting changes."""
+    """sha256 of the normalised source of ``obj`` (see the module docstring). Stable across formatting, comment and
+    docstring changes; any change to the code itself changes it."""
     obj = _unwrap(obj)
     try:
         source = textwrap.dedent(inspect.getsource(obj))
-        text = ast.dump(ast.parse(source), annotate_fields=True, include_attributes=False)
+        tree = _strip_docstrings(ast.parse(source))
+        text = ast.dump(tree, annotate_fields=True, include_attributes=False)
     except (OSError, TypeError, SyntaxError):
         text = f"repr:{obj!r}"
     return hashlib.sha256(text.encode("utf-8")).hexdigest()

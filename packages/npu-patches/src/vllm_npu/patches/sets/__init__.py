@@ -19,11 +19,11 @@ REPETITION_PENALTY_TORCH = Patch(
     replacement="vllm_npu.patches.sets.repetition_penalty:make_replacement",
     scope=Scope.WORKER,
     vllm=">=0.11.0,<0.12",
-    fingerprint="efa6bebff39aa945d832cb6d535f875e40194c8b16f1ccd85adebcf454e7acce",
+    fingerprint="8e6d3df2802ab01c9116a95dcdc18af975ce82468fbb76101cbeb48a9a2d787a",
     also_checks=(
         # looks the target up at call time: the rebinding reaches the sampler only while this stays so
         ("vllm.model_executor.layers.utils.apply_penalties",
-         "4172779c7edc95e78076a50e47f1ec78a4e4a122441585156d39d10bfb85f9dd"),
+         "f2be2317125fea56f62425aee25e2769f5ab9efb399514fa471e9cba8be0dbc7"),
         # the implementation the replacement delegates to
         ("vllm._custom_ops.apply_repetition_penalties_torch",
          "24ae415a9d04fe3761253e4907f932840e4c8abd630daed8f24d633d398058d8"),
@@ -43,7 +43,7 @@ ATTENTION_OUTPUT_EMPTY = Patch(
     replacement="vllm_npu.patches.sets.attention_output:make_replacement",
     scope=Scope.WORKER,
     vllm=">=0.11.0,<0.11.1",
-    fingerprint="9a389648e94cb4893cdaef62db75b2405256d81311487272dce7908036e98453",
+    fingerprint="c313406a30b0956a1619c26568c966dc8fe71bdd43e476439d62fe8ec39d2210",
     also_checks=(
         # the custom op the patched forward calls by name with the same arguments
         ("vllm.attention.layer.unified_attention_with_output",
