@@ -1,0 +1,8 @@
+"""Unit tests of the platform layer (no engine). The emulated device is fixed for the process at import time."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("VLLM_NPU_DEVICE", "emulated")
+os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")

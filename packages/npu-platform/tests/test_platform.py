@@ -1,0 +1,175 @@
+"""NPUPlatform / EmulatedNPUPlatform: device facts, the config hook, attention selection, errors."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from types import SimpleNamespace
+
+import pytest
+import torch
+from vllm.config import CompilationConfig, CompilationLevel, CUDAGraphMode
+
+from vllm_npu.interface import registry
+from vllm_npu.interface.device import reset_device_selection
+from vllm_npu.interface.errors import ComponentSkewError, ConfigError, DeviceUnavailableError, MissingComponentError
+from vllm_npu.platform.platform import EmulatedNPUPlatform, NPUPlatform
+
+
+def fake_vllm_config(*, block_size=None, enforce_eager=False, additional_config=None, custom_ops=None):
+    """The parts of VllmConfig the platform hook reads and writes (real CompilationConfig)."""
+    return SimpleNamespace(
+        parallel_config=SimpleNamespace(worker_cls="auto", disable_custom_all_reduce=False),
+        cache_config=SimpleNamespace(block_size=block_size),
+        model_config=SimpleNamespace(enforce_eager=enforce_eager, disable_cascade_attn=False),
+        compilation_config=CompilationConfig(custom_ops=list(custom_ops or [])),
+        additional_config=additional_config or {},
+    )
+
+
+@pytest.fixture
+def env(monkeypatch):
+    monkeypatch.delenv("VLLM_WORKER_MULTIPROC_METHOD", raising=False)
+    return monkeypatch
+
+
+def test_one_hierarchy_only_device_facts_differ():
+    assert issubclass(EmulatedNPUPlatform, NPUPlatform)
+    npu = (NPUPlatform.device_name, NPUPlatform.device_type, NPUPlatform.dispatch_key, NPUPlatform.dist_backend)
+    emu = (EmulatedNPUPlatform.device_name, EmulatedNPUPlatform.device_type, EmulatedNPUPlatform.dispatch_key,
+           EmulatedNPUPlatform.dist_backend)
+    assert npu == ("npu", "npu", "PrivateUse1", "hccl")
+    assert emu == ("cpu", "cpu", "CPU", "gloo")
+    assert NPUPlatform.device_control_env_var == "ASCEND_RT_VISIBLE_DEVICES" and NPUPlatform.ray_device_key == "NPU"
+    assert EmulatedNPUPlatform.simple_compile_backend == "eager"
+    assert NPUPlatform.is_out_of_tree and EmulatedNPUPlatform._enum == NPUPlatform._enum
+    # Every hook is NPUPlatform's: the emulated class overrides no method.
+    overridden = [k for k, v in vars(EmulatedNPUPlatform).items() if isinstance(v, (classmethod, staticmethod, property))
+                  or (callable(v) and not isinstance(v, type))]
+    assert overridden == []
+    assert NPUPlatform.is_pin_memory_available() and not EmulatedNPUPlatform.is_pin_memory_available()
+    assert EmulatedNPUPlatform.is_sleep_mode_available()
+    assert NPUPlatform.supported_quantization == ["ascend"]
+
+
+def test_torch_npu_is_never_imported_by_the_emulated_path():
+    code = (
+        "import os, sys; os.environ['VLLM_NPU_DEVICE']='emulated'\n"
+        "from vllm_npu.platform.platform import EmulatedNPUPlatform\n"
+        "p = EmulatedNPUPlatform(); p.mem_get_info(); p.get_current_memory_usage(); p.synchronize()\n"
+        "import vllm_npu.platform.worker, vllm_npu.platform.model_runner, vllm_npu.platform.communicator\n"
+        "assert 'torch_npu' not in sys.modules, 'torch_npu imported'\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+def test_emulated_config_hook(env):
+    cfg = fake_vllm_config(custom_ops=["-rms_norm", "+silu_and_mul"])
+    EmulatedNPUPlatform.check_and_update_config(cfg)
+    assert cfg.parallel_config.worker_cls == "vllm_npu.platform.worker.NPUWorker"
+    assert cfg.parallel_config.disable_custom_all_reduce and cfg.model_config.disable_cascade_attn
+    assert cfg.cache_config.block_size == 16
+    comp = cfg.compilation_config
+    assert comp.level == CompilationLevel.NO_COMPILATION and cfg.model_config.enforce_eager
+    assert comp.cudagraph_mode == CUDAGraphMode.NONE and comp.cudagraph_capture_sizes == [] and comp.compile_sizes == []
+    assert comp.custom_ops == ["all", "-rms_norm"]
+    assert os.environ["VLLM_WORKER_MULTIPROC_METHOD"] == "spawn"  # fork hazard on the emulated device
+
+
+def test_emulated_hook_keeps_an_explicit_multiproc_method(env):
+    env.setenv("VLLM_WORKER_MULTIPROC_METHOD", "fork")
+    EmulatedNPUPlatform.check_and_update_config(fake_vllm_config())
+    assert os.environ["VLLM_WORKER_MULTIPROC_METHOD"] == "fork"
+
+
+def test_npu_config_hook_defaults_to_piecewise_graphs_and_block_128(env):
+    cfg = fake_vllm_config()
+    NPUPlatform.check_and_update_config(cfg)
+    comp = cfg.compilation_config
+    assert cfg.cache_config.block_size == 128
+    assert comp.level == CompilationLevel.PIECEWISE and not comp.use_inductor
+    assert "vllm.unified_attention_with_output" in comp.splitting_ops
+    assert comp.cudagraph_mode == CUDAGraphMode.NONE
+    assert "VLLM_WORKER_MULTIPROC_METHOD" not in os.environ
+
+
+def test_npu_config_hook_respects_enforce_eager_and_user_block_size(env):
+    cfg = fake_vllm_config(enforce_eager=True, block_size=64)
+    NPUPlatform.check_and_update_config(cfg)
+    assert cfg.compilation_config.level == CompilationLevel.NO_COMPILATION
+    assert cfg.cache_config.block_size == 64
+
+
+def test_piecewise_with_enforce_eager_is_a_config_error(env):
+    cfg = fake_vllm_config(enforce_eager=True, additional_config={"npu": {"graph_mode": "piecewise"}})
+    with pytest.raises(ConfigError, match="conflicts with enforce_eager"):
+        NPUPlatform.check_and_update_config(cfg)
+
+
+def test_config_hook_validates_additional_config_and_environment(env):
+    with pytest.raises(ConfigError, match="npu.graph_mod is not a known key"):
+        EmulatedNPUPlatform.check_and_update_config(fake_vllm_config(additional_config={"npu": {"graph_mod": "eager"}}))
+    env.setenv("VLLM_NPU_EMULATED_KV_CACHE_GB", "lots")
+    with pytest.raises(ConfigError, match="VLLM_NPU_EMULATED_KV_CACHE_GB='lots' is invalid"):
+        EmulatedNPUPlatform.check_and_update_config(fake_vllm_config())
+
+
+def test_config_hook_refuses_a_skewed_component_set(env, monkeypatch):
+    def skewed():
+        raise ComponentSkewError(["npu-ops 0.2.0 needs interface '>=2,<3' but npu-interface provides interface 1.0"])
+
+    monkeypatch.setattr(registry, "check_installed_set", skewed)
+    with pytest.raises(ComponentSkewError, match="npu-ops 0.2.0 needs interface"):
+        EmulatedNPUPlatform.check_and_update_config(fake_vllm_config())
+
+
+def test_attention_backend_is_delegated_to_npu_attention():
+    path = EmulatedNPUPlatform.get_attn_backend_cls(None, 64, torch.bfloat16, "auto", 128, True, False, False, False)
+    assert path == "vllm_npu.attention.backends.gqa.AscendAttentionBackend"
+
+
+def test_missing_attention_layer_names_the_pip_command(monkeypatch):
+    monkeypatch.setattr(registry, "discover", lambda *a, **k: {})
+    with pytest.raises(MissingComponentError, match=r'pip install "npu-platform\[attention\]"'):
+        NPUPlatform.get_attn_backend_cls(None, 64, torch.bfloat16, "auto", 128, True, False, False, False)
+
+
+def test_quantization_checks():
+    EmulatedNPUPlatform.verify_quantization("ascend")  # npu-quant is installed in this workspace
+    with pytest.raises(ValueError, match="fp8 quantization is currently not supported"):
+        EmulatedNPUPlatform.verify_quantization("fp8")
+
+
+def test_dtype_check():
+    for dtype in (torch.bfloat16, torch.float16, torch.float32):
+        NPUPlatform.check_if_supports_dtype(dtype)
+    with pytest.raises(ValueError, match="not torch.float64"):
+        NPUPlatform.check_if_supports_dtype(torch.float64)
+
+
+def test_npu_requested_without_npu_raises_device_unavailable(monkeypatch):
+    monkeypatch.setenv("VLLM_NPU_DEVICE", "npu")
+    reset_device_selection()
+    try:
+        with pytest.raises(DeviceUnavailableError, match="VLLM_NPU_DEVICE=npu was requested but this host cannot run"):
+            NPUPlatform()
+    finally:
+        monkeypatch.undo()
+        reset_device_selection()
+
+
+def test_bad_environment_raises_at_instantiation(monkeypatch):
+    monkeypatch.setenv("VLLM_NPU_EMULATED_KV_CACHE_GB", "0")
+    with pytest.raises(ConfigError, match="VLLM_NPU_EMULATED_KV_CACHE_GB='0' is invalid"):
+        EmulatedNPUPlatform()
+
+
+def test_emulated_memory_queries_are_real_numbers():
+    p = EmulatedNPUPlatform()
+    free, total = p.mem_get_info()
+    assert 0 < free <= total
+    assert p.get_current_memory_usage() > 10 * (1 << 20)  # this process's RSS
+    assert p.get_device_total_memory() == total
+    assert p.get_device_name() == "emulated NPU (CPU)"
