@@ -80,6 +80,7 @@ def _fake_torch_npu(calls: list[str]) -> types.ModuleType:
         assert not any(v is not None for v in kw.values())
         (xx,), (w,) = x, weight
         assert group_list.dtype == torch.int64 and int(group_list.sum()) == xx.shape[0], "counts must cover x"
+        assert xx.shape[0] > 0, "empty grouped matmul (we never call it with no rows)"
         outs, start = [], 0
         for g, n in enumerate(group_list.tolist()):
             outs.append(xx[start:start + n] @ w[g])
@@ -165,3 +166,15 @@ def test_kernel_choice_per_backend():
     assert npu.dispatcher.init_routing is rt.init_routing_npu and npu.dispatcher.unpermute is rt.unpermute_npu
     fp32 = build_moe_plan(RoutingConfig(top_k=2), 6, act_dtype=torch.float32, backend="npu")
     assert fp32.dispatcher.unpermute is not rt.unpermute_npu
+
+
+def test_rank_without_routed_rows_skips_the_experts(npu_calls):
+    """EP over replicated tokens where no token picks this rank's only expert: output zeros, no grouped matmul."""
+    w13, w2 = _weights(4, 16, 8, torch.float32)
+    x = torch.randn(5, 16)
+    logits = torch.tensor([[5.0, 4.0, 0.0, -9.0]]).repeat(5, 1)  # expert 3 is never in the top-2
+    expert_map = torch.tensor([-1, -1, -1, 0], dtype=torch.int32)
+    plan = build_moe_plan(RoutingConfig(top_k=2), 4, act_dtype=torch.float32, expert_map=expert_map, backend="npu")
+    out = moe_forward(x, logits, plan=plan, experts=plan.unquantized_experts(w13[3:], w2[3:]))
+    assert torch.equal(out, torch.zeros_like(x))
+    assert "grouped_matmul" not in npu_calls and "init_routing_v2" in npu_calls

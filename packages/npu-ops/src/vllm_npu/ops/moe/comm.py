@@ -29,6 +29,14 @@ from .routing import InitRouting, Unpermute, combine_masked
 AllToAll = Callable[[torch.Tensor, list[int], list[int]], torch.Tensor]
 
 
+def run_experts(experts: ExpertsFn, rows: torch.Tensor, group_counts: torch.Tensor) -> torch.Tensor:
+    """``experts(rows, group_counts)``, skipped when this rank got no rows (an empty grouped matmul is not a case
+    the NPU op documents, and there is nothing to compute)."""
+    if rows.shape[0] == 0:
+        return rows.new_empty(rows.shape)
+    return experts(rows, group_counts)
+
+
 @dataclass
 class LocalDispatcher:
     """Route, run the local experts, combine; no communication.
@@ -56,12 +64,12 @@ class LocalDispatcher:
     ) -> torch.Tensor:
         if self.expert_map is None:
             rows, row_idx, counts = self.init_routing(hidden, topk_ids, self.num_experts, (0, self.num_experts))
-            return self.unpermute(experts(rows, counts), row_idx, topk_weights)
+            return self.unpermute(run_experts(experts, rows, counts), row_idx, topk_weights)
         local_ids = self._local_id.to(topk_ids.device)[topk_ids.long()]
         rows, row_idx, counts = self.init_routing(hidden, local_ids, self.num_local + 1, (0, self.num_local))
         # The NPU grouped matmul wants the counts to cover every row it gets: keep the in-range rows only.
         n = int(counts.sum())
-        return combine_masked(experts(rows[:n], counts), row_idx[:n], topk_weights, out_dtype=hidden.dtype)
+        return combine_masked(run_experts(experts, rows[:n], counts), row_idx[:n], topk_weights, out_dtype=hidden.dtype)
 
 
 def torch_all_to_all(group: Any) -> AllToAll:
@@ -153,7 +161,7 @@ class AllToAllDispatcher:
         expert_of_row = torch.arange(n_local, device=device).repeat(self.world).repeat_interleave(per_source_expert)
         order = torch.sort(expert_of_row, stable=True).indices
         group_counts = recv[:, :n_local].sum(0)
-        out_sorted = experts(received.index_select(0, order), group_counts)
+        out_sorted = run_experts(experts, received.index_select(0, order), group_counts)
         out_received = torch.empty_like(out_sorted)
         out_received[order] = out_sorted
         returned = self.all_to_all(out_received, send_splits, recv_splits)
