@@ -8,7 +8,10 @@ from vllm_npu.interface.lazy import lazy_exports
 
 from ._version import __version__
 
-_EXPORTS: dict[str, str] = {}
+_EXPORTS: dict[str, str] = {
+    "OOT_OPS": "._registry:OOT_OPS",
+    "register_oot_ops": "._registry:register_oot_ops",
+}
 
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 __all__ = sorted([*_EXPORTS, "__version__"])

@@ -55,9 +55,13 @@ def resolve(target: str) -> type:
 
 
 def _is_optional_missing(target: str, exc: ImportError) -> bool:
+    """True when ``target``'s own module (or a parent package) is absent and it is optional. A module that exists
+    but fails to import (a bug, a missing dependency) is not skipped."""
     module = target.partition(":")[0]
     missing = getattr(exc, "name", None) or ""
-    return any(module.startswith(m) and (missing == "" or missing.startswith(m)) for m in OPTIONAL_MODULES)
+    if not missing or not (module == missing or module.startswith(missing + ".")):
+        return False
+    return any(module == m or module.startswith(m + ".") for m in OPTIONAL_MODULES)
 
 
 def register_oot_ops(table: dict[str, str] | None = None) -> list[str]:
