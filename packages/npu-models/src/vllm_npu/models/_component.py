@@ -11,6 +11,7 @@ COMPONENT = Component(
     interface=">=1.0,<2",
     vllm=">=0.11.0,<0.12",
     summary="model overrides (Qwen2/2.5-VL, Qwen3-VL(-MoE), DeepSeek-V3.2, PanguProMoE)",
+    on_load="vllm_npu.models._hooks:on_load",
 )
 
 # What vLLM's `vllm.general_plugins` loader calls (entry point `npu_models`).

@@ -1,0 +1,208 @@
+"""DeepSeek-V3.2 (sparse attention with a lightning indexer) on Ascend: an override of vLLM 0.11's model class.
+
+vLLM 0.11 serves the ``DeepseekV32ForCausalLM`` architecture with ``deepseek_v2.DeepseekV3ForCausalLM``; a config
+with ``index_topk`` turns on the sparse path, which is CUDA-only in three places:
+
+1. ``DeepseekV2Model.__init__`` allocates the shared ``topk_indices_buffer`` with ``device="cuda"``;
+2. every ``Indexer`` keeps its keys in an fp8 cache (``DeepseekV32IndexerCache``: uint8 values + fp32 scales) served
+   by ``DeepseekV32IndexerBackend``, whose metadata builder queries CUDA device properties;
+3. ``Indexer.forward`` quantises the index queries to fp8 and calls the DeepGEMM-based ``sparse_attn_indexer`` op.
+
+:class:`AscendDeepseekV32ForCausalLM` keeps everything else of vLLM's class (layers, MoE, weight loading) and changes
+exactly those: it builds vLLM's model with explicit ``"cuda"`` allocations redirected to the device the model is
+being built on (vLLM offers no seam for the buffer's device), then gives every sparse attention layer an
+:class:`AscendIndexer`: the same projection modules (so checkpoints load unchanged), a model-dtype key cache served by
+npu-attention's ``AscendSFAIndexerBackend``, and ``ascend_indexer_forward`` ending in one ``AscendLightningIndexer``
+per layer. Sparse attention itself runs in npu-attention's ``AscendSFABackend`` (chosen by the platform for
+``use_sparse`` layers), which reads the indexer's ``topk_indices_buffer``.
+
+KV-cache dtype: vLLM's config hook for this architecture (``vllm/model_executor/models/config.py``) turns
+``cache_dtype="auto"`` into ``"fp8_ds_mla"``, which no Ascend backend stores; the platform resets it to ``"auto"``
+(npu-platform ``check_and_update_config``). ``--kv-cache-dtype bfloat16`` also ends as ``"auto"`` through that hook.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+from torch.overrides import TorchFunctionMode
+from vllm.config import VllmConfig
+from vllm.model_executor.models.deepseek_v2 import DeepseekV3ForCausalLM, DeepseekV32IndexerCache, Indexer
+from vllm.model_executor.models.utils import PPMissingLayer
+from vllm_npu.interface.errors import ConfigError, MissingComponentError
+from vllm_npu.interface.log import get_logger
+
+logger = get_logger(__name__)
+
+
+def _sfa() -> Any:
+    """npu-attention's SFA module, or :class:`MissingComponentError` with the pip command."""
+    try:
+        from vllm_npu.attention.backends import sfa
+    except ImportError as e:
+        raise MissingComponentError(
+            "attention",
+            "DeepSeek-V3.2 (DeepseekV32ForCausalLM) needs the sparse attention backend and lightning indexer of "
+            "npu-attention",
+        ) from e
+    return sfa
+
+
+class _RedirectCudaAllocations(TorchFunctionMode):
+    """Inside the block, torch calls given ``device="cuda"``/``"cuda:N"`` allocate on ``device`` instead.
+
+    Scoped to the construction of vLLM's model (see the module doc, point 1); calls without an explicit CUDA
+    device are untouched (vLLM's loader already puts those on the target device).
+    """
+
+    def __init__(self, device: torch.device) -> None:
+        super().__init__()
+        self.device = device
+        self.redirected: list[str] = []
+
+    def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        kwargs = kwargs or {}
+        dev = kwargs.get("device")
+        if dev is not None and torch.device(dev).type == "cuda":
+            kwargs = {**kwargs, "device": self.device}
+            self.redirected.append(getattr(func, "__name__", str(func)))
+        return func(*args, **kwargs)
+
+
+@contextmanager
+def redirect_cuda_allocations(device: torch.device) -> Iterator[_RedirectCudaAllocations]:
+    """Context manager form of :class:`_RedirectCudaAllocations`; yields the mode (``.redirected`` lists the calls)."""
+    mode = _RedirectCudaAllocations(device)
+    with mode:
+        yield mode
+
+
+class AscendIndexerKeyCache(DeepseekV32IndexerCache):
+    """The indexer key cache of one layer on Ascend: one ``index_head_dim`` key per token in the model dtype,
+    ``[num_blocks, block_size, index_head_dim]``, served by npu-attention's ``AscendSFAIndexerBackend``.
+
+    A subclass of vLLM's class on purpose: vLLM's model runner finds the indexer cache layers by that type
+    (``GPUModelRunner.get_kv_cache_spec``), and its spec (``MLAAttentionSpec`` with one head) is already right once
+    head size and dtype are the plain ones. Only the backend differs.
+    """
+
+    def get_attn_backend(self) -> type:
+        return _sfa().AscendSFAIndexerBackend
+
+
+class AscendIndexer(torch.nn.Module):
+    """Replaces vLLM's ``Indexer`` in one sparse attention layer; built from it (:meth:`from_vllm`).
+
+    Holds the same modules under the same names (``wq_b``, ``wk``, ``k_norm``, ``weights_proj``: the checkpoint's
+    ``...self_attn.indexer.*`` weights load unchanged) and fields (``n_head``, ``head_dim``, ``rope_dim``,
+    ``softmax_scale``, ``topk_tokens``, ``topk_indices_buffer``), a model-dtype :class:`AscendIndexerKeyCache` as
+    ``k_cache`` and one ``AscendLightningIndexer``. ``forward(hidden_states [T, hidden], qr [T, q_lora_rank],
+    positions [T], rotary_emb)`` fills ``topk_indices_buffer[:T]`` with int32 request-local positions (-1 = none)
+    and returns the buffer, like vLLM's.
+    """
+
+    def __init__(
+        self,
+        *,
+        wq_b: torch.nn.Module,
+        wk: torch.nn.Module,
+        k_norm: torch.nn.Module,
+        weights_proj: torch.nn.Module,
+        n_head: int,
+        head_dim: int,
+        rope_dim: int,
+        softmax_scale: float,
+        topk_tokens: int,
+        topk_indices_buffer: torch.Tensor,
+        prefix: str,
+        dtype: torch.dtype,
+        cache_config: Any,
+    ) -> None:
+        super().__init__()
+        sfa = _sfa()
+        if topk_indices_buffer is None or topk_indices_buffer.shape[1] != topk_tokens:
+            raise ConfigError(
+                f"{prefix}: topk_indices_buffer must be [max_num_batched_tokens, index_topk={topk_tokens}], got "
+                f"{None if topk_indices_buffer is None else tuple(topk_indices_buffer.shape)}"
+            )
+        self.wq_b, self.wk, self.k_norm, self.weights_proj = wq_b, wk, k_norm, weights_proj
+        self.n_head, self.head_dim, self.rope_dim = n_head, head_dim, rope_dim
+        self.softmax_scale = softmax_scale
+        self.topk_tokens = topk_tokens
+        self.topk_indices_buffer = topk_indices_buffer
+        self.prefix = prefix
+        self.k_cache = AscendIndexerKeyCache(
+            head_dim=head_dim, dtype=dtype, prefix=f"{prefix}.k_cache", cache_config=cache_config
+        )
+        self.lightning = sfa.AscendLightningIndexer(topk_tokens)
+        self._forward = sfa.ascend_indexer_forward
+
+    @classmethod
+    def from_vllm(cls, indexer: Indexer, vllm_config: VllmConfig) -> AscendIndexer:
+        """Take over ``indexer``'s modules and fields, and its cache layer's name: vLLM's fp8 cache layer is removed
+        from the forward context (``static_forward_context``) so that only ours gets a KV cache."""
+        ctx = vllm_config.compilation_config.static_forward_context
+        old_cache = indexer.k_cache
+        if ctx.get(old_cache.prefix) is old_cache:
+            del ctx[old_cache.prefix]
+        return cls(
+            wq_b=indexer.wq_b,
+            wk=indexer.wk,
+            k_norm=indexer.k_norm,
+            weights_proj=indexer.weights_proj,
+            n_head=indexer.n_head,
+            head_dim=indexer.head_dim,
+            rope_dim=indexer.rope_dim,
+            softmax_scale=indexer.softmax_scale,
+            topk_tokens=indexer.topk_tokens,
+            topk_indices_buffer=indexer.topk_indices_buffer,
+            prefix=indexer.prefix,
+            dtype=vllm_config.model_config.dtype,
+            cache_config=vllm_config.cache_config,
+        )
+
+    def forward(
+        self, hidden_states: torch.Tensor, qr: torch.Tensor, positions: torch.Tensor, rotary_emb: Any
+    ) -> torch.Tensor:
+        return self._forward(self, hidden_states, qr, positions, rotary_emb, self.lightning)
+
+
+class AscendDeepseekV32ForCausalLM(DeepseekV3ForCausalLM):
+    """vLLM's DeepSeek-V3.2 model (``DeepseekV3ForCausalLM`` with ``index_topk``) on Ascend; see the module doc."""
+
+    def __init__(self, *, vllm_config: VllmConfig, prefix: str = "") -> None:
+        sfa = _sfa()
+        config = vllm_config.model_config.hf_config
+        if not hasattr(config, "index_topk"):
+            raise ConfigError(
+                "DeepseekV32ForCausalLM needs index_topk, index_n_heads and index_head_dim in config.json; a "
+                "checkpoint without them is dense DeepSeek-V3: set architectures to ['DeepseekV3ForCausalLM']"
+            )
+        # The loader builds the model under `with torch.device(target)`: that is the current device.
+        device = torch.get_default_device()
+        with redirect_cuda_allocations(device) as mode:
+            super().__init__(vllm_config=vllm_config, prefix=prefix)
+        if mode.redirected:
+            logger.debug("DeepSeek-V3.2: %d CUDA allocation(s) redirected to %s", len(mode.redirected), device)
+
+        for layer in self.model.layers:
+            if isinstance(layer, PPMissingLayer):
+                continue
+            attn = layer.self_attn
+            if not isinstance(attn.indexer, Indexer):
+                raise ConfigError(f"{attn.indexer!r}: expected vLLM's Indexer in a DeepSeek-V3.2 attention layer")
+            impl = attn.mla_attn.mla_attn.impl
+            if not isinstance(impl, sfa.AscendSFAImpl):
+                raise ConfigError(
+                    f"DeepSeek-V3.2 sparse attention runs on AscendSFABackend; layer {attn.indexer.prefix} got "
+                    f"{type(impl).__name__} (check that the platform selects the NPU attention backends)"
+                )
+            new = AscendIndexer.from_vllm(attn.indexer, vllm_config)
+            # Every holder of the indexer: the attention module, the MLA layer (which calls it) and the sparse
+            # attention impl (which reads its topk_indices_buffer).
+            attn.indexer = new
+            attn.mla_attn.indexer = new
+            impl.indexer = new
