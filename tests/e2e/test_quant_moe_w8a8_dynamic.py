@@ -8,7 +8,7 @@ Checks (float32; prompts of 1, 5 and 20 tokens; 8 greedy tokens):
   (:func:`vllm_npu.quant.simulate.simulated_hf_model`: HF transformers with every quantized linear replaced by the
   scheme's maths written out independently of the kernels);
 - next-token log-probs over the whole vocabulary equal the simulation's within 1e-3 (max abs), and stay close to the
-  float model's: KL(float || quantized) <= 0.1 nats (measured TBD on this model).
+  float model's: KL(float || quantized) <= 0.05 nats (measured 0.003 on this model).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from npu_testkit.models import build_tiny_model, hf_logprobs
 pytestmark = pytest.mark.engine
 
 SCHEME = "W8A8_DYNAMIC"
-KL_BOUND = 0.1
+KL_BOUND = 0.05
 PROMPTS = make_prompts([1, 5, 20], seed=1)
 MAX_TOKENS = 8
 
@@ -69,8 +69,9 @@ def _quant_methods(worker):
     found = set()
     for name, m in model.named_modules():
         if isinstance(m, (LinearBase, FusedMoE)):
-            scheme = getattr(m.quant_method, "scheme", None)
-            found.add((name.rsplit(".", 1)[-1], type(m.quant_method).__name__, type(scheme).__name__))
+            method = type(m.quant_method).__name__
+            scheme = type(getattr(m.quant_method, "scheme", None)).__name__
+            found.add((name.rsplit(".", 1)[-1], "float" if "Unquantized" in method else method, scheme))
     return sorted(found)
 
 
@@ -87,8 +88,7 @@ def _next_token_logprobs(llm, prompt: list[int], vocab: int) -> torch.Tensor:
 
 def test_quantized_layers_run_the_scheme(llm):
     (methods,) = llm.collective_rpc(_quant_methods)
-    assert methods == [("down_proj", "UnquantizedLinearMethod", "NoneType"), ("experts", "AscendW8A8DynamicFusedMoEMethod", "NoneType"),
-                       ("gate", "UnquantizedLinearMethod", "NoneType"),
+    assert methods == [("experts", "AscendW8A8DynamicFusedMoEMethod", "NoneType"), ("gate", "float", "NoneType"),
                        ("o_proj", "AscendLinearMethod", "W8A8DynamicScheme"), ("qkv_proj", "AscendLinearMethod", "W8A8DynamicScheme")]
 
 

@@ -58,8 +58,9 @@ def _quant_methods(worker):
     found = set()
     for name, m in model.named_modules():
         if isinstance(m, (LinearBase, FusedMoE)):
-            scheme = getattr(m.quant_method, "scheme", None)
-            found.add((name.rsplit(".", 1)[-1], type(m.quant_method).__name__, type(scheme).__name__))
+            method = type(m.quant_method).__name__
+            scheme = type(getattr(m.quant_method, "scheme", None)).__name__
+            found.add((name.rsplit(".", 1)[-1], "float" if "Unquantized" in method else method, scheme))
     return sorted(found)
 
 
