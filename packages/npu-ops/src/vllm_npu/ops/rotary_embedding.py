@@ -126,6 +126,7 @@ class _NPURopeMixin:
             raise ValueError(f"rotary_dim={self.rotary_dim} must be even and <= head_size={self.head_size}")
         self._rotary_mul = ROTARY_MUL.select()
         self._mode = "half" if self.is_neox_style else "interleave"
+        self._full_rotary = self.rotary_dim == self.head_size
         self._cos_sin = PerForwardCosSin()
         self._tables_src: Optional[torch.Tensor] = None
         self._tables: tuple[torch.Tensor, torch.Tensor] = (torch.empty(0), torch.empty(0))
@@ -142,11 +143,12 @@ class _NPURopeMixin:
 
     def _rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         shape = x.shape
-        x4 = x.reshape(1, cos.shape[1], -1, self.head_size)
-        if self.rotary_dim == self.head_size:
+        x4 = x.reshape(1, cos.shape[1], -1, self.head_size)  # T = number of positions
+        if self._full_rotary:
             return self._rotary_mul(x4, cos, sin, self._mode).reshape(shape)
-        rot = self._rotary_mul(x4[..., : self.rotary_dim].contiguous(), cos, sin, self._mode)
-        return torch.cat((rot, x4[..., self.rotary_dim :]), dim=-1).reshape(shape)
+        rd = self.rotary_dim
+        rot = self._rotary_mul(x4[..., :rd].contiguous(), cos, sin, self._mode)
+        return torch.cat((rot, x4[..., rd:]), dim=-1).reshape(shape)
 
     def _rope_forward(
         self, positions: torch.Tensor, query: torch.Tensor, key: Optional[torch.Tensor]
