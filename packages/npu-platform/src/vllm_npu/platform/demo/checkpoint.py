@@ -121,6 +121,11 @@ def train_demo_model(out: Path, *, steps: int = TRAIN_STEPS, seed: int = 0) -> d
 
 
 def _train_in_child(out: str) -> None:
+    import torch
+
+    # The model is tiny: one intra-op thread is as fast as two on an idle host and avoids OpenMP barrier spinning
+    # (tens of times slower) when the host is busy.
+    torch.set_num_threads(1)
     train_demo_model(Path(out))
 
 

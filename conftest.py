@@ -1,0 +1,13 @@
+"""Root pytest configuration, loaded before any test module of the workspace (and in every xdist worker).
+
+The suite runs with ``-n 2`` on a 2-core machine and its vLLM engines start further processes. torch's OpenMP pool
+defaults to one thread per core in every one of them, and oversubscribed OpenMP barriers spin: a CPU step then runs
+tens of times slower. One intra-op thread per process keeps the whole suite within the machine. Set before torch is
+imported anywhere; child processes inherit it. An explicit setting of the caller wins.
+"""
+
+import os
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("MKL_NUM_THREADS", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
