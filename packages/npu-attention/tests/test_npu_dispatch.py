@@ -1,0 +1,192 @@
+"""The NPU code path of the GQA backend, run against a stand-in ``torch_npu`` written from the torch_npu 2.8.0 docs.
+
+No Ascend hardware exists here, so the ``torch_npu`` module is replaced by a fake whose ops follow the documented
+semantics (layouts, cumulative vs per-request lengths, ``sparse_mode`` 3 = right-down causal, 4 = band from the
+right-down corner, masks where 1/True = masked) and check the documented constraints (contiguity, slot range,
+mask shape/dtype, block size). Running the impl with the kernel backend forced to ``npu`` then checks the argument
+plumbing of every NPU twin: the result must match the dense reference like the reference path does.
+"""
+
+from __future__ import annotations
+
+import sys
+import types
+
+import pytest
+import torch
+from attn_harness import TOLERANCES, dense_reference, make_batch, run_impl
+
+import vllm_npu.attention.backends.gqa as gqa_mod
+import vllm_npu.attention.metadata as metadata_mod
+from vllm_npu.attention.metadata import AscendAttentionState as S
+
+CALLS: list[str] = []
+
+
+def _attend(q, k, v, allowed, scale, n, nkv):
+    """q [Sq, N, D], k/v [Sk, Nkv, D], allowed [Sq, Sk] -> [Sq, N, D] in float64."""
+    group = n // nkv
+    out = torch.empty(q.shape, dtype=torch.float64)
+    for h in range(n):
+        s = q[:, h].double() @ k[:, h // group].double().T * scale
+        s = s.masked_fill(~allowed, float("-inf"))
+        out[:, h] = torch.softmax(s, -1) @ v[:, h // group].double()
+    return out
+
+
+def _pages(cache, row, length):
+    bs = cache.shape[1]
+    nblk = -(-length // bs)
+    return cache[row[:nblk].long()].reshape(-1, *cache.shape[2:])[:length]
+
+
+def npu_scatter_pa_kv_cache(key, value, key_cache, value_cache, slot_mapping, **kw):
+    CALLS.append("npu_scatter_pa_kv_cache")
+    assert not kw and key.is_contiguous() and value.is_contiguous() and key_cache.dim() == 4
+    slots = slot_mapping.long()
+    total = key_cache.shape[0] * key_cache.shape[1]
+    assert bool(((slots >= 0) & (slots < total)).all()), "slot_mapping outside [0, num_blocks*block_size)"
+    assert slots.unique().numel() == slots.numel(), "duplicate slots"
+    key_cache.view(-1, *key_cache.shape[2:])[slots] = key
+    value_cache.view(-1, *value_cache.shape[2:])[slots] = value
+
+
+def _npu_paged_attention_v2(query, key_cache, block_table, context_lens, *, value_cache, num_kv_heads, num_heads,
+                            scale_value, mask=None, mask_type=0, out):
+    CALLS.append("_npu_paged_attention_v2")
+    bs = key_cache.shape[1]
+    assert mask is None and mask_type == 0 and bs % 16 == 0 and bs <= 128 and block_table.dtype == torch.int32
+    assert isinstance(context_lens, list) and len(context_lens) == query.shape[0]
+    for b, length in enumerate(context_lens):
+        k, v = _pages(key_cache, block_table[b], length), _pages(value_cache, block_table[b], length)
+        allowed = torch.ones(1, length, dtype=torch.bool)
+        out[b] = _attend(query[b : b + 1], k, v, allowed, scale_value, num_heads, num_kv_heads)[0].to(out.dtype)
+    return out
+
+
+def npu_fused_infer_attention_score(query, key, value, *, atten_mask, block_table, input_layout, block_size,
+                                    actual_seq_lengths, actual_seq_lengths_kv, num_key_value_heads, num_heads,
+                                    scale, sparse_mode, pre_tokens, next_tokens):
+    CALLS.append(f"npu_fused_infer_attention_score[sparse_mode={sparse_mode}]")
+    assert input_layout == "TND" and key.dim() == 3 and key.shape[1] == block_size
+    assert block_size % 128 == 0 and block_size <= 512 and query.dtype in (torch.float16, torch.bfloat16)
+    assert atten_mask.shape == (2048, 2048) and atten_mask.dtype in (torch.int8, torch.bool, torch.uint8)
+    assert bool((atten_mask.bool() == torch.ones(2048, 2048, dtype=torch.bool).triu(1)).all())
+    ends = list(actual_seq_lengths)
+    assert ends == sorted(ends) and ends[-1] == query.shape[0] and len(ends) == len(actual_seq_lengths_kv)
+    d = query.shape[-1]
+    kc = key.view(key.shape[0], block_size, -1, d)
+    vc = value.view(value.shape[0], block_size, -1, d)
+    out = torch.empty_like(query)
+    start = 0
+    for b, (end, kv_len) in enumerate(zip(ends, actual_seq_lengths_kv)):
+        q_len = end - start
+        k, v = _pages(kc, block_table[b], kv_len), _pages(vc, block_table[b], kv_len)
+        diag = kv_len - q_len + torch.arange(q_len)[:, None]  # right-down aligned position of each query row
+        j = torch.arange(kv_len)[None, :]
+        if sparse_mode == 3:
+            allowed = j <= diag
+        elif sparse_mode == 4:
+            allowed = (j >= diag - pre_tokens) & (j <= diag + next_tokens)
+        else:
+            raise AssertionError(f"unexpected sparse_mode {sparse_mode}")
+        out[start:end] = _attend(query[start:end], k, v, allowed, scale, num_heads,
+                                 num_key_value_heads).to(out.dtype)
+        start = end
+    return out, torch.zeros(1)
+
+
+def _npu_flash_attention_v2(query, key, value, seq_len, *, mask, mask_type, scale_value, num_heads, num_kv_heads,
+                            out):
+    CALLS.append("_npu_flash_attention_v2")
+    assert mask_type == 1 and mask.dtype == query.dtype and mask.shape[0] >= max(seq_len)
+    start = 0
+    for length in seq_len:
+        allowed = mask[:length, :length] == 0
+        end = start + length
+        out[start:end] = _attend(query[start:end], key[start:end], value[start:end], allowed, scale_value,
+                                 num_heads, num_kv_heads).to(out.dtype)
+        start = end
+    return out
+
+
+def npu_fusion_attention(query, key, value, head_num, input_layout, *, atten_mask, scale, pre_tockens, next_tockens,
+                         actual_seq_qlen, actual_seq_kvlen, sparse_mode):
+    CALLS.append(f"npu_fusion_attention[sparse_mode={sparse_mode}]")
+    assert input_layout == "TND" and sparse_mode == 4 and atten_mask.dtype == torch.bool
+    assert atten_mask.shape == (2048, 2048) and list(actual_seq_qlen) == list(actual_seq_kvlen)
+    out = torch.empty_like(query)
+    start = 0
+    for end in actual_seq_qlen:
+        length = end - start
+        i, j = torch.arange(length)[:, None], torch.arange(length)[None, :]
+        allowed = (j >= i - pre_tockens) & (j <= i + next_tockens)  # band from the (square) right-down corner
+        out[start:end] = _attend(query[start:end], key[start:end], value[start:end], allowed, scale, head_num,
+                                 key.shape[1]).to(out.dtype)
+        start = end
+    return out, None, None, None, 0, 0, 0
+
+
+@pytest.fixture
+def fake_npu(monkeypatch):
+    fake = types.ModuleType("torch_npu")
+    fake.npu_scatter_pa_kv_cache = npu_scatter_pa_kv_cache
+    fake.npu_fused_infer_attention_score = npu_fused_infer_attention_score
+    fake.npu_fusion_attention = npu_fusion_attention
+    fake.atb = types.SimpleNamespace(_npu_paged_attention_v2=_npu_paged_attention_v2,
+                                     _npu_flash_attention_v2=_npu_flash_attention_v2)
+    monkeypatch.setitem(sys.modules, "torch_npu", fake)
+    monkeypatch.setattr(gqa_mod, "kernel_backend", lambda: "npu")
+    monkeypatch.setattr(metadata_mod, "kernel_backend", lambda: "npu")
+    CALLS.clear()
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float16)  # vLLM builds layers under the model dtype; the NPU impl checks it
+    yield CALLS
+    torch.set_default_dtype(old)
+
+
+CASES = {
+    "prefill_no_cache": ([5, 17, 1, 40], [0, 0, 0, 0], S.PrefillNoCache, 0, "_npu_flash_attention_v2"),
+    "decode_only": ([1, 1, 1, 1], [4, 127, 128, 300], S.DecodeOnly, 0, "_npu_paged_attention_v2"),
+    "chunked_mixed": ([1, 1, 7, 30], [9, 200, 0, 20], S.ChunkedPrefill, 0, "sparse_mode=3"),
+    "prefix_hit": ([12, 20], [128, 256], S.PrefillCacheHit, 0, "sparse_mode=3"),
+    "spec_decoding": ([4, 1, 3], [10, 130, 0], S.SpecDecoding, 3, "sparse_mode=3"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+@pytest.mark.parametrize("window", [None, 6])
+def test_npu_path_matches_dense_reference(fake_npu, case: str, window: int | None) -> None:
+    q_lens, ctx_lens, state, spec, kernel = CASES[case]
+    batch = make_batch(q_lens, ctx_lens, num_heads=8, num_kv_heads=2, head_size=64, block_size=128,
+                       dtype=torch.float16, num_pad=3, seed=len(case))
+    out, md = run_impl(batch, num_heads=8, num_kv_heads=2, head_size=64, sliding_window=window,
+                       num_speculative_tokens=spec)
+    assert md.attn_state is state and md.splitfuse_mask is not None
+    assert fake_npu[0] == "npu_scatter_pa_kv_cache" and len(fake_npu) == 2
+    expected_kernel = kernel if window is None else "sparse_mode=4"
+    assert expected_kernel in fake_npu[1], fake_npu
+    expected = dense_reference(batch, num_heads=8, num_kv_heads=2, head_size=64, sliding_window=window)
+    n = batch.num_tokens
+    torch.testing.assert_close(out[:n].double(), expected, **TOLERANCES[torch.float16])
+    assert bool((out[n:] == 7.0).all())
+
+
+@pytest.mark.parametrize("window", [None, 4])
+def test_npu_encoder_path(fake_npu, window: int | None) -> None:
+    batch = make_batch([6, 1, 25], [0, 0, 0], num_heads=4, num_kv_heads=2, head_size=32, block_size=128,
+                       dtype=torch.float16, num_pad=1, causal=False, seed=2)
+    out, md = run_impl(batch, num_heads=4, num_kv_heads=2, head_size=32, encoder_only=True, sliding_window=window)
+    assert md.attn_mask is not None and md.attn_mask.dtype == torch.bool
+    assert fake_npu == ["npu_fusion_attention[sparse_mode=4]"]  # no cache write for encoder-only layers
+    expected = dense_reference(batch, num_heads=4, num_kv_heads=2, head_size=32, causal=False, sliding_window=window)
+    torch.testing.assert_close(out[: batch.num_tokens].double(), expected, **TOLERANCES[torch.float16])
+
+
+def test_npu_builder_requires_block_128(fake_npu) -> None:
+    from attn_harness import make_builder
+
+    from vllm_npu.interface.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="--block-size 128"):
+        make_builder(16, 2, 64, torch.float16)
