@@ -55,3 +55,13 @@ def test_import_is_light() -> None:
         "assert not bad, bad"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_package_door_is_light_and_exports_the_gqa_backend() -> None:
+    code = (
+        "import sys; import vllm_npu.attention as a; "
+        "bad = [m for m in ('torch', 'vllm') if m in sys.modules]; assert not bad, bad; "
+        "assert a.AscendAttentionBackend.__module__ == 'vllm_npu.attention.backends.gqa'; "
+        "assert a.GQA_BACKEND.endswith(a.AscendAttentionBackend.__qualname__)"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)

@@ -13,6 +13,12 @@ _EXPORTS: dict[str, str] = {
     "GQA_BACKEND": ".selector:GQA_BACKEND",
     "MLA_BACKEND": ".selector:MLA_BACKEND",
     "SFA_BACKEND": ".selector:SFA_BACKEND",
+    "AscendAttentionBackend": ".backends.gqa:AscendAttentionBackend",
+    "AscendAttentionImpl": ".backends.gqa:AscendAttentionImpl",
+    "AscendAttentionMetadataBuilder": ".metadata:AscendAttentionMetadataBuilder",
+    "AscendAttentionState": ".metadata:AscendAttentionState",
+    "AscendMetadata": ".metadata:AscendMetadata",
+    "AttentionMaskBuilder": ".masks:AttentionMaskBuilder",
 }
 
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
