@@ -1,0 +1,143 @@
+"""Real vLLM on the emulated device with a tiny DeepSeek-V3.2 (sparse attention + lightning indexer), float32.
+
+One engine for the module: ``index_topk = 16``. A request whose sequence stays within 16 tokens has every causal
+token selected, so its sparse attention must equal dense MLA: greedy output equals the same weights run as
+DeepSeek-V3 (HF transformers; our MLA backend is checked against the same HF model in
+``test_mla_deepseek_engine.py``). Longer requests attend to 16 tokens per layer: their output must equal an
+independent sparse reference (HF DeepSeek-V3 with each layer's attention masked to a float64 brute-force indexer's
+selection, ``deepseek_v32_support``), and the engine's own selection must equal that brute-force selection.
+
+Two stand-ins for npu-platform changes still to land (see ``deepseek_v32_support`` / ``deepseek_v32_worker``):
+``kv_cache_dtype="bfloat16"`` (vLLM's V3.2 config hook turns it into "auto" instead of "fp8_ds_mla") and the test
+worker that binds two cache layers per decoder layer.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+from npu_testkit.engine import emulated_env, engine, greedy, make_prompts, token_prompts
+from npu_testkit.models import hf_greedy
+
+pytestmark = pytest.mark.engine
+
+_HERE = Path(__file__).resolve().parent
+TOPK = 16
+MAX_BATCHED_TOKENS = 64
+
+
+def _load(name: str):
+    """Import a helper module of this folder under its own name (vLLM resolves the worker class by qualname)."""
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, _HERE / f"{name}.py")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
+support = _load("deepseek_v32_support")
+
+
+@pytest.fixture(scope="module")
+def checkpoints():
+    return support.build_v32_pair(TOPK)
+
+
+@pytest.fixture(scope="module")
+def sparse_reference(checkpoints):
+    v32, dense = checkpoints
+    return support.SparseHFReference(dense, v32, TOPK)
+
+
+@pytest.fixture(scope="module")
+def llm(checkpoints, tmp_path_factory):
+    v32, _ = checkpoints
+    env = emulated_env(tmp_path_factory.mktemp("deepseek_v32"))
+    worker = _load("deepseek_v32_worker").V32TestWorker
+    with engine(
+        v32, env, max_num_batched_tokens=MAX_BATCHED_TOKENS, kv_cache_dtype="bfloat16",
+        worker_cls=f"{worker.__module__}.{worker.__qualname__}",
+    ) as llm:  # fmt: skip
+        yield llm
+
+
+def _model_report(worker) -> dict:
+    from vllm.model_executor.models.deepseek_v2 import Indexer
+    from vllm_npu.attention.backends.sfa import AscendSFAImpl, AscendSFAIndexerBackend
+    from vllm_npu.models.deepseek_v32 import AscendDeepseekV32ForCausalLM, AscendIndexer, AscendIndexerKeyCache
+
+    model = worker.model_runner.get_model()
+    ctx = worker.vllm_config.compilation_config.static_forward_context
+    layers = []
+    for layer in model.model.layers:
+        attn = layer.self_attn
+        impl = attn.mla_attn.mla_attn.impl
+        cache = ctx[f"{attn.indexer.prefix}.k_cache"]
+        layers.append({
+            "indexer": type(attn.indexer) is AscendIndexer,
+            "shared": attn.mla_attn.indexer is attn.indexer and impl.indexer is attn.indexer,
+            "impl": isinstance(impl, AscendSFAImpl),
+            "cache_layer": type(cache) is AscendIndexerKeyCache and cache is attn.indexer.k_cache,
+            "cache_backend": cache.get_attn_backend() is AscendSFAIndexerBackend,
+            "cache_shape": tuple(cache.kv_cache[0].shape),
+            "cache_dtype": str(cache.kv_cache[0].dtype),
+            "buffer": (str(attn.indexer.topk_indices_buffer.device), tuple(attn.indexer.topk_indices_buffer.shape)),
+        })  # fmt: skip
+    return {
+        "model": type(model) is AscendDeepseekV32ForCausalLM,
+        "vllm_indexers_left": sum(isinstance(m, Indexer) for m in model.modules()),
+        "same_buffer": len({id(layer.self_attn.indexer.topk_indices_buffer) for layer in model.model.layers}) == 1,
+        "layers": layers,
+    }
+
+
+def test_override_and_sparse_backends_ran(llm):
+    (info,) = llm.collective_rpc("npu_runtime_info")
+    assert info["attention_backends"] == ["vllm_npu.attention.backends.sfa.AscendSFABackend"]
+    assert info["attention_impls"] == ["vllm_npu.attention.backends.sfa.AscendSFAImpl"]
+    assert info["kernel_backend"] == "reference"
+    (report,) = llm.collective_rpc(_model_report)
+    assert report["model"] and report["vllm_indexers_left"] == 0 and report["same_buffer"]
+    block_size = info["block_size"]
+    for layer in report["layers"]:
+        assert layer["indexer"] and layer["shared"] and layer["impl"] and layer["cache_layer"] and layer["cache_backend"]
+        assert layer["cache_shape"][1:] == (block_size, support.INDEX_HEAD_DIM)  # [blocks, block_size, index_head_dim]
+        assert layer["cache_dtype"] == "torch.float32"  # the model dtype, not fp8
+        assert layer["buffer"] == ("cpu", (MAX_BATCHED_TOKENS, TOPK))
+
+
+def test_within_topk_equals_dense_and_beyond_matches_sparse_reference(llm, checkpoints, sparse_reference):
+    # One batch: sequences of <= 16 tokens (1+8, 4+8, 8+8) are dense-equivalent; 40+8 and 90+8 are sparse, the
+    # 90-token prompt prefilled in two chunks (its second chunk selects among cached indexer keys).
+    _, dense = checkpoints
+    prompts = make_prompts([1, 4, 8, 40, 90], seed=1)
+    got = greedy(llm, prompts, 8)
+    assert got[:3] == hf_greedy(dense, prompts[:3], 8)
+    expected_sparse = sparse_reference.greedy(prompts[3:], 8)
+    assert got[3:] == expected_sparse
+    # The sparse path matters: dense attention continues the long prompts differently.
+    dense_long = hf_greedy(dense, prompts[3:], 8)
+    assert all(s != d for s, d in zip(expected_sparse, dense_long, strict=True)), (expected_sparse, dense_long)
+
+
+def _topk_rows(worker, n: int) -> list[list[int]]:
+    model = worker.model_runner.get_model()
+    return model.model.layers[-1].self_attn.indexer.topk_indices_buffer[:n].tolist()
+
+
+def test_engine_selection_equals_brute_force_indexer(llm, sparse_reference):
+    # A single prefill step (max_tokens=1): the shared topk buffer then holds the last layer's selection of it.
+    (prompt,) = make_prompts([50], seed=3)
+    from vllm import SamplingParams
+
+    llm.generate(token_prompts([prompt]), SamplingParams(temperature=0.0, max_tokens=1), use_tqdm=False)
+    (rows,) = llm.collective_rpc(_topk_rows, args=(len(prompt),))
+    sparse_reference.greedy([prompt], 1)
+    expected = sparse_reference.selections[len(sparse_reference.model.model.layers) - 1]
+    got = [{i for i in row if i >= 0} for row in rows]
+    assert got == expected
+    assert [len(s) for s in got] == [min(TOPK, t + 1) for t in range(len(prompt))]
