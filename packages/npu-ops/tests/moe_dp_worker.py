@@ -1,12 +1,13 @@
-"""One rank of the DP=2 expert-parallel layer test (run as a script by test_moe_ep.py; not a test module).
+"""One rank of the DP x TP expert-parallel layer test (run as a script by test_moe_ep.py; not a test module).
 
-Usage: python moe_dp_worker.py <rank> <init_method> <out_dir>
+Usage: python moe_dp_worker.py <rank> <world> <tp> <init_method> <out_dir>
 
-Builds vLLM's parallel state for data_parallel_size=2 with enable_expert_parallel (TP 1 per rank), constructs
-vLLM's ``FusedMoE`` (npu-ops' registered override), fills this rank's experts from the shared global weights and
-runs its own tokens through the layer: the all-to-all mode of AscendFusedMoE through the EP group's device
-communicator, then the all-gather / reduce-scatter mode (a plan without all-to-all, as a quant method that does not
-run ``layer.moe_plan`` has). Saves the output and what the layer chose to ``<out_dir>/dp_rank<r>.pt``.
+Builds vLLM's parallel state for data_parallel_size = world / tp with enable_expert_parallel, constructs vLLM's
+``FusedMoE`` (npu-ops' registered override, reduce_results=True), fills this rank's experts from the shared global
+weights and runs its DP rank's tokens through the layer twice: with the layer's own plan (all-to-all through the EP
+group's device communicator when TP is 1) and with a plan without all-to-all (as a quant method that does not run
+``layer.moe_plan`` has: all-gather over DP, local experts, reduce-scatter, TP all-reduce). Saves both outputs and
+what the layer chose to ``<out_dir>/rank<r>.pt``.
 """
 
 from __future__ import annotations
@@ -17,23 +18,24 @@ import sys
 import torch
 
 NUM_EXPERTS, HIDDEN, INTER, TOP_K = 7, 16, 8, 2
-TOKENS = [6, 3]
+TOKENS = [6, 3]  # per DP rank
 
 
-def inputs(rank: int):
+def inputs(dp_rank: int):
     gen = torch.Generator().manual_seed(77)
     w13 = torch.randn(NUM_EXPERTS, 2 * INTER, HIDDEN, generator=gen) / HIDDEN**0.5
     w2 = torch.randn(NUM_EXPERTS, HIDDEN, INTER, generator=gen) / INTER**0.5
-    gen_r = torch.Generator().manual_seed(500 + rank)
-    return w13, w2, torch.randn(TOKENS[rank], HIDDEN, generator=gen_r), torch.randn(TOKENS[rank], NUM_EXPERTS,
-                                                                                       generator=gen_r)
+    gen_r = torch.Generator().manual_seed(500 + dp_rank)
+    x = torch.randn(TOKENS[dp_rank], HIDDEN, generator=gen_r)
+    return w13, w2, x, torch.randn(TOKENS[dp_rank], NUM_EXPERTS, generator=gen_r)
 
 
 def main() -> None:
-    rank, init, out_dir = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+    rank, world, tp, init, out_dir = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5]
+    dp = world // tp
     os.environ.setdefault("VLLM_NPU_DEVICE", "emulated")
     os.environ["RANK"] = str(rank)  # vLLM derives data_parallel_rank from it with the external launcher
-    torch.distributed.init_process_group("gloo", init_method=init, rank=rank, world_size=2)
+    torch.distributed.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
     from vllm.config import ParallelConfig, VllmConfig, set_current_vllm_config
     from vllm.distributed import get_ep_group
     from vllm.distributed import parallel_state as ps
@@ -43,17 +45,18 @@ def main() -> None:
     from vllm_npu.ops.moe.layer import build_layer_plan
 
     register_oot_ops()
-    cfg = VllmConfig(parallel_config=ParallelConfig(data_parallel_size=2, data_parallel_rank=rank,
+    cfg = VllmConfig(parallel_config=ParallelConfig(tensor_parallel_size=tp, data_parallel_size=dp,
                                                     enable_expert_parallel=True,
                                                     distributed_executor_backend="external_launcher"))
     with set_current_vllm_config(cfg):
-        ps.init_distributed_environment(world_size=2, rank=rank, local_rank=rank, distributed_init_method=init,
+        ps.init_distributed_environment(world_size=world, rank=rank, local_rank=rank, distributed_init_method=init,
                                         backend="gloo")
-        ps.initialize_model_parallel(1, 1)
+        ps.initialize_model_parallel(tp, 1)
         layer = FusedMoE(num_experts=NUM_EXPERTS, top_k=TOP_K, hidden_size=HIDDEN, intermediate_size=INTER,
-                         params_dtype=torch.float32, renormalize=True, prefix="dp.experts")
+                         params_dtype=torch.float32, renormalize=True, reduce_results=True, prefix="dp.experts")
         all_to_all = layer.moe_plan.all_to_all
-        w13, w2, x, logits = inputs(rank)
+        dp_rank = ps.get_dp_group().rank_in_group
+        w13, w2, x, logits = inputs(dp_rank)
         emap = layer.expert_map
         local = (emap >= 0).nonzero().flatten()[emap[emap >= 0].argsort()]
         with torch.no_grad():
@@ -62,17 +65,16 @@ def main() -> None:
         layer.quant_method.process_weights_after_loading(layer)
         with set_forward_context(None, cfg), torch.no_grad():
             out = layer(x, logits)
-        # A quant method that does not run layer.moe_plan gets a local-expert plan; the layer then all-gathers the
-        # ranks' tokens and reduce-scatters the partial sums instead. Emulate one by swapping the plan.
         layer.moe_plan = build_layer_plan(layer, allow_all_to_all=False)
         with set_forward_context(None, cfg), torch.no_grad():
             out_gathered = layer(x, logits)
         info = {
             "class": type(layer).__name__, "ep_size": layer.ep_size, "ep_rank": layer.ep_rank,
-            "dp_size": layer.dp_size, "all_to_all": all_to_all, "gathered_plan": type(layer.moe_plan.dispatcher).__name__,
+            "dp_size": layer.dp_size, "dp_rank": dp_rank, "all_to_all": all_to_all,
+            "gathered_plan": type(layer.moe_plan.dispatcher).__name__,
             "communicator": type(get_ep_group().device_communicator).__name__, "local_experts": local.tolist(),
         }
-        torch.save({"out": out, "out_gathered": out_gathered, "info": info}, f"{out_dir}/dp_rank{rank}.pt")
+        torch.save({"out": out, "out_gathered": out_gathered, "info": info}, f"{out_dir}/rank{rank}.pt")
         torch.distributed.barrier()
         ps.destroy_model_parallel()
         ps.destroy_distributed_environment()

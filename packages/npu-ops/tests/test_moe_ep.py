@@ -63,26 +63,28 @@ def test_all_to_all_ep2_matches_single_process(tmp_path, comm):
             torch.testing.assert_close(got[name], expect, atol=1e-5, rtol=1e-5, msg=f"{name} rank {rank}")
 
 
-def test_fused_moe_layer_dp2_all_to_all_matches_single_process(tmp_path):
-    """vLLM's FusedMoE (our override) with data_parallel_size=2 + enable_expert_parallel, two processes: the
-    layer picks the all-to-all mode, exchanges rows through NPUCommunicator (gloo), and each rank's output equals
-    the single-process MoE over its own tokens with all 7 experts (4 + 3 per rank). Same for the all-gather /
-    reduce-scatter mode used with quant methods that do not run ``layer.moe_plan``."""
+@pytest.mark.parametrize("tp", [1, 2])
+def test_fused_moe_layer_dp2_matches_single_process(tmp_path, tp):
+    """vLLM's FusedMoE (our override) with data_parallel_size=2 (x TP) + enable_expert_parallel, one process per
+    rank. TP 1: the layer picks the all-to-all mode through NPUCommunicator (gloo); TP 2: all-gather over DP, local
+    experts, reduce-scatter, TP all-reduce. Both modes run on every rank; each rank's output equals the
+    single-process MoE over its DP rank's tokens with all 7 experts."""
     worker_path = WORKER.with_name("moe_dp_worker.py")
     spec = importlib.util.spec_from_file_location("moe_dp_worker", worker_path)
     worker = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(worker)
+    world = 2 * tp
     init = f"file://{tmp_path}/pg"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "VLLM_NPU_DEVICE": "emulated", "VLLM_NO_USAGE_STATS": "1"}
     procs = [
-        subprocess.Popen([sys.executable, str(worker_path), str(r), init, str(tmp_path)], env=env,
-                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        for r in range(2)
+        subprocess.Popen([sys.executable, str(worker_path), str(r), str(world), str(tp), init, str(tmp_path)],
+                         env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        for r in range(world)
     ]
     logs = []
     for p in procs:
         try:
-            out, _ = p.communicate(timeout=400)
+            out, _ = p.communicate(timeout=600)
         except subprocess.TimeoutExpired:
             p.kill()
             out, _ = p.communicate()
@@ -94,14 +96,16 @@ def test_fused_moe_layer_dp2_all_to_all_matches_single_process(tmp_path):
 
     plan = build_moe_plan(RoutingConfig(top_k=worker.TOP_K), worker.NUM_EXPERTS, act_dtype=torch.float32,
                           backend="reference")
-    for rank in range(2):
-        got = torch.load(tmp_path / f"dp_rank{rank}.pt")
+    placement = {2: [[0, 1, 2, 3], [4, 5, 6]], 4: [[0, 1], [2, 3], [4, 5], [6]]}[world]
+    for rank in range(world):
+        got = torch.load(tmp_path / f"rank{rank}.pt")
+        dp_rank = rank // tp
         assert got["info"] == {
-            "class": "AscendFusedMoE", "ep_size": 2, "ep_rank": rank, "dp_size": 2, "all_to_all": True,
-            "gathered_plan": "LocalDispatcher", "communicator": "NPUCommunicator",
-            "local_experts": [[0, 1, 2, 3], [4, 5, 6]][rank],
+            "class": "AscendFusedMoE", "ep_size": world, "ep_rank": rank, "dp_size": 2, "dp_rank": dp_rank,
+            "all_to_all": tp == 1, "gathered_plan": "LocalDispatcher", "communicator": "NPUCommunicator",
+            "local_experts": placement[rank],
         }
-        w13, w2, x, logits = worker.inputs(rank)
+        w13, w2, x, logits = worker.inputs(dp_rank)
         expect = moe_forward(x, logits, plan=plan, experts=plan.unquantized_experts(w13, w2))
         torch.testing.assert_close(got["out"], expect, atol=1e-5, rtol=1e-5)
         torch.testing.assert_close(got["out_gathered"], expect, atol=1e-5, rtol=1e-5)

@@ -8,12 +8,12 @@ model that builds those gets these classes. What changes against vLLM:
   vLLM-layout float weights. Quantised methods (npu-quant) call :func:`moe_forward` with ``layer.moe_plan`` and
   their own experts function: the quant-method seam of vLLM (``layer.quant_method.apply``) is kept. A method sets
   the class attribute ``uses_layer_moe_plan = True`` to say it runs ``layer.moe_plan``; only then may the layer
-  use the all-to-all mode below (else the layer all-gathers the DP ranks' tokens, the method adds its local
-  experts, and the sums are reduce-scattered back).
+  use the all-to-all mode below.
 - Expert parallelism: with replicated tokens (vLLM's default EP, data parallel size 1) each rank runs its experts
-  and vLLM's usual all-reduce sums the ranks. With data-parallel attention (DP > 1, attention TP 1) tokens go to
-  the owning ranks by all-to-all through the EP group's device communicator (``forward_impl``; vLLM's own
-  DP dispatch/combine is a no-op on our device communicator).
+  and vLLM's usual all-reduce sums the ranks. With data-parallel attention (DP > 1) rows cross the DP ranks in
+  ``forward_impl`` (vLLM's own DP dispatch/combine is a no-op on our device communicator): by all-to-all through
+  the EP group's device communicator when attention TP is 1 and the quant method runs ``layer.moe_plan``, else by
+  all-gather over the DP group, local experts, reduce-scatter back, then vLLM's TP all-reduce.
 
 Everything else (weight loading, the ``torch.ops.vllm.moe_forward`` custom op, shared experts, the final
 all-reduce) is vLLM's.
@@ -66,7 +66,7 @@ def _expert_maps_of(layer: FusedMoE) -> list[torch.Tensor]:
 
 
 def tokens_differ_per_ep_rank(layer: FusedMoE) -> bool:
-    """Whether tokens differ per EP rank (DP attention with attention TP 1), so rows must cross ranks."""
+    """Whether every EP rank holds different tokens (DP attention with attention TP 1): the all-to-all case."""
     from vllm.distributed import get_tensor_model_parallel_world_size
 
     return bool(
@@ -167,35 +167,48 @@ class AscendFusedMoE(FusedMoE):
         # The all-to-all dispatcher lives in the plan, so it only helps a quant method that runs this plan
         # (``uses_layer_moe_plan = True``); other methods get the all-gather / reduce-scatter of forward_impl.
         self.moe_plan = build_layer_plan(self, allow_all_to_all=getattr(self.quant_method, "uses_layer_moe_plan", False))
-        self._tokens_differ_per_ep_rank = tokens_differ_per_ep_rank(self)
+        # Experts split over DP ranks that hold different tokens: rows must cross the DP ranks here, because
+        # vLLM's DP dispatch/combine (forward_impl) goes through the device communicator's dispatch/combine,
+        # which are no-ops on ours.
+        self._moe_across_dp = bool(self.use_ep and self.dp_size > 1)
+        if self._moe_across_dp and self.is_sequence_parallel:
+            raise ConfigError(
+                f"{self.layer_name}: sequence-parallel MoE with data parallel is not supported by npu-ops' MoE; "
+                "start without --use-sequence-parallel-moe"
+            )
 
     def forward_impl(
         self, hidden_states: torch.Tensor, router_logits: torch.Tensor
     ) -> Union[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
-        if not self._tokens_differ_per_ep_rank:
+        if not self._moe_across_dp:
             return super().forward_impl(hidden_states, router_logits)
-        # DP attention + EP: tokens differ per rank. vLLM would all-gather / reduce-scatter through the device
-        # communicator's dispatch/combine (no-ops on ours), so the exchange happens here. Attention TP is 1, so
-        # vLLM's TP all-reduce afterwards is a no-op and the routed output must be complete on this rank.
         self.ensure_moe_quant_config()
         shared = self.shared_experts(hidden_states) if self.shared_experts is not None else None
         if self.moe_plan.all_to_all:
-            routed = self._apply(hidden_states, router_logits)
+            routed = self._apply(hidden_states, router_logits)  # complete on this rank
         else:
-            routed = self._gathered_apply(hidden_states, router_logits)
+            routed = self._gathered_apply(hidden_states, router_logits)  # partial over the TP group's experts
+        # As vLLM's forward_impl: sum the attention-TP ranks' partial outputs (a no-op when TP is 1).
+        if self.reduce_results and (self.tp_size > 1 or self.ep_size > 1):
+            routed = self.maybe_all_reduce_tensor_model_parallel(routed)
+            if shared is not None:
+                shared = self.maybe_all_reduce_tensor_model_parallel(shared)
         return routed if shared is None else (shared, routed)
 
     def _gathered_apply(self, hidden_states: torch.Tensor, router_logits: torch.Tensor) -> torch.Tensor:
-        """For quant methods that do not run ``layer.moe_plan``: gather every rank's tokens, let the method add
-        this rank's experts (a partial sum), then reduce-scatter the sums back to the owning ranks."""
-        from vllm.distributed import get_ep_group
+        """Gather the DP ranks' tokens, let the quant method add this rank's experts, reduce-scatter the sums back.
 
-        ep = get_ep_group()
+        Used when the plan has no all-to-all (attention TP > 1, or a quant method that does not run
+        ``layer.moe_plan``); the result is this rank's experts' share, summed over TP afterwards.
+        """
+        from vllm.distributed import get_dp_group
+
+        dp = get_dp_group()
         count = torch.tensor([hidden_states.shape[0]], dtype=torch.int64, device=hidden_states.device)
-        sizes = [int(n) for n in ep.all_gather(count, dim=0).tolist()]
-        gathered = self._apply(ep.all_gatherv(hidden_states, dim=0, sizes=sizes),
-                               ep.all_gatherv(router_logits, dim=0, sizes=sizes))
-        return ep.reduce_scatterv(gathered, dim=0, sizes=sizes)
+        sizes = [int(n) for n in dp.all_gather(count, dim=0).tolist()]
+        gathered = self._apply(dp.all_gatherv(hidden_states, dim=0, sizes=sizes),
+                               dp.all_gatherv(router_logits, dim=0, sizes=sizes))
+        return dp.reduce_scatterv(gathered, dim=0, sizes=sizes)
 
     def _apply(self, hidden_states: torch.Tensor, router_logits: torch.Tensor) -> torch.Tensor:
         return self.quant_method.apply(
