@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import os
 from collections.abc import Iterable
 from typing import Any, Optional
 
@@ -105,6 +106,13 @@ class NPUWorker(Worker):
 
     def init_device(self) -> None:
         backend = device_backend()
+        if self.emulated and "OMP_NUM_THREADS" not in os.environ and torch.get_num_threads() > 1:
+            # The reference kernels run decode-sized tensors, where intra-op threads only add OpenMP spin-waits;
+            # on a loaded host these cost 30x (measured: 11.7 vs 346 ms per decode step, benchmarks/
+            # decode_throughput.py, 2 cores at load 13). OMP_NUM_THREADS set by the user wins.
+            logger.info("emulated device: torch intra-op threads %d -> 1 (set OMP_NUM_THREADS to choose)",
+                        torch.get_num_threads())
+            torch.set_num_threads(1)
         self.device = backend.torch_device(self.local_rank)
         current_platform.set_device(self.device)
         current_platform.check_if_supports_dtype(self.model_config.dtype)

@@ -1,0 +1,134 @@
+"""Decode throughput of real vLLM on the emulated device: 8 prompts x 64 new tokens on a small Qwen2.
+
+Model: tiny Qwen2 built on the fly (hidden 256, 4 layers, 8 query / 2 KV heads, head dim 32, vocab 512), float32,
+in-process engine core (no IPC in the numbers). Prompts: 8 x 32 tokens. Reports:
+
+- tokens/s over the timed ``generate`` (best of ``--repeats`` runs after one warm-up run);
+- a split of the time per engine step: model forward (of which attention), sampler, input preparation, the rest of
+  ``execute_model`` and everything outside it (scheduler, detokenizer, output processing).
+
+The split wraps the runner's methods with wall-clock timers (in this process: the engine core is in-process), so it
+adds a few microseconds per wrapped call. Wall time on a shared machine includes other processes' load.
+
+Run: ``.venv/bin/python benchmarks/decode_throughput.py [--prompts 8] [--tokens 64] [--json out.json]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import tempfile
+import time
+from collections import defaultdict
+from typing import Any
+
+os.environ.setdefault("VLLM_NPU_DEVICE", "emulated")
+
+SMALL_QWEN2 = dict(hidden_size=256, intermediate_size=512, num_hidden_layers=4, num_attention_heads=8,
+                   num_key_value_heads=2)
+
+
+class Timers:
+    def __init__(self) -> None:
+        self.total: dict[str, float] = defaultdict(float)
+        self.calls: dict[str, int] = defaultdict(int)
+        self.enabled = False
+
+    def wrap(self, obj: Any, attr: str, name: str) -> None:
+        fn = getattr(obj, attr)
+        timers = self
+
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            if not timers.enabled:
+                return fn(*args, **kwargs)
+            t = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                timers.total[name] += time.perf_counter() - t
+                timers.calls[name] += 1
+
+        setattr(obj, attr, timed)
+
+    def reset(self) -> None:
+        self.total.clear()
+        self.calls.clear()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--prompts", type=int, default=8)
+    parser.add_argument("--tokens", type=int, default=64)
+    parser.add_argument("--prompt-len", type=int, default=32)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--json", help="write the results here")
+    args = parser.parse_args()
+
+    from npu_testkit.engine import emulated_env, engine, greedy, make_prompts, tiny_config
+    from npu_testkit.models import build_tiny_model
+
+    model = build_tiny_model(tiny_config("qwen2", **SMALL_QWEN2))
+    prompts = make_prompts([args.prompt_len] * args.prompts, seed=0)
+    timers = Timers()
+    with engine(model, emulated_env(tempfile.mkdtemp(prefix="bench-decode-"), kv_cache_gb=0.25)) as llm:
+        worker = llm.collective_rpc(lambda self: self)[0]  # in-process engine: the worker object itself
+        runner = worker.model_runner
+        timers.wrap(runner, "execute_model", "execute_model")
+        timers.wrap(runner, "_prepare_inputs", "prepare_inputs")
+        timers.wrap(runner.model, "forward", "model_forward")
+        timers.wrap(runner.sampler, "forward", "sampler")
+        from vllm.attention.layer import Attention
+        from vllm.config import get_layers_from_vllm_config
+
+        for layer in get_layers_from_vllm_config(worker.vllm_config, Attention).values():
+            timers.wrap(layer.impl, "forward", "attention")
+
+        greedy(llm, prompts, args.tokens)  # warm-up
+        best = None
+        for _ in range(args.repeats):
+            timers.reset()
+            timers.enabled = True
+            t = time.perf_counter()
+            out = greedy(llm, prompts, args.tokens)
+            wall = time.perf_counter() - t
+            timers.enabled = False
+            if best is None or wall < best[0]:
+                best = (wall, dict(timers.total), dict(timers.calls))
+        assert all(len(o) == args.tokens for o in out)
+
+    wall, total, calls = best
+    steps = calls.get("execute_model", 1)
+    generated = args.prompts * args.tokens
+    ms = lambda s: 1000 * s / steps  # noqa: E731
+    split = {
+        "model_forward_ms": ms(total.get("model_forward", 0.0)),
+        "attention_ms (inside forward)": ms(total.get("attention", 0.0)),
+        "sampler_ms": ms(total.get("sampler", 0.0)),
+        "prepare_inputs_ms": ms(total.get("prepare_inputs", 0.0)),
+        "rest_of_execute_model_ms": ms(total["execute_model"] - total.get("model_forward", 0) - total.get("sampler", 0)
+                                        - total.get("prepare_inputs", 0)),
+        "outside_execute_model_ms": ms(wall - total["execute_model"]),
+    }
+    result = {
+        "model": "qwen2 " + ",".join(f"{k}={v}" for k, v in SMALL_QWEN2.items()),
+        "prompts": args.prompts,
+        "prompt_len": args.prompt_len,
+        "new_tokens": args.tokens,
+        "wall_s": wall,
+        "tokens_per_s": generated / wall,
+        "engine_steps": steps,
+        "step_ms": 1000 * wall / steps,
+        "split_per_step": split,
+    }
+    print(f"decode throughput: {result['tokens_per_s']:.0f} tokens/s ({generated} tokens in {wall:.2f} s, "
+          f"{steps} steps, {result['step_ms']:.2f} ms/step)")
+    for k, v in split.items():
+        print(f"  {k:32s} {v:7.3f}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()
