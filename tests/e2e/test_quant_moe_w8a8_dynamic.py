@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from npu_testkit.engine import emulated_env, engine, greedy, make_prompts, token_prompts
 from npu_testkit.models import build_tiny_model, hf_logprobs
 

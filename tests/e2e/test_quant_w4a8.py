@@ -15,8 +15,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-
-from npu_testkit.engine import emulated_env, engine, greedy, make_prompts, token_prompts, tiny_config
+from npu_testkit.engine import emulated_env, engine, greedy, make_prompts, tiny_config, token_prompts
 from npu_testkit.models import build_tiny_model, hf_logprobs
 
 pytestmark = pytest.mark.engine

@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from vllm_npu.quant.config import QUANT_METHOD, AscendQuantConfig, register
 from vllm_npu.quant.description import QuantDescription, QuantDescriptionError
 from vllm_npu.quant.detect import add_cli_choice, claim_checkpoint

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from vllm_npu.quant.description import QuantDescription, QuantDescriptionError, looks_like_description
 
 BASE = {

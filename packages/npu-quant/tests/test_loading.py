@@ -8,7 +8,6 @@ from typing import Any
 
 import pytest
 import torch
-
 from vllm_npu.quant.config import AscendQuantConfig
 from vllm_npu.quant.description import QuantDescription
 from vllm_npu.quant.params import QuantLoadError

@@ -17,7 +17,6 @@ from typing import Any
 import pytest
 import torch
 import torch.nn.functional as F
-
 from vllm_npu.quant import kernels as K
 from vllm_npu.quant.config import AscendQuantConfig
 from vllm_npu.quant.description import QuantDescription
@@ -30,7 +29,7 @@ from vllm_npu.quant.quantize_math import (
 )
 from vllm_npu.quant.simulate import SimulatedQuantLinear
 
-H, HEAD, NH, NKV, I = 64, 16, 4, 2, 128
+H, HEAD, NH, NKV, INTER = 64, 16, 4, 2, 128
 QKV = "model.layers.0.self_attn.qkv_proj"
 DOWN = "model.layers.0.mlp.down_proj"
 BOUND = {"W8A8_DYNAMIC": 0.02, "W8A8": 0.03, "W4A8_DYNAMIC": 0.15, "W4A4_FLATQUANT_DYNAMIC": 0.30}
@@ -89,11 +88,11 @@ def build_down(qtype: str, version: str = "0"):
     from vllm.model_executor.layers.linear import RowParallelLinear
 
     g = torch.Generator().manual_seed(1)
-    x = torch.randn(9, I, generator=g)
-    w, b = torch.randn(H, I, generator=g) * 0.2, torch.randn(H, generator=g) * 0.05
+    x = torch.randn(9, INTER, generator=g)
+    w, b = torch.randn(H, INTER, generator=g) * 0.2, torch.randn(H, generator=g) * 0.05
     tensors = quantize(qtype, w, b, x, True, torch.float32, version)
     cfg = description(qtype, {DOWN: tensors}, version)
-    layer = RowParallelLinear(I, H, bias=True, quant_config=cfg, prefix=DOWN)
+    layer = RowParallelLinear(INTER, H, bias=True, quant_config=cfg, prefix=DOWN)
     params = dict(layer.named_parameters())
     for suffix, t in tensors.items():
         params[suffix].weight_loader(params[suffix], t)

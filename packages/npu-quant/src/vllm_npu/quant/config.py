@@ -17,7 +17,6 @@ from typing import Any
 
 import torch
 from vllm.model_executor.layers.quantization.base_config import QuantizationConfig, QuantizeMethodBase
-
 from vllm_npu.interface import get_logger
 
 from .description import (

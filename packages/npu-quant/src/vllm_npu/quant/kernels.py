@@ -18,7 +18,6 @@ Layout conventions shared by both twins:
 from __future__ import annotations
 
 import torch
-
 from vllm_npu.interface import Kernel, KernelContractError
 
 # --------------------------------------------------------------------------------------------------------------
@@ -298,8 +297,8 @@ def _kronecker_quant_ref(
     ``q = clamp(round(y / scale_t), -8, 7)``, packed 8 per int32 along R. With p1 = FlatQuant's left matrix
     *transposed* (done at load) this is ``x (P_left ⊗ P_right)`` in row-major flattening.
     """
-    t, l, r = x.shape
-    if p1.shape != (l, l) or p2.shape != (r, r) or r % 8:
+    t, rows, cols = x.shape
+    if p1.shape != (rows, rows) or p2.shape != (cols, cols) or cols % 8:
         raise KernelContractError(
             f"npu_kronecker_quant: x {tuple(x.shape)}, p1 {tuple(p1.shape)}, p2 {tuple(p2.shape)}: need p1 [L,L], "
             "p2 [R,R], R % 8 == 0"

@@ -23,7 +23,6 @@ from typing import Any
 
 import torch
 from vllm.model_executor.layers.fused_moe.layer import FusedMoEMethodBase, FusedMoeWeightScaleSupported
-
 from vllm_npu.interface import Kernel, require
 
 from . import kernels

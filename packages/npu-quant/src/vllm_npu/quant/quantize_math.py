@@ -104,8 +104,8 @@ def random_orthogonal(n: int, seed: int) -> torch.Tensor:
 
 def flatquant_transforms(k: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """(left [L, L], right [R, R]) orthogonal transforms for input size ``k`` (``L * R = k``)."""
-    l, r = decompose_dim(k)
-    return random_orthogonal(l, seed * 7919 + l), random_orthogonal(r, seed * 7919 + r + 1)
+    left, right = decompose_dim(k)
+    return random_orthogonal(left, seed * 7919 + left), random_orthogonal(right, seed * 7919 + right + 1)
 
 
 def quantize_w4a4_flatquant(
@@ -115,9 +115,9 @@ def quantize_w4a4_flatquant(
     ``W'_n = leftᵀ · W_n · right`` with ``W_n`` viewed as ``[L, R]``; then symmetric per-channel int4."""
     w = w.float()
     n, k = w.shape
-    l, r = left.shape[0], right.shape[0]
+    nl, nr = left.shape[0], right.shape[0]
     left_d, right_d = left.to(dtype).float(), right.to(dtype).float()  # the transforms as stored
-    wt = (left_d.t() @ w.reshape(n, l, r) @ right_d).reshape(n, k)
+    wt = (left_d.t() @ w.reshape(n, nl, nr) @ right_d).reshape(n, k)
     s = _row_absmax(wt) / 7.0
     q = torch.clamp(torch.round(wt / s), -8, 7).to(torch.int8)
     return {

@@ -139,9 +139,9 @@ def quantize_checkpoint(
             raise QuantizeError(f"W4A8_DYNAMIC needs output sizes divisible by 8; {bad[:3]} are not")
     if qtype == "W4A4_FLATQUANT_DYNAMIC":
         for n, m in dense.items():
-            l, r = decompose_dim(m.in_features)
-            if m.in_features % 8 or r % 8:
-                raise QuantizeError(f"{n}: input size {m.in_features} = {l} x {r}; W4A4_FLATQUANT needs K and R divisible by 8")
+            nl, nr = decompose_dim(m.in_features)
+            if m.in_features % 8 or nr % 8:
+                raise QuantizeError(f"{n}: input size {m.in_features} = {nl} x {nr}; W4A4_FLATQUANT needs K and R divisible by 8")
         if not 0 < clip_ratio <= 1:
             raise QuantizeError(f"clip ratio must lie in (0, 1], got {clip_ratio}")
     ranges: dict[str, tuple[float, float]] = {}

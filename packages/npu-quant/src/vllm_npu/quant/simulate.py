@@ -70,9 +70,9 @@ class SimulatedQuantLinear(torch.nn.Module):
             y = xf @ self.w_deq.t() + (self.bias.float() if self.bias is not None else 0)
         elif self.qtype == "W4A4_FLATQUANT_DYNAMIC":
             left, right = t["left_trans"].float(), t["right_trans"].float()
-            l, r = left.shape[0], right.shape[0]
+            nl, nr = left.shape[0], right.shape[0]
             lead = xf.shape[:-1]
-            xt = (left.t() @ xf.reshape(-1, l, r) @ right).reshape(*lead, l * r)
+            xt = (left.t() @ xf.reshape(-1, nl, nr) @ right).reshape(*lead, nl * nr)
             s_t = float(t["clip_ratio"].float()) * xt.abs().amax(-1, keepdim=True) / 7
             xq = torch.clamp(torch.round(xt / s_t.clamp_min(1e-30)), -8, 7)
             y = (xq @ t["weight"].float().t()) * t["weight_scale"].float().reshape(-1) * s_t

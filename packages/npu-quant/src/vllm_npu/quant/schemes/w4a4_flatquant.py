@@ -52,16 +52,16 @@ class W4A4FlatQuantScheme(LinearScheme):
                 f"{shape.prefix}: W4A4_FLATQUANT_DYNAMIC transforms the full input of a layer, which a row-parallel "
                 f"layer splits over {shape.tp_size} ranks; run this checkpoint with tensor_parallel_size=1"
             )
-        l, r = decompose_dim(k)
-        if k % 8 or r % 8:
+        nl, nr = decompose_dim(k)
+        if k % 8 or nr % 8:
             raise QuantLoadError(
-                f"{shape.prefix}: input size {k} factors as L={l} x R={r}; the int4 kernels need K and R divisible by 8"
+                f"{shape.prefix}: input size {k} factors as L={nl} x R={nr}; the int4 kernels need K and R divisible by 8"
             )
-        self.l, self.r = l, r
+        self.l, self.r = nl, nr
         return [
             TensorSpec("weight", (n, k), torch.int8, output_dim=0, input_dim=1),
-            TensorSpec("left_trans", (l, l), dt, accept=FLOATS, shared=True),
-            TensorSpec("right_trans", (r, r), dt, accept=FLOATS, shared=True),
+            TensorSpec("left_trans", (nl, nl), dt, accept=FLOATS, shared=True),
+            TensorSpec("right_trans", (nr, nr), dt, accept=FLOATS, shared=True),
             TensorSpec("clip_ratio", (1,), torch.float32, accept=FLOATS, shared=True),
             TensorSpec("weight_scale", (n, 1), torch.float32, accept=FLOATS, output_dim=0),
             TensorSpec("weight_offset", (n, 1), torch.float32, accept=FLOATS, output_dim=0, required=False),

@@ -35,7 +35,7 @@ class W4A8DynamicScheme(LinearScheme):
         self._pack = kernels.int4pack.select()
 
     def specs(self, shape: LinearShape) -> list[TensorSpec]:
-        n, k, dt, g = shape.n, shape.k, shape.params_dtype, self.group_size
+        n, k, g = shape.n, shape.k, self.group_size
         if n % 8:
             raise QuantLoadError(f"{shape.prefix}: W4A8_DYNAMIC packs 8 int4 values along the output dim; N={n} is not a multiple of 8")
         if g and k % g:
