@@ -65,7 +65,9 @@ class LocalDispatcher:
         if self.expert_map is None:
             rows, row_idx, counts = self.init_routing(hidden, topk_ids, self.num_experts, (0, self.num_experts))
             return self.unpermute(run_experts(experts, rows, counts), row_idx, topk_weights)
-        local_ids = self._local_id.to(topk_ids.device)[topk_ids.long()]
+        if self._local_id.device != topk_ids.device:  # once, if the layer moved after it was built
+            self._local_id = self._local_id.to(topk_ids.device)
+        local_ids = self._local_id[topk_ids.long()]
         rows, row_idx, counts = self.init_routing(hidden, local_ids, self.num_local + 1, (0, self.num_local))
         # The NPU grouped matmul wants the counts to cover every row it gets: keep the in-range rows only.
         n = int(counts.sum())
@@ -144,7 +146,9 @@ class AllToAllDispatcher:
         self, hidden: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor, experts: ExpertsFn
     ) -> torch.Tensor:
         device = hidden.device
-        physical = self._physical.to(device)[topk_ids.long()]
+        if self._physical.device != device:  # once: the table is built on the CPU
+            self._physical = self._physical.to(device)
+        physical = self._physical[topk_ids.long()]
         rows, row_idx, counts = self.init_routing(hidden, physical, self.num_experts, (0, self.num_experts))
         # counts per (destination rank, its local expert), padded to max_local: [R, L]
         send = torch.zeros(self.world, self.max_local, dtype=torch.int64, device=device)
