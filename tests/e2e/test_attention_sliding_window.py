@@ -2,8 +2,8 @@
 on the emulated device, greedy tokens equal HF transformers (float32).
 
 Prompts and generations run far past the window, so every attention state (first prefill, chunked prefill with
-``max_num_batched_tokens=48``, mixed batches, decode) reads windowed keys; vLLM's sliding-window KV manager also
-swaps out-of-window blocks for its null block, which the backend must never attend to.
+``max_num_batched_tokens=48``, mixed batches, prefix-cache hits, decode) reads windowed keys; vLLM's sliding-window
+KV manager also swaps out-of-window blocks for its null block, which the backend must never attend to.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ def sliding_qwen2():
 @pytest.fixture(scope="module")
 def llm(sliding_qwen2, tmp_path_factory):
     env = emulated_env(tmp_path_factory.mktemp("sliding"))
-    with engine(sliding_qwen2, env, max_num_batched_tokens=48, enable_prefix_caching=False) as llm:
+    with engine(sliding_qwen2, env, max_num_batched_tokens=48, enable_prefix_caching=True) as llm:
         yield llm
 
 
@@ -45,6 +45,22 @@ def test_sliding_window_greedy_matches_hf(llm, sliding_qwen2):
     prompts = make_prompts(LENGTHS, seed=21)
     expected = hf_greedy(sliding_qwen2, prompts, MAX_TOKENS)
     assert greedy(llm, prompts, MAX_TOKENS) == expected
+
+
+def test_sliding_window_prefix_cache_hit_matches_hf(llm, sliding_qwen2):
+    from vllm import SamplingParams
+
+    from npu_testkit.engine import token_prompts
+
+    (prefix,) = make_prompts([80], seed=41)  # 5 full blocks of 16, longer than the window
+    batch = [prefix + s for s in make_prompts([5, 11], seed=42)]
+    expected = hf_greedy(sliding_qwen2, batch, 20)
+    params = SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True)
+    first = llm.generate(token_prompts(batch[:1]), params, use_tqdm=False)
+    second = llm.generate(token_prompts(batch), params, use_tqdm=False)
+    assert [list(first[0].outputs[0].token_ids)] == expected[:1]
+    assert [list(o.outputs[0].token_ids) for o in second] == expected
+    assert all(o.num_cached_tokens > 0 for o in second), [o.num_cached_tokens for o in second]
 
 
 def test_window_changes_the_output(sliding_qwen2):
