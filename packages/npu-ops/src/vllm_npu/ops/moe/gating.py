@@ -140,6 +140,26 @@ def grouped_topk_npu(
     return weights.float(), ids.to(torch.int32)
 
 
+def _scores(router_logits: torch.Tensor, scoring_func: str) -> torch.Tensor:
+    x = router_logits.float()
+    return x.sigmoid() if scoring_func == "sigmoid" else torch.softmax(x, dim=-1)
+
+
+def _grouped_choice(
+    scores: torch.Tensor, bias: Optional[torch.Tensor], top_k: int, num_expert_group: int, topk_group: int
+) -> torch.Tensor:
+    """Expert ids [T, k] (int64) of grouped top-k: groups scored by their max (no bias) or the sum of their top-2
+    biased scores; the best ``topk_group`` groups kept; the top-k biased scores inside them."""
+    choice = scores if bias is None else scores + bias.float().unsqueeze(0)
+    num_tokens, num_experts = choice.shape
+    grouped = choice.view(num_tokens, num_expert_group, num_experts // num_expert_group)
+    group_scores = grouped.max(dim=-1).values if bias is None else grouped.topk(2, dim=-1).values.sum(dim=-1)
+    kept = group_scores.topk(topk_group, dim=-1).indices
+    group_mask = torch.zeros_like(group_scores, dtype=torch.bool).scatter_(1, kept, True)
+    expert_mask = group_mask.repeat_interleave(num_experts // num_expert_group, dim=1)
+    return choice.masked_fill(~expert_mask, float("-inf")).topk(top_k, dim=-1).indices
+
+
 def grouped_topk_reference(
     router_logits: torch.Tensor,
     bias: Optional[torch.Tensor],
@@ -151,17 +171,9 @@ def grouped_topk_reference(
     routed_scaling_factor: float,
 ) -> GateOutput:
     """Reference twin of :func:`grouped_topk_npu`: logits [T, E], bias [E] or None -> float32 [T, k], int32 [T, k]."""
-    x = router_logits.float()
     sigmoid = scoring_func == "sigmoid"
-    scores = x.sigmoid() if sigmoid else torch.softmax(x, dim=-1)
-    choice = scores if bias is None else scores + bias.float().unsqueeze(0)
-    num_tokens, num_experts = choice.shape
-    grouped = choice.view(num_tokens, num_expert_group, num_experts // num_expert_group)
-    group_scores = grouped.max(dim=-1).values if bias is None else grouped.topk(2, dim=-1).values.sum(dim=-1)
-    kept = group_scores.topk(topk_group, dim=-1).indices
-    group_mask = torch.zeros_like(group_scores, dtype=torch.bool).scatter_(1, kept, True)
-    expert_mask = group_mask.repeat_interleave(num_experts // num_expert_group, dim=1)
-    ids = choice.masked_fill(~expert_mask, float("-inf")).topk(top_k, dim=-1).indices
+    scores = _scores(router_logits, scoring_func)
+    ids = _grouped_choice(scores, bias, top_k, num_expert_group, topk_group)
     weights = scores.gather(1, ids)
     if sigmoid:
         weights = weights / (weights.sum(dim=-1, keepdim=True) + GATING_EPS)
@@ -201,20 +213,8 @@ def select_experts_native(
     """Every routing config vLLM 0.11 accepts, in plain torch (used on both backends for the non-fused configs)."""
     if cfg.use_grouped_topk:
         assert cfg.num_expert_group is not None and cfg.topk_group is not None
-        x = router_logits.float()
-        scores = x.sigmoid() if cfg.scoring_func == "sigmoid" else torch.softmax(x, dim=-1)
-        choice = scores if e_score_correction_bias is None else scores + e_score_correction_bias.float().unsqueeze(0)
-        num_tokens, num_experts = choice.shape
-        g = cfg.num_expert_group
-        grouped = choice.view(num_tokens, g, num_experts // g)
-        if e_score_correction_bias is None:
-            group_scores = grouped.max(dim=-1).values
-        else:
-            group_scores = grouped.topk(2, dim=-1).values.sum(dim=-1)
-        kept = group_scores.topk(cfg.topk_group, dim=-1).indices
-        group_mask = torch.zeros_like(group_scores, dtype=torch.bool).scatter_(1, kept, True)
-        masked = choice.masked_fill(~group_mask.repeat_interleave(num_experts // g, dim=1), float("-inf"))
-        ids = masked.topk(cfg.top_k, dim=-1).indices
+        scores = _scores(router_logits, cfg.scoring_func)
+        ids = _grouped_choice(scores, e_score_correction_bias, cfg.top_k, cfg.num_expert_group, cfg.topk_group)
         weights = scores.gather(1, ids)
         if cfg.renormalize:
             weights = weights / weights.sum(dim=-1, keepdim=True)
@@ -234,9 +234,7 @@ def select_experts_native(
             hidden_states=hidden_states, gating_output=router_logits, topk=cfg.top_k, renormalize=cfg.renormalize
         )
         return weights.float(), ids.to(torch.int32)
-    x = router_logits.float()
-    scores = x.sigmoid() if cfg.scoring_func == "sigmoid" else torch.softmax(x, dim=-1)
-    weights, ids = scores.topk(cfg.top_k, dim=-1)
+    weights, ids = _scores(router_logits, cfg.scoring_func).topk(cfg.top_k, dim=-1)
     if cfg.renormalize:
         weights = weights / weights.sum(dim=-1, keepdim=True)
     return weights, ids.to(torch.int32)
