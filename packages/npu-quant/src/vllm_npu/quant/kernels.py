@@ -42,11 +42,11 @@ def unpack_int4(packed: torch.Tensor) -> torch.Tensor:
     """Inverse of :func:`pack_int4`: int32 ``[..., C/8]`` -> int8 ``[..., C]`` in [-8, 7]."""
     if packed.dtype != torch.int32:
         raise KernelContractError(f"packed int4 data must be int32, got {packed.dtype}")
-    w = packed.to(torch.int64) & 0xFFFFFFFF
-    shifts = torch.arange(0, 32, 4, dtype=torch.int64, device=packed.device)
-    nib = (w.unsqueeze(-1) >> shifts) & 0xF
+    # Byte-wise (little-endian int32: byte i holds values 2i (low nibble) and 2i+1 (high nibble)).
+    b = packed.contiguous().view(torch.uint8)
+    nib = torch.stack([b & 0xF, b >> 4], dim=-1).to(torch.int8)
     nib = torch.where(nib >= 8, nib - 16, nib)
-    return nib.reshape(*packed.shape[:-1], packed.shape[-1] * 8).to(torch.int8)
+    return nib.reshape(*packed.shape[:-1], packed.shape[-1] * 8)
 
 
 def pack_int4_pairs_dim0(values: torch.Tensor) -> torch.Tensor:
@@ -197,9 +197,10 @@ def _quant_matmul_ref(
         a, b = x1, x2
     if a.shape[-1] != b.shape[0]:
         raise KernelContractError(f"npu_quant_matmul: x1 {tuple(x1.shape)} and x2 {tuple(x2.shape)} do not chain")
-    acc = a.to(torch.int32) @ b.to(torch.int32)
+    # float64 products and sums of int8/int4 values are exact (|acc| < 2**53), and BLAS-fast unlike int32 matmul.
+    acc = a.to(torch.float64) @ b.to(torch.float64)
     if bias is not None and bias.dtype == torch.int32:
-        acc = acc + bias
+        acc = acc + bias.to(torch.float64)
     out = acc.to(torch.float32) * decode_scale(scale)
     if pertoken_scale is not None:
         out = out * pertoken_scale.to(torch.float32).unsqueeze(-1)

@@ -57,7 +57,7 @@ def _grouped_qmm_ref(
     start = 0
     for g, n in enumerate(sizes):
         if n:
-            acc = xq[start:start + n].to(torch.int32) @ weight[g].to(torch.int32)
+            acc = xq[start:start + n].to(torch.float64) @ weight[g].to(torch.float64)  # exact for int8
             res = acc.to(torch.float32) * scale[g].to(torch.float32) * pertoken[start:start + n].unsqueeze(-1)
             out[start:start + n] = res.to(out_dtype)
         start += n
