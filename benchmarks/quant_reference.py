@@ -32,7 +32,6 @@ SCHEMES = ["W8A8", "W8A8_DYNAMIC", "W4A8_DYNAMIC", "W4A4_FLATQUANT_DYNAMIC"]
 
 def build(scheme: str, w: torch.Tensor, x_calib: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
     from vllm.model_executor.model_loader.weight_utils import default_weight_loader
-
     from vllm_npu.quant.description import QuantDescription
     from vllm_npu.quant.linear_method import AscendLinearMethod
     from vllm_npu.quant.quantize_math import (
@@ -97,7 +96,7 @@ def main() -> None:
             x = torch.randn(t, args.k)
             row = {"tokens": t}
             for name, fn in layers.items():
-                row[name] = round(median_ms(lambda fn=fn: fn(x), args.repeats), 3)
+                row[name] = round(median_ms(lambda fn=fn, x=x: fn(x), args.repeats), 3)
             results.append(row)
             print(f"T={t:5d}  " + "  ".join(f"{k}={v:8.3f}ms" for k, v in row.items() if k != "tokens"), flush=True)
     if args.json:

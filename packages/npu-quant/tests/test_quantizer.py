@@ -10,7 +10,6 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
-
 from vllm_npu.quant.cli import main
 from vllm_npu.quant.description import QuantDescription
 
