@@ -13,7 +13,8 @@ exactly those: it builds vLLM's model with explicit ``"cuda"`` allocations redir
 being built on (vLLM offers no seam for the buffer's device), then gives every sparse attention layer an
 :class:`AscendIndexer`: the same projection modules (so checkpoints load unchanged), a model-dtype key cache served by
 npu-attention's ``AscendSFAIndexerBackend``, and ``ascend_indexer_forward`` ending in one ``AscendLightningIndexer``
-per layer. Sparse attention itself runs in npu-attention's ``AscendSFABackend`` (chosen by the platform for
+per layer, called through one opaque custom op (``torch.ops.vllm.npu_dsa_lightning_indexer``, the counterpart of
+vLLM's ``sparse_attn_indexer`` op) so that graph capture never traces its per-step metadata reads. Sparse attention itself runs in npu-attention's ``AscendSFABackend`` (chosen by the platform for
 ``use_sparse`` layers), which reads the indexer's ``topk_indices_buffer``.
 
 KV-cache dtype: vLLM's config hook for this architecture (``vllm/model_executor/models/config.py``) turns
@@ -23,6 +24,8 @@ KV-cache dtype: vLLM's config hook for this architecture (``vllm/model_executor/
 
 from __future__ import annotations
 
+import importlib
+import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -41,7 +44,7 @@ logger = get_logger(__name__)
 def _sfa() -> Any:
     """npu-attention's SFA module, or :class:`MissingComponentError` with the pip command."""
     try:
-        from vllm_npu.attention.backends import sfa
+        sfa = importlib.import_module("vllm_npu.attention.backends.sfa")
     except ImportError as e:
         raise MissingComponentError(
             "attention",
@@ -101,7 +104,7 @@ class AscendIndexer(torch.nn.Module):
     ``softmax_scale``, ``topk_tokens``, ``topk_indices_buffer``), a model-dtype :class:`AscendIndexerKeyCache` as
     ``k_cache`` and one ``AscendLightningIndexer``. ``forward(hidden_states [T, hidden], qr [T, q_lora_rank],
     positions [T], rotary_emb)`` fills ``topk_indices_buffer[:T]`` with int32 request-local positions (-1 = none)
-    and returns the buffer, like vLLM's.
+    and returns the buffer, like vLLM's; ``rotary_emb`` must be the one bound at build (:meth:`bind_rotary_emb`).
     """
 
     def __init__(
@@ -137,6 +140,7 @@ class AscendIndexer(torch.nn.Module):
         self.k_cache = AscendIndexerKeyCache(
             head_dim=head_dim, dtype=dtype, prefix=f"{prefix}.k_cache", cache_config=cache_config
         )
+        self.k_cache.__dict__["_owner"] = weakref.ref(self)  # not a child module: the cache layer stays a leaf
         self.lightning = sfa.AscendLightningIndexer(topk_tokens)
         self._forward = sfa.ascend_indexer_forward
 
@@ -164,10 +168,68 @@ class AscendIndexer(torch.nn.Module):
             cache_config=vllm_config.cache_config,
         )
 
+    def bind_rotary_emb(self, rotary_emb: torch.nn.Module) -> None:
+        """The attention layer's rotary embedding (the one ``forward`` is called with), kept outside the module tree
+        (it is the attention layer's child) so that the opaque op can reach it."""
+        self.__dict__["_rotary_emb"] = rotary_emb
+
     def forward(
         self, hidden_states: torch.Tensor, qr: torch.Tensor, positions: torch.Tensor, rotary_emb: Any
     ) -> torch.Tensor:
-        return self._forward(self, hidden_states, qr, positions, rotary_emb, self.lightning)
+        if rotary_emb is not self.__dict__.get("_rotary_emb"):
+            raise ConfigError(f"{self.prefix}: called with a rotary embedding other than the bound one")
+        # One opaque op (like vLLM's sparse_attn_indexer): under graph capture its metadata reads stay at run time.
+        torch.ops.vllm.npu_dsa_lightning_indexer(hidden_states, qr, positions, self.topk_indices_buffer, self.k_cache.prefix)
+        return self.topk_indices_buffer
+
+    def run(self, hidden_states: torch.Tensor, qr: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """The indexer step itself (eager): npu-attention's ``ascend_indexer_forward``."""
+        return self._forward(self, hidden_states, qr, positions, self.__dict__["_rotary_emb"], self.lightning)
+
+
+def _lightning_indexer_op(
+    hidden_states: torch.Tensor,
+    qr: torch.Tensor,
+    positions: torch.Tensor,
+    topk_indices_buffer: torch.Tensor,
+    layer_name: str,
+) -> None:
+    """Body of ``torch.ops.vllm.npu_dsa_lightning_indexer``: find the layer's indexer through its key-cache layer
+    in the forward context and run it (fills ``topk_indices_buffer[:T]``)."""
+    from vllm.forward_context import get_forward_context
+
+    cache = get_forward_context().no_compile_layers[layer_name]
+    owner = cache.__dict__.get("_owner")
+    indexer = owner() if owner is not None else None
+    if indexer is None or indexer.topk_indices_buffer is not topk_indices_buffer:
+        raise ConfigError(f"{layer_name} is not the key cache of a live AscendIndexer")
+    indexer.run(hidden_states, qr, positions)
+
+
+def _lightning_indexer_fake(
+    hidden_states: torch.Tensor,
+    qr: torch.Tensor,
+    positions: torch.Tensor,
+    topk_indices_buffer: torch.Tensor,
+    layer_name: str,
+) -> None:
+    return None
+
+
+def _register_op() -> None:
+    from vllm.platforms import current_platform
+    from vllm.utils import direct_register_custom_op
+
+    direct_register_custom_op(
+        op_name="npu_dsa_lightning_indexer",
+        op_func=_lightning_indexer_op,
+        mutates_args=["topk_indices_buffer"],
+        fake_impl=_lightning_indexer_fake,
+        dispatch_key=current_platform.dispatch_key,
+    )
+
+
+_register_op()  # once per process: this module is imported once
 
 
 class AscendDeepseekV32ForCausalLM(DeepseekV3ForCausalLM):
@@ -201,6 +263,7 @@ class AscendDeepseekV32ForCausalLM(DeepseekV3ForCausalLM):
                     f"{type(impl).__name__} (check that the platform selects the NPU attention backends)"
                 )
             new = AscendIndexer.from_vllm(attn.indexer, vllm_config)
+            new.bind_rotary_emb(attn.rotary_emb)
             # Every holder of the indexer: the attention module, the MLA layer (which calls it) and the sparse
             # attention impl (which reads its topk_indices_buffer).
             attn.indexer = new
