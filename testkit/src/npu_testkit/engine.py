@@ -51,15 +51,21 @@ def emulated_env(
     multiprocessing: bool = False,
     kv_cache_gb: float | None = 0.0625,
     extra: Mapping[str, str] | None = None,
+    vllm_cache_root: str | os.PathLike[str] | None = None,
 ) -> dict[str, str]:
-    """The environment of one engine run on the emulated device, with every writable dir under ``tmp_path``.
+    """The environment of one engine run on the emulated device, with its writable dirs under ``tmp_path``.
 
     ``multiprocessing=False`` runs the engine core in this process (no fork, fast start); ``True`` uses vLLM's
     separate engine-core process (spawned). ``kv_cache_gb`` sets ``VLLM_NPU_EMULATED_KV_CACHE_GB`` (None = the
     platform default); the small default keeps test engines light. ``extra`` is merged last.
+
+    ``VLLM_CACHE_ROOT`` defaults to one directory shared by all test runs (:func:`shared_vllm_cache_root`, never the
+    user's ``~/.cache/vllm``): vLLM caches there what it learns by importing each model class in a subprocess
+    (5-15 s per engine start otherwise). Pass ``vllm_cache_root=tmp_path`` for a fully private run.
     """
     root = Path(tmp_path)
-    dirs = {name: root / name for name in ("vllm_cache", "vllm_config", "hf_home", "inductor", "rpc")}
+    dirs = {name: root / name for name in ("vllm_config", "hf_home", "inductor", "rpc")}
+    dirs["vllm_cache"] = Path(vllm_cache_root) if vllm_cache_root is not None else shared_vllm_cache_root()
     for d in dirs.values():
         d.mkdir(parents=True, exist_ok=True)
     env = {
@@ -80,6 +86,13 @@ def emulated_env(
         env["VLLM_NPU_EMULATED_KV_CACHE_GB"] = repr(float(kv_cache_gb))
     env.update(extra or {})
     return env
+
+
+def shared_vllm_cache_root() -> Path:
+    """The ``VLLM_CACHE_ROOT`` shared by test engines: ``vllm-cache`` under the testkit's model cache."""
+    from .models import default_cache_dir
+
+    return default_cache_dir() / "vllm-cache"
 
 
 @contextlib.contextmanager
