@@ -88,3 +88,25 @@ def test_vllm_detects_ours_and_leaves_others(float_dir: Path, tmp_path: Path) ->
     # says FP8 is unsupported, naming fp8.
     with pytest.raises(ValueError, match="fp8 quantization is currently not supported"):
         _model_config(fp8)
+
+
+def test_explicit_ascend_reads_the_description_file(float_dir: Path, tmp_path: Path) -> None:
+    """New msModelSlim layout: no quantization_config in config.json, only quant_model_description.json; with
+    ``quantization="ascend"`` vLLM finds the file through get_config_filenames."""
+    from vllm.config import LoadConfig
+    from vllm.model_executor.model_loader.weight_utils import get_quant_config
+    from vllm_npu.quant.config import AscendQuantConfig, register
+
+    register()
+    out = tmp_path / "q"
+    assert main([str(float_dir), str(out), "--scheme", "W8A8_DYNAMIC"]) == 0
+    cfg = json.loads((out / "config.json").read_text())
+    del cfg["quantization_config"]
+    (out / "config.json").write_text(json.dumps(cfg))
+    assert _model_config(out).quantization is None  # vLLM alone does not look at the file...
+    from vllm.config import ModelConfig
+
+    mc = ModelConfig(model=str(out), dtype="float32", quantization="ascend")  # ...the user (or the platform) selects it
+    qc = get_quant_config(mc, LoadConfig())
+    assert isinstance(qc, AscendQuantConfig) and qc.description is not None
+    assert qc.description.tensors["model.layers.0.mlp.down_proj.weight"] == "W8A8_DYNAMIC"

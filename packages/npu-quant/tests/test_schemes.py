@@ -141,6 +141,15 @@ def test_w8a8_fp16_uses_int64_deq_scale(vllm_ctx: object) -> None:
     assert rel(y, F.linear(x.float(), w_f, b_f)) <= BOUND["W8A8"]
 
 
+@pytest.mark.parametrize("qtype, version", CASES)
+def test_bfloat16_layers(vllm_ctx: object, qtype: str, version: str) -> None:
+    """The NPU dtype: bf16 activations and params; output bf16, within the float bound plus bf16 rounding."""
+    layer, x, w_f, b_f, sims = build_qkv(qtype, dtype=torch.bfloat16, version=version)
+    y, _ = layer(x)
+    assert y.dtype == torch.bfloat16
+    assert rel(y, F.linear(x.float(), w_f, b_f)) <= BOUND[qtype] + 0.02
+
+
 def test_three_dim_input_keeps_leading_dims(vllm_ctx: object) -> None:
     layer, x, *_ = build_qkv("W8A8_DYNAMIC")
     y3, _ = layer(x.reshape(3, 3, H))
