@@ -150,6 +150,26 @@ def test_bfloat16_layers(vllm_ctx: object, qtype: str, version: str) -> None:
     assert rel(y, F.linear(x.float(), w_f, b_f)) <= BOUND[qtype] + 0.02
 
 
+def test_w8a8_quant_bias_only_on_tp_rank_0(vllm_ctx: object) -> None:
+    """Row-parallel partial sums are all-reduced: quant_bias (offset correction + folded bias) is added once."""
+    from vllm.model_executor.layers.linear import RowParallelLinear
+
+    g = torch.Generator().manual_seed(5)
+    x, w = torch.randn(4, INTER, generator=g), torch.randn(H, INTER, generator=g) * 0.2
+    tensors = quantize_w8a8(w, torch.randn(H, generator=g), float(x.min()), float(x.max()), torch.float32)
+    outs = []
+    for rank in (0, 1):
+        layer = RowParallelLinear(INTER, H, bias=False, quant_config=description("W8A8", {DOWN: tensors}), prefix=DOWN)
+        params = dict(layer.named_parameters())
+        for suffix, t in tensors.items():
+            params[suffix].weight_loader(params[suffix], t)
+        layer.tp_rank = rank  # as on the second rank of a TP=2 group (the loaders above used rank 0's shard)
+        layer.quant_method.process_weights_after_loading(layer)
+        outs.append(layer.quant_method.apply(layer, x))
+    deq = tensors["deq_scale"].float()
+    assert torch.allclose(outs[0] - outs[1], tensors["quant_bias"].float() * deq, atol=1e-4)
+
+
 def test_three_dim_input_keeps_leading_dims(vllm_ctx: object) -> None:
     layer, x, *_ = build_qkv("W8A8_DYNAMIC")
     y3, _ = layer(x.reshape(3, 3, H))
