@@ -128,6 +128,8 @@ class NPUWorker(Worker):
         gc.collect()
         backend.empty_cache()
         self.init_free_memory, self.total_memory = backend.mem_get_info(self.device)
+        # Device memory in use outside torch's allocator at start-up (runtime, HCCL, other processes).
+        self.init_non_torch_memory = (self.total_memory - self.init_free_memory) - backend.memory_reserved(self.device)
         self.requested_memory = self.total_memory * self.cache_config.gpu_memory_utilization
         if not self.emulated and self.init_free_memory < self.requested_memory:
             raise ValueError(
@@ -159,14 +161,13 @@ class NPUWorker(Worker):
 
         backend = device_backend()
         backend.empty_cache()
-        non_torch_before = (self.total_memory - self.init_free_memory) - backend.memory_reserved(self.device)
         backend.reset_peak_memory_stats(self.device)
         self.model_runner.profile_run()
         backend.synchronize(self.device)
         peak = backend.peak_memory_allocated(self.device)  # weights + the largest activation set
         free_after, _ = backend.mem_get_info(self.device)
         non_torch_after = (self.total_memory - free_after) - backend.memory_reserved(self.device)
-        non_torch_increase = max(0, non_torch_after - non_torch_before)  # HCCL buffers, runtime workspaces
+        non_torch_increase = max(0, non_torch_after - self.init_non_torch_memory)  # HCCL buffers, workspaces
         available = int(self.requested_memory - peak - non_torch_increase)
         if available <= 0:
             raise ValueError(
