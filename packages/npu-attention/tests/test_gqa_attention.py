@@ -142,3 +142,26 @@ def test_profile_run_returns_output_untouched() -> None:
     k = torch.randn(5, 2, 16)
     assert impl.forward(None, q, k, k, torch.empty(0), None, output=output) is output
     assert bool((output == 3.0).all())
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_random_batches(seed: int) -> None:
+    # Random request mix, GQA ratio, head size, block size, window and spec depth; decodes first as vLLM orders them.
+    g = torch.Generator().manual_seed(1000 + seed)
+
+    def pick(options):
+        return options[int(torch.randint(len(options), (1,), generator=g))]
+
+    nkv, gqa, d, bs = pick([1, 2, 4]), pick([1, 2, 4]), pick([16, 32, 64]), pick([16, 32, 128])
+    spec = pick([0, 0, 2])
+    window = pick([None, None, 7, 40])
+    num_decodes, num_prefills = int(torch.randint(0, 6, (1,), generator=g)), int(torch.randint(0, 4, (1,), generator=g))
+    num_decodes += num_decodes + num_prefills == 0
+    q_lens = [int(torch.randint(1, 2 + spec, (1,), generator=g)) for _ in range(num_decodes)]
+    q_lens += [int(torch.randint(spec + 2, 70, (1,), generator=g)) for _ in range(num_prefills)]
+    ctx_lens = [int(torch.randint(0, 300, (1,), generator=g)) for _ in q_lens]
+    batch = make_batch(q_lens, ctx_lens, num_heads=nkv * gqa, num_kv_heads=nkv, head_size=d, block_size=bs,
+                       num_pad=int(torch.randint(0, 4, (1,), generator=g)), seed=seed)
+    kw = {"num_heads": nkv * gqa, "num_kv_heads": nkv, "head_size": d, "sliding_window": window}
+    out, _ = run_impl(batch, num_speculative_tokens=spec, **kw)
+    _check(batch, out, dense_reference(batch, **kw), torch.float32)
