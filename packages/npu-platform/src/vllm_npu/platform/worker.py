@@ -261,6 +261,10 @@ class NPUWorker(Worker):
         backends = sorted({f"{layer.attn_backend.__module__}.{layer.attn_backend.__qualname__}" for layer in attn_layers.values()})
         impls = sorted({f"{type(layer.impl).__module__}.{type(layer.impl).__qualname__}" for layer in attn_layers.values()})
         kv_shapes = [tuple(t.shape) for t in self._tensors_of("kv_cache")][:1]
+        plugin_modules: dict[str, int] = {}
+        for module in runner.get_model().modules():
+            if type(module).__module__.startswith("vllm_npu."):
+                plugin_modules[type(module).__name__] = plugin_modules.get(type(module).__name__, 0) + 1
         return {
             "platform": f"{type(current_platform).__module__}.{type(current_platform).__name__}",
             "worker": f"{type(self).__module__}.{type(self).__name__}",
@@ -271,6 +275,8 @@ class NPUWorker(Worker):
             "device_mode": self.device_mode.value,
             "kernel_backend": self.kernel_backend,
             "components": list(self.components),
+            # Modules of the loaded model whose class comes from our layers (CustomOp overrides, model overrides).
+            "plugin_modules": dict(sorted(plugin_modules.items())),
             "kv_cache_shape": kv_shapes[0] if kv_shapes else None,
             "block_size": self.cache_config.block_size,
             "rank": self.rank,

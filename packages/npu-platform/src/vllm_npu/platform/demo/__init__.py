@@ -12,7 +12,6 @@ import json
 import os
 import sys
 import time
-from typing import Any
 
 DEFAULT_PROMPTS = (
     "Four score and seven years ago",
@@ -22,32 +21,6 @@ DEFAULT_PROMPTS = (
     "In the beginning God created",
     "It is a truth universally acknowledged,",
 )
-
-
-def component_report(worker: Any) -> dict[str, Any]:
-    """Runs inside each worker (via ``LLM.collective_rpc``): which of our classes and kernels are in use there."""
-    from vllm.platforms import current_platform
-
-    from vllm_npu.interface.device import kernel_backend
-    from vllm_npu.interface.registry import loaded_hooks
-
-    runner = worker.model_runner
-    backends = sorted({g.backend.__module__ + "." + g.backend.__name__ for groups in runner.attn_groups for g in groups})
-    model = runner.get_model()
-    ops: dict[str, int] = {}
-    for module in model.modules():
-        cls = type(module)
-        if cls.__module__.startswith("vllm_npu."):
-            ops[cls.__name__] = ops.get(cls.__name__, 0) + 1
-    return {
-        "platform": type(current_platform).__module__ + "." + type(current_platform).__name__,
-        "worker": type(worker).__module__ + "." + type(worker).__name__,
-        "model_runner": type(runner).__module__ + "." + type(runner).__name__,
-        "attention_backends": backends,
-        "plugin_modules_in_model": dict(sorted(ops.items())),
-        "kernel_backend": kernel_backend(),
-        "component_hooks": [f"{name}:{scope.value}" for name, scope in loaded_hooks()],
-    }
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -87,7 +60,8 @@ def main(argv: list[str] | None = None) -> int:
     outputs = llm.generate(prompts, params, use_tqdm=False)
     gen_s = time.perf_counter() - t2
     n_tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
-    report = llm.collective_rpc(component_report)
+    # NPUWorker.npu_runtime_info: what actually ran in each worker (a method name, so no pickled code is sent).
+    report = llm.collective_rpc("npu_runtime_info")
     result = {
         "model": str(model_dir),
         "device": os.environ["VLLM_NPU_DEVICE"],
@@ -113,10 +87,10 @@ def main(argv: list[str] | None = None) -> int:
         for key in ("platform", "worker", "model_runner"):
             print(f"  {key:<14} {info[key]}")
         print(f"  {'attention':<14} {', '.join(info['attention_backends'])}")
-        ops = ", ".join(f"{k} x{v}" for k, v in info["plugin_modules_in_model"].items()) or "(none)"
+        ops = ", ".join(f"{k} x{v}" for k, v in info["plugin_modules"].items()) or "(none)"
         print(f"  {'ops in model':<14} {ops}")
-        print(f"  {'kernels':<14} {info['kernel_backend']}")
-        print(f"  {'hooks':<14} {', '.join(info['component_hooks']) or '(none)'}")
+        print(f"  {'kernels':<14} {info['kernel_backend']} ({info['device_mode']} device)")
+        print(f"  {'components':<14} {', '.join(info['components'])}")
     return 0
 
 
