@@ -143,6 +143,22 @@ def test_engine_selection_equals_brute_force_indexer(llm, sparse_reference):
     assert [len(s) for s in got] == [min(TOPK, t + 1) for t in range(len(prompt))]
 
 
+def test_prefix_cache_hit_reuses_cached_indexer_keys(llm, sparse_reference):
+    # The indexer keys live in the same paged blocks as the latent cache: a prefix-cache hit must bring back both.
+    (prefix,) = make_prompts([48], seed=21)
+    batch = [prefix + s for s in make_prompts([5, 20], seed=22)]
+    expected = sparse_reference.greedy(batch, 6)
+
+    from vllm import SamplingParams
+
+    params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
+    first = llm.generate(token_prompts(batch[:1]), params, use_tqdm=False)
+    second = llm.generate(token_prompts(batch), params, use_tqdm=False)
+    assert [list(first[0].outputs[0].token_ids)] == expected[:1]
+    assert [list(o.outputs[0].token_ids) for o in second] == expected
+    assert all(o.num_cached_tokens >= 48 for o in second), [o.num_cached_tokens for o in second]
+
+
 @pytest.mark.xfail(
     strict=True,
     raises=AssertionError,
