@@ -154,8 +154,10 @@ class AscendQuantConfig(QuantizationConfig):
                     f"FusedMoE layer {prefix!r} is {qtype!r} in {desc.source}; npu-quant implements MoE experts for "
                     f"{', '.join(MOE_SCHEMES)} only"
                 )
-            from .moe_method import AscendW8A8DynamicFusedMoEMethod
+            from .moe_method import AscendW4A8DynamicFusedMoEMethod, AscendW8A8DynamicFusedMoEMethod
 
+            if qtype == "W4A8_DYNAMIC":
+                return AscendW4A8DynamicFusedMoEMethod(layer.moe_config, prefix, desc.group_size, desc.version)
             return AscendW8A8DynamicFusedMoEMethod(layer.moe_config, prefix)
         if isinstance(layer, VocabParallelEmbedding):
             # Embeddings and lm_head stay in floating point; a description that quantizes them is rejected rather

@@ -11,6 +11,10 @@ Expert maths for the rows routed to expert e (``dq`` = per-token dynamic int8 qu
     xq, s  = dq(x);   h = (xq @ W13[e]ᵀ) * s13[e] * s           (int8 grouped matmul, per-token dequant)
     hq, s' = dq(silu(h_gate) * h_up);   y = (hq @ W2[e]ᵀ) * s2[e] * s'
 
+W4A8_DYNAMIC experts (disk format "0": int4 values in int8, ``*_weight_scale [E, N, 1]`` and per-group
+``*_weight_scale_second [E, N, K/g]``) run weight-only, like the W4A8 linear path: ``npu_grouped_matmul`` in its
+documented per-group antiquant mode (float rows, int4 weights packed 8 per int32, ``antiquant_scale [E, K/g, N]``).
+
 Gating, token permutation and expert-parallel dispatch are npu-ops' (:func:`vllm_npu.ops.moe.forward.moe_forward`);
 this module only supplies the quantized ``experts`` function. Load-time processing: transposes to ``[E, H, 2I]`` /
 ``[E, I, H]`` and flattening of the scales, in :meth:`process_weights_after_loading`.
@@ -84,15 +88,61 @@ class W8A8DynamicExperts:
         return self._gqmm(hq, layer.w2_weight, layer.w2_weight_scale, s2, group_counts, rows.dtype)
 
 
+def _grouped_w4_npu(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+    import torch_npu
+
+    return torch_npu.npu_grouped_matmul(
+        [x], [weight], antiquant_scale=[scale], group_list=counts.to(torch.int64), split_item=2, group_type=0,
+        group_list_type=1,
+    )[0]
+
+
+def _grouped_w4_ref(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+    """x ``[N, K]`` float (rows sorted by group), weight int32 ``[G, K, M/8]`` (int4), scale ``[G, K/g, M]`` in x's
+    dtype, counts ``[G]`` -> ``[N, M]``: ``x_g @ (W4[g] * scale[g][k // group])``."""
+    sizes = counts.tolist()
+    if len(sizes) != weight.shape[0] or sum(sizes) != x.shape[0]:
+        raise ValueError(f"grouped matmul: counts {sizes} do not fit {x.shape[0]} rows / {weight.shape[0]} groups")
+    k = weight.shape[1]
+    group = k // scale.shape[1]
+    out = torch.empty(x.shape[0], weight.shape[-1] * 8, dtype=x.dtype, device=x.device)
+    start = 0
+    for g, n in enumerate(sizes):
+        if n:
+            w = kernels.unpack_int4(weight[g]).to(torch.float32) * scale[g].to(torch.float32).repeat_interleave(group, 0)
+            out[start:start + n] = (x[start:start + n].to(torch.float32) @ w).to(x.dtype)
+        start += n
+    return out
+
+
+grouped_w4_matmul = Kernel("npu_grouped_matmul[int4 antiquant,per-group]", npu=_grouped_w4_npu, reference=_grouped_w4_ref)
+
+
+class W4A8DynamicExperts:
+    """Weight-only int4 experts over processed weights (w13 [E, H, 2I/8], w2 [E, I, H/8] int32)."""
+
+    def __init__(self, layer: torch.nn.Module, activation: Callable[[torch.Tensor], torch.Tensor]) -> None:
+        self.layer = layer
+        self.activation = activation
+        self._gmm = grouped_w4_matmul.select()
+
+    def __call__(self, rows: torch.Tensor, group_counts: torch.Tensor) -> torch.Tensor:
+        layer = self.layer
+        h = self._gmm(rows, layer.w13_weight, layer.w13_antiquant_scale.to(rows.dtype), group_counts)
+        return self._gmm(self.activation(h), layer.w2_weight, layer.w2_antiquant_scale.to(rows.dtype), group_counts)
+
+
 class AscendW8A8DynamicFusedMoEMethod(FusedMoEMethodBase):
     """W8A8_DYNAMIC experts for vLLM's ``FusedMoE`` (and npu-ops' override of it)."""
+
+    _required = ("w13_weight", "w2_weight", "w13_weight_scale", "w2_weight_scale")
 
     def __init__(self, moe: Any, prefix: str) -> None:
         super().__init__(moe)
         self.prefix = prefix
         self._loads: dict[str, set[tuple[int, str]]] = {}
         self._plan: Any = None
-        self._experts: W8A8DynamicExperts | None = None
+        self._experts: Any = None
 
     # --- weights ----------------------------------------------------------------------------------------------------
     def create_weights(
@@ -108,19 +158,22 @@ class AscendW8A8DynamicFusedMoEMethod(FusedMoEMethodBase):
 
         e, h, i = num_experts, hidden_size, intermediate_size_per_partition
         loader = extra_weight_attrs.pop("weight_loader")
-        specs: list[tuple[str, tuple[int, ...], torch.dtype, tuple[torch.dtype, ...], dict[str, Any]]] = [
-            ("w13_weight", (e, 2 * i, h), torch.int8, (torch.int8,), {}),
-            ("w2_weight", (e, h, i), torch.int8, (torch.int8,), {}),
-            ("w13_weight_scale", (e, 2 * i, 1), torch.float32, FLOATS, {"quant_method": FusedMoeWeightScaleSupported.CHANNEL.value}),
-            ("w2_weight_scale", (e, h, 1), torch.float32, FLOATS, {"quant_method": FusedMoeWeightScaleSupported.CHANNEL.value}),
-            ("w13_weight_offset", (e, 2 * i, 1), torch.float32, FLOATS, {"quant_method": FusedMoeWeightScaleSupported.CHANNEL.value}),
-            ("w2_weight_offset", (e, h, 1), torch.float32, FLOATS, {"quant_method": FusedMoeWeightScaleSupported.CHANNEL.value}),
-        ]
         self.num_local_experts = e
-        for name, shape, dtype, accept, attrs in specs:
+        for name, shape, dtype, accept, attrs in self._specs(e, h, i):
             param = torch.nn.Parameter(torch.empty(shape, dtype=dtype), requires_grad=False)
             layer.register_parameter(name, param)
             set_weight_attrs(param, {**extra_weight_attrs, **attrs, "weight_loader": self._wrap(name, accept, dtype, loader)})
+
+    def _specs(self, e: int, h: int, i: int) -> list[tuple[str, tuple[int, ...], torch.dtype, tuple[torch.dtype, ...], dict[str, Any]]]:
+        channel = {"quant_method": FusedMoeWeightScaleSupported.CHANNEL.value}
+        return [
+            ("w13_weight", (e, 2 * i, h), torch.int8, (torch.int8,), {}),
+            ("w2_weight", (e, h, i), torch.int8, (torch.int8,), {}),
+            ("w13_weight_scale", (e, 2 * i, 1), torch.float32, FLOATS, channel),
+            ("w2_weight_scale", (e, h, 1), torch.float32, FLOATS, channel),
+            ("w13_weight_offset", (e, 2 * i, 1), torch.float32, FLOATS, channel),
+            ("w2_weight_offset", (e, h, 1), torch.float32, FLOATS, channel),
+        ]
 
     def _wrap(self, name: str, accept: tuple[torch.dtype, ...], dtype: torch.dtype, inner: Callable[..., Any]) -> Callable[..., Any]:
         full = f"{self.prefix}.{name}"
@@ -148,7 +201,7 @@ class AscendW8A8DynamicFusedMoEMethod(FusedMoEMethodBase):
 
     def _check_complete(self) -> None:
         e = self.num_local_experts
-        need = {"w13_weight": 2 * e, "w2_weight": e, "w13_weight_scale": 2 * e, "w2_weight_scale": e}
+        need = {n: (2 * e if n.startswith("w13") else e) for n in self._required}
         missing = [f"{self.prefix}.{n} ({len(self._loads.get(n, ()))}/{k} expert shards)" for n, k in need.items()
                    if len(self._loads.get(n, ())) < k]
         if missing:
@@ -185,7 +238,10 @@ class AscendW8A8DynamicFusedMoEMethod(FusedMoEMethodBase):
                 raise
             plan = build_layer_plan(layer)
         self._plan = plan
-        self._experts = W8A8DynamicExperts(layer, plan.activation)
+        self._experts = self._make_experts(layer, plan.activation)
+
+    def _make_experts(self, layer: torch.nn.Module, activation: Callable[[torch.Tensor], torch.Tensor]) -> Any:
+        return W8A8DynamicExperts(layer, activation)
 
     # --- forward ----------------------------------------------------------------------------------------------------
     def get_fused_moe_quant_config(self, layer: torch.nn.Module) -> None:
@@ -198,6 +254,65 @@ class AscendW8A8DynamicFusedMoEMethod(FusedMoEMethodBase):
         if self._plan is None or self._experts is None:
             raise RuntimeError(f"{self.prefix}: process_weights_after_loading has not run")
         if kwargs.get("enable_eplb"):
-            raise NotImplementedError("EPLB is not supported with W8A8_DYNAMIC experts")
+            raise NotImplementedError(f"EPLB is not supported with {type(self).__name__}")
         return moe_forward(x, router_logits, plan=self._plan, experts=self._experts,
                            e_score_correction_bias=kwargs.get("e_score_correction_bias"))
+
+
+class AscendW4A8DynamicFusedMoEMethod(AscendW8A8DynamicFusedMoEMethod):
+    """W4A8_DYNAMIC experts (disk format "0"), run weight-only through the per-group int4 grouped matmul."""
+
+    _required = ("w13_weight", "w2_weight", "w13_weight_scale", "w2_weight_scale", "w13_weight_scale_second",
+                 "w2_weight_scale_second")
+
+    def __init__(self, moe: Any, prefix: str, group_size: int, version: str) -> None:
+        super().__init__(moe, prefix)
+        if version != "0":
+            raise QuantLoadError(
+                f"{prefix}: W4A8_DYNAMIC experts in the packed format (version {version!r}) are not supported by "
+                "npu-quant yet; export the experts with version 0 (one int4 value per int8)"
+            )
+        if group_size <= 0:
+            raise QuantLoadError(f"{prefix}: W4A8_DYNAMIC experts need a per-group checkpoint (group_size > 0)")
+        self.group_size = group_size
+
+    def _specs(self, e: int, h: int, i: int) -> list[tuple[str, tuple[int, ...], torch.dtype, tuple[torch.dtype, ...], dict[str, Any]]]:
+        g = self.group_size
+        if h % g or i % g or h % 8 or i % 8:
+            raise QuantLoadError(
+                f"{self.prefix}: hidden {h} and expert width {i} (per rank) must be multiples of group_size {g} and "
+                "of 8 for int4 experts"
+            )
+        group = {"quant_method": FusedMoeWeightScaleSupported.GROUP.value}
+        return super()._specs(e, h, i) + [
+            ("w13_weight_scale_second", (e, 2 * i, h // g), torch.float32, FLOATS, group),
+            ("w2_weight_scale_second", (e, h, i // g), torch.float32, FLOATS, group),
+            ("w13_weight_offset_second", (e, 2 * i, h // g), torch.float32, FLOATS, group),
+            ("w2_weight_offset_second", (e, h, i // g), torch.float32, FLOATS, group),
+        ]
+
+    def process_weights_after_loading(self, layer: torch.nn.Module) -> None:
+        self._check_complete()
+        for name in ("w13_weight_offset", "w2_weight_offset", "w13_weight_offset_second", "w2_weight_offset_second"):
+            if name in self._loads and bool((getattr(layer, name) != 0).any()):
+                raise QuantLoadError(f"{self.prefix}.{name} has non-zero values: asymmetric expert weights are not "
+                                     "supported; re-export with symmetric quantization")
+            del layer._parameters[name]
+        pack = kernels.int4pack.select()
+        for w in ("w13", "w2"):
+            weight = getattr(layer, f"{w}_weight").data
+            if weight.numel() and (int(weight.min()) < -8 or int(weight.max()) > 7):
+                raise QuantLoadError(f"{self.prefix}.{w}_weight (int4 values) must hold values in [-8, 7]")
+            s1, s2 = getattr(layer, f"{w}_weight_scale").data.float(), getattr(layer, f"{w}_weight_scale_second").data.float()
+            if not bool(torch.isfinite(s1 * s2).all()) or not bool((s1 * s2 > 0).all()):
+                raise QuantLoadError(f"{self.prefix}.{w}_weight_scale / _second must be finite and > 0")
+            # [E, N, K] int4 -> [E, K, N/8] int32 (the int4pack op is 2-D: one expert at a time)
+            packed = torch.stack([pack(weight[e].t().contiguous().to(torch.int32)) for e in range(weight.shape[0])])
+            replace_param(layer, f"{w}_weight", packed)
+            replace_param(layer, f"{w}_antiquant_scale", (s1 * s2).transpose(1, 2).contiguous())  # [E, K/g, N]
+            for name in (f"{w}_weight_scale", f"{w}_weight_scale_second"):
+                del layer._parameters[name]
+        self._build(layer)
+
+    def _make_experts(self, layer: torch.nn.Module, activation: Callable[[torch.Tensor], torch.Tensor]) -> Any:
+        return W4A8DynamicExperts(layer, activation)

@@ -2,7 +2,8 @@
 
 What gets quantized: every ``nn.Linear`` inside the decoder layers with the chosen scheme, except MoE routers
 (``*.gate``, ``*shared_expert_gate``, ``*router*``), which stay FLOAT. MoE experts (``*.experts.<e>.*``) use
-W8A8_DYNAMIC whatever the scheme (the MoE scheme npu-quant implements; msModelSlim's W8A8 MoE exports do the same).
+W4A8_DYNAMIC with ``--scheme W4A8_DYNAMIC`` (format version 0) and W8A8_DYNAMIC otherwise (npu-quant's MoE schemes;
+msModelSlim's W8A8 MoE exports also use dynamic experts).
 Embeddings, norms and ``lm_head`` stay FLOAT. W8A8 (static) calibrates per-tensor input ranges by running the HF
 model on calibration prompts.
 
@@ -132,9 +133,9 @@ def quantize_checkpoint(
 
     settings: dict[str, Any] = {"model_quant_type": qtype, "version": "0"}
     if qtype == "W4A8_DYNAMIC":
-        settings["group_size"] = _pick_group_size([m.in_features for m in dense.values()], group_size)
+        settings["group_size"] = _pick_group_size([m.in_features for m in targets.values()], group_size)
         settings["version"] = w4a8_version
-        bad = sorted({n for n, m in dense.items() if m.out_features % 8})
+        bad = sorted({n for n, m in targets.items() if m.out_features % 8})
         if bad:
             raise QuantizeError(f"W4A8_DYNAMIC needs output sizes divisible by 8; {bad[:3]} are not")
     if qtype == "W4A4_FLATQUANT_DYNAMIC":
@@ -181,7 +182,10 @@ def quantize_checkpoint(
             left, right = transforms[k]
             emit(name, qtype, quantize_w4a4_flatquant(w, left, right, clip_ratio, dtype))
     for name, mod in experts.items():
-        emit(name, MOE_SCHEME, quantize_w8a8_dynamic(mod.weight.detach(), dtype))
+        if qtype == "W4A8_DYNAMIC" and w4a8_version == "0":
+            emit(name, qtype, quantize_w4a8(mod.weight.detach(), settings["group_size"], "0", False, dtype))
+        else:
+            emit(name, MOE_SCHEME, quantize_w8a8_dynamic(mod.weight.detach(), dtype))
     description.update(settings)
 
     out_dir.mkdir(parents=True, exist_ok=True)
