@@ -48,17 +48,6 @@ ROTARY_MUL = Kernel("rotary_mul", npu=rotary_mul_npu, reference=rotary_mul_refer
 # --- cos/sin once per forward ---------------------------------------------------------------------------------
 
 
-def _current_forward_context() -> Any:
-    return _vllm_forward_context._forward_context
-
-
-def _version(t: torch.Tensor) -> Optional[int]:
-    try:
-        return t._version
-    except RuntimeError:  # inference tensors do not track versions
-        return None
-
-
 class PerForwardCosSin:
     """Holds the cos/sin of the last positions tensor seen.
 
@@ -79,8 +68,11 @@ class PerForwardCosSin:
     def get(self, positions: torch.Tensor, like: torch.Tensor,
             compute: Callable[[torch.Tensor, torch.Tensor], Any]) -> Any:
         """cos/sin for ``positions`` (``compute(positions, like)`` on a miss; ``like`` gives device and dtype)."""
-        ctx = _current_forward_context()
-        ver = _version(positions)
+        ctx = _vllm_forward_context._forward_context
+        try:
+            ver: Optional[int] = positions._version
+        except RuntimeError:  # inference tensors do not track versions
+            ver = None
         if (
             positions is self._positions
             and ver == self._version
@@ -101,6 +93,28 @@ def full_width_tables(cache: torch.Tensor, is_neox: bool) -> tuple[torch.Tensor,
     if is_neox:
         return torch.cat((cos, cos), dim=-1), torch.cat((sin, sin), dim=-1)
     return cos.repeat_interleave(2, dim=-1), sin.repeat_interleave(2, dim=-1)
+
+
+RotateFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def build_rotate(kernel: Callable[..., torch.Tensor], mode: str, head_size: int, rotary_dim: int) -> RotateFn:
+    """``rotate(x, cos, sin)`` for ``x [T, N*D]`` or ``[T, N, D]`` and cos/sin ``[1, T, 1, R]``: the kernel on the
+    first ``rotary_dim`` channels of every head, the rest passed through. Built once per layer; the constants are
+    bound in the closure because attribute lookups are a visible share of a decode-size call."""
+    if rotary_dim == head_size:
+
+        def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+            return kernel(x.reshape(1, cos.shape[1], -1, head_size), cos, sin, mode).reshape(x.shape)
+
+        return rotate
+
+    def rotate_partial(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        x4 = x.reshape(1, cos.shape[1], -1, head_size)
+        rot = kernel(x4[..., :rotary_dim].contiguous(), cos, sin, mode)
+        return torch.cat((rot, x4[..., rotary_dim:]), dim=-1).reshape(x.shape)
+
+    return rotate_partial
 
 
 def expand_cos_sin(cos: torch.Tensor, sin: torch.Tensor, is_neox: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -126,7 +140,7 @@ class _NPURopeMixin:
             raise ValueError(f"rotary_dim={self.rotary_dim} must be even and <= head_size={self.head_size}")
         self._rotary_mul = ROTARY_MUL.select()
         self._mode = "half" if self.is_neox_style else "interleave"
-        self._full_rotary = self.rotary_dim == self.head_size
+        self._rotate = build_rotate(self._rotary_mul, self._mode, self.head_size, self.rotary_dim)
         self._cos_sin = PerForwardCosSin()
         self._tables_src: Optional[torch.Tensor] = None
         self._tables: tuple[torch.Tensor, torch.Tensor] = (torch.empty(0), torch.empty(0))
@@ -141,20 +155,12 @@ class _NPURopeMixin:
         cos_t, sin_t = self._tables
         return cos_t.index_select(0, flat).view(1, t, 1, -1), sin_t.index_select(0, flat).view(1, t, 1, -1)
 
-    def _rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        shape = x.shape
-        x4 = x.reshape(1, cos.shape[1], -1, self.head_size)  # T = number of positions
-        if self._full_rotary:
-            return self._rotary_mul(x4, cos, sin, self._mode).reshape(shape)
-        rd = self.rotary_dim
-        rot = self._rotary_mul(x4[..., :rd].contiguous(), cos, sin, self._mode)
-        return torch.cat((rot, x4[..., rd:]), dim=-1).reshape(shape)
-
     def _rope_forward(
         self, positions: torch.Tensor, query: torch.Tensor, key: Optional[torch.Tensor]
     ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
         cos, sin = self._cos_sin.get(positions, query, self._compute_cos_sin)
-        return self._rotate(query, cos, sin), (None if key is None else self._rotate(key, cos, sin))
+        rotate = self._rotate
+        return rotate(query, cos, sin), (None if key is None else rotate(key, cos, sin))
 
 
 class NPURotaryEmbedding(_NPURopeMixin, RotaryEmbedding):
@@ -168,7 +174,9 @@ class NPURotaryEmbedding(_NPURopeMixin, RotaryEmbedding):
     def forward_oot(
         self, positions: torch.Tensor, query: torch.Tensor, key: Optional[torch.Tensor] = None
     ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
-        return self._rope_forward(positions, query, key)
+        cos, sin = self._cos_sin.get(positions, query, self._compute_cos_sin)
+        rotate = self._rotate
+        return rotate(query, cos, sin), (None if key is None else rotate(key, cos, sin))
 
 
 class NPUYaRNScalingRotaryEmbedding(_NPURopeMixin, YaRNScalingRotaryEmbedding):
