@@ -38,6 +38,13 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("VLLM_NPU_DEVICE", "emulated")
     os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    json_out = None
+    if args.json:
+        # Keep stdout one JSON document: vLLM's logs and gloo's C++ prints go to stdout, here and in the engine's
+        # child processes (they inherit file descriptor 1), so point fd 1 at stderr until the result is written.
+        sys.stdout.flush()
+        json_out = os.fdopen(os.dup(1), "w")
+        os.dup2(2, 1)
 
     from .checkpoint import ensure_demo_model
 
@@ -72,8 +79,9 @@ def main(argv: list[str] | None = None) -> int:
         "engine_init_seconds": round(init_s, 2),
         "workers": report,
     }
-    if args.json:
-        print(json.dumps(result, indent=2))
+    if json_out is not None:
+        json_out.write(json.dumps(result, indent=2) + "\n")
+        json_out.flush()
         return 0
     print()
     for item in result["completions"]:
