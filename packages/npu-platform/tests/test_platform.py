@@ -17,12 +17,14 @@ from vllm_npu.interface.errors import ComponentSkewError, ConfigError, DeviceUna
 from vllm_npu.platform.platform import EmulatedNPUPlatform, NPUPlatform
 
 
-def fake_vllm_config(*, block_size=None, enforce_eager=False, additional_config=None, custom_ops=None):
+def fake_vllm_config(*, block_size=None, enforce_eager=False, additional_config=None, custom_ops=None,
+                     cache_dtype="auto", hf_config=None):
     """The parts of VllmConfig the platform hook reads and writes (real CompilationConfig)."""
     return SimpleNamespace(
         parallel_config=SimpleNamespace(worker_cls="auto", disable_custom_all_reduce=False),
-        cache_config=SimpleNamespace(block_size=block_size),
-        model_config=SimpleNamespace(enforce_eager=enforce_eager, disable_cascade_attn=False),
+        cache_config=SimpleNamespace(block_size=block_size, cache_dtype=cache_dtype),
+        model_config=SimpleNamespace(enforce_eager=enforce_eager, disable_cascade_attn=False,
+                                     hf_config=hf_config or SimpleNamespace()),
         compilation_config=CompilationConfig(custom_ops=list(custom_ops or [])),
         additional_config=additional_config or {},
     )
@@ -100,6 +102,15 @@ def test_npu_config_hook_respects_enforce_eager_and_user_block_size(env):
     NPUPlatform.check_and_update_config(cfg)
     assert cfg.compilation_config.level == CompilationLevel.NO_COMPILATION
     assert cfg.cache_config.block_size == 64
+
+
+def test_deepseek_v32_fp8_ds_mla_cache_becomes_the_model_dtype(env):
+    cfg = fake_vllm_config(cache_dtype="fp8_ds_mla", hf_config=SimpleNamespace(index_topk=2048))
+    EmulatedNPUPlatform.check_and_update_config(cfg)
+    assert cfg.cache_config.cache_dtype == "auto"
+    other = fake_vllm_config(cache_dtype="fp8")  # not V3.2: left for the attention selector to refuse clearly
+    EmulatedNPUPlatform.check_and_update_config(other)
+    assert other.cache_config.cache_dtype == "fp8"
 
 
 def test_piecewise_with_enforce_eager_is_a_config_error(env):

@@ -96,6 +96,15 @@ class NPUPlatform(Platform):
         if model is not None:
             # Cascade attention is a FlashAttention feature; our backends do not implement it.
             model.disable_cascade_attn = True
+            if (
+                cache is not None
+                and cache.cache_dtype == "fp8_ds_mla"
+                and hasattr(getattr(model, "hf_config", None), "index_topk")
+            ):
+                # vLLM's DeepSeek-V3.2 hook turns "auto" (and any fp8) into its CUDA-only fp8_ds_mla layout; the
+                # NPU backends store the MLA/indexer caches in the model dtype.
+                logger.warning("DeepSeek-V3.2: KV cache dtype fp8_ds_mla is not supported on NPUs; using the model dtype")
+                cache.cache_dtype = "auto"
 
         if not cls.emulated and npu_config.emulated_kv_cache_gb is not None:
             logger.warning("npu.emulated_kv_cache_gb is ignored on an NPU (gpu_memory_utilization sizes the KV cache)")
