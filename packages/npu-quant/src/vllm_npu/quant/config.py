@@ -121,7 +121,6 @@ class AscendQuantConfig(QuantizationConfig):
 
     # --- dispatch --------------------------------------------------------------------------------------------------
     def get_quant_method(self, layer: torch.nn.Module, prefix: str) -> QuantizeMethodBase | None:
-        from vllm.attention.layer import Attention
         from vllm.model_executor.layers.fused_moe import FusedMoE
         from vllm.model_executor.layers.linear import LinearBase, UnquantizedLinearMethod
         from vllm.model_executor.layers.vocab_parallel_embedding import VocabParallelEmbedding
@@ -161,19 +160,17 @@ class AscendQuantConfig(QuantizationConfig):
             return AscendW8A8DynamicFusedMoEMethod(layer.moe_config, prefix)
         if isinstance(layer, VocabParallelEmbedding):
             # Embeddings and lm_head stay in floating point; a description that quantizes them is rejected rather
-            # than silently loaded as floats. A missing entry is fine (msModelSlim often omits lm_head).
-            for name in (f"{prefix}.weight",):
-                try:
-                    _, qtype = desc.lookup_tensor(prefix, [name])
-                except QuantDescriptionError:
-                    return None
-                if qtype != "FLOAT":
-                    raise QuantDescriptionError(
-                        f"{prefix!r} is {qtype!r} in {desc.source}; quantized embeddings / lm_head are not supported"
-                    )
+            # than silently loaded as floats. A missing entry is fine (msModelSlim often omits lm_head, #8367).
+            try:
+                _, qtype = desc.lookup_tensor(prefix, [f"{prefix}.weight"])
+            except QuantDescriptionError:
+                return None
+            if qtype != "FLOAT":
+                raise QuantDescriptionError(
+                    f"{prefix!r} is {qtype!r} in {desc.source}; quantized embeddings / lm_head are not supported"
+                )
             return None
-        if isinstance(layer, Attention):
-            return None
+        # Attention (KV cache) is never quantized here: kv_quant_type/fa_quant_type are refused above.
         return None
 
     def get_scaled_act_names(self) -> list[str]:
