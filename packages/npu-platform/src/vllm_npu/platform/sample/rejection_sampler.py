@@ -1,0 +1,266 @@
+"""NPURejectionSampler: vLLM 0.11's speculative-decoding ``RejectionSampler`` with its Triton kernels in plain torch.
+
+vLLM's ``vllm/v1/sample/rejection_sampler.py`` launches Triton kernels (``expand_kernel``,
+``rejection_greedy_sample_kernel``, ``rejection_random_sample_kernel``, ``sample_recovered_tokens_kernel``), which
+exist neither on the Ascend NPU nor on the emulated CPU device. This subclass keeps vLLM's contract (constructor,
+``forward``, ``parse_output``) and its device-neutral Python logic (``generate_uniform_probs``,
+``apply_top_k_top_p``), and computes each kernel step as batched tensor ops over a ``[batch_size, max_spec_len]``
+padded view of the flattened draft tokens. The only Python loops are the per-seeded-request random draws that
+vLLM itself does per request (reproducibility).
+
+Semantics (those of vLLM's kernels, https://arxiv.org/abs/2211.17192):
+
+- greedy request: position ``j`` emits the target argmax; the first position where the draft differs from it is
+  the last emitted one (a "recovered" argmax); if every draft token matches, the bonus token follows.
+- random request: draft token ``d`` at position ``j`` is accepted iff ``p_draft(d) > 0`` and
+  ``p_target(d) / p_draft(d) >= u_j`` (``p_draft = 1`` when the proposer gives no probabilities, e.g. ngram); the
+  first rejected position emits the recovered token ``argmax(max(p_target - p_draft, 0) / q)`` (ngram:
+  ``argmax(p_target with d zeroed / q)``), where ``q ~ Exp(1)`` is one vocab-sized draw per request (a Gumbel-style
+  sample from the normalised residual distribution); if all are accepted, the bonus token follows.
+- every other slot of the ``[batch_size, max_spec_len + 1]`` int32 output is ``PLACEHOLDER_TOKEN_ID`` (-1).
+
+One deliberate difference: vLLM 0.11 marks greedy requests in a mixed batch by ``temperature == -1``, but its
+``InputBatch`` writes ``0.0`` for greedy requests, so vLLM's own sampler divides greedy logits by zero (fixed
+upstream by vllm-project/vllm#27077, which made the marker 0). Here a request is greedy if its temperature is
+``0`` or ``-1``, and both are replaced by 1 before the temperature division.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from vllm.v1.sample.metadata import SamplingMetadata
+from vllm.v1.sample.ops.topk_topp_sampler import apply_top_k_top_p
+from vllm.v1.sample.rejection_sampler import MAX_SPEC_LEN, RejectionSampler, generate_uniform_probs
+from vllm.v1.spec_decode.metadata import SpecDecodeMetadata
+
+#: Output slot of a rejected / unused position (vLLM's value; ``parse_output`` filters it out).
+PLACEHOLDER_TOKEN_ID = -1
+#: Temperatures that mark a greedy request in ``SamplingMetadata.temperature`` (0.0: vLLM 0.11's InputBatch;
+#: -1: the marker vLLM 0.11's rejection sampler expects).
+GREEDY_TEMPERATURES = (0.0, -1.0)
+
+
+class NPURejectionSampler(RejectionSampler):
+    """vLLM's ``RejectionSampler`` (same constructor, ``forward`` and ``parse_output``) computed in torch."""
+
+    def forward(
+        self,
+        metadata: SpecDecodeMetadata,
+        draft_probs: Optional[torch.Tensor],
+        target_logits: torch.Tensor,
+        bonus_token_ids: torch.Tensor,
+        sampling_metadata: SamplingMetadata,
+    ) -> torch.Tensor:
+        """Verify the draft tokens of a batch.
+
+        Args:
+            metadata: ``draft_token_ids`` [num_tokens] int, ``num_draft_tokens`` (list, per request),
+                ``cu_num_draft_tokens`` [batch_size] int (inclusive cumulative sums), ``max_spec_len``.
+            draft_probs: [num_tokens, vocab] draft probabilities, or None (ngram: no probabilities).
+            target_logits: [num_tokens, vocab] target-model logits at the draft positions; may be updated in place.
+            bonus_token_ids: [batch_size, 1] or [batch_size] int, the token sampled after the last draft position.
+            sampling_metadata: temperatures, top-k/top-p, per-request generators, ``all_greedy``/``all_random``.
+
+        Returns:
+            [batch_size, max_spec_len + 1] int32 output token ids, ``PLACEHOLDER_TOKEN_ID`` where nothing is emitted.
+        """
+        if metadata.max_spec_len > MAX_SPEC_LEN:
+            raise ValueError(
+                f"NPURejectionSampler: max_spec_len {metadata.max_spec_len} exceeds vLLM's MAX_SPEC_LEN "
+                f"{MAX_SPEC_LEN}; lower speculative_config.num_speculative_tokens"
+            )
+        target_probs = compute_probs(target_logits, metadata.cu_num_draft_tokens, sampling_metadata)
+        return rejection_sample(
+            metadata.draft_token_ids,
+            metadata.num_draft_tokens,
+            metadata.max_spec_len,
+            metadata.cu_num_draft_tokens,
+            draft_probs,
+            target_probs,
+            bonus_token_ids,
+            sampling_metadata,
+        )
+
+
+# --- probabilities ------------------------------------------------------------------------------------------------
+
+
+def _draft_counts(cu_num_draft_tokens: torch.Tensor) -> torch.Tensor:
+    """[batch_size] int64 draft-token counts from the inclusive cumulative sums (stays on the device: no sync)."""
+    cu = cu_num_draft_tokens.to(torch.int64)
+    return torch.diff(cu, prepend=cu.new_zeros(1))
+
+
+def expand_batch_to_tokens(
+    x: torch.Tensor,
+    cu_num_tokens: torch.Tensor,
+    num_tokens: int,
+    replace_from: Optional[tuple[float, ...]] = None,
+    replace_to: float = 0,
+) -> torch.Tensor:
+    """Repeat per-request ``x`` [batch_size] to per-token [num_tokens] (``cu_num_tokens``: inclusive cumsum);
+    values in ``replace_from`` become ``replace_to`` (vLLM's ``expand_kernel``)."""
+    if replace_from:
+        hit = torch.zeros_like(x, dtype=torch.bool)
+        for v in replace_from:
+            hit |= x == v
+        x = x.masked_fill(hit, replace_to)
+    return torch.repeat_interleave(x, _draft_counts(cu_num_tokens), output_size=num_tokens)
+
+
+def compute_probs(
+    logits: torch.Tensor,
+    cu_num_draft_tokens: torch.Tensor,
+    sampling_metadata: SamplingMetadata,
+) -> torch.Tensor:
+    """[num_tokens, vocab] target probabilities: the logits themselves when ``all_greedy`` (only their argmax is
+    used), else ``softmax(top_k_top_p(logits / T))`` in float32 with greedy requests at ``T = 1``. ``logits`` is
+    divided in place (as in vLLM)."""
+    if sampling_metadata.all_greedy:
+        return logits
+    num_tokens = logits.shape[0]
+    temperature = expand_batch_to_tokens(
+        sampling_metadata.temperature, cu_num_draft_tokens, num_tokens, replace_from=GREEDY_TEMPERATURES, replace_to=1
+    )
+    logits.div_(temperature.unsqueeze(-1))
+    top_k = top_p = None
+    if sampling_metadata.top_k is not None:
+        top_k = expand_batch_to_tokens(sampling_metadata.top_k, cu_num_draft_tokens, num_tokens)
+    if sampling_metadata.top_p is not None:
+        top_p = expand_batch_to_tokens(sampling_metadata.top_p, cu_num_draft_tokens, num_tokens)
+    logits = apply_top_k_top_p(logits, top_k, top_p)
+    return logits.softmax(dim=-1, dtype=torch.float32)
+
+
+# --- rejection sampling -------------------------------------------------------------------------------------------
+
+
+def rejection_sample(
+    draft_token_ids: torch.Tensor,
+    num_draft_tokens: list[int],
+    max_spec_len: int,
+    cu_num_draft_tokens: torch.Tensor,
+    draft_probs: Optional[torch.Tensor],
+    target_probs: torch.Tensor,
+    bonus_token_ids: torch.Tensor,
+    sampling_metadata: SamplingMetadata,
+) -> torch.Tensor:
+    """vLLM's ``rejection_sample`` (same arguments and result) without Triton; see the module docstring."""
+    batch_size = len(num_draft_tokens)
+    num_tokens = draft_token_ids.shape[0]
+    device = target_probs.device
+    if draft_token_ids.ndim != 1 or target_probs.ndim != 2 or target_probs.shape[0] != num_tokens:
+        raise ValueError(
+            f"rejection_sample: draft_token_ids must be [num_tokens] and target_probs [num_tokens, vocab]; got "
+            f"{tuple(draft_token_ids.shape)} and {tuple(target_probs.shape)}"
+        )
+    if draft_probs is not None and draft_probs.shape != target_probs.shape:
+        raise ValueError(
+            f"rejection_sample: draft_probs {tuple(draft_probs.shape)} must match target_probs "
+            f"{tuple(target_probs.shape)}"
+        )
+    if cu_num_draft_tokens.shape != (batch_size,) or bonus_token_ids.numel() != batch_size:
+        raise ValueError(
+            f"rejection_sample: {batch_size} requests but cu_num_draft_tokens {tuple(cu_num_draft_tokens.shape)} "
+            f"and bonus_token_ids {tuple(bonus_token_ids.shape)}"
+        )
+    bonus = bonus_token_ids.reshape(batch_size).to(torch.int32)
+
+    counts = _draft_counts(cu_num_draft_tokens).to(device)  # [B]
+    pos = torch.arange(max_spec_len, device=device)  # [K]
+    valid = pos.unsqueeze(0) < counts.unsqueeze(1)  # [B, K]
+    # Flat index of (request, position) into the [num_tokens] arrays; padded slots point at token 0 (masked).
+    flat = ((cu_num_draft_tokens.to(device, torch.int64) - counts).unsqueeze(1) + pos).masked_fill(~valid, 0)
+    draft = draft_token_ids.to(torch.int64)[flat]  # [B, K]
+
+    if sampling_metadata.all_greedy:
+        is_greedy = None
+    else:
+        temperature = sampling_metadata.temperature
+        is_greedy = torch.zeros_like(temperature, dtype=torch.bool)
+        for v in GREEDY_TEMPERATURES:
+            is_greedy |= temperature == v
+
+    greedy_out = None
+    if not sampling_metadata.all_random:
+        target_argmax = target_probs.argmax(dim=-1)[flat]
+        # Accepted while the draft equals the target argmax; the first mismatch emits the argmax itself.
+        greedy_out = _emit(draft == target_argmax, target_argmax, target_argmax, valid, counts, bonus)
+        if is_greedy is None:
+            return greedy_out
+
+    uniform_probs = generate_uniform_probs(num_tokens, num_draft_tokens, sampling_metadata.generators, device)
+    recovered = sample_recovered_tokens(
+        num_draft_tokens, cu_num_draft_tokens, draft_token_ids, draft_probs, target_probs, sampling_metadata, device
+    )
+    target_p = target_probs[flat, draft]  # [B, K]
+    uniform = uniform_probs[flat]
+    if draft_probs is None:
+        accept = target_p >= uniform  # draft probability 1
+    else:
+        draft_p = draft_probs[flat, draft]
+        # A zero draft probability rejects (vLLM's guard against 0/0).
+        accept = (draft_p > 0) & (target_p / draft_p >= uniform)
+    random_out = _emit(accept, draft, recovered.to(torch.int64)[flat], valid, counts, bonus)
+    if greedy_out is None:
+        return random_out
+    return torch.where(is_greedy.to(device).unsqueeze(1), greedy_out, random_out)
+
+
+def _emit(
+    accept: torch.Tensor,
+    accepted_tokens: torch.Tensor,
+    rejected_tokens: torch.Tensor,
+    valid: torch.Tensor,
+    counts: torch.Tensor,
+    bonus: torch.Tensor,
+) -> torch.Tensor:
+    """[B, K + 1] int32 output from per-position decisions (all [B, K]): positions before the first rejection emit
+    ``accepted_tokens``, the first rejected one emits ``rejected_tokens``, a request with none rejected gets
+    ``bonus`` [B] at column ``counts``; every other slot is the placeholder."""
+    batch_size, k = valid.shape
+    # Length of the accepted prefix: the cumulative product of the accept flags stays 1 until the first rejection.
+    n_accepted = (accept & valid).to(torch.int32).cumprod(dim=1).sum(dim=1)  # [B]
+    pos = torch.arange(k, device=valid.device).unsqueeze(0)
+    n_acc = n_accepted.unsqueeze(1)
+    tokens = torch.where(pos < n_acc, accepted_tokens, rejected_tokens)
+    body = torch.where(valid & (pos <= n_acc), tokens, PLACEHOLDER_TOKEN_ID)
+    out = torch.cat([body.to(torch.int32), body.new_full((batch_size, 1), PLACEHOLDER_TOKEN_ID, dtype=torch.int32)], 1)
+    all_accepted = n_accepted == counts  # [B]
+    bonus_col = torch.arange(k + 1, device=valid.device).unsqueeze(0) == counts.unsqueeze(1)
+    return torch.where(bonus_col & all_accepted.unsqueeze(1), bonus.unsqueeze(1), out)
+
+
+def sample_recovered_tokens(
+    num_draft_tokens: list[int],
+    cu_num_draft_tokens: torch.Tensor,
+    draft_token_ids: torch.Tensor,
+    draft_probs: Optional[torch.Tensor],
+    target_probs: torch.Tensor,
+    sampling_metadata: SamplingMetadata,
+    device: torch.device,
+) -> torch.Tensor:
+    """[num_tokens] recovered token per draft position, ``argmax(residual / q)`` with one ``q ~ Exp(1)`` [vocab]
+    per request, drawn exactly as vLLM draws it (whole batch from the default generator, then each seeded request
+    with at least one draft token from its own generator), so seeded requests reproduce vLLM's random stream."""
+    batch_size = len(num_draft_tokens)
+    num_tokens, vocab_size = target_probs.shape
+    q = torch.empty((batch_size, vocab_size), dtype=torch.float32, device=device)
+    q.exponential_()
+    for i, generator in sampling_metadata.generators.items():
+        if num_draft_tokens[i] > 0:
+            q[i].exponential_(generator=generator)
+    if draft_probs is None:
+        # No draft distribution (ngram): the residual is the target distribution without the drafted token.
+        residual = target_probs.clone()
+        residual.scatter_(1, draft_token_ids.to(torch.int64).unsqueeze(1), 0)
+    else:
+        residual = (target_probs - draft_probs).clamp_min_(0)
+    req_of_token = torch.repeat_interleave(
+        torch.arange(batch_size, device=device), _draft_counts(cu_num_draft_tokens).to(device), output_size=num_tokens
+    )
+    # Unnormalised residual is fine: argmax is invariant to the per-row scale.
+    residual.div_(q.index_select(0, req_of_token))
+    return residual.argmax(dim=-1).to(draft_token_ids.dtype)
