@@ -80,7 +80,13 @@ class AscendAttentionBackend(AttentionBackend):
 
 class AscendAttentionImpl(AttentionImpl[AscendMetadata]):
     """Forward of one attention layer. Layouts: query ``[T, N, D]``, key/value ``[T, Nkv, D]``, output ``[T, N, D]``,
-    kv_cache ``[2, num_blocks, block_size, Nkv, D]``."""
+    kv_cache ``[2, num_blocks, block_size, Nkv, D]``.
+
+    Writes every element of ``output`` on every call (zeros on the profile run and in the padded rows past
+    ``num_actual_tokens``), so vLLM's attention layer may hand it an uninitialised buffer (npu-patches'
+    ``attention-output-empty`` reads ``fills_output_buffer``)."""
+
+    fills_output_buffer: bool = True
 
     def __init__(
         self,
@@ -166,10 +172,12 @@ class AscendAttentionImpl(AttentionImpl[AscendMetadata]):
             raise ValueError("AscendAttentionImpl.forward needs the output buffer (accept_output_buffer=True)")
         if output_scale is not None or output_block_scale is not None:
             raise NotImplementedError("fused output quantization is not supported by the Ascend GQA backend")
-        if attn_metadata is None:  # profile / dummy run
-            return output
+        if attn_metadata is None:  # profile / dummy run: nothing to attend to, but the buffer must be written
+            return output.zero_()
         md = attn_metadata
         n = md.num_actual_tokens
+        if n < output.shape[0]:  # padded rows (graph-size padding): only the tail, the kernels write [:n]
+            output[n:].zero_()
         q, out = query[:n], output[:n]
         heads = {"num_heads": self.num_heads, "num_kv_heads": self.num_kv_heads, "scale": self.scale,
                  "logits_soft_cap": self.logits_soft_cap}

@@ -232,7 +232,13 @@ class AscendMLAMetadataBuilder(AttentionMetadataBuilder[AscendMLAMetadata]):
 class AscendMLAImpl(MLACommonBaseImpl[AscendMLAMetadata]):
     """MLA attention over the latent cache. Inputs per step (vLLM's ``MultiHeadLatentAttention``):
     ``q [T, N, P + R]`` (rope applied), ``k_c_normed [T, L]``, ``k_pe [T, 1, R]`` (rope applied);
-    output ``[T, N * V]``."""
+    output ``[T, N * V]``.
+
+    Writes every element of ``output`` on every call (zeros on the profile run and in the padded rows past
+    ``num_actual_tokens``), so vLLM's attention layer may hand it an uninitialised buffer (npu-patches'
+    ``attention-output-empty`` reads ``fills_output_buffer``)."""
+
+    fills_output_buffer: bool = True
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -268,6 +274,8 @@ class AscendMLAImpl(MLACommonBaseImpl[AscendMLAMetadata]):
 
         n = attn_metadata.num_actual_tokens
         nd = attn_metadata.num_decode_tokens
+        if n < output.shape[0]:  # padded rows (graph-size padding): only the tail; decode/prefill write [:n]
+            output[n:].zero_()
         q = q[:n]
         kv_c = k_c_normed[:n]
         k_pe = k_pe[:n].reshape(n, self.qk_rope_head_dim)
