@@ -253,6 +253,7 @@ class NPUWorker(Worker):
     def npu_runtime_info(self) -> dict[str, Any]:
         """What actually runs in this worker (a ``collective_rpc`` target for tests and ``vllm-npu`` tooling)."""
         from vllm.attention.layer import Attention
+        from vllm.compilation.counter import compilation_counter
         from vllm.config import get_layers_from_vllm_config
         from vllm.distributed.parallel_state import get_tp_group
 
@@ -280,6 +281,8 @@ class NPUWorker(Worker):
             "kv_cache_shape": kv_shapes[0] if kv_shapes else None,
             "block_size": self.cache_config.block_size,
             "rank": self.rank,
+            "compilation_level": self.vllm_config.compilation_config.level,
+            "piecewise_graphs_seen": compilation_counter.num_piecewise_graphs_seen,
             "tp_communicator": type(get_tp_group().device_communicator).__qualname__,
             "tp_backend": str(torch.distributed.get_backend(get_tp_group().device_group)),
             # Bytes released by sleep() and not yet woken up, per tag.
