@@ -12,7 +12,6 @@ import os
 os.environ.setdefault("VLLM_NPU_DEVICE", "emulated")
 
 import pytest  # noqa: E402
-
 from npu_testkit.engine import make_prompts, tiny_config  # noqa: E402
 from npu_testkit.models import build_tiny_model  # noqa: E402
 

@@ -7,7 +7,6 @@ import subprocess
 import sys
 
 import pytest
-
 from npu_testkit.engine import emulated_env, engine
 
 pytestmark = pytest.mark.engine
@@ -27,9 +26,9 @@ def test_npu_requested_on_host_without_npu_is_a_clear_error(tiny_qwen2, tmp_path
 def test_kv_budget_too_small_for_one_sequence_gives_vllm_error(tiny_qwen2, tmp_path):
     # 512 tokens of KV for this model are 2 layers x (K+V) x 2 heads x 16 x 4 bytes x 512 = 256 KiB > 0.0001 GiB.
     env = emulated_env(tmp_path, kv_cache_gb=0.0001)
-    with pytest.raises(ValueError, match=r"To serve at least one request with the models's max seq len \(512\)"):
-        with engine(tiny_qwen2, env, max_model_len=512):
-            pass
+    match = r"To serve at least one request with the models's max seq len \(512\)"
+    with pytest.raises(ValueError, match=match), engine(tiny_qwen2, env, max_model_len=512):
+        pass
 
 
 def test_bad_emulated_kv_budget_names_the_variable(tiny_qwen2, tmp_path):
@@ -44,6 +43,7 @@ def test_bad_emulated_kv_budget_names_the_variable(tiny_qwen2, tmp_path):
 
 def test_bad_additional_config_names_the_key(tiny_qwen2, tmp_path):
     # Raised in check_and_update_config; vLLM's pydantic VllmConfig wraps it, the message names key and choices.
-    with pytest.raises(Exception, match=r"npu.graph_mode='fast' is invalid .*allowed: one of 'auto', 'eager', 'piecewise'"):
-        with engine(tiny_qwen2, emulated_env(tmp_path), additional_config={"npu": {"graph_mode": "fast"}}):
-            pass
+    match = r"npu.graph_mode='fast' is invalid .*allowed: one of 'auto', 'eager', 'piecewise'"
+    bad = {"npu": {"graph_mode": "fast"}}
+    with pytest.raises(Exception, match=match), engine(tiny_qwen2, emulated_env(tmp_path), additional_config=bad):
+        pass

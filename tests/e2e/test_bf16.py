@@ -10,7 +10,6 @@ must equal HF's.
 from __future__ import annotations
 
 import pytest
-
 from npu_testkit.engine import emulated_env, engine, greedy, make_prompts, token_prompts
 from npu_testkit.models import hf_greedy, hf_logprobs
 

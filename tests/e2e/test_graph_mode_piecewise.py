@@ -10,7 +10,6 @@ in its own (spawned) process, so that overrides registered in this pytest proces
 from __future__ import annotations
 
 import pytest
-
 from npu_testkit.engine import emulated_env, engine, greedy
 from npu_testkit.models import hf_greedy
 

@@ -4,7 +4,6 @@ chunked prefill, prefix caching, then sleep mode (levels 1 and 2) on the same en
 from __future__ import annotations
 
 import pytest
-
 from npu_testkit.engine import emulated_env, engine, greedy, make_prompts
 from npu_testkit.models import hf_greedy
 

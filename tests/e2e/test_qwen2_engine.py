@@ -7,7 +7,6 @@ while shorter requests already decode (mixed batches). Reference: HF transformer
 from __future__ import annotations
 
 import pytest
-
 from npu_testkit.engine import emulated_env, engine, greedy, make_prompts, token_prompts
 from npu_testkit.models import hf_greedy, hf_logprobs
 
@@ -86,7 +85,7 @@ def test_logprobs_match_hf_log_softmax(llm, tiny_qwen2):
     ref = hf_logprobs(tiny_qwen2, prompt + generated)  # [len, vocab]; row i predicts token i+1
 
     worst = 0.0
-    for step, (token, top) in enumerate(zip(generated, out.outputs[0].logprobs)):
+    for step, (token, top) in enumerate(zip(generated, out.outputs[0].logprobs, strict=True)):
         row = ref[len(prompt) - 1 + step]
         assert token == int(row.argmax())
         for tok_id, lp in top.items():

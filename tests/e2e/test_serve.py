@@ -16,7 +16,6 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-
 from npu_testkit.engine import emulated_env, make_prompts
 from npu_testkit.models import hf_greedy
 
@@ -44,7 +43,11 @@ def server(tiny_qwen2, tmp_path_factory):
     port = _free_port()
     env = {**os.environ, **emulated_env(tmp, multiprocessing=True)}
     vllm_bin = Path(sys.executable).with_name("vllm")
-    log = open(tmp / "server.log", "w")
+    with open(tmp / "server.log", "w") as log:
+        yield from _run_server(tiny_qwen2, tmp, port, env, vllm_bin, log)
+
+
+def _run_server(tiny_qwen2, tmp, port, env, vllm_bin, log):
     proc = subprocess.Popen(
         [str(vllm_bin), "serve", str(tiny_qwen2), "--host", "127.0.0.1", "--port", str(port),
          "--dtype", "float32", "--max-model-len", "512", "--max-num-seqs", "8", "--served-model-name", "tiny"],
@@ -73,7 +76,6 @@ def server(tiny_qwen2, tmp_path_factory):
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(timeout=30)
-        log.close()
 
 
 def test_completion_matches_offline_greedy(server, tiny_qwen2):

@@ -5,7 +5,6 @@ here it is compared with HF directly (float32)."""
 from __future__ import annotations
 
 import pytest
-
 from npu_testkit.engine import emulated_env, engine, greedy
 from npu_testkit.models import hf_greedy
 

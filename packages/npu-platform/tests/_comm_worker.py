@@ -16,7 +16,6 @@ def run(rank: int, world: int, port: int, out_dir: str) -> None:
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
         group = dist.new_group(list(range(world)), backend="gloo")
         from vllm.config import VllmConfig, set_current_vllm_config
-
         from vllm_npu.platform.communicator import NPUCommunicator
 
         with set_current_vllm_config(VllmConfig()):

@@ -6,7 +6,6 @@ import threading
 
 import pytest
 import torch
-
 from vllm_npu.interface.errors import ConfigError
 from vllm_npu.platform._device import EmulatedDevice, cuda_stream_api_as
 

@@ -10,7 +10,6 @@ from types import SimpleNamespace
 import pytest
 import torch
 from vllm.config import CompilationConfig, CompilationLevel, CUDAGraphMode
-
 from vllm_npu.interface import registry
 from vllm_npu.interface.device import reset_device_selection
 from vllm_npu.interface.errors import ComponentSkewError, ConfigError, DeviceUnavailableError, MissingComponentError

@@ -31,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import os
+import tempfile
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -64,7 +65,10 @@ def emulated_env(
     (5-15 s per engine start otherwise). Pass ``vllm_cache_root=tmp_path`` for a fully private run.
     """
     root = Path(tmp_path)
-    dirs = {name: root / name for name in ("vllm_config", "hf_home", "inductor", "rpc")}
+    dirs = {name: root / name for name in ("vllm_config", "hf_home", "inductor")}
+    # ZMQ IPC socket paths must fit sockaddr_un (107 bytes): pytest's tmp paths are too deep for vLLM's
+    # "<rpc dir>/<uuid4>" names, so the socket dir is a short one directly under the system temp dir.
+    dirs["rpc"] = Path(tempfile.mkdtemp(prefix="vrpc-"))
     dirs["vllm_cache"] = Path(vllm_cache_root) if vllm_cache_root is not None else shared_vllm_cache_root()
     for d in dirs.values():
         d.mkdir(parents=True, exist_ok=True)

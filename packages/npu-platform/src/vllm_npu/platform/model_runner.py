@@ -19,7 +19,6 @@ import torch
 from vllm.config import VllmConfig
 from vllm.platforms import current_platform
 from vllm.v1.worker.gpu_model_runner import GPUModelRunner
-
 from vllm_npu.interface.log import get_logger
 
 from ._device import DeviceBackend, EmulatedDevice, cuda_stream_api_as

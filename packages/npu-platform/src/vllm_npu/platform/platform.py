@@ -15,7 +15,6 @@ from typing import TYPE_CHECKING, Any, ClassVar, Optional
 
 import torch
 from vllm.platforms.interface import Platform, PlatformEnum
-
 from vllm_npu.interface.device import current_device
 from vllm_npu.interface.log import get_logger
 
@@ -71,7 +70,6 @@ class NPUPlatform(Platform):
     def check_and_update_config(cls, vllm_config: VllmConfig) -> None:
         from vllm.config import CompilationLevel, CUDAGraphMode
         from vllm.config.compilation import CompilationConfig
-
         from vllm_npu.interface.config import AdditionalConfig, EnvConfig
         from vllm_npu.interface.errors import ConfigError
         from vllm_npu.interface.registry import check_installed_set

@@ -27,7 +27,6 @@ from vllm.platforms import current_platform
 from vllm.v1.kv_cache_interface import KVCacheConfig
 from vllm.v1.utils import report_usage_stats
 from vllm.v1.worker.gpu_worker import Worker, init_worker_distributed_environment
-
 from vllm_npu.interface.config import AdditionalConfig, EnvConfig
 from vllm_npu.interface.device import DeviceMode, configure_kernels, current_mode
 from vllm_npu.interface.errors import ConfigError
@@ -241,7 +240,7 @@ class NPUWorker(Worker):
                 for storage, _ in storages:
                     storage.fill_(0)
             elif self._weights_host_copy:
-                for (storage, _), host in zip(storages, self._weights_host_copy):
+                for (storage, _), host in zip(storages, self._weights_host_copy, strict=True):
                     storage.copy_(host)
                 self._weights_host_copy = []
             else:
