@@ -11,3 +11,9 @@ import os
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("MKL_NUM_THREADS", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+# The suite exercises the emulated device. vLLM resolves its platform once per process, on first use, and an xdist
+# worker runs many modules: whichever touches vLLM first would otherwise fix the platform (to UnspecifiedPlatform on
+# this CPU host) for all the others. Tests of other VLLM_NPU_DEVICE values set it explicitly (monkeypatch +
+# reset_device_selection for the pure decision logic, a subprocess for vLLM's own platform resolution).
+os.environ.setdefault("VLLM_NPU_DEVICE", "emulated")
