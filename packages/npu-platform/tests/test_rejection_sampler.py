@@ -267,7 +267,8 @@ def __getattr__(name: str):
     class SpecDecodeTestWorker(NPUWorker):
         def init_device(self) -> None:
             super().init_device()
-            if self.model_runner.speculative_config is not None:
+            # GPUModelRunner.__init__ builds vLLM's (Triton) sampler when speculative decoding is on (last PP rank).
+            if hasattr(self.model_runner, "rejection_sampler"):
                 self.model_runner.rejection_sampler = NPURejectionSampler()
 
         def rejection_sampler_class(self) -> str:

@@ -221,8 +221,10 @@ def _emit(
     ``accepted_tokens``, the first rejected one emits ``rejected_tokens``, a request with none rejected gets
     ``bonus`` [B] at column ``counts``; every other slot is the placeholder."""
     batch_size, k = valid.shape
-    # Length of the accepted prefix: the cumulative product of the accept flags stays 1 until the first rejection.
-    n_accepted = (accept & valid).to(torch.int32).cumprod(dim=1).sum(dim=1)  # [B]
+    # Length of the accepted prefix: positions with no rejection at or before them (an int cumsum, which every
+    # backend has, rather than a cumprod).
+    rejections_so_far = (~(accept & valid)).to(torch.int32).cumsum(dim=1)
+    n_accepted = (rejections_so_far == 0).sum(dim=1)  # [B]
     pos = torch.arange(k, device=valid.device).unsqueeze(0)
     n_acc = n_accepted.unsqueeze(1)
     tokens = torch.where(pos < n_acc, accepted_tokens, rejected_tokens)
