@@ -10,7 +10,6 @@ import pytest
 import torch
 from attn_harness import TOLERANCES, dense_reference, make_batch, make_builder
 from vllm.attention.backends.abstract import AttentionType
-
 from vllm_npu.attention.backends.gqa import AscendAttentionImpl
 from vllm_npu.attention.backends.mla import AscendMLAImpl
 from vllm_npu.attention.metadata import AscendAttentionState as S
@@ -90,8 +89,9 @@ def test_gqa_profile_run_zero_fills(dtype: torch.dtype) -> None:
     ids=["decode", "decode_padded", "prefill_padded", "mixed", "mixed_padded"],
 )
 def test_mla_writes_every_element(reqs: list[tuple[int, int]], pad: int) -> None:
-    from test_mla_backend import assert_close, make_builder as mla_builder, make_impl, make_scenario, step_inputs
+    from test_mla_backend import assert_close, make_impl, make_scenario, step_inputs
     from test_mla_backend import dense_reference as mla_dense_reference
+    from test_mla_backend import make_builder as mla_builder
 
     s = make_scenario(reqs, 16, seed=sum(q for _, q in reqs) + pad, pad=pad)
     q, kv_c, k_pe, _, common = step_inputs(s)

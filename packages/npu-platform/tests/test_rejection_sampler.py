@@ -14,7 +14,6 @@ import torch
 from vllm.v1.sample.logits_processor import LogitsProcessors
 from vllm.v1.sample.metadata import SamplingMetadata
 from vllm.v1.spec_decode.metadata import SpecDecodeMetadata
-
 from vllm_npu.platform.sample import NPURejectionSampler
 from vllm_npu.platform.sample.rejection_sampler import PLACEHOLDER_TOKEN_ID
 
@@ -347,9 +346,8 @@ def test_ngram_speculative_greedy_matches_hf(spec_llm, tiny_qwen2):
 def test_ngram_speculative_seeded_sampling_is_reproducible(spec_llm):
     """Random requests in a batch mixed with a greedy one: they run through random acceptance and recovered-token
     sampling; seeded requests give the same tokens twice."""
-    from vllm import SamplingParams
-
     from npu_testkit.engine import make_prompts, token_prompts
+    from vllm import SamplingParams
 
     prompts = token_prompts(make_prompts([5, 30, 12], seed=2))
     params = [

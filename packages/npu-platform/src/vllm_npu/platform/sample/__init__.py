@@ -13,5 +13,5 @@ if TYPE_CHECKING:
     from .rejection_sampler import NPURejectionSampler
 
 _EXPORTS = {"NPURejectionSampler": ".rejection_sampler:NPURejectionSampler"}
-__all__ = sorted(_EXPORTS)
+__all__ = ["NPURejectionSampler"]
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
