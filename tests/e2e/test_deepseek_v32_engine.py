@@ -159,13 +159,6 @@ def test_prefix_cache_hit_reuses_cached_indexer_keys(llm, sparse_reference):
     assert all(o.num_cached_tokens >= 48 for o in second), [o.num_cached_tokens for o in second]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="needs npu-platform check_and_update_config to reset cache_dtype 'fp8_ds_mla' to 'auto' for configs with "
-    "index_topk (vLLM's V3.2 config hook sets it; no Ascend backend stores it). Strict: drop this marker, and "
-    "kv_cache_dtype='bfloat16' in the llm fixture, when the platform change lands",
-)
 def test_default_kv_cache_dtype_becomes_the_model_dtype(checkpoints, tmp_path):
     from npu_testkit.engine import patched_environ
     from vllm.engine.arg_utils import EngineArgs
