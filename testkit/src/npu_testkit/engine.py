@@ -31,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import os
+import shutil
 import tempfile
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
@@ -176,6 +177,9 @@ def engine(model_dir: str | os.PathLike[str], env: Mapping[str, str], **kwargs: 
             shutdown_llm(llm)
             del llm
             gc.collect()
+            rpc = Path(env.get("VLLM_RPC_BASE_PATH", ""))
+            if rpc.name.startswith("vrpc-") and rpc.parent == Path(tempfile.gettempdir()):
+                shutil.rmtree(rpc, ignore_errors=True)  # the short socket dir emulated_env made
 
 
 # --- inputs and outputs -----------------------------------------------------------------------------------------
