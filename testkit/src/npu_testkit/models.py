@@ -15,7 +15,7 @@ from typing import Any
 
 
 def default_cache_dir() -> Path:
-    root = os.environ.get("VLLM_NPU_TEST_CACHE") or os.path.join(
+    root = os.environ.get("NPU_TESTKIT_CACHE") or os.path.join(
         os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "vllm-npu-tests"
     )
     return Path(root)

@@ -16,8 +16,8 @@ Importing torch_npu on a host without CANN breaks ``import torch``, so this modu
 :func:`load_docs` returns a :class:`TorchNPUDocs` whose :meth:`TorchNPUDocs.check_call` says what is wrong with a
 call (unknown op, undocumented keyword, bad positional arity, missing required argument).
 
-The wheel is cached under ``$VLLM_NPU_TEST_CACHE`` (default ``~/.cache/vllm-npu-tests``); a wheel already on disk can
-be named with ``VLLM_NPU_TORCH_NPU_WHEEL``.
+The wheel is cached under ``$NPU_TESTKIT_CACHE`` (default ``~/.cache/vllm-npu-tests``); a wheel already on disk can
+be named with ``NPU_TESTKIT_TORCH_NPU_WHEEL``.
 """
 
 from __future__ import annotations
@@ -377,7 +377,7 @@ def parse_wheel(wheel: Path) -> TorchNPUDocs:
 
 
 def cache_dir() -> Path:
-    return Path(os.environ.get("VLLM_NPU_TEST_CACHE") or Path.home() / ".cache" / "vllm-npu-tests")
+    return Path(os.environ.get("NPU_TESTKIT_CACHE") or Path.home() / ".cache" / "vllm-npu-tests")
 
 
 def _pip_command() -> list[str]:
@@ -387,17 +387,17 @@ def _pip_command() -> list[str]:
         return [sys.executable, "-m", "pip"]
     exe = shutil.which("pip") or shutil.which("pip3")
     if exe is None:
-        raise DocsUnavailableError("no pip found to download torch-npu; set VLLM_NPU_TORCH_NPU_WHEEL to a wheel")
+        raise DocsUnavailableError("no pip found to download torch-npu; set NPU_TESTKIT_TORCH_NPU_WHEEL to a wheel")
     return [exe]
 
 
 def wheel_path(download: bool = True) -> Path:
     """The cached torch-npu wheel, downloaded once (``pip download --no-deps``) if it is not there yet."""
-    explicit = os.environ.get("VLLM_NPU_TORCH_NPU_WHEEL")
+    explicit = os.environ.get("NPU_TESTKIT_TORCH_NPU_WHEEL")
     if explicit:
         path = Path(explicit)
         if not path.is_file():
-            raise DocsUnavailableError(f"VLLM_NPU_TORCH_NPU_WHEEL={explicit!r} is not a file")
+            raise DocsUnavailableError(f"NPU_TESTKIT_TORCH_NPU_WHEEL={explicit!r} is not a file")
         return path
     dest = cache_dir() / "wheels"
     pattern = f"torch_npu-{TORCH_NPU_VERSION}-*.whl"
@@ -419,7 +419,7 @@ def wheel_path(download: bool = True) -> Path:
         errors.append(f"{plat}: {(res.stderr or res.stdout).strip().splitlines()[-1:]}")
     raise DocsUnavailableError(
         f"could not download torch-npu=={TORCH_NPU_VERSION} ({'; '.join(errors)}); put the wheel in {dest} or set "
-        "VLLM_NPU_TORCH_NPU_WHEEL"
+        "NPU_TESTKIT_TORCH_NPU_WHEEL"
     )
 
 

@@ -11,6 +11,8 @@ variable                       values                                  meaning
 ``VLLM_NPU_EMULATED_KV_CACHE_GB`` float > 0 (default ``0.5``)          KV-cache budget of the emulated device, in GiB
 ``VLLM_NPU_PATCHES``           ``all`` (default) | ``none`` |          which patches of npu-patches apply:
                                ``-<id>[,-<id>...]``                    ``-<id>`` disables one patch
+``VLLM_NPU_CACHE_DIR``         a directory (default                    where the plugin caches what it builds (the
+                               ``~/.cache/vllm-npu``)                  demo model)
 ============================== ======================================= ==============================================
 
 ``--additional-config '{"npu": {...}}'`` keys: see :class:`AdditionalConfig`.
@@ -64,6 +66,7 @@ class EnvConfig(BaseModel):
     DEVICE: DeviceSetting = Field("auto", description="auto | npu | emulated | off")
     EMULATED_KV_CACHE_GB: float = Field(0.5, gt=0, le=1024, description="a float in (0, 1024], in GiB")
     PATCHES: str = Field("all", description="all | none | -<patch-id>[,-<patch-id>...]")
+    CACHE_DIR: str | None = Field(None, description="a directory path (default ~/.cache/vllm-npu)")
 
     @field_validator("PATCHES")
     @classmethod
