@@ -88,7 +88,7 @@ def test_healthy_dev_env() -> None:
     assert "VLLM_NPU_DEVICE=auto" in device["reason"] and "VLLM_NPU_DEVICE=emulated" in device["reason"]
     assert report["vllm_plugins"]["value"] is None
     assert report["config"] == {"VLLM_NPU_DEVICE": "auto", "VLLM_NPU_EMULATED_KV_CACHE_GB": 0.5,
-                                "VLLM_NPU_PATCHES": "all"}
+                                "VLLM_NPU_PATCHES": "all", "VLLM_NPU_CACHE_DIR": None}
 
 
 def test_torch_autoload_follows_torch_rule() -> None:
