@@ -1,5 +1,5 @@
-"""End to end: tiny Qwen2 (GQA 4/2 heads, 2 layers) on the emulated device with the ops layer's overrides in the
-model, greedy tokens equal to HF transformers (float32). One engine for the module.
+"""End to end: tiny Qwen2 and Llama (GQA 4/2 heads, 2 layers) on the emulated device with the ops layer's overrides in
+the model, greedy tokens equal to HF transformers (float32). One engine per architecture (module-scoped params).
 
 The model tree is inspected inside the worker (``LLM.apply_model``): every norm, activation, RoPE, linear,
 embedding, LM head and logits module must be our class dispatching to ``forward_oot`` with the reference kernel,
@@ -14,7 +14,7 @@ from npu_testkit.models import build_tiny_model, hf_greedy
 
 pytestmark = pytest.mark.engine
 
-ARCH = "qwen2"
+ARCHS = ("qwen2", "llama")
 EXPECTED = {
     "model.embed_tokens": "NPUVocabParallelEmbedding",
     "model.layers.0.input_layernorm": "NPURMSNorm",
@@ -65,14 +65,19 @@ def read_rope_counter(model):
     return rope._test_calls, rope._cos_sin.computed - rope._test_gathers0
 
 
-@pytest.fixture(scope="module")
-def model_dir():
-    return build_tiny_model(tiny_config(ARCH))
+@pytest.fixture(scope="module", params=ARCHS)
+def arch(request):
+    return request.param
 
 
 @pytest.fixture(scope="module")
-def llm(model_dir, tmp_path_factory):
-    with engine(model_dir, emulated_env(tmp_path_factory.mktemp(ARCH)), max_num_batched_tokens=64) as llm:
+def model_dir(arch):
+    return build_tiny_model(tiny_config(arch))
+
+
+@pytest.fixture(scope="module")
+def llm(arch, model_dir, tmp_path_factory):
+    with engine(model_dir, emulated_env(tmp_path_factory.mktemp(arch)), max_num_batched_tokens=64) as llm:
         yield llm
 
 
