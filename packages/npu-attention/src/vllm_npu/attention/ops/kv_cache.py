@@ -8,7 +8,8 @@ Contract (both twins):
 
 Padding slots (``-1``, vLLM's ``PAD_SLOT_ID``): vLLM pads ``slot_mapping`` only past ``num_actual_tokens`` (decode
 context parallelism, which interleaves ``-1`` among real tokens, is rejected by the metadata builder), so the NPU path
-never receives one after the caller's slice. The reference path skips any negative slot wherever it is.
+never receives one after the caller's slice. The reference path skips any negative slot wherever it is, without
+reading device values back to the host (no data-dependent branch or shape).
 
 NPU: ``torch_npu.npu_scatter_pa_kv_cache`` (documented in torch_npu 2.8.0, its "scenario 2": 3-D key/value and
 ``[num_blocks, block_size, Nkv, D]`` caches); it needs contiguous inputs and distinct slots in
@@ -45,11 +46,24 @@ def reshape_and_cache_reference(
 ) -> None:
     nkv, d = key_cache.shape[-2:]
     slots = slot_mapping.long()
+    if slots.numel() == 0:
+        return
+    # No data-dependent branch or shape (those read device values back to the host, a sync per layer on an NPU):
+    # every row is written, and each padding row is redirected to an "anchor" — the slot of a real row, rewritten
+    # with that row's own key/value, or slot 0 rewritten with its current contents when the batch has no real row.
+    # Duplicate indices in index_copy_ then all carry identical bits, so the result is deterministic and padding
+    # changes nothing.
     keep = slots >= 0
-    if not bool(keep.all()):
-        slots, key, value = slots[keep], key[keep], value[keep]
-    key_cache.view(-1, nkv, d).index_copy_(0, slots, key.to(key_cache.dtype))
-    value_cache.view(-1, nkv, d).index_copy_(0, slots, value.to(value_cache.dtype))
-
+    anchor = keep.to(torch.uint8).argmax(dim=0, keepdim=True)  # [1]: first real row (row 0 if none is real)
+    anchor_is_real = keep.index_select(0, anchor)  # [1]
+    anchor_slot = slots.index_select(0, anchor).clamp_min(0)  # [1]: its slot, or 0
+    idx = torch.where(keep, slots, anchor_slot)
+    row_keep = keep.view(-1, 1, 1)
+    for src, cache in ((key, key_cache), (value, value_cache)):
+        flat = cache.view(-1, nkv, d)
+        src = src.to(cache.dtype)
+        anchor_row = torch.where(anchor_is_real.view(1, 1, 1), src.index_select(0, anchor),
+                                 flat.index_select(0, anchor_slot))  # [1, Nkv, D]
+        flat.index_copy_(0, idx, torch.where(row_keep, src, anchor_row))
 
 RESHAPE_AND_CACHE = Kernel("reshape_and_cache", npu=reshape_and_cache_npu, reference=reshape_and_cache_reference)
