@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ._version import __version__
+from ._version import __version__ as __version__
 from .lazy import lazy_exports
 
 if TYPE_CHECKING:

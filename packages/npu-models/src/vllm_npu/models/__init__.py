@@ -6,7 +6,7 @@ discovers plugins.
 
 from vllm_npu.interface.lazy import lazy_exports
 
-from ._version import __version__
+from ._version import __version__ as __version__
 
 _EXPORTS: dict[str, str] = {
     "MODEL_OVERRIDES": "._hooks:MODEL_OVERRIDES",

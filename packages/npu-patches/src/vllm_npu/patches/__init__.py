@@ -13,7 +13,7 @@ discovers plugins.
 
 from vllm_npu.interface.lazy import lazy_exports
 
-from ._version import __version__
+from ._version import __version__ as __version__
 
 _EXPORTS: dict[str, str] = {
     "Patch": "._model:Patch",

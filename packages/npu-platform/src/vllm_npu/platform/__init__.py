@@ -11,10 +11,11 @@ from typing import TYPE_CHECKING
 
 from vllm_npu.interface.lazy import lazy_exports
 
-from ._version import __version__
+from ._version import __version__ as __version__
 
 if TYPE_CHECKING:
-    from .platform import EmulatedNPUPlatform, NPUPlatform
+    from .platform import EmulatedNPUPlatform as EmulatedNPUPlatform
+    from .platform import NPUPlatform as NPUPlatform
 
 PLATFORM_CLASSES = {
     "npu": "vllm_npu.platform.platform.NPUPlatform",
