@@ -2,7 +2,7 @@
 
 Experts are loaded per expert and shard through ``FusedMoE.weight_loader`` (wrapped by our validating loader).
 Reference: plain torch written here: softmax top-2 with renormalisation, per-expert SwiGLU MLP, with either float
-weights (bound: relative Frobenius error <= 0.03 for W8A8_DYNAMIC, <= 0.25 for W4A8_DYNAMIC: two int4 matmuls in a row, measured 0.17) or the same quantized
+weights (bound: relative Frobenius error <= 0.03 for W8A8_DYNAMIC, <= 0.05 for static W8A8 (per-tensor ranges), <= 0.25 for W4A8_DYNAMIC: two int4 matmuls in a row, measured 0.17) or the same quantized
 maths (per-token int8 activations / dequantized int4 weights; max |Δ| <= 1e-4 * max|y|).
 """
 
@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from vllm_npu.quant.config import AscendQuantConfig
 from vllm_npu.quant.description import QuantDescription
 from vllm_npu.quant.params import QuantLoadError
-from vllm_npu.quant.quantize_math import quantize_w4a8, quantize_w8a8_dynamic
+from vllm_npu.quant.quantize_math import quantize_w4a8, quantize_w8a8, quantize_w8a8_dynamic
 
 E, TOP_K, H, INTER, G = 4, 2, 32, 32, 16
 PREFIX = "model.layers.0.mlp.experts"
@@ -43,6 +43,15 @@ def float_experts(seed: int = 0) -> dict[tuple[int, str], torch.Tensor]:
 def quantized(qtype: str, weights: dict[tuple[int, str], torch.Tensor]) -> dict[tuple[int, str], dict[str, torch.Tensor]]:
     if qtype == "W8A8_DYNAMIC":
         return {k: quantize_w8a8_dynamic(w, torch.float32) for k, w in weights.items()}
+    if qtype == "W8A8":
+        # calibration on other N(0, 1) rows than the test's: every expert sees all of them (as the quantizer does)
+        xc = torch.randn(64, H, generator=torch.Generator().manual_seed(123))
+        out = {}
+        for e in range(E):
+            h = F.silu(xc @ weights[(e, "gate_proj")].t()) * (xc @ weights[(e, "up_proj")].t())
+            for proj, inp in (("gate_proj", xc), ("up_proj", xc), ("down_proj", h)):
+                out[(e, proj)] = quantize_w8a8(weights[(e, proj)], None, float(inp.min()), float(inp.max()), torch.float32)
+        return out
     return {k: quantize_w4a8(w, G, "0", False, torch.float32) for k, w in weights.items()}
 
 
@@ -82,13 +91,16 @@ def sim_linear(qtype: str, tensors):
         if qtype == "W8A8_DYNAMIC":
             s = x.abs().amax(-1, keepdim=True) / 127
             return (torch.round(x / s) @ t["weight"].float().t()) * t["weight_scale"].reshape(-1) * s
+        if qtype == "W8A8":
+            xq = torch.clamp(torch.round(x / t["input_scale"] + t["input_offset"]), -128, 127)
+            return (xq @ t["weight"].float().t() + t["quant_bias"].float()) * t["deq_scale"]
         w = t["weight"].float() * t["weight_scale"] * t["weight_scale_second"].repeat_interleave(G, dim=1)
         return x @ w.t()
 
     return lin
 
 
-@pytest.mark.parametrize("qtype, bound", [("W8A8_DYNAMIC", 0.03), ("W4A8_DYNAMIC", 0.25)])
+@pytest.mark.parametrize("qtype, bound", [("W8A8_DYNAMIC", 0.03), ("W8A8", 0.05), ("W4A8_DYNAMIC", 0.25)])
 def test_quantized_experts_match_maths(vllm_ctx: object, tp1_group: None, qtype: str, bound: float) -> None:
     weights = float_experts()
     tensors = quantized(qtype, weights)
@@ -125,3 +137,10 @@ def test_packed_w4a8_experts_are_refused(vllm_ctx: object, tp1_group: None) -> N
     with pytest.raises(QuantLoadError, match="packed format"):
         FusedMoE(num_experts=E, top_k=TOP_K, hidden_size=H, intermediate_size=INTER, params_dtype=torch.float32,
                  quant_config=cfg, prefix=PREFIX)
+
+
+def test_static_w8a8_gate_up_input_scales_must_agree(vllm_ctx: object, tp1_group: None) -> None:
+    tensors = quantized("W8A8", float_experts())
+    tensors[(3, "up_proj")]["input_scale"] = tensors[(3, "up_proj")]["input_scale"] * 2
+    with pytest.raises(QuantLoadError, match=r"w13_input_scale: expert 3 has different gate_proj / up_proj"):
+        build("W8A8", tensors)

@@ -153,8 +153,14 @@ class AscendQuantConfig(QuantizationConfig):
                     f"FusedMoE layer {prefix!r} is {qtype!r} in {desc.source}; npu-quant implements MoE experts for "
                     f"{', '.join(MOE_SCHEMES)} only"
                 )
-            from .moe_method import AscendW4A8DynamicFusedMoEMethod, AscendW8A8DynamicFusedMoEMethod
+            from .moe_method import (
+                AscendW4A8DynamicFusedMoEMethod,
+                AscendW8A8DynamicFusedMoEMethod,
+                AscendW8A8FusedMoEMethod,
+            )
 
+            if qtype == "W8A8":
+                return AscendW8A8FusedMoEMethod(layer.moe_config, prefix)
             if qtype == "W4A8_DYNAMIC":
                 return AscendW4A8DynamicFusedMoEMethod(layer.moe_config, prefix, desc.group_size, desc.version)
             return AscendW8A8DynamicFusedMoEMethod(layer.moe_config, prefix)

@@ -29,7 +29,7 @@ DESCRIPTION_FILENAME = "quant_model_description.json"
 QUANT_TYPES = ("W8A8", "W8A8_DYNAMIC", "W4A8_DYNAMIC", "W4A4_FLATQUANT_DYNAMIC", "FLOAT", "C8")
 #: Schemes this package implements for linear layers and for FusedMoE experts.
 LINEAR_SCHEMES = ("W8A8", "W8A8_DYNAMIC", "W4A8_DYNAMIC", "W4A4_FLATQUANT_DYNAMIC")
-MOE_SCHEMES = ("W8A8_DYNAMIC", "W4A8_DYNAMIC")
+MOE_SCHEMES = ("W8A8", "W8A8_DYNAMIC", "W4A8_DYNAMIC")
 
 #: Keys that are settings, not tensor names.
 GLOBAL_KEYS = (

@@ -132,6 +132,92 @@ class W4A8DynamicExperts:
         return self._gmm(self.activation(h), layer.w2_weight, layer.w2_antiquant_scale.to(rows.dtype), group_counts)
 
 
+# --------------------------------------------------------------------------------------------------------------
+# static W8A8 experts: per-row (per-expert) static activation quant + int8 grouped matmul with int32 bias
+
+
+def _quantize_rows_npu(x: torch.Tensor, inv_scale: torch.Tensor, offset: torch.Tensor) -> torch.Tensor:
+    import torch_npu
+
+    # axis=-2: the scales run along the rows (one per row, i.e. the row's expert's input scale)
+    return torch_npu.npu_quantize(x, inv_scale, offset, torch.qint8, -2, False)
+
+
+def _quantize_rows_ref(x: torch.Tensor, inv_scale: torch.Tensor, offset: torch.Tensor) -> torch.Tensor:
+    """x ``[N, K]`` float, inv_scale / offset ``[N]`` in x's dtype -> int8 ``[N, K]``:
+    ``clamp(round(x * inv_scale[n] + offset[n]), -128, 127)`` (round half to even, as the per-tensor twin)."""
+    if inv_scale.shape != (x.shape[0],) or offset.shape != (x.shape[0],):
+        raise ValueError(f"npu_quantize(axis=-2): scales {tuple(inv_scale.shape)} / offsets {tuple(offset.shape)} "
+                         f"must be [{x.shape[0]}] for x {tuple(x.shape)}")
+    y = x.to(torch.float32) * inv_scale.to(torch.float32).unsqueeze(-1) + offset.to(torch.float32).unsqueeze(-1)
+    return torch.clamp(torch.round(y), -128, 127).to(torch.int8)
+
+
+quantize_rows = Kernel("npu_quantize[per-row,multiply]", npu=_quantize_rows_npu, reference=_quantize_rows_ref)
+
+
+def _grouped_static_npu(
+    xq: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor, counts: torch.Tensor,
+    out_dtype: torch.dtype,
+) -> torch.Tensor:
+    import torch_npu
+
+    return torch_npu.npu_grouped_matmul(
+        [xq], [weight], bias=[bias], scale=[scale], group_list=counts.to(torch.int64), split_item=2, group_type=0,
+        group_list_type=1, output_dtype=out_dtype,
+    )[0]
+
+
+def _grouped_static_ref(
+    xq: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor, counts: torch.Tensor,
+    out_dtype: torch.dtype,
+) -> torch.Tensor:
+    """The documented per-channel int8 mode: xq int8 ``[N, K]`` (rows sorted by group), weight int8 ``[G, K, M]``,
+    bias int32 ``[G, M]``, scale ``[G, M]`` (float32 or bfloat16), counts ``[G]`` -> ``[N, M]``:
+    ``(xq_g @ W[g] + bias[g]) * scale[g]``."""
+    sizes = counts.tolist()
+    if len(sizes) != weight.shape[0] or sum(sizes) != xq.shape[0]:
+        raise ValueError(f"grouped matmul: counts {sizes} do not fit {xq.shape[0]} rows / {weight.shape[0]} groups")
+    out = torch.empty(xq.shape[0], weight.shape[-1], dtype=out_dtype, device=xq.device)
+    start = 0
+    for g, n in enumerate(sizes):
+        if n:
+            acc = xq[start:start + n].to(torch.float64) @ weight[g].to(torch.float64) + bias[g].to(torch.float64)
+            out[start:start + n] = (acc.to(torch.float32) * scale[g].to(torch.float32)).to(out_dtype)
+        start += n
+    return out
+
+
+grouped_static_matmul = Kernel("npu_grouped_matmul[int8,per-channel,int32 bias]", npu=_grouped_static_npu,
+                               reference=_grouped_static_ref)
+
+
+class W8A8StaticExperts:
+    """Static W8A8 experts over processed weights: w13 [E, H, 2I] / w2 [E, I, H] int8, ``*_deq_scale [E, N]``
+    float32, ``*_quant_bias [E, N]`` int32, ``*_input_inv_scale`` / ``*_input_offset`` ``[E]`` float32."""
+
+    def __init__(self, layer: torch.nn.Module, activation: Callable[[torch.Tensor], torch.Tensor]) -> None:
+        self.layer = layer
+        self.activation = activation
+        self._q = quantize_rows.select()
+        self._gmm = grouped_static_matmul.select()
+
+    def _stage(self, x: torch.Tensor, w: str, counts: torch.Tensor) -> torch.Tensor:
+        layer, n = self.layer, x.shape[0]
+        # one scale per row: the row's expert's input scale (rows are sorted by expert; output_size avoids a sync)
+        inv = torch.repeat_interleave(getattr(layer, f"{w}_input_inv_scale"), counts, output_size=n).to(x.dtype)
+        off = torch.repeat_interleave(getattr(layer, f"{w}_input_offset"), counts, output_size=n).to(x.dtype)
+        xq = self._q(x, inv, off)
+        # the documented pairing: bfloat16 output takes a bfloat16 scale, float16 (and the reference) float32
+        scale = getattr(layer, f"{w}_deq_scale")
+        scale = scale.to(torch.bfloat16) if x.dtype == torch.bfloat16 else scale
+        return self._gmm(xq, getattr(layer, f"{w}_weight"), scale, getattr(layer, f"{w}_quant_bias"), counts, x.dtype)
+
+    def __call__(self, rows: torch.Tensor, group_counts: torch.Tensor) -> torch.Tensor:
+        counts = group_counts.to(torch.int64)
+        return self._stage(self.activation(self._stage(rows, "w13", counts)), "w2", counts)
+
+
 class AscendW8A8DynamicFusedMoEMethod(FusedMoEMethodBase):
     """W8A8_DYNAMIC experts for vLLM's ``FusedMoE`` (and npu-ops' override of it)."""
 
@@ -316,3 +402,127 @@ class AscendW4A8DynamicFusedMoEMethod(AscendW8A8DynamicFusedMoEMethod):
 
     def _make_experts(self, layer: torch.nn.Module, activation: Callable[[torch.Tensor], torch.Tensor]) -> Any:
         return W4A8DynamicExperts(layer, activation)
+
+
+class AscendW8A8FusedMoEMethod(AscendW8A8DynamicFusedMoEMethod):
+    """Static W8A8 experts: int8 weights, per-expert static int8 activations with a zero point, int32 quant bias.
+
+    Per expert ``e`` and projection (``x_q = clamp(round(x / s_x[e] + o_x[e]))``, as the W8A8 linear scheme)::
+
+        y = (x_q @ W_q[e]ᵀ + quant_bias[e]) * deq_scale[e]     deq_scale = s_x * s_w,  quant_bias = -o_x Σ_k W_q (+ bias)
+
+    ``gate_proj`` and ``up_proj`` of one expert must share their input scale/offset (they read the same rows).
+    ``quant_bias`` folds the input offset over the full input width, so the down projection cannot be split over
+    tensor-parallel ranks (expert parallelism is fine): tp > 1 is refused at load with the fix named.
+    """
+
+    _required = ("w13_weight", "w2_weight", "w13_deq_scale", "w2_deq_scale", "w13_input_scale", "w2_input_scale",
+                 "w13_input_offset", "w2_input_offset", "w13_quant_bias", "w2_quant_bias")
+    _per_expert = ("w13_input_scale", "w2_input_scale", "w13_input_offset", "w2_input_offset")
+
+    def _specs(self, e: int, h: int, i: int) -> list[tuple[str, tuple[int, ...], torch.dtype, tuple[torch.dtype, ...], dict[str, Any]]]:
+        channel = {"quant_method": FusedMoeWeightScaleSupported.CHANNEL.value}
+        deq_accept = (*FLOATS, torch.int64)
+        return super()._specs(e, h, i) + [
+            ("w13_deq_scale", (e, 2 * i), torch.int64, deq_accept, channel),
+            ("w2_deq_scale", (e, h), torch.int64, deq_accept, channel),
+            ("w13_input_scale", (e, 1), torch.float32, FLOATS, {}),
+            ("w2_input_scale", (e, 1), torch.float32, FLOATS, {}),
+            ("w13_input_offset", (e, 1), torch.float32, (torch.int8, *FLOATS), {}),
+            ("w2_input_offset", (e, 1), torch.float32, (torch.int8, *FLOATS), {}),
+            ("w13_quant_bias", (e, 2 * i), torch.int32, (torch.int32,), {}),
+            ("w2_quant_bias", (e, h), torch.int32, (torch.int32,), {}),
+        ]
+
+    def _wrap(self, name: str, accept: tuple[torch.dtype, ...], dtype: torch.dtype, inner: Callable[..., Any]) -> Callable[..., Any]:
+        if name.endswith("_deq_scale"):
+            # float32 (bf16 models) or the int64 npu_trans_quant_param form (fp16 models): kept as the int64 bits of
+            # a float32 so both load exactly through the per-channel loader; decoded in process_weights_after_loading.
+            base = super()._wrap(name, (torch.int64,), torch.int64, inner)
+
+            def to_bits(param: torch.nn.Parameter, loaded: torch.Tensor, weight_name: str, *args: Any, **kwargs: Any) -> Any:
+                if loaded.dtype not in accept:
+                    return base(param, loaded, weight_name, *args, **kwargs)  # raises, naming the tensor and dtype
+                bits = loaded if loaded.dtype == torch.int64 else (
+                    loaded.to(torch.float32).contiguous().view(torch.int32).to(torch.int64) & 0xFFFFFFFF)
+                return base(param, bits, weight_name, *args, **kwargs)
+
+            return to_bits
+        if name in self._per_expert or name.endswith("_quant_bias"):
+            return super()._wrap(name, accept, dtype, self._own_loader(name, inner))
+        return super()._wrap(name, accept, dtype, inner)
+
+    def _own_loader(self, name: str, inner: Callable[..., Any]) -> Callable[..., Any]:
+        """vLLM's FusedMoE loader skips names without "weight"/"scale" and keeps only the last of w1/w3's input
+        scales; these tensors are loaded here: per-expert values (w1 and w3 must agree) and quant biases (sharded
+        along the output like the weights)."""
+        layer = getattr(inner, "__self__", None)
+        seen: dict[int, torch.Tensor] = {}
+
+        def load(param: torch.nn.Parameter, loaded: torch.Tensor, weight_name: str, shard_id: str, expert_id: int,
+                 *args: Any, **kwargs: Any) -> Any:
+            local = int(expert_id) if layer is None else layer._map_global_expert_id_to_local_expert_id(int(expert_id))
+            if local == -1:
+                return False
+            if name in self._per_expert:
+                if loaded.numel() != 1:
+                    raise QuantLoadError(f"checkpoint tensor {weight_name!r} must hold one value, got shape "
+                                         f"{tuple(loaded.shape)}")
+                value = loaded.reshape(1)
+                if local in seen and not torch.equal(seen[local], value):
+                    raise QuantLoadError(
+                        f"{self.prefix}.{name}: expert {expert_id} has different gate_proj / up_proj values "
+                        f"({float(seen[local])} vs {float(value)}); one grouped matmul reads both, so they must be "
+                        "calibrated together: re-export the checkpoint"
+                    )
+                seen[local] = value
+                param.data[local].copy_(value)
+                return True
+            tp_rank, tp_size = (0, 1) if layer is None else (int(layer.tp_rank), int(layer.tp_size))
+            full = param.shape[1]
+            if shard_id == "w2":
+                if loaded.shape != (full,):
+                    raise RuntimeError(f"quant bias {tuple(loaded.shape)} vs [{full}]")
+                param.data[local].copy_(loaded)
+                return True
+            half = full // 2
+            if loaded.shape != (half * tp_size,):
+                raise RuntimeError(f"quant bias {tuple(loaded.shape)} vs [{half * tp_size}]")
+            start = 0 if shard_id == "w1" else half
+            param.data[local, start:start + half].copy_(loaded.narrow(0, tp_rank * half, half))
+            return True
+
+        return load
+
+    def process_weights_after_loading(self, layer: torch.nn.Module) -> None:
+        from .kernels import decode_scale
+
+        self._check_complete()
+        if int(getattr(layer, "tp_size", 1)) > 1:
+            raise QuantLoadError(
+                f"{self.prefix}: static W8A8 experts cannot be split over {layer.tp_size} tensor-parallel ranks "
+                "(quant_bias folds the input offset over the full expert width); enable expert parallelism "
+                "(--enable-expert-parallel) or export the experts as W8A8_DYNAMIC"
+            )
+        for name in ("w13_weight_scale", "w2_weight_scale", "w13_weight_offset", "w2_weight_offset"):
+            del layer._parameters[name]  # deq_scale already holds s_x * s_w; the weights are symmetric
+        for w in ("w13", "w2"):
+            s_x = getattr(layer, f"{w}_input_scale").data.float().reshape(-1)
+            o_x = getattr(layer, f"{w}_input_offset").data.float().reshape(-1)
+            deq = decode_scale(getattr(layer, f"{w}_deq_scale").data)
+            if not bool(torch.isfinite(s_x).all()) or not bool((s_x > 0).all()):
+                raise QuantLoadError(f"{self.prefix}.{w}_input_scale must be finite and > 0")
+            if bool((o_x != torch.round(o_x)).any()) or bool((o_x < -128).any()) or bool((o_x > 127).any()):
+                raise QuantLoadError(f"{self.prefix}.{w}_input_offset must hold integers in [-128, 127]")
+            if not bool(torch.isfinite(deq).all()) or not bool((deq > 0).all()):
+                raise QuantLoadError(f"{self.prefix}.{w}_deq_scale must be finite and > 0")
+            replace_param(layer, f"{w}_deq_scale", deq.contiguous())  # [E, N] float32
+            replace_param(layer, f"{w}_input_inv_scale", (1.0 / s_x).contiguous())  # [E]
+            replace_param(layer, f"{w}_input_offset", o_x.contiguous())  # [E]
+            del layer._parameters[f"{w}_input_scale"]
+        replace_param(layer, "w13_weight", layer.w13_weight.data.transpose(1, 2).contiguous())  # [E, H, 2I]
+        replace_param(layer, "w2_weight", layer.w2_weight.data.transpose(1, 2).contiguous())  # [E, I, H]
+        self._build(layer)
+
+    def _make_experts(self, layer: torch.nn.Module, activation: Callable[[torch.Tensor], torch.Tensor]) -> Any:
+        return W8A8StaticExperts(layer, activation)

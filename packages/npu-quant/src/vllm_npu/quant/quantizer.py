@@ -2,8 +2,9 @@
 
 What gets quantized: every ``nn.Linear`` inside the decoder layers with the chosen scheme, except MoE routers
 (``*.gate``, ``*shared_expert_gate``, ``*router*``), which stay FLOAT. MoE experts (``*.experts.<e>.*``) use
-W4A8_DYNAMIC with ``--scheme W4A8_DYNAMIC`` (format version 0) and W8A8_DYNAMIC otherwise (npu-quant's MoE schemes;
-msModelSlim's W8A8 MoE exports also use dynamic experts).
+W4A8_DYNAMIC with ``--scheme W4A8_DYNAMIC`` (format version 0), static W8A8 with ``--scheme W8A8`` (per-expert
+input ranges from the calibration; an expert no calibration token was routed to takes the union of its layer's
+calibrated experts' ranges for the same projection) and W8A8_DYNAMIC otherwise.
 Embeddings, norms and ``lm_head`` stay FLOAT. W8A8 (static) calibrates per-tensor input ranges by running the HF
 model on calibration prompts.
 
@@ -76,13 +77,16 @@ def _pick_group_size(ks: Sequence[int], requested: int | None) -> int:
 
 
 @torch.no_grad()
-def _calibrate(model: torch.nn.Module, tokenizer: Any, names: Sequence[str], prompts: Sequence[str]) -> dict[str, tuple[float, float]]:
+def _calibrate(model: torch.nn.Module, tokenizer: Any, names: Sequence[str], prompts: Sequence[str],
+               optional: Sequence[str] = ()) -> dict[str, tuple[float, float]]:
     stats: dict[str, list[float]] = {}
     handles = []
     modules = dict(model.named_modules())
-    for name in names:
+    for name in [*names, *optional]:
         def hook(mod: torch.nn.Module, args: tuple[torch.Tensor, ...], name: str = name) -> None:
             x = args[0].detach().float()
+            if not x.numel():  # an expert called with no routed rows
+                return
             lo, hi = float(x.min()), float(x.max())
             cur = stats.get(name)
             stats[name] = [min(lo, cur[0]), max(hi, cur[1])] if cur else [lo, hi]
@@ -98,6 +102,34 @@ def _calibrate(model: torch.nn.Module, tokenizer: Any, names: Sequence[str], pro
     if missing:
         raise QuantizeError(f"calibration never reached {missing[:3]}; are they used by the model's forward?")
     return {n: (v[0], v[1]) for n, v in stats.items()}
+
+
+def _expert_ranges(names: Sequence[str], stats: dict[str, tuple[float, float]]) -> dict[str, tuple[float, float]]:
+    """Static input ranges for every expert linear: gate_proj and up_proj of one expert share one (the union; the
+    MoE kernel quantizes their common input once); an expert no calibration token reached takes the union of the
+    same projection over its layer's calibrated experts."""
+    def union(rs: Sequence[tuple[float, float]]) -> tuple[float, float]:
+        return min(r[0] for r in rs), max(r[1] for r in rs)
+
+    layer_of = {n: _EXPERT.sub(".experts.*.", n) for n in names}
+    per_layer: dict[str, list[tuple[float, float]]] = {}
+    for n in names:
+        if n in stats:
+            per_layer.setdefault(layer_of[n], []).append(stats[n])
+    out: dict[str, tuple[float, float]] = {}
+    for n in names:
+        if n in stats:
+            out[n] = stats[n]
+        elif layer_of[n] in per_layer:
+            out[n] = union(per_layer[layer_of[n]])
+        else:
+            raise QuantizeError(f"calibration reached no expert of {layer_of[n]!r}; give more calibration prompts")
+    for n in names:
+        if n.endswith("gate_proj"):
+            up = n[: -len("gate_proj")] + "up_proj"
+            if up in out:
+                out[n] = out[up] = union([out[n], out[up]])
+    return out
 
 
 def quantize_checkpoint(
@@ -148,7 +180,8 @@ def quantize_checkpoint(
     ranges: dict[str, tuple[float, float]] = {}
     if qtype == "W8A8":
         tok = AutoTokenizer.from_pretrained(model_dir)
-        ranges = _calibrate(model, tok, list(dense), list(calibration or DEFAULT_CALIBRATION))
+        ranges = _calibrate(model, tok, list(dense), list(calibration or DEFAULT_CALIBRATION), optional=list(experts))
+        ranges.update(_expert_ranges(list(experts), ranges))
 
     state = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
     if config.get("tie_word_embeddings") and "lm_head.weight" in state:
@@ -182,7 +215,9 @@ def quantize_checkpoint(
             left, right = transforms[k]
             emit(name, qtype, quantize_w4a4_flatquant(w, left, right, clip_ratio, dtype))
     for name, mod in experts.items():
-        if qtype == "W4A8_DYNAMIC" and w4a8_version == "0":
+        if qtype == "W8A8":
+            emit(name, qtype, quantize_w8a8(mod.weight.detach(), None, *ranges[name], dtype))
+        elif qtype == "W4A8_DYNAMIC" and w4a8_version == "0":
             emit(name, qtype, quantize_w4a8(mod.weight.detach(), settings["group_size"], "0", False, dtype))
         else:
             emit(name, MOE_SCHEME, quantize_w8a8_dynamic(mod.weight.detach(), dtype))
