@@ -247,37 +247,11 @@ def test_max_spec_len_over_vllm_limit_is_refused():
 
 # --- end to end: ngram speculative decoding on the emulated device ------------------------------------------------
 #
-# Until NPUModelRunner builds NPURejectionSampler itself, a test-only worker swaps it in right after the model
-# runner is created (before the profile run's sampler dry run, which is where vLLM's Triton sampler fails). The
-# engine core runs in a spawned process (vLLM 0.11 hands drafted tokens to the scheduler only in the engine-core
-# busy loop), which imports this module by name (see the fixture).
+# NPUModelRunner builds NPURejectionSampler in place of vLLM's Triton sampler; the engine runs the normal NPUWorker.
+# The engine core runs in its own process: vLLM 0.11 hands drafted tokens to the scheduler only in its busy loop.
 
 NUM_SPEC = 3
 MAX_TOKENS = 100
-
-
-def __getattr__(name: str):
-    # Built on first use so that importing this module never imports vLLM's worker stack (the spawned engine core
-    # resolves the class by qualified name through this hook).
-    if name != "SpecDecodeTestWorker":
-        raise AttributeError(name)
-    from vllm_npu.platform.worker import NPUWorker
-
-    class SpecDecodeTestWorker(NPUWorker):
-        def init_device(self) -> None:
-            super().init_device()
-            # GPUModelRunner.__init__ builds vLLM's (Triton) sampler when speculative decoding is on (last PP rank).
-            if hasattr(self.model_runner, "rejection_sampler"):
-                self.model_runner.rejection_sampler = NPURejectionSampler()
-
-        def rejection_sampler_class(self) -> str:
-            s = self.model_runner.rejection_sampler
-            return f"{type(s).__module__}.{type(s).__name__}"
-
-    SpecDecodeTestWorker.__module__ = __name__
-    SpecDecodeTestWorker.__qualname__ = name
-    globals()[name] = SpecDecodeTestWorker
-    return SpecDecodeTestWorker
 
 
 @pytest.fixture(scope="module")
@@ -291,29 +265,12 @@ def tiny_qwen2():
 
 @pytest.fixture(scope="module")
 def spec_llm(tiny_qwen2, tmp_path_factory):
-    import sys
-    from pathlib import Path
-
     from npu_testkit.engine import emulated_env, engine
 
-    # multiprocessing's spawn gives the child this process's sys.path (PYTHONPATH would be overridden), so the
-    # engine core can import this module by name only while its directory is on sys.path here.
-    here = str(Path(__file__).resolve().parent)
-    sys.path.insert(0, here)
     env = emulated_env(tmp_path_factory.mktemp("rejection"), multiprocessing=True)
     spec = {"method": "ngram", "num_speculative_tokens": NUM_SPEC, "prompt_lookup_max": 4, "prompt_lookup_min": 2}
-    try:
-        with engine(
-            tiny_qwen2,
-            env,
-            speculative_config=spec,
-            max_num_batched_tokens=64,
-            disable_log_stats=False,
-            worker_cls=f"{Path(__file__).stem}.SpecDecodeTestWorker",
-        ) as llm:
-            yield llm
-    finally:
-        sys.path.remove(here)
+    with engine(tiny_qwen2, env, speculative_config=spec, max_num_batched_tokens=64, disable_log_stats=False) as llm:
+        yield llm
 
 
 def _counter(llm, name: str) -> float:
@@ -323,7 +280,9 @@ def _counter(llm, name: str) -> float:
 @pytest.mark.engine
 def test_engine_uses_the_torch_rejection_sampler(spec_llm):
     # A method name, not a function: the multiprocess client only serialises functions with insecure pickling.
-    assert spec_llm.collective_rpc("rejection_sampler_class") == ["vllm_npu.platform.sample.rejection_sampler.NPURejectionSampler"]
+    (info,) = spec_llm.collective_rpc("npu_runtime_info")
+    assert info["worker"] == "vllm_npu.platform.worker.NPUWorker"
+    assert info["rejection_sampler"] == "vllm_npu.platform.sample.rejection_sampler.NPURejectionSampler"
 
 
 @pytest.mark.engine

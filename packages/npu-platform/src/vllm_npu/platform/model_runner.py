@@ -9,6 +9,9 @@ sampling and logprobs, KV-cache allocation) is vLLM's own code. The overrides:
   no-op in-order stream/event objects on the emulated device. Objects created there keep working afterwards
   (they are the device's own), so the shim never needs to be process-wide.
 - ``_init_device_properties`` and ``_sync_device``: the device's, instead of ``torch.cuda``'s.
+- speculative decoding: vLLM's ``RejectionSampler`` (built in ``__init__`` only with a speculative config on the
+  last pipeline rank) launches Triton kernels; it is replaced by :class:`.sample.NPURejectionSampler`, the same
+  contract in torch.
 """
 
 from __future__ import annotations
@@ -36,6 +39,10 @@ class NPUModelRunner(GPUModelRunner):
         self.device_backend = device_backend()
         with cuda_stream_api_as(self.device_backend):
             super().__init__(vllm_config, device)
+        if hasattr(self, "rejection_sampler"):
+            from .sample import NPURejectionSampler
+
+            self.rejection_sampler = NPURejectionSampler()
 
     def _init_device_properties(self) -> None:
         if self.device_backend.type == "npu":

@@ -69,6 +69,10 @@ def _unique_storages(tensors: Iterable[torch.Tensor]) -> list[tuple[torch.Untype
     return list(seen.values())
 
 
+def _qualname(obj: Any) -> Optional[str]:
+    return None if obj is None else f"{type(obj).__module__}.{type(obj).__qualname__}"
+
+
 class NPUWorker(Worker):
     def __init__(
         self,
@@ -279,6 +283,10 @@ class NPUWorker(Worker):
             "plugin_modules": dict(sorted(plugin_modules.items())),
             "kv_cache_shape": kv_shapes[0] if kv_shapes else None,
             "block_size": self.cache_config.block_size,
+            # Requests with at most this many query tokens are reordered to the front as decodes (None: no reorder).
+            "reorder_batch_threshold": runner.reorder_batch_threshold,
+            # The speculative-decoding verifier (None without a speculative config).
+            "rejection_sampler": _qualname(getattr(runner, "rejection_sampler", None)),
             "rank": self.rank,
             "compilation_level": self.vllm_config.compilation_config.level,
             "piecewise_graphs_seen": compilation_counter.num_piecewise_graphs_seen,
