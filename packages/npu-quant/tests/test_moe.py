@@ -3,7 +3,8 @@
 Experts are loaded per expert and shard through ``FusedMoE.weight_loader`` (wrapped by our validating loader).
 Reference: plain torch written here: softmax top-2 with renormalisation, per-expert SwiGLU MLP, with either float
 weights (bound: relative Frobenius error <= 0.03 for W8A8_DYNAMIC, <= 0.05 for static W8A8 (per-tensor ranges), <= 0.25 for W4A8_DYNAMIC: two int4 matmuls in a row, measured 0.17) or the same quantized
-maths (per-token int8 activations / dequantized int4 weights; max |Δ| <= 1e-4 * max|y|).
+maths (per-token or static int8 activations / dequantized int4 weights; max |Δ| <= 1e-4 * max|y|); the W4A8
+format 1.0.0 (packed) experts load to exactly the format-0 tensors.
 """
 
 from __future__ import annotations
@@ -55,21 +56,23 @@ def quantized(qtype: str, weights: dict[tuple[int, str], torch.Tensor]) -> dict[
     return {k: quantize_w4a8(w, G, "0", False, torch.float32) for k, w in weights.items()}
 
 
-def build(qtype: str, tensors: dict[tuple[int, str], dict[str, torch.Tensor]], skip: tuple[int, str] | None = None) -> Any:
+def build(qtype: str, tensors: dict[tuple[int, str], dict[str, torch.Tensor]], skip: tuple[int, str] | None = None,
+          version: str = "0", prefix: str = PREFIX) -> Any:
     from vllm.model_executor.layers.fused_moe.layer import FusedMoE
 
-    entries: dict[str, Any] = {f"{PREFIX}.{e}.{p}.{s}": qtype for (e, p), ts in tensors.items() for s in ts}
+    entries: dict[str, Any] = {f"{prefix}.{e}.{p}.{s}": qtype for (e, p), ts in tensors.items() for s in ts}
     entries["group_size"] = G
+    entries["version"] = version
     cfg = AscendQuantConfig(QuantDescription.from_mapping(entries))
     layer = FusedMoE(num_experts=E, top_k=TOP_K, hidden_size=H, intermediate_size=INTER, params_dtype=torch.float32,
-                     renormalize=True, quant_config=cfg, prefix=PREFIX)
+                     renormalize=True, quant_config=cfg, prefix=prefix)
     params = dict(layer.named_parameters())
     for (e, proj), ts in tensors.items():
         if (e, proj) == skip:
             continue
         for suffix, t in ts.items():
             name = ("w2_" if proj == "down_proj" else "w13_") + suffix
-            params[name].weight_loader(params[name], t, f"{PREFIX}.{e}.{proj}.{suffix}", shard_id=PROJ[proj], expert_id=e)
+            params[name].weight_loader(params[name], t, f"{prefix}.{e}.{proj}.{suffix}", shard_id=PROJ[proj], expert_id=e)
     return layer
 
 
@@ -129,18 +132,24 @@ def test_float_expert_weight_is_rejected(vllm_ctx: object, tp1_group: None) -> N
         build("W8A8_DYNAMIC", tensors)
 
 
-def test_packed_w4a8_experts_are_refused(vllm_ctx: object, tp1_group: None) -> None:
-    from vllm.model_executor.layers.fused_moe.layer import FusedMoE
+def test_packed_w4a8_experts_equal_format_0(vllm_ctx: object, tp1_group: None) -> None:
+    """Format 1.0.0 (two int4 per int8 along the output dim, plus scale_bias) holds the same int4 values as format 0:
+    after load both layers carry identical processed tensors and give identical outputs."""
+    weights = float_experts(seed=3)
+    v0 = {k: quantize_w4a8(w, G, "0", False, torch.float32) for k, w in weights.items()}
+    v1 = {k: quantize_w4a8(w, G, "1.0.0", k[1] == "down_proj", torch.float32) for k, w in weights.items()}
+    assert v1[(0, "gate_proj")]["weight"].shape == (INTER // 2, H) and v1[(0, "down_proj")]["scale_bias"].shape == (H, 16)
+    layers = [build("W4A8_DYNAMIC", v0), build("W4A8_DYNAMIC", v1, version="1.0.0", prefix="model.layers.1.mlp.experts")]
+    assert layers[1].w13_weight.shape == (E, INTER, H) and layers[1].w2_weight.shape == (E, H // 2, INTER)
+    for layer in layers:
+        layer.quant_method.process_weights_after_loading(layer)
+    for name in ("w13_weight", "w2_weight", "w13_antiquant_scale", "w2_antiquant_scale"):
+        assert torch.equal(getattr(layers[0], name), getattr(layers[1], name)), name
+    assert not hasattr(layers[1], "w2_scale_bias")
+    g = torch.Generator().manual_seed(11)
+    x, logits = torch.randn(9, H, generator=g), torch.randn(9, E, generator=g)
+    y0, y1 = (layer.quant_method.apply(layer, x, logits, TOP_K, True) for layer in layers)
+    assert torch.equal(y0, y1)
+    y_sim = reference(x, logits, sim_linear("W4A8_DYNAMIC", v0))
+    assert float((y1 - y_sim).abs().max()) <= 1e-4 * float(y_sim.abs().max())
 
-    cfg = AscendQuantConfig(QuantDescription.from_mapping(
-        {f"{PREFIX}.0.gate_proj.weight": "W4A8_DYNAMIC", "version": "1.0.0", "group_size": G}))
-    with pytest.raises(QuantLoadError, match="packed format"):
-        FusedMoE(num_experts=E, top_k=TOP_K, hidden_size=H, intermediate_size=INTER, params_dtype=torch.float32,
-                 quant_config=cfg, prefix=PREFIX)
-
-
-def test_static_w8a8_gate_up_input_scales_must_agree(vllm_ctx: object, tp1_group: None) -> None:
-    tensors = quantized("W8A8", float_experts())
-    tensors[(3, "up_proj")]["input_scale"] = tensors[(3, "up_proj")]["input_scale"] * 2
-    with pytest.raises(QuantLoadError, match=r"w13_input_scale: expert 3 has different gate_proj / up_proj"):
-        build("W8A8", tensors)

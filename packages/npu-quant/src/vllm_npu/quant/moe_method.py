@@ -12,7 +12,9 @@ Expert maths for the rows routed to expert e (``dq`` = per-token dynamic int8 qu
     hq, s' = dq(silu(h_gate) * h_up);   y = (hq @ W2[e]ᵀ) * s2[e] * s'
 
 W4A8_DYNAMIC experts (disk format "0": int4 values in int8, ``*_weight_scale [E, N, 1]`` and per-group
-``*_weight_scale_second [E, N, K/g]``) run weight-only, like the W4A8 linear path: ``npu_grouped_matmul`` in its
+``*_weight_scale_second [E, N, K/g]``; format "1.0.0": two int4 per int8 along N, ``w13_weight [E, I, H]``,
+``w2_weight [E, H/2, I]``, plus ``w13_scale_bias [E, 2I, 1]`` / ``w2_scale_bias [E, H, 16/tp]``, unpacked at load
+into the format-0 layout) run weight-only, like the W4A8 linear path: ``npu_grouped_matmul`` in its
 documented per-group antiquant mode (float rows, int4 weights packed 8 per int32, ``antiquant_scale [E, K/g, N]``).
 
 Gating, token permutation and expert-parallel dispatch are npu-ops' (:func:`vllm_npu.ops.moe.forward.moe_forward`);
@@ -346,21 +348,31 @@ class AscendW8A8DynamicFusedMoEMethod(FusedMoEMethodBase):
 
 
 class AscendW4A8DynamicFusedMoEMethod(AscendW8A8DynamicFusedMoEMethod):
-    """W4A8_DYNAMIC experts (disk format "0"), run weight-only through the per-group int4 grouped matmul."""
+    """W4A8_DYNAMIC experts (disk formats "0" and "1.0.0"), run weight-only through the per-group int4 grouped
+    matmul."""
 
     _required = ("w13_weight", "w2_weight", "w13_weight_scale", "w2_weight_scale", "w13_weight_scale_second",
                  "w2_weight_scale_second")
 
     def __init__(self, moe: Any, prefix: str, group_size: int, version: str) -> None:
         super().__init__(moe, prefix)
-        if version != "0":
+        if version not in ("0", "1.0.0"):
             raise QuantLoadError(
-                f"{prefix}: W4A8_DYNAMIC experts in the packed format (version {version!r}) are not supported by "
-                "npu-quant yet; export the experts with version 0 (one int4 value per int8)"
+                f"{prefix}: W4A8_DYNAMIC experts in format version {version!r} are not supported; npu-quant reads "
+                "version '0' (one int4 value per int8) and '1.0.0' (two int4 values per int8)"
             )
         if group_size <= 0:
             raise QuantLoadError(f"{prefix}: W4A8_DYNAMIC experts need a per-group checkpoint (group_size > 0)")
         self.group_size = group_size
+        self.packed = version == "1.0.0"
+        tp = int(getattr(moe, "tp_size", 1) or 1)
+        if self.packed and (tp > 16 or 16 % tp):
+            raise QuantLoadError(
+                f"{prefix}: packed W4A8_DYNAMIC experts (version 1.0.0) split w2_scale_bias [.., 16] over the MoE "
+                f"tensor-parallel ranks; {tp} ranks do not divide 16: use a tensor-parallel size dividing 16 or "
+                "expert parallelism"
+            )
+        self._scale_bias_cols = 16 // tp
 
     def _specs(self, e: int, h: int, i: int) -> list[tuple[str, tuple[int, ...], torch.dtype, tuple[torch.dtype, ...], dict[str, Any]]]:
         g = self.group_size
@@ -370,11 +382,22 @@ class AscendW4A8DynamicFusedMoEMethod(AscendW8A8DynamicFusedMoEMethod):
                 "of 8 for int4 experts"
             )
         group = {"quant_method": FusedMoeWeightScaleSupported.GROUP.value}
-        return super()._specs(e, h, i) + [
+        specs = super()._specs(e, h, i) + [
             ("w13_weight_scale_second", (e, 2 * i, h // g), torch.float32, FLOATS, group),
             ("w2_weight_scale_second", (e, h, i // g), torch.float32, FLOATS, group),
             ("w13_weight_offset_second", (e, 2 * i, h // g), torch.float32, FLOATS, group),
             ("w2_weight_offset_second", (e, h, i // g), torch.float32, FLOATS, group),
+        ]
+        if not self.packed:
+            return specs
+        # version 1.0.0: two int4 values per int8 along the output dim (w13 [E, I, H] = 2I outputs, w2 [E, H/2, I]),
+        # plus the scale_bias tensors (used by asymmetric-activation kernels; validated, not needed weight-only)
+        channel = {"quant_method": FusedMoeWeightScaleSupported.CHANNEL.value}
+        packed = {"w13_weight": ("w13_weight", (e, i, h), torch.int8, (torch.int8,), {}),
+                  "w2_weight": ("w2_weight", (e, h // 2, i), torch.int8, (torch.int8,), {})}
+        return [packed.get(spec[0], spec) for spec in specs] + [
+            ("w13_scale_bias", (e, 2 * i, 1), torch.float32, FLOATS, channel),
+            ("w2_scale_bias", (e, h, self._scale_bias_cols), torch.float32, FLOATS, group),
         ]
 
     def process_weights_after_loading(self, layer: torch.nn.Module) -> None:
@@ -384,6 +407,18 @@ class AscendW4A8DynamicFusedMoEMethod(AscendW8A8DynamicFusedMoEMethod):
                 raise QuantLoadError(f"{self.prefix}.{name} has non-zero values: asymmetric expert weights are not "
                                      "supported; re-export with symmetric quantization")
             del layer._parameters[name]
+        if self.packed:
+            for w in ("w13", "w2"):
+                sb = f"{w}_scale_bias"
+                if sb in self._loads and not bool(torch.isfinite(getattr(layer, sb).data).all()):
+                    raise QuantLoadError(f"{self.prefix}.{sb} must be finite")
+                del layer._parameters[sb]
+                # [E, N/2, K] two int4 per byte (row 2j low nibble) -> [E, N, K] one per int8; flattening E into the
+                # row dim keeps the pairs, as every expert's N/2 packed rows are whole pairs
+                packed = getattr(layer, f"{w}_weight").data
+                e, half, k = packed.shape
+                unpacked = kernels.unpack_int4_pairs_dim0(packed.reshape(e * half, k)).reshape(e, 2 * half, k)
+                replace_param(layer, f"{w}_weight", unpacked)
         pack = kernels.int4pack.select()
         for w in ("w13", "w2"):
             weight = getattr(layer, f"{w}_weight").data

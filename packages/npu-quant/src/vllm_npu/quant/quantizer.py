@@ -2,7 +2,7 @@
 
 What gets quantized: every ``nn.Linear`` inside the decoder layers with the chosen scheme, except MoE routers
 (``*.gate``, ``*shared_expert_gate``, ``*router*``), which stay FLOAT. MoE experts (``*.experts.<e>.*``) use
-W4A8_DYNAMIC with ``--scheme W4A8_DYNAMIC`` (format version 0), static W8A8 with ``--scheme W8A8`` (per-expert
+W4A8_DYNAMIC with ``--scheme W4A8_DYNAMIC`` (format version 0 or 1.0.0, as the dense layers), static W8A8 with ``--scheme W8A8`` (per-expert
 input ranges from the calibration; an expert no calibration token was routed to takes the union of its layer's
 calibrated experts' ranges for the same projection) and W8A8_DYNAMIC otherwise.
 Embeddings, norms and ``lm_head`` stay FLOAT. W8A8 (static) calibrates per-tensor input ranges by running the HF
@@ -217,8 +217,9 @@ def quantize_checkpoint(
     for name, mod in experts.items():
         if qtype == "W8A8":
             emit(name, qtype, quantize_w8a8(mod.weight.detach(), None, *ranges[name], dtype))
-        elif qtype == "W4A8_DYNAMIC" and w4a8_version == "0":
-            emit(name, qtype, quantize_w4a8(mod.weight.detach(), settings["group_size"], "0", False, dtype))
+        elif qtype == "W4A8_DYNAMIC":
+            emit(name, qtype, quantize_w4a8(mod.weight.detach(), settings["group_size"], w4a8_version,
+                                            bool(_ROW_PARALLEL.search(name)), dtype))
         else:
             emit(name, MOE_SCHEME, quantize_w8a8_dynamic(mod.weight.detach(), dtype))
     description.update(settings)
