@@ -153,3 +153,17 @@ def test_packed_w4a8_experts_equal_format_0(vllm_ctx: object, tp1_group: None) -
     y_sim = reference(x, logits, sim_linear("W4A8_DYNAMIC", v0))
     assert float((y1 - y_sim).abs().max()) <= 1e-4 * float(y_sim.abs().max())
 
+
+
+def test_static_w8a8_gate_up_input_scales_must_agree(vllm_ctx: object, tp1_group: None) -> None:
+    tensors = quantized("W8A8", float_experts())
+    tensors[(3, "up_proj")]["input_scale"] = tensors[(3, "up_proj")]["input_scale"] * 2
+    with pytest.raises(QuantLoadError, match=r"w13_input_scale: expert 3 has different gate_proj / up_proj"):
+        build("W8A8", tensors)
+
+
+def test_static_w8a8_experts_refuse_tensor_parallel_split(vllm_ctx: object, tp1_group: None) -> None:
+    layer = build("W8A8", quantized("W8A8", float_experts()))
+    layer.moe_parallel_config.tp_size = 2  # what a tp=2 engine without expert parallelism would give
+    with pytest.raises(QuantLoadError, match="enable expert parallelism"):
+        layer.quant_method.process_weights_after_loading(layer)
