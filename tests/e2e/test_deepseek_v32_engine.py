@@ -7,9 +7,8 @@ DeepSeek-V3 (HF transformers; our MLA backend is checked against the same HF mod
 independent sparse reference (HF DeepSeek-V3 with each layer's attention masked to a float64 brute-force indexer's
 selection, ``deepseek_v32_support``), and the engine's own selection must equal that brute-force selection.
 
-Two stand-ins for npu-platform changes still to land (see ``deepseek_v32_support`` / ``deepseek_v32_worker``):
-``kv_cache_dtype="bfloat16"`` (vLLM's V3.2 config hook turns it into "auto" instead of "fp8_ds_mla") and the test
-worker that binds two cache layers per decoder layer.
+The engine runs the normal NPUWorker with the default KV-cache dtype: NPUPlatform turns V3.2's "fp8_ds_mla" into the
+model dtype, and NPUModelRunner binds the two cache layers of each decoder layer (latent cache and indexer keys).
 """
 
 from __future__ import annotations
@@ -30,7 +29,7 @@ MAX_BATCHED_TOKENS = 64
 
 
 def _load(name: str):
-    """Import a helper module of this folder under its own name (vLLM resolves the worker class by qualname)."""
+    """Import a helper module of this folder under its own name."""
     if name not in sys.modules:
         spec = importlib.util.spec_from_file_location(name, _HERE / f"{name}.py")
         module = importlib.util.module_from_spec(spec)
@@ -57,11 +56,7 @@ def sparse_reference(checkpoints):
 def llm(checkpoints, tmp_path_factory):
     v32, _ = checkpoints
     env = emulated_env(tmp_path_factory.mktemp("deepseek_v32"))
-    worker = _load("deepseek_v32_worker").V32TestWorker
-    with engine(
-        v32, env, max_num_batched_tokens=MAX_BATCHED_TOKENS, kv_cache_dtype="bfloat16",
-        worker_cls=f"{worker.__module__}.{worker.__qualname__}",
-    ) as llm:  # fmt: skip
+    with engine(v32, env, max_num_batched_tokens=MAX_BATCHED_TOKENS) as llm:
         yield llm
 
 
@@ -100,6 +95,7 @@ def test_override_and_sparse_backends_ran(llm):
     assert info["attention_backends"] == ["vllm_npu.attention.backends.sfa.AscendSFABackend"]
     assert info["attention_impls"] == ["vllm_npu.attention.backends.sfa.AscendSFAImpl"]
     assert info["kernel_backend"] == "reference"
+    assert info["worker"] == "vllm_npu.platform.worker.NPUWorker"
     (report,) = llm.collective_rpc(_model_report)
     assert report["model"] and report["vllm_indexers_left"] == 0 and report["same_buffer"]
     block_size = info["block_size"]

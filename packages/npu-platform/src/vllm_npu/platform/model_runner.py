@@ -12,6 +12,11 @@ sampling and logprobs, KV-cache allocation) is vLLM's own code. The overrides:
 - speculative decoding: vLLM's ``RejectionSampler`` (built in ``__init__`` only with a speculative config on the
   last pipeline rank) launches Triton kernels; it is replaced by :class:`.sample.NPURejectionSampler`, the same
   contract in torch.
+- ``initialize_kv_cache_tensors``: when several cache layers share a decoder-layer index (DeepSeek-V3.2: the MLA
+  latent cache ``...self_attn.attn`` and the indexer key cache ``...self_attn.indexer.k_cache``), vLLM 0.11's
+  ``bind_kv_cache`` raises ``NotImplementedError`` on every platform but CUDA/XPU. The override binds them the
+  CUDA way (``self.kv_caches`` keeps the first cache of each layer index, every layer's forward-context entry gets
+  its own cache); with one cache layer per index it is vLLM's method unchanged.
 """
 
 from __future__ import annotations
@@ -21,7 +26,10 @@ from typing import Any, Optional
 import torch
 from vllm.config import VllmConfig
 from vllm.platforms import current_platform
+from vllm.model_executor.models.utils import extract_layer_index
+from vllm.v1.kv_cache_interface import KVCacheConfig
 from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+from vllm.v1.worker.utils import bind_kv_cache
 from vllm_npu.interface.log import get_logger
 
 from ._device import DeviceBackend, EmulatedDevice, cuda_stream_api_as
@@ -59,3 +67,32 @@ class NPUModelRunner(GPUModelRunner):
     def execute_model(self, scheduler_output: Any, intermediate_tensors: Optional[Any] = None) -> Any:
         with cuda_stream_api_as(self.device_backend):
             return super().execute_model(scheduler_output, intermediate_tensors)
+
+    # --- KV cache -----------------------------------------------------------------------------------------------
+
+    def _num_attn_module(self) -> int:
+        # vLLM's rule (GPUModelRunner.initialize_kv_cache_tensors): LongCat-Flash has two attention modules per layer.
+        return 2 if self.model_config.hf_config.model_type == "longcat_flash" else 1
+
+    def _cache_layers_share_an_index(self, kv_cache_config: KVCacheConfig) -> bool:
+        names = {name for group in kv_cache_config.kv_cache_groups for name in group.layer_names}
+        names.update(self.shared_kv_cache_layers)
+        n = self._num_attn_module()
+        return len({extract_layer_index(name, n) for name in names}) < len(names)
+
+    def initialize_kv_cache_tensors(self, kv_cache_config: KVCacheConfig) -> dict[str, torch.Tensor]:
+        """Allocate, shape and bind the KV caches; returns layer name -> cache tensor (vLLM's contract)."""
+        if not self._cache_layers_share_an_index(kv_cache_config):
+            return super().initialize_kv_cache_tensors(kv_cache_config)
+        kv_caches = self._reshape_kv_cache_tensors(kv_cache_config, self._allocate_kv_cache_tensors(kv_cache_config))
+        for layer_name, target_layer_name in self.shared_kv_cache_layers.items():
+            kv_caches[layer_name] = kv_caches[target_layer_name]
+        n = self._num_attn_module()
+        first_per_index: dict[int, str] = {}
+        for layer_name in kv_caches:
+            first_per_index.setdefault(extract_layer_index(layer_name, n), layer_name)
+        forward_context = self.compilation_config.static_forward_context
+        bind_kv_cache({name: kv_caches[name] for name in first_per_index.values()}, forward_context, self.kv_caches, n)
+        for layer_name, kv_cache in kv_caches.items():
+            forward_context[layer_name].kv_cache = [kv_cache]  # a list: vLLM's (V0 virtual-engine) convention
+        return kv_caches

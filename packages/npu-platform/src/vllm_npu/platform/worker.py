@@ -69,6 +69,16 @@ def _unique_storages(tensors: Iterable[torch.Tensor]) -> list[tuple[torch.Untype
     return list(seen.values())
 
 
+def _flatten_tensors(entries: Any) -> Iterable[torch.Tensor]:
+    """Every tensor in arbitrarily nested lists/tuples (KV caches: a tensor, a list per virtual engine, a tuple of
+    Mamba states); anything else is skipped."""
+    if isinstance(entries, torch.Tensor):
+        yield entries
+    elif isinstance(entries, (list, tuple)):
+        for entry in entries:
+            yield from _flatten_tensors(entry)
+
+
 def _qualname(obj: Any) -> Optional[str]:
     return None if obj is None else f"{type(obj).__module__}.{type(obj).__qualname__}"
 
@@ -197,8 +207,11 @@ class NPUWorker(Worker):
     def _tensors_of(self, tag: str) -> Iterable[torch.Tensor]:
         if tag == "weights":
             return self.model_runner.get_model().parameters()
-        kv = self.model_runner.kv_caches
-        return [t for entry in kv for t in (entry if isinstance(entry, (list, tuple)) else [entry])]
+        # The runner's list (one cache per layer index) first, then every layer's bound cache: a decoder layer may
+        # hold several cache layers (DeepSeek-V3.2's indexer keys); _unique_storages drops the repeats.
+        kv = list(self.model_runner.kv_caches)
+        kv += [getattr(layer, "kv_cache", None) for layer in self.compilation_config.static_forward_context.values()]
+        return list(_flatten_tensors(kv))
 
     def sleep(self, level: int = 1) -> None:
         """Release device memory. Level 1: weights moved to host memory, KV cache discarded. Level 2: both
