@@ -23,7 +23,8 @@ def fake_vllm_config(*, block_size=None, enforce_eager=False, additional_config=
         parallel_config=SimpleNamespace(worker_cls="auto", disable_custom_all_reduce=False),
         cache_config=SimpleNamespace(block_size=block_size, cache_dtype=cache_dtype),
         model_config=SimpleNamespace(enforce_eager=enforce_eager, disable_cascade_attn=False,
-                                     hf_config=hf_config or SimpleNamespace()),
+                                     hf_config=hf_config or SimpleNamespace(), model="unused-model-dir",
+                                     quantization=None),
         compilation_config=CompilationConfig(custom_ops=list(custom_ops or [])),
         additional_config=additional_config or {},
     )
@@ -77,6 +78,19 @@ def test_emulated_config_hook(env):
     assert comp.cudagraph_mode == CUDAGraphMode.NONE and comp.cudagraph_capture_sizes == [] and comp.compile_sizes == []
     assert comp.custom_ops == ["all", "-rms_norm"]
     assert os.environ["VLLM_WORKER_MULTIPROC_METHOD"] == "spawn"  # fork hazard on the emulated device
+
+
+@pytest.mark.parametrize("quant_available", [True, False])
+def test_config_hook_lets_the_quant_layer_claim_a_description_only_checkpoint(env, quant_available):
+    import vllm_npu.interface.registry as registry
+    import vllm_npu.quant.detect as detect
+
+    claimed = []
+    env.setattr(registry, "is_available", lambda layer: quant_available if layer == "quant" else True)
+    env.setattr(detect, "claim_checkpoint", claimed.append)
+    cfg = fake_vllm_config()
+    EmulatedNPUPlatform.check_and_update_config(cfg)
+    assert claimed == ([cfg] if quant_available else [])
 
 
 def test_emulated_hook_keeps_an_explicit_multiproc_method(env):

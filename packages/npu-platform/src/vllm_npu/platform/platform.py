@@ -77,6 +77,7 @@ class NPUPlatform(Platform):
         EnvConfig.from_environ()  # validates every VLLM_NPU_* variable (typos and bad values raise ConfigError)
         npu_config = AdditionalConfig.from_vllm(vllm_config.additional_config)
         check_installed_set()
+        cls._claim_quantized_checkpoint(vllm_config)
 
         parallel = vllm_config.parallel_config
         if parallel.worker_cls == "auto":
@@ -150,6 +151,23 @@ class NPUPlatform(Platform):
             cache.block_size if cache is not None else None,
             parallel.worker_cls,
         )
+
+    @staticmethod
+    def _claim_quantized_checkpoint(vllm_config: VllmConfig) -> None:
+        """Use the ``ascend`` quant method for a ModelSlim checkpoint that has ``quant_model_description.json``
+        but no ``quantization_config`` in config.json, when the user chose no method.
+
+        This is the one seam that works for ``LLM(...)`` and ``vllm serve`` alike: vLLM consults quant configs
+        (``override_quantization_method``) only when config.json has a ``quantization_config``, and both entry
+        points build the ``VllmConfig`` (whose ``__post_init__`` calls this hook after it decided the quant config)
+        before any worker starts, so the claimed config reaches every process."""
+        from vllm_npu.interface.registry import is_available
+
+        if not is_available("quant"):
+            return
+        from vllm_npu.quant.detect import claim_checkpoint
+
+        claim_checkpoint(vllm_config)
 
     @classmethod
     def get_attn_backend_cls(
