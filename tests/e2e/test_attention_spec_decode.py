@@ -9,7 +9,6 @@ SpecDecoding / ChunkedPrefill states.
 from __future__ import annotations
 
 import pytest
-
 from npu_testkit.engine import emulated_env, engine, greedy, make_prompts, tiny_config
 from npu_testkit.models import build_tiny_model, hf_greedy
 

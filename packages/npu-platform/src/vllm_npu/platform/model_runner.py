@@ -25,8 +25,8 @@ from typing import Any, Optional
 
 import torch
 from vllm.config import VllmConfig
-from vllm.platforms import current_platform
 from vllm.model_executor.models.utils import extract_layer_index
+from vllm.platforms import current_platform
 from vllm.v1.kv_cache_interface import KVCacheConfig
 from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 from vllm.v1.worker.utils import bind_kv_cache
