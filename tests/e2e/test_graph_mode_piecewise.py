@@ -1,10 +1,9 @@
 """``npu.graph_mode='piecewise'`` on the emulated device: Dynamo captures the model, vLLM splits it at the attention
 op (our backend runs between the pieces), the pieces run as FX graphs. Greedy output must equal HF.
 
-The ops layer is left out of this engine (``VLLM_PLUGINS`` without ``npu_ops``): its RoPE override keeps a per-forward
-cos/sin cache keyed on ``positions._version``, which Dynamo cannot trace (data-dependent guard); until that is fixed
-in npu-ops this module checks the platform's graph path with vLLM's own CustomOp implementations. The engine core runs
-in its own (spawned) process, so that overrides registered in this pytest process by other modules do not apply.
+Every layer is loaded, the ops layer included: its CustomOp overrides are traced into the pieces (the RoPE
+override's per-forward cos/sin cache steps aside while Dynamo traces). The engine core runs in its own (spawned)
+process, so that overrides registered in this pytest process by other modules do not apply.
 """
 
 from __future__ import annotations
@@ -15,13 +14,13 @@ from npu_testkit.models import hf_greedy
 
 pytestmark = pytest.mark.engine
 
-PLUGINS_WITHOUT_OPS = "npu,npu_attention,npu_patches,npu_models,npu_quant"
+ALL_PLUGINS = "npu,npu_ops,npu_attention,npu_patches,npu_models,npu_quant"
 
 
 @pytest.fixture(scope="module")
 def llm(tiny_qwen2, tmp_path_factory):
     env = emulated_env(tmp_path_factory.mktemp("piecewise"), multiprocessing=True,
-                       extra={"VLLM_PLUGINS": PLUGINS_WITHOUT_OPS})
+                       extra={"VLLM_PLUGINS": ALL_PLUGINS})
     with engine(tiny_qwen2, env, additional_config={"npu": {"graph_mode": "piecewise"}}) as llm:
         yield llm
 
@@ -34,7 +33,7 @@ def test_piecewise_graphs_split_at_attention(llm):
     (info,) = llm.collective_rpc("npu_runtime_info")
     # 2 decoder layers -> split at 2 attention ops -> at least 3 graph pieces
     assert info["compilation_level"] == 3 and info["piecewise_graphs_seen"] >= 3, info
-    assert "ops" not in info["components"]
+    assert "ops" in info["components"], info
     assert info["attention_backends"] == ["vllm_npu.attention.backends.gqa.AscendAttentionBackend"]
 
 

@@ -179,3 +179,45 @@ def test_cos_sin_cache_keyed_by_forward_context(vllm_ctx) -> None:
         with set_forward_context(None, vllm_ctx):
             rope(pos, q, k)  # a new forward, same buffer: gathered again
         assert rope._cos_sin.computed == 4
+
+
+@pytest.mark.parametrize("neox", [True, False], ids=["neox", "gptj"])
+@pytest.mark.parametrize("head,rot", [(64, 64), (64, 32)])
+def test_rope_traces_under_torch_compile(vllm_ctx, neox, head, rot) -> None:
+    """Piecewise graph mode: Dynamo must capture forward_oot in one graph (fullgraph: no break at the per-forward
+    cache, whose ``positions._version`` check cannot be traced), equal to vLLM's result, and leave the eager cache
+    alone (nothing counted, nothing stored)."""
+    import torch._dynamo
+    from vllm.model_executor.layers.rotary_embedding.base import RotaryEmbedding
+
+    torch._dynamo.reset()
+    rope = RotaryEmbedding(head, rot, 4096, 10000.0, neox, torch.float32)
+    # q and k as column slices of one fused qkv output, as vLLM's attention layers pass them
+    pos, qkv, _ = _qkp(7, 5, 1, head, torch.float32)
+    q, k = qkv.split([4 * head, head], dim=-1)
+    compiled = torch.compile(rope.forward_oot, backend="eager", fullgraph=True, dynamic=True)
+    for p in (pos, (pos + 11) % 4096):
+        out_q, out_k = compiled(p, q, k)
+        ref_q, ref_k = rope.forward_native(p, q.clone(), k.clone())
+        close(out_q, ref_q, torch.float32)
+        close(out_k, ref_k, torch.float32)
+    assert rope._cos_sin.computed == 0 and rope._cos_sin._value is None
+    torch._dynamo.reset()
+
+
+def test_mrope_traces_under_torch_compile(vllm_ctx) -> None:
+    import torch._dynamo
+    from vllm.model_executor.layers.rotary_embedding.mrope import MRotaryEmbedding
+
+    torch._dynamo.reset()
+    rope = MRotaryEmbedding(24, 16, 1024, 10000.0, True, torch.float32, mrope_section=[2, 3, 3])
+    assert not rope.uses_mrope_kernel  # the generic path, through the per-forward cache
+    g = torch.Generator().manual_seed(1)
+    q, k = torch.randn(6, 4 * 24, generator=g), torch.randn(6, 2 * 24, generator=g)
+    pos = torch.randint(0, 1000, (3, 6), generator=g)
+    out_q, out_k = torch.compile(rope.forward_oot, backend="eager", fullgraph=True)(pos, q, k)
+    ref_q, ref_k = rope.forward_native(pos, q.clone(), k.clone())
+    close(out_q, ref_q, torch.float32)
+    close(out_k, ref_k, torch.float32)
+    assert rope._cos_sin.computed == 0
+    torch._dynamo.reset()

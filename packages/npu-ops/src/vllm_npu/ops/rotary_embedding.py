@@ -23,6 +23,10 @@ from vllm.model_executor.layers.rotary_embedding.deepseek_scaling_rope import De
 from vllm.model_executor.layers.rotary_embedding.yarn_scaling_rope import YaRNScalingRotaryEmbedding
 from vllm_npu.interface.device import Kernel
 
+# Bound once: Dynamo recognises the function object itself (it traces as a constant True), and eager calls skip
+# two attribute lookups.
+_is_compiling = torch.compiler.is_compiling
+
 # --- kernel ---------------------------------------------------------------------------------------------------
 
 
@@ -67,7 +71,14 @@ class PerForwardCosSin:
 
     def get(self, positions: torch.Tensor, like: torch.Tensor,
             compute: Callable[[torch.Tensor, torch.Tensor], Any]) -> Any:
-        """cos/sin for ``positions`` (``compute(positions, like)`` on a miss; ``like`` gives device and dtype)."""
+        """cos/sin for ``positions`` (``compute(positions, like)`` on a miss; ``like`` gives device and dtype).
+
+        While torch.compile traces (vLLM's piecewise graph mode) the cache steps aside and every call computes: the
+        hit check reads ``positions._version``, which Dynamo cannot trace, and a traced graph must not depend on
+        Python-side state anyway. The repeated gathers are then plain graph ops (cheap, and deduplicated by the
+        compiler where it can)."""
+        if _is_compiling():
+            return compute(positions, like)
         ctx = _vllm_forward_context._forward_context
         try:
             ver: Optional[int] = positions._version
@@ -147,6 +158,10 @@ class _NPURopeMixin:
 
     def _compute_cos_sin(self, positions: torch.Tensor, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         self._match_cos_sin_cache_dtype(like)  # type: ignore[attr-defined]
+        if _is_compiling():
+            # No layer state is written inside a traced graph: gather the halves and expand them in the graph.
+            cos, sin = self.cos_sin_cache.index_select(0, positions.flatten()).chunk(2, dim=-1)
+            return expand_cos_sin(cos, sin, self.is_neox_style)
         if self._tables_src is not self.cos_sin_cache:  # first use, or the cache moved to another device/dtype
             self._tables = full_width_tables(self.cos_sin_cache, self.is_neox_style)
             self._tables_src = self.cos_sin_cache
