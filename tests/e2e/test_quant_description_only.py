@@ -11,7 +11,7 @@ Checks, with ONE engine (``LLM(model=dir)``, nothing else):
 - the engine config equals the one of ``quantization="ascend"`` (same method, same quant config contents);
 - every decoder linear layer of the loaded model runs ``AscendLinearMethod`` with the W8A8-dynamic scheme;
 - greedy tokens equal those of a pure-torch simulation of the checkpoint (``vllm_npu.quant.simulate``), which
-  ``test_quant_w8a8_dynamic.py`` shows equal to the engine's tokens on the same checkpoint with its
+  ``test_quant_dense_schemes.py`` shows equal to the engine's tokens on the same checkpoint with its
   ``quantization_config`` (i.e. what ``--quantization ascend`` runs).
 """
 
