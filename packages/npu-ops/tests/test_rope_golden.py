@@ -221,3 +221,21 @@ def test_mrope_traces_under_torch_compile(vllm_ctx) -> None:
     close(out_k, ref_k, torch.float32)
     assert rope._cos_sin.computed == 0
     torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("rot", [64, 32])
+def test_rope_strided_inputs(vllm_ctx, rot) -> None:
+    """q/k as column slices of a fused qkv (viewable, vLLM's case) and as a transposed buffer (not viewable: the
+    reshape fallback) give vLLM's result in the input shape."""
+    from vllm.model_executor.layers.rotary_embedding.base import RotaryEmbedding
+
+    rope = RotaryEmbedding(64, rot, 4096, 10000.0, True, torch.float32)
+    g = torch.Generator().manual_seed(3)
+    pos = torch.randint(0, 4096, (5,), generator=g)
+    q, k, _ = torch.randn(5, 6 * 64, generator=g).split([4 * 64, 64, 64], dim=-1)
+    qt = torch.randn(4 * 64, 5, generator=g).t()
+    for qq, kk in ((q, k), (qt, k)):
+        out_q, out_k = rope(pos, qq, kk)
+        ref_q, ref_k = rope.forward_native(pos, qq.clone(), kk.clone())
+        close(out_q, ref_q, torch.float32)
+        close(out_k, ref_k, torch.float32)

@@ -53,32 +53,35 @@ ROTARY_MUL = Kernel("rotary_mul", npu=rotary_mul_npu, reference=rotary_mul_refer
 
 
 class PerForwardCosSin:
-    """Holds the cos/sin of the last positions tensor seen.
+    """Holds the cos/sin of the last positions tensor seen; ``compute(positions, like)`` gathers them on a miss.
 
     A hit needs the *same* positions tensor object, with the same version counter (no in-place write since), inside
     the same vLLM forward context. Identity alone would be unsafe when a caller rewrites one buffer in place, so when
     neither a version counter nor a forward context is available nothing is cached.
     """
 
-    __slots__ = ("_positions", "_version", "_ctx", "_value", "computed")
+    __slots__ = ("_compute", "_positions", "_version", "_ctx", "_value", "computed")
 
-    def __init__(self) -> None:
+    def __init__(self, compute: Callable[[torch.Tensor, torch.Tensor], Any]) -> None:
+        self._compute = compute
         self._positions: Optional[torch.Tensor] = None
         self._version: Optional[int] = None
         self._ctx: Any = None
         self._value: Any = None
         self.computed = 0  # how many times cos/sin were gathered (for tests and benchmarks)
 
-    def get(self, positions: torch.Tensor, like: torch.Tensor,
-            compute: Callable[[torch.Tensor, torch.Tensor], Any]) -> Any:
-        """cos/sin for ``positions`` (``compute(positions, like)`` on a miss; ``like`` gives device and dtype).
+    def get(self, positions: torch.Tensor, like: torch.Tensor) -> Any:
+        """cos/sin for ``positions`` (``like`` gives device and dtype).
 
         While torch.compile traces (vLLM's piecewise graph mode) the cache steps aside and every call computes: the
         hit check reads ``positions._version``, which Dynamo cannot trace, and a traced graph must not depend on
         Python-side state anyway. The repeated gathers are then plain graph ops (cheap, and deduplicated by the
-        compiler where it can)."""
+        compiler where it can).
+
+        The hit path is kept short on purpose: it runs once per layer per forward, between kernels that evict the
+        interpreter's working set, so each bytecode there costs more than a micro-benchmark of it suggests."""
         if _is_compiling():
-            return compute(positions, like)
+            return self._compute(positions, like)
         ctx = _vllm_forward_context._forward_context
         try:
             ver: Optional[int] = positions._version
@@ -91,7 +94,7 @@ class PerForwardCosSin:
             and (ver is not None or ctx is not None)
         ):
             return self._value
-        value = compute(positions, like)
+        value = self._compute(positions, like)
         self._positions, self._version, self._ctx, self._value = positions, ver, ctx, value
         self.computed += 1
         return value
@@ -112,18 +115,26 @@ RotateFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 def build_rotate(kernel: Callable[..., torch.Tensor], mode: str, head_size: int, rotary_dim: int) -> RotateFn:
     """``rotate(x, cos, sin)`` for ``x [T, N*D]`` or ``[T, N, D]`` and cos/sin ``[1, T, 1, R]``: the kernel on the
     first ``rotary_dim`` channels of every head, the rest passed through. Built once per layer; the constants are
-    bound in the closure because attribute lookups are a visible share of a decode-size call."""
+    bound in the closure because attribute lookups are a visible share of a decode-size call.
+
+    Shape changes use ``view`` with integer sizes and ``view_as`` (measurably cheaper per call than ``reshape`` or
+    a ``torch.Size`` argument); an input whose strides do not allow the view (not the case for vLLM's q/k, column
+    slices of the fused qkv output) falls back to ``reshape``. The kernel's output is contiguous."""
     if rotary_dim == head_size:
 
         def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-            return kernel(x.reshape(1, cos.shape[1], -1, head_size), cos, sin, mode).reshape(x.shape)
+            try:
+                x4 = x.view(1, cos.shape[1], -1, head_size)
+            except RuntimeError:
+                x4 = x.reshape(1, cos.shape[1], -1, head_size)
+            return kernel(x4, cos, sin, mode).view_as(x)
 
         return rotate
 
     def rotate_partial(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         x4 = x.reshape(1, cos.shape[1], -1, head_size)
         rot = kernel(x4[..., :rotary_dim].contiguous(), cos, sin, mode)
-        return torch.cat((rot, x4[..., rotary_dim:]), dim=-1).reshape(x.shape)
+        return torch.cat((rot, x4[..., rotary_dim:]), dim=-1).view_as(x)
 
     return rotate_partial
 
@@ -152,7 +163,7 @@ class _NPURopeMixin:
         self._rotary_mul = ROTARY_MUL.select()
         self._mode = "half" if self.is_neox_style else "interleave"
         self._rotate = build_rotate(self._rotary_mul, self._mode, self.head_size, self.rotary_dim)
-        self._cos_sin = PerForwardCosSin()
+        self._cos_sin = PerForwardCosSin(self._compute_cos_sin)  # bound once: the subclass's override, if any
         self._tables_src: Optional[torch.Tensor] = None
         self._tables: tuple[torch.Tensor, torch.Tensor] = (torch.empty(0), torch.empty(0))
 
@@ -173,7 +184,7 @@ class _NPURopeMixin:
     def _rope_forward(
         self, positions: torch.Tensor, query: torch.Tensor, key: Optional[torch.Tensor]
     ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
-        cos, sin = self._cos_sin.get(positions, query, self._compute_cos_sin)
+        cos, sin = self._cos_sin.get(positions, query)
         rotate = self._rotate
         return rotate(query, cos, sin), (None if key is None else rotate(key, cos, sin))
 
@@ -189,7 +200,7 @@ class NPURotaryEmbedding(_NPURopeMixin, RotaryEmbedding):
     def forward_oot(
         self, positions: torch.Tensor, query: torch.Tensor, key: Optional[torch.Tensor] = None
     ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
-        cos, sin = self._cos_sin.get(positions, query, self._compute_cos_sin)
+        cos, sin = self._cos_sin.get(positions, query)
         rotate = self._rotate
         return rotate(query, cos, sin), (None if key is None else rotate(key, cos, sin))
 
