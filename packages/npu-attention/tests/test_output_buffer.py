@@ -12,6 +12,7 @@ from attn_harness import TOLERANCES, dense_reference, make_batch, make_builder
 from vllm.attention.backends.abstract import AttentionType
 from vllm_npu.attention.backends.gqa import AscendAttentionImpl
 from vllm_npu.attention.backends.mla import AscendMLAImpl
+from vllm_npu.attention.backends.sfa import AscendSFAImpl
 from vllm_npu.attention.metadata import AscendAttentionState as S
 from vllm_npu.interface.device import configure_kernels
 
@@ -21,9 +22,10 @@ def _reference_kernels():
     configure_kernels("reference")
 
 
-def test_both_impls_declare_the_contract() -> None:
+def test_every_impl_declares_the_contract() -> None:
     assert AscendAttentionImpl.fills_output_buffer is True
     assert AscendMLAImpl.fills_output_buffer is True
+    assert AscendSFAImpl.fills_output_buffer is True
 
 
 # --- GQA ----------------------------------------------------------------------------------------------------------
@@ -111,4 +113,48 @@ def test_mla_profile_run_zero_fills() -> None:
     output = torch.full((4, s.dims.N * s.dims.V), float("nan"))
     q = torch.zeros(4, s.dims.N, s.dims.P + s.dims.R)
     make_impl(s).forward(None, q, None, None, torch.tensor([]), None, output=output)
+    assert bool((output == 0).all())
+
+
+# --- SFA ----------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "reqs, pad, topk",
+    [
+        ([(60, 1), (0, 1), (33, 17)], 0, 128),  # top-k covers every sequence: equals dense MLA
+        ([(60, 1), (0, 1), (33, 17)], 5, 128),  # same, padded
+        ([(40, 1), (3, 1)], 4, 8),  # decode only, padded, sparse selection
+    ],
+    ids=["dense_topk", "dense_topk_padded", "decode_sparse_padded"],
+)
+def test_sfa_writes_every_element(reqs: list[tuple[int, int]], pad: int, topk: int) -> None:
+    from test_mla_backend import assert_close, make_scenario
+    from test_mla_backend import dense_reference as mla_dense_reference
+    from test_sfa_backend import run_sfa
+
+    s = make_scenario(reqs, 16, seed=len(reqs) + pad, pad=pad)
+    output, _, _, n = run_sfa(s, topk, seed=len(reqs) + pad, fill=float("nan"))
+    assert not output.isnan().any()
+    if topk >= max(c + q for c, q in reqs):
+        assert_close(s, output[:n], mla_dense_reference(s))
+    assert output.shape[0] == n + pad and bool((output[n:] == 0).all())
+
+
+def test_sfa_profile_run_zero_fills() -> None:
+    from types import SimpleNamespace
+
+    from test_mla_backend import KvBProj, make_scenario
+
+    s = make_scenario([(0, 4)], 16)
+    d = s.dims
+    impl = AscendSFAImpl(
+        d.N, d.L + d.R, s.scale, 1, None, None, "auto", None, "decoder", None,
+        q_lora_rank=None, kv_lora_rank=d.L, qk_nope_head_dim=d.P, qk_rope_head_dim=d.R,
+        qk_head_dim=d.P + d.R, v_head_dim=d.V, kv_b_proj=KvBProj(s.w_kv_b),
+        indexer=SimpleNamespace(topk_indices_buffer=torch.zeros(4, 8, dtype=torch.int32)),
+    )  # fmt: skip
+    output = torch.full((4, d.N * d.V), float("nan"))
+    q = torch.zeros(4, d.N, d.P + d.R)
+    assert impl.forward(None, q, None, None, torch.tensor([]), None, output=output) is output
     assert bool((output == 0).all())

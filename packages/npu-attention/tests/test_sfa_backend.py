@@ -49,7 +49,8 @@ def indexer_inputs(s, seed: int):
     return qs, ks, ws
 
 
-def run_sfa(s, topk: int, seed: int):
+def run_sfa(s, topk: int, seed: int, fill: float = 7.0):
+    """One SFA layer step; the output buffer starts filled with ``fill``."""
     d = s.dims
     q, kv_c, k_pe, slot_mapping, common = mla_cases.step_inputs(s)
     n = common.num_actual_tokens
@@ -74,7 +75,7 @@ def run_sfa(s, topk: int, seed: int):
         indexer=SimpleNamespace(topk_indices_buffer=buffer),
     )  # fmt: skip
     impl.process_weights_after_loading(q.dtype)
-    output = torch.full((q.shape[0], d.N * d.V), 7.0, dtype=q.dtype)
+    output = torch.full((q.shape[0], d.N * d.V), fill, dtype=q.dtype)
     impl.forward(None, q, kv_c, k_pe, s.kv_cache, meta, output=output)
     return output, buffer, (qs, ks, ws), n
 
@@ -113,7 +114,7 @@ def test_topk_covering_the_sequence_equals_dense_mla(block_size: int) -> None:
     topk = 128  # >= every sequence length (max 60 + 1)
     out, buffer, _, n = run_sfa(s, topk, seed=11)
     mla_cases.assert_close(s, out[:n], mla_cases.dense_reference(s))
-    assert torch.all(out[n:] == 7.0)
+    assert torch.all(out[n:] == 0), "padded rows are zeroed (fills_output_buffer)"
     assert torch.all(buffer[n:] == 12345), "rows past the step's tokens are not the indexer's to write"
 
 

@@ -105,7 +105,13 @@ class AscendSFAImpl(MLACommonBaseImpl[AscendSFAMetadata]):
 
     Inputs as for MLA (``q [T, N, P + R]``, ``k_c_normed [T, L]``, ``k_pe [T, 1, R]``); the selection comes from
     ``indexer.topk_indices_buffer[:T]``, filled earlier in the same layer forward. Output ``[T, N * V]``.
+
+    Writes every element of ``output`` on every call (zeros on the profile run and in the padded rows past
+    ``num_actual_tokens``), so vLLM's attention layer may hand it an uninitialised buffer (npu-patches'
+    ``attention-output-empty`` reads ``fills_output_buffer``).
     """
+
+    fills_output_buffer: bool = True
 
     def __init__(self, *args: Any, indexer: Any = None, **kwargs: Any) -> None:
         super().__init__(*args, indexer=indexer, **kwargs)
@@ -152,6 +158,7 @@ class AscendSFAImpl(MLACommonBaseImpl[AscendSFAMetadata]):
         )  # fmt: skip
         out = torch.bmm(latent.transpose(0, 1), self.W_UV).transpose(0, 1)  # [T, N, V]
         output[:n] = out.reshape(n, -1).to(output.dtype)
+        output[n:].zero_()  # padded rows (graph-size padding): the buffer may be uninitialised
         return output
 
 
