@@ -60,7 +60,6 @@ def _paged(torch: Any, k: Any, v: Any, gen: Any) -> tuple[Any, Any, Any]:
 
 def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     import torch
-
     from vllm_npu.attention.ops.flash_attention import prefill_no_cache_reference
     from vllm_npu.attention.ops.paged_attention import paged_decode_reference, paged_prefill_reference
 

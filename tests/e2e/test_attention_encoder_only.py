@@ -8,7 +8,6 @@ builder, ``causal=False``); the backend's ``encoder_attention`` kernel attends w
 from __future__ import annotations
 
 import pytest
-
 from npu_testkit.engine import emulated_env, engine, make_prompts, token_prompts
 from npu_testkit.models import build_tiny_model
 

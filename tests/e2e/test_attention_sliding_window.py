@@ -9,7 +9,6 @@ KV manager also swaps out-of-window blocks for its null block, which the backend
 from __future__ import annotations
 
 import pytest
-
 from npu_testkit.engine import emulated_env, engine, greedy, make_prompts, tiny_config
 from npu_testkit.models import build_tiny_model, hf_greedy
 
@@ -48,9 +47,8 @@ def test_sliding_window_greedy_matches_hf(llm, sliding_qwen2):
 
 
 def test_sliding_window_prefix_cache_hit_matches_hf(llm, sliding_qwen2):
-    from vllm import SamplingParams
-
     from npu_testkit.engine import token_prompts
+    from vllm import SamplingParams
 
     (prefix,) = make_prompts([80], seed=41)  # 5 full blocks of 16, longer than the window
     batch = [prefix + s for s in make_prompts([5, 11], seed=42)]

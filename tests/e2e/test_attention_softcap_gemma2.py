@@ -6,7 +6,6 @@ HF transformers' (float32, eager attention, the HF implementation that applies t
 from __future__ import annotations
 
 import pytest
-
 from npu_testkit.engine import emulated_env, engine, greedy, make_prompts
 from npu_testkit.models import build_tiny_model
 

@@ -8,7 +8,6 @@ import subprocess
 import sys
 
 import pytest
-
 from npu_testkit.engine import emulated_env
 
 pytestmark = pytest.mark.engine

@@ -14,7 +14,6 @@ from types import SimpleNamespace
 import torch
 from vllm.v1.attention.backends.utils import CommonAttentionMetadata
 from vllm.v1.kv_cache_interface import FullAttentionSpec
-
 from vllm_npu.attention.backends.gqa import AscendAttentionBackend, AscendAttentionImpl
 from vllm_npu.attention.metadata import AscendAttentionMetadataBuilder
 
@@ -64,7 +63,7 @@ def make_batch(
     full_k, full_v = [], []
     new_k, new_v, slots = [], [], []
     cursor = 0
-    for b, (q, c, s) in enumerate(zip(q_lens, ctx_lens, seq_lens)):
+    for b, (_q, c, s) in enumerate(zip(q_lens, ctx_lens, seq_lens)):
         ids = perm[cursor : cursor + blocks_per_req[b]]
         cursor += blocks_per_req[b]
         block_table[b, : len(ids)] = torch.tensor(ids, dtype=torch.int32)

@@ -9,7 +9,6 @@ from __future__ import annotations
 import pytest
 import torch
 from attn_harness import TOLERANCES, dense_reference, make_batch, run_impl
-
 from vllm_npu.attention.metadata import AscendAttentionState as S
 
 NUM_KV_HEADS = 2

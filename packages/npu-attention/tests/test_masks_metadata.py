@@ -8,7 +8,6 @@ from types import SimpleNamespace
 import pytest
 import torch
 from attn_harness import make_batch, make_builder
-
 from vllm_npu.attention.backends.gqa import AscendAttentionBackend, AscendAttentionImpl
 from vllm_npu.attention.masks import COMPRESSED_MASK_SIZE, AttentionMaskBuilder, masked_value
 from vllm_npu.attention.metadata import AscendAttentionMetadataBuilder, AscendAttentionState, classify_batch

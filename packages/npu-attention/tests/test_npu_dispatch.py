@@ -14,10 +14,9 @@ import types
 
 import pytest
 import torch
-from attn_harness import TOLERANCES, dense_reference, make_batch, run_impl
-
 import vllm_npu.attention.backends.gqa as gqa_mod
 import vllm_npu.attention.metadata as metadata_mod
+from attn_harness import TOLERANCES, dense_reference, make_batch, run_impl
 from vllm_npu.attention.metadata import AscendAttentionState as S
 
 CALLS: list[str] = []
@@ -185,7 +184,6 @@ def test_npu_encoder_path(fake_npu, window: int | None) -> None:
 
 def test_npu_builder_requires_block_128(fake_npu) -> None:
     from attn_harness import make_builder
-
     from vllm_npu.interface.errors import ConfigError
 
     with pytest.raises(ConfigError, match="--block-size 128"):

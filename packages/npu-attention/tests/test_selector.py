@@ -6,7 +6,6 @@ import subprocess
 import sys
 
 import pytest
-
 from vllm_npu.attention.selector import GQA_BACKEND, MLA_BACKEND, SFA_BACKEND, select_backend
 from vllm_npu.interface.errors import ConfigError
 

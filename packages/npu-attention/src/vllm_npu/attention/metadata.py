@@ -18,7 +18,6 @@ from vllm.v1.attention.backends.utils import (
     CommonAttentionMetadata,
     split_decodes_and_prefills,
 )
-
 from vllm_npu.interface.device import kernel_backend
 from vllm_npu.interface.errors import ConfigError
 

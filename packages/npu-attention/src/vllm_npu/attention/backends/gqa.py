@@ -20,7 +20,6 @@ from typing import Any
 
 import torch
 from vllm.attention.backends.abstract import AttentionBackend, AttentionImpl, AttentionLayer, AttentionType
-
 from vllm_npu.interface.device import kernel_backend
 from vllm_npu.interface.errors import ConfigError
 

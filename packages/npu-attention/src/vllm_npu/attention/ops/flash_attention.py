@@ -18,7 +18,6 @@
 from __future__ import annotations
 
 import torch
-
 from vllm_npu.interface.device import Kernel
 from vllm_npu.interface.errors import KernelContractError
 

@@ -19,7 +19,6 @@ NPU: ``torch_npu.npu_scatter_pa_kv_cache`` (documented in torch_npu 2.8.0, its "
 from __future__ import annotations
 
 import torch
-
 from vllm_npu.interface.device import Kernel
 
 

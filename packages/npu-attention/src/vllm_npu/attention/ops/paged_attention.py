@@ -28,7 +28,6 @@ the NPU); the reference twins apply ``cap * tanh(scores / cap)`` to the scaled s
 from __future__ import annotations
 
 import torch
-
 from vllm_npu.interface.device import Kernel
 from vllm_npu.interface.errors import KernelContractError
 
