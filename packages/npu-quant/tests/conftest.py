@@ -4,7 +4,6 @@ build real vLLM linear layers with the ``ascend`` quant config and load tensors 
 from __future__ import annotations
 
 import os
-import tempfile
 from collections.abc import Iterator
 
 import pytest
@@ -13,24 +12,16 @@ os.environ.setdefault("VLLM_NPU_DEVICE", "emulated")
 os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture
 def tp1_group() -> Iterator[None]:
-    """A single-rank gloo process group with vLLM's TP/PP groups (needed to build linear layers)."""
-    from vllm.config import VllmConfig, set_current_vllm_config
-    from vllm.distributed import parallel_state as ps
+    """A single-rank gloo process group with vLLM's TP/PP groups (needed to build linear/embedding/MoE layers).
 
-    if ps.model_parallel_is_initialized():
+    Per test, not per session: an engine shut down by another module on the same xdist worker destroys vLLM's
+    process groups, so a session-wide group could vanish under later tests."""
+    from npu_testkit.distributed import single_rank_group
+
+    with single_rank_group():
         yield None
-        return
-    with tempfile.TemporaryDirectory() as d, set_current_vllm_config(VllmConfig()):
-        ps.init_distributed_environment(world_size=1, rank=0, local_rank=0,
-                                        distributed_init_method=f"file://{d}/pg", backend="gloo")
-        ps.initialize_model_parallel(1, 1)
-        try:
-            yield None
-        finally:
-            ps.destroy_model_parallel()
-            ps.destroy_distributed_environment()
 
 
 @pytest.fixture
