@@ -24,36 +24,9 @@ INDEX_HEAD_DIM = 16
 
 
 def tiny_deepseek_v3(**overrides: Any):
-    import transformers
+    from npu_testkit.engine import tiny_config
 
-    fields: dict[str, Any] = dict(
-        vocab_size=512,
-        hidden_size=64,
-        intermediate_size=128,
-        moe_intermediate_size=32,
-        num_hidden_layers=2,
-        first_k_dense_replace=1,  # layer 0 dense MLP, layer 1 MoE (vLLM's DeepSeek needs one MoE layer)
-        n_routed_experts=4,
-        num_experts_per_tok=2,
-        n_shared_experts=1,
-        n_group=1,
-        topk_group=1,
-        routed_scaling_factor=1.0,
-        norm_topk_prob=True,
-        num_attention_heads=4,
-        num_key_value_heads=4,
-        q_lora_rank=48,
-        kv_lora_rank=32,
-        qk_nope_head_dim=16,
-        qk_rope_head_dim=8,
-        v_head_dim=16,
-        max_position_embeddings=1024,
-        rope_theta=10000.0,
-        rope_scaling=None,
-        tie_word_embeddings=False,
-    )
-    fields.update(overrides)
-    return transformers.DeepseekV3Config(**fields)
+    return tiny_config("deepseek_v3", **overrides)
 
 
 def indexer_weights(config: Any, *, seed: int, std: float = 0.2) -> dict[str, Any]:

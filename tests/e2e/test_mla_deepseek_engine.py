@@ -8,7 +8,7 @@ give prefills with context). Reference: HF transformers ``DeepseekV3ForCausalLM`
 from __future__ import annotations
 
 import pytest
-from npu_testkit.engine import emulated_env, engine, greedy, make_prompts, token_prompts
+from npu_testkit.engine import emulated_env, engine, greedy, make_prompts, tiny_config, token_prompts
 from npu_testkit.models import build_tiny_model, hf_greedy
 
 pytestmark = pytest.mark.engine
@@ -17,34 +17,7 @@ MAX_BATCHED_TOKENS = 64
 
 
 def tiny_deepseek_v3():
-    import transformers
-
-    return transformers.DeepseekV3Config(
-        vocab_size=512,
-        hidden_size=64,
-        intermediate_size=128,
-        moe_intermediate_size=32,
-        num_hidden_layers=2,
-        first_k_dense_replace=1,  # layer 0 dense MLP, layer 1 MoE (vLLM's DeepSeek needs one MoE layer)
-        n_routed_experts=4,
-        num_experts_per_tok=2,
-        n_shared_experts=1,
-        n_group=1,
-        topk_group=1,
-        routed_scaling_factor=1.0,
-        norm_topk_prob=True,
-        num_attention_heads=4,
-        num_key_value_heads=4,
-        q_lora_rank=48,
-        kv_lora_rank=32,
-        qk_nope_head_dim=16,
-        qk_rope_head_dim=8,
-        v_head_dim=16,
-        max_position_embeddings=1024,
-        rope_theta=10000.0,
-        rope_scaling=None,
-        tie_word_embeddings=False,
-    )
+    return tiny_config("deepseek_v3")
 
 
 @pytest.fixture(scope="module")

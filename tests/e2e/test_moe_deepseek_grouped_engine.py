@@ -12,7 +12,7 @@ from __future__ import annotations
 import shutil
 
 import pytest
-from npu_testkit.engine import emulated_env, engine, greedy, make_prompts
+from npu_testkit.engine import emulated_env, engine, greedy, make_prompts, tiny_config
 from npu_testkit.models import build_tiny_model, hf_greedy
 
 pytestmark = pytest.mark.engine
@@ -21,35 +21,16 @@ NUM_EXPERTS = 16
 
 
 def tiny_deepseek_v3_grouped():
-    import transformers
-
-    return transformers.DeepseekV3Config(
-        vocab_size=512,
-        hidden_size=64,
-        intermediate_size=128,
-        moe_intermediate_size=32,
-        num_hidden_layers=2,
-        first_k_dense_replace=1,  # layer 0 dense, layer 1 MoE
+    # DeepSeek-V3's router: sigmoid scores, correction bias (noaux_tc), 4 groups keep 2, top-4, scaling 2.5.
+    return tiny_config(
+        "deepseek_v3",
         n_routed_experts=NUM_EXPERTS,
         num_experts_per_tok=4,
-        n_shared_experts=1,
         n_group=4,
         topk_group=2,
         topk_method="noaux_tc",
         scoring_func="sigmoid",
         routed_scaling_factor=2.5,
-        norm_topk_prob=True,
-        num_attention_heads=4,
-        num_key_value_heads=4,
-        q_lora_rank=48,
-        kv_lora_rank=32,
-        qk_nope_head_dim=16,
-        qk_rope_head_dim=8,
-        v_head_dim=16,
-        max_position_embeddings=1024,
-        rope_theta=10000.0,
-        rope_scaling=None,
-        tie_word_embeddings=False,
     )
 
 

@@ -220,8 +220,8 @@ def greedy(llm: Any, prompts: Sequence[Sequence[int]], max_tokens: int, **sampli
 
 
 def tiny_config(arch: str = "qwen2", **overrides: Any) -> Any:
-    """A tiny GQA ``transformers`` config for ``arch`` in {"qwen2", "llama"}: hidden 64, 2 layers, 4 query heads,
-    2 KV heads, head dim 16, vocab 512. ``overrides`` replace any field."""
+    """A tiny ``transformers`` config: ``arch`` "qwen2" or "llama" (GQA: hidden 64, 2 layers, 4 query heads, 2 KV
+    heads, head dim 16, vocab 512) or "deepseek_v3" (:data:`DEEPSEEK_V3_TINY`). ``overrides`` replace any field."""
     import transformers
 
     common: dict[str, Any] = {
@@ -239,6 +239,38 @@ def tiny_config(arch: str = "qwen2", **overrides: Any) -> Any:
         cfg = transformers.Qwen2Config(**{**common, "rope_theta": 10000.0, **overrides})
     elif arch == "llama":
         cfg = transformers.LlamaConfig(**{**common, "rope_theta": 10000.0, "head_dim": 16, **overrides})
+    elif arch == "deepseek_v3":
+        cfg = transformers.DeepseekV3Config(**{**DEEPSEEK_V3_TINY, **overrides})
     else:
-        raise ValueError(f"tiny_config: unknown arch {arch!r}; expected 'qwen2' or 'llama'")
+        raise ValueError(f"tiny_config: unknown arch {arch!r}; expected 'qwen2', 'llama' or 'deepseek_v3'")
     return cfg
+
+
+#: The tiny DeepSeek-V3 of :func:`tiny_config` ("deepseek_v3"): MLA with q-LoRA, layer 0 a dense MLP and layer 1 an
+#: MoE layer (vLLM's DeepSeek needs one), 4 routed experts top-2 plus a shared expert, one expert group.
+DEEPSEEK_V3_TINY: dict[str, Any] = {
+    "vocab_size": 512,
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "moe_intermediate_size": 32,
+    "num_hidden_layers": 2,
+    "first_k_dense_replace": 1,
+    "n_routed_experts": 4,
+    "num_experts_per_tok": 2,
+    "n_shared_experts": 1,
+    "n_group": 1,
+    "topk_group": 1,
+    "routed_scaling_factor": 1.0,
+    "norm_topk_prob": True,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 4,
+    "q_lora_rank": 48,
+    "kv_lora_rank": 32,
+    "qk_nope_head_dim": 16,
+    "qk_rope_head_dim": 8,
+    "v_head_dim": 16,
+    "max_position_embeddings": 1024,
+    "rope_theta": 10000.0,
+    "rope_scaling": None,
+    "tie_word_embeddings": False,
+}
