@@ -73,10 +73,8 @@ def install(model: Any) -> int:
             fn = mod.__dict__.get(attr)
             if callable(fn) and not getattr(fn, "_ops_bench_wrapped", False):
                 setattr(mod, attr, wrap_kernel(f"kernel {getattr(fn, '__name__', attr)}", fn))
-        if "_rotate" in mod.__dict__:  # RoPE binds its kernel into a closure at build: rebuild it around the wrapper
-            from vllm_npu.ops.rotary_embedding import build_rotate
-
-            mod._rotate = build_rotate(mod._rotary_mul, mod._mode, mod.head_size, mod.rotary_dim)
+        if "_full_rotary" in mod.__dict__:  # RoPE binds its kernel into its fast path at build: rebind the wrapper
+            mod._bind_rotary_kernel(mod._rotary_mul)
 
     model._ops_bench = {"steps": [collections.Counter() for _ in layers], "n": [0] * len(layers)}
     for idx, layer in enumerate(layers):

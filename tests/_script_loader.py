@@ -1,4 +1,4 @@
-"""Load a file of scripts/ as a module (scripts/ is not a package)."""
+"""Load a file of scripts/ or benchmarks/ as a module (neither is a package)."""
 
 from __future__ import annotations
 
@@ -8,12 +8,13 @@ from pathlib import Path
 from types import ModuleType
 
 SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
+BENCHMARKS = SCRIPTS.parent / "benchmarks"
 
 
-def load_script(name: str) -> ModuleType:
-    if str(SCRIPTS) not in sys.path:
-        sys.path.insert(0, str(SCRIPTS))
-    spec = importlib.util.spec_from_file_location(f"_scripts_{name}", SCRIPTS / f"{name}.py")
+def load_script(name: str, folder: Path = SCRIPTS) -> ModuleType:
+    if str(folder) not in sys.path:
+        sys.path.insert(0, str(folder))
+    spec = importlib.util.spec_from_file_location(f"_{folder.name}_{name}", folder / f"{name}.py")
     assert spec and spec.loader
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses look their module up while the file executes

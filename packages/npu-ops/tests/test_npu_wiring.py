@@ -153,6 +153,8 @@ def test_activations_on_npu_kernels(fake_npu) -> None:
     x = torch.randn(2, 3, 18)
     _close(SiluAndMul()(x), F.silu(x[..., :9]) * x[..., 9:])
     _close(QuickGELU()(x), x * torch.sigmoid(1.702 * x))
+    with pytest.raises(ValueError, match="even last dimension"):
+        SiluAndMul()(torch.ones(2, 7))  # rejected before the kernel launch
     assert fake_npu.calls == ["npu_swiglu", "npu_fast_gelu"]
 
 

@@ -24,8 +24,9 @@ from vllm.model_executor.layers.rotary_embedding.yarn_scaling_rope import YaRNSc
 from vllm_npu.interface.device import Kernel
 
 # Bound once: Dynamo recognises the function object itself (it traces as a constant True), and eager calls skip
-# two attribute lookups.
-_is_compiling = torch.compiler.is_compiling
+# two attribute lookups. The Dynamo-only variant is one Python call where ``is_compiling`` is two; Dynamo is the
+# only tracer that reaches this code (vLLM's piecewise graph mode).
+_is_compiling = torch.compiler.is_dynamo_compiling
 
 # --- kernel ---------------------------------------------------------------------------------------------------
 
@@ -53,7 +54,9 @@ ROTARY_MUL = Kernel("rotary_mul", npu=rotary_mul_npu, reference=rotary_mul_refer
 
 
 class PerForwardCosSin:
-    """Holds the cos/sin of the last positions tensor seen; ``compute(positions, like)`` gathers them on a miss.
+    """Holds the cos/sin of the last positions tensor seen; ``compute(positions, like) -> (cos, sin)`` gathers them
+    on a miss. ``get`` returns ``(cos, sin, T)``: the token count rides along because reading it back from a shape
+    costs a tuple allocation per layer.
 
     A hit needs the *same* positions tensor object, with the same version counter (no in-place write since), inside
     the same vLLM forward context. Identity alone would be unsafe when a caller rewrites one buffer in place, so when
@@ -70,8 +73,8 @@ class PerForwardCosSin:
         self._value: Any = None
         self.computed = 0  # how many times cos/sin were gathered (for tests and benchmarks)
 
-    def get(self, positions: torch.Tensor, like: torch.Tensor) -> Any:
-        """cos/sin for ``positions`` (``like`` gives device and dtype).
+    def get(self, positions: torch.Tensor, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int]:
+        """``(cos [1, T, 1, R], sin [1, T, 1, R], T)`` for ``positions`` (``like`` gives device and dtype).
 
         While torch.compile traces (vLLM's piecewise graph mode) the cache steps aside and every call computes: the
         hit check reads ``positions._version``, which Dynamo cannot trace, and a traced graph must not depend on
@@ -81,7 +84,8 @@ class PerForwardCosSin:
         The hit path is kept short on purpose: it runs once per layer per forward, between kernels that evict the
         interpreter's working set, so each bytecode there costs more than a micro-benchmark of it suggests."""
         if _is_compiling():
-            return self._compute(positions, like)
+            cos, sin = self._compute(positions, like)
+            return cos, sin, cos.shape[1]
         ctx = _vllm_forward_context._forward_context
         try:
             ver: Optional[int] = positions._version
@@ -94,7 +98,8 @@ class PerForwardCosSin:
             and (ver is not None or ctx is not None)
         ):
             return self._value
-        value = self._compute(positions, like)
+        cos, sin = self._compute(positions, like)
+        value = (cos, sin, cos.shape[1])
         self._positions, self._version, self._ctx, self._value = positions, ver, ctx, value
         self.computed += 1
         return value
@@ -112,24 +117,10 @@ def full_width_tables(cache: torch.Tensor, is_neox: bool) -> tuple[torch.Tensor,
 RotateFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
-def build_rotate(kernel: Callable[..., torch.Tensor], mode: str, head_size: int, rotary_dim: int) -> RotateFn:
-    """``rotate(x, cos, sin)`` for ``x [T, N*D]`` or ``[T, N, D]`` and cos/sin ``[1, T, 1, R]``: the kernel on the
-    first ``rotary_dim`` channels of every head, the rest passed through. Built once per layer; the constants are
-    bound in the closure because attribute lookups are a visible share of a decode-size call.
-
-    Shape changes use ``view`` with integer sizes and ``view_as`` (measurably cheaper per call than ``reshape`` or
-    a ``torch.Size`` argument); an input whose strides do not allow the view (not the case for vLLM's q/k, column
-    slices of the fused qkv output) falls back to ``reshape``. The kernel's output is contiguous."""
-    if rotary_dim == head_size:
-
-        def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-            try:
-                x4 = x.view(1, cos.shape[1], -1, head_size)
-            except RuntimeError:
-                x4 = x.reshape(1, cos.shape[1], -1, head_size)
-            return kernel(x4, cos, sin, mode).view_as(x)
-
-        return rotate
+def build_partial_rotate(kernel: Callable[..., torch.Tensor], mode: str, head_size: int, rotary_dim: int) -> RotateFn:
+    """``rotate(x, cos, sin)`` for partial rotary (``rotary_dim < head_size``), ``x [T, N*D]`` or ``[T, N, D]`` and
+    cos/sin ``[1, T, 1, rotary_dim]``: the kernel on the first ``rotary_dim`` channels of every head, the rest passed
+    through; returns a new tensor of ``x``'s shape. Built once per layer, with the constants bound in the closure."""
 
     def rotate_partial(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         x4 = x.reshape(1, cos.shape[1], -1, head_size)
@@ -150,7 +141,9 @@ def expand_cos_sin(cos: torch.Tensor, sin: torch.Tensor, is_neox: bool) -> tuple
 
 
 class _NPURopeMixin:
-    """The shared forward of the rotary overrides (``self`` is a vLLM RotaryEmbedding)."""
+    """The shared forward of the rotary overrides (``self`` is a vLLM RotaryEmbedding). Its ``forward_oot`` is the
+    layer's forward itself (first in the MRO), not a method a subclass calls: one Python frame less per layer per
+    step."""
 
     head_size: int
     rotary_dim: int
@@ -160,12 +153,24 @@ class _NPURopeMixin:
     def _init_npu_rope(self) -> None:
         if self.rotary_dim % 2 or self.rotary_dim > self.head_size:
             raise ValueError(f"rotary_dim={self.rotary_dim} must be even and <= head_size={self.head_size}")
-        self._rotary_mul = ROTARY_MUL.select()
         self._mode = "half" if self.is_neox_style else "interleave"
-        self._rotate = build_rotate(self._rotary_mul, self._mode, self.head_size, self.rotary_dim)
+        self._bind_rotary_kernel(ROTARY_MUL.select())
         self._cos_sin = PerForwardCosSin(self._compute_cos_sin)  # bound once: the subclass's override, if any
         self._tables_src: Optional[torch.Tensor] = None
         self._tables: tuple[torch.Tensor, torch.Tensor] = (torch.empty(0), torch.empty(0))
+
+    def _bind_rotary_kernel(self, kernel: Callable[..., torch.Tensor]) -> None:
+        """Bind the ``rotary_mul`` kernel everywhere the forward reads it (benchmarks rebind a counting wrapper)."""
+        self._rotary_mul = kernel
+        full = self.rotary_dim == self.head_size
+        # Full rotary's constants in one attribute (None for partial rotary): each attribute read of an nn.Module
+        # is a visible cost on the per-layer path.
+        self._full_rotary: Optional[tuple[Callable[..., torch.Tensor], str, int]] = (
+            (kernel, self._mode, self.head_size) if full else None
+        )
+        self._rotate_partial: Optional[RotateFn] = (
+            None if full else build_partial_rotate(kernel, self._mode, self.head_size, self.rotary_dim)
+        )
 
     def _compute_cos_sin(self, positions: torch.Tensor, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         self._match_cos_sin_cache_dtype(like)  # type: ignore[attr-defined]
@@ -181,12 +186,31 @@ class _NPURopeMixin:
         cos_t, sin_t = self._tables
         return cos_t.index_select(0, flat).view(1, t, 1, -1), sin_t.index_select(0, flat).view(1, t, 1, -1)
 
-    def _rope_forward(
-        self, positions: torch.Tensor, query: torch.Tensor, key: Optional[torch.Tensor]
+    def forward_oot(
+        self, positions: torch.Tensor, query: torch.Tensor, key: Optional[torch.Tensor] = None
     ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
-        cos, sin = self._cos_sin.get(positions, query)
-        rotate = self._rotate
+        """``positions [T]`` (any shape with T elements), ``query [T, N*D]`` or ``[T, N, D]``, ``key`` likewise or
+        None; returns new tensors of the input shapes.
+
+        Full rotary (``rotary_dim == head_size``, the common case) is written out here rather than behind a helper:
+        this runs once per layer per decode step, and two helper calls were a measurable share of a decode-size call
+        (benchmarks/ops_dispatch_overhead.py)."""
+        cos, sin, t = self._cos_sin.get(positions, query)
+        full = self._full_rotary
+        if full is not None:
+            # [T, N*D] or [T, N, D] -> [1, T, N, D] only prepends a 1 and splits the last dimension, which a view
+            # can always express, whatever the strides (q/k are column slices of the fused qkv output).
+            mul, mode, d = full
+            return (
+                mul(query.view(1, t, -1, d), cos, sin, mode).view_as(query),
+                None if key is None else mul(key.view(1, t, -1, d), cos, sin, mode).view_as(key),
+            )
+        rotate = self._rotate_partial
+        assert rotate is not None
         return rotate(query, cos, sin), (None if key is None else rotate(key, cos, sin))
+
+    # For the subclasses whose own forward_oot adds arguments (offsets) and then rotates.
+    _rope_forward = forward_oot
 
 
 class NPURotaryEmbedding(_NPURopeMixin, RotaryEmbedding):
@@ -197,13 +221,6 @@ class NPURotaryEmbedding(_NPURopeMixin, RotaryEmbedding):
         super().__init__(*args, **kwargs)
         self._init_npu_rope()
 
-    def forward_oot(
-        self, positions: torch.Tensor, query: torch.Tensor, key: Optional[torch.Tensor] = None
-    ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
-        cos, sin = self._cos_sin.get(positions, query)
-        rotate = self._rotate
-        return rotate(query, cos, sin), (None if key is None else rotate(key, cos, sin))
-
 
 class NPUYaRNScalingRotaryEmbedding(_NPURopeMixin, YaRNScalingRotaryEmbedding):
     """YaRN scaling: the scaled, mscale-weighted cos/sin live in ``cos_sin_cache``; the rotation is the base one."""
@@ -211,11 +228,6 @@ class NPUYaRNScalingRotaryEmbedding(_NPURopeMixin, YaRNScalingRotaryEmbedding):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._init_npu_rope()
-
-    def forward_oot(
-        self, positions: torch.Tensor, query: torch.Tensor, key: Optional[torch.Tensor] = None
-    ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
-        return self._rope_forward(positions, query, key)
 
 
 class NPUDeepseekScalingRotaryEmbedding(_NPURopeMixin, DeepseekScalingRotaryEmbedding):
