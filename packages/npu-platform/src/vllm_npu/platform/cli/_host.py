@@ -16,6 +16,8 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from vllm_npu.interface.versions import distribution_version
+
 #: Where CANN lives when no environment variable says so (toolkit <= 8.3 layout, then the 8.5 layout). The same
 #: directories make the device probe (vllm_npu.interface.device) count CANN as installed.
 CANN_DEFAULT_HOMES = (
@@ -26,13 +28,6 @@ CANN_DEFAULT_HOMES = (
 #: The variables CANN's set_env.sh exports, most specific first.
 CANN_HOME_VARS = ("ASCEND_TOOLKIT_HOME", "ASCEND_HOME_PATH")
 AUTOLOAD_VAR = "TORCH_DEVICE_BACKEND_AUTOLOAD"
-
-
-def dist_version(name: str) -> str | None:
-    try:
-        return importlib.metadata.version(name)
-    except importlib.metadata.PackageNotFoundError:
-        return None
 
 
 @dataclass(frozen=True)
@@ -104,13 +99,13 @@ class TorchNPUState:
 
 def torch_state(environ: Mapping[str, str] | None = None) -> TorchNPUState:
     environ = os.environ if environ is None else environ
-    torch_npu = dist_version("torch-npu")
+    torch_npu = distribution_version("torch-npu")
     if torch_npu is None and importlib.util.find_spec("torch_npu") is not None:
         torch_npu = "unknown"
     backends = tuple(f"{ep.name} = {ep.value}" for ep in importlib.metadata.entry_points(group="torch.backends"))
     # torch/__init__.py: enabled iff os.getenv("TORCH_DEVICE_BACKEND_AUTOLOAD", "1") == "1"
     autoload = environ.get(AUTOLOAD_VAR, "1") == "1"
-    return TorchNPUState(dist_version("torch"), torch_npu, autoload, backends)
+    return TorchNPUState(distribution_version("torch"), torch_npu, autoload, backends)
 
 
 def plugin_entry_points() -> dict[str, list[tuple[str, str]]]:

@@ -20,10 +20,18 @@ from vllm_npu.interface.config import EnvConfig
 from vllm_npu.interface.device import decide_device, probe_npu
 from vllm_npu.interface.errors import LAYER_DISTRIBUTIONS, ConfigError, install_command
 from vllm_npu.interface.registry import discover
-from vllm_npu.interface.versions import INTERFACE_VERSION, SUPPORTED_VLLM, in_range
+from vllm_npu.interface.versions import INTERFACE_VERSION, SUPPORTED_VLLM, distribution_version, in_range
 
 from .._version import __version__
-from ._host import AUTOLOAD_VAR, CannInstall, TorchNPUState, dist_version, find_cann, plugin_entry_points, torch_state
+from ._host import (
+    AUTOLOAD_VAR,
+    CANN_HOME_VARS,
+    CannInstall,
+    TorchNPUState,
+    find_cann,
+    plugin_entry_points,
+    torch_state,
+)
 
 _VLLM_INSTALL = (
     'vLLM is not installed: on CPU/CUDA hosts (emulated device) pip install "npu-platform[vllm]"; on Ascend hosts '
@@ -97,7 +105,7 @@ def collect() -> dict[str, Any]:
     errors: list[str] = []
     warnings: list[str] = []
 
-    vllm = dist_version("vllm")
+    vllm = distribution_version("vllm")
     torch = torch_state(environ)
     cann = find_cann(environ)
     versions = {
@@ -107,7 +115,7 @@ def collect() -> dict[str, Any]:
         "torch": torch.torch,
         "torch_npu": torch.torch_npu,
         "cann": cann.version,
-        "npu-interface": dist_version("npu-interface"),
+        "npu-interface": distribution_version("npu-interface"),
         "interface": INTERFACE_VERSION,
         "npu-platform": __version__,
     }
@@ -123,7 +131,7 @@ def collect() -> dict[str, Any]:
     pair = _torch_pair(torch)
     if pair:
         errors.append(pair)
-    for var in ("ASCEND_TOOLKIT_HOME", "ASCEND_HOME_PATH"):
+    for var in CANN_HOME_VARS:
         if environ.get(var) and not os.path.isdir(environ[var]):
             warnings.append(f"{var}={environ[var]!r} is not a directory")
 
