@@ -35,6 +35,24 @@ from . import kernels
 from .params import FLOATS, QuantLoadError, replace_param
 
 # --------------------------------------------------------------------------------------------------------------
+# the row groups of the grouped-matmul reference twins
+
+
+def _group_rows(counts: torch.Tensor, num_rows: int, num_groups: int) -> list[tuple[int, slice]]:
+    """``(group, rows)`` for every non-empty group of ``num_rows`` rows sorted by group, ``counts [G]`` rows each;
+    ``ValueError`` unless there are ``num_groups`` counts summing to ``num_rows``."""
+    sizes = counts.tolist()
+    if len(sizes) != num_groups or sum(sizes) != num_rows:
+        raise ValueError(f"grouped matmul: counts {sizes} do not fit {num_rows} rows / {num_groups} groups")
+    bounds, start = [], 0
+    for g, n in enumerate(sizes):
+        if n:
+            bounds.append((g, slice(start, start + n)))
+        start += n
+    return bounds
+
+
+# --------------------------------------------------------------------------------------------------------------
 # int8 grouped matmul with per-channel weight scales and per-token activation scales
 
 
@@ -56,17 +74,10 @@ def _grouped_qmm_ref(
 ) -> torch.Tensor:
     """xq int8 ``[N, K]`` (rows sorted by group), weight int8 ``[G, K, M]``, scale float32 ``[G, M]``, pertoken
     float32 ``[N]``, counts int64 ``[G]`` -> ``[N, M]``: ``(xq_g @ W[g]) * scale[g] * pertoken_g``."""
-    sizes = counts.tolist()
-    if len(sizes) != weight.shape[0] or sum(sizes) != xq.shape[0]:
-        raise ValueError(f"grouped matmul: counts {sizes} do not fit {xq.shape[0]} rows / {weight.shape[0]} groups")
     out = torch.empty(xq.shape[0], weight.shape[-1], dtype=out_dtype, device=xq.device)
-    start = 0
-    for g, n in enumerate(sizes):
-        if n:
-            acc = xq[start:start + n].to(torch.float64) @ weight[g].to(torch.float64)  # exact for int8
-            res = acc.to(torch.float32) * scale[g].to(torch.float32) * pertoken[start:start + n].unsqueeze(-1)
-            out[start:start + n] = res.to(out_dtype)
-        start += n
+    for g, rows in _group_rows(counts, xq.shape[0], weight.shape[0]):
+        acc = xq[rows].to(torch.float64) @ weight[g].to(torch.float64)  # exact for int8
+        out[rows] = (acc.to(torch.float32) * scale[g].to(torch.float32) * pertoken[rows].unsqueeze(-1)).to(out_dtype)
     return out
 
 
@@ -102,18 +113,11 @@ def _grouped_w4_npu(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, 
 def _grouped_w4_ref(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
     """x ``[N, K]`` float (rows sorted by group), weight int32 ``[G, K, M/8]`` (int4), scale ``[G, K/g, M]`` in x's
     dtype, counts ``[G]`` -> ``[N, M]``: ``x_g @ (W4[g] * scale[g][k // group])``."""
-    sizes = counts.tolist()
-    if len(sizes) != weight.shape[0] or sum(sizes) != x.shape[0]:
-        raise ValueError(f"grouped matmul: counts {sizes} do not fit {x.shape[0]} rows / {weight.shape[0]} groups")
-    k = weight.shape[1]
-    group = k // scale.shape[1]
+    group = weight.shape[1] // scale.shape[1]
     out = torch.empty(x.shape[0], weight.shape[-1] * 8, dtype=x.dtype, device=x.device)
-    start = 0
-    for g, n in enumerate(sizes):
-        if n:
-            w = kernels.unpack_int4(weight[g]).to(torch.float32) * scale[g].to(torch.float32).repeat_interleave(group, 0)
-            out[start:start + n] = (x[start:start + n].to(torch.float32) @ w).to(x.dtype)
-        start += n
+    for g, rows in _group_rows(counts, x.shape[0], weight.shape[0]):
+        w = kernels.unpack_int4(weight[g]).to(torch.float32) * scale[g].to(torch.float32).repeat_interleave(group, 0)
+        out[rows] = (x[rows].to(torch.float32) @ w).to(x.dtype)
     return out
 
 
@@ -177,16 +181,10 @@ def _grouped_static_ref(
     """The documented per-channel int8 mode: xq int8 ``[N, K]`` (rows sorted by group), weight int8 ``[G, K, M]``,
     bias int32 ``[G, M]``, scale ``[G, M]`` (float32 or bfloat16), counts ``[G]`` -> ``[N, M]``:
     ``(xq_g @ W[g] + bias[g]) * scale[g]``."""
-    sizes = counts.tolist()
-    if len(sizes) != weight.shape[0] or sum(sizes) != xq.shape[0]:
-        raise ValueError(f"grouped matmul: counts {sizes} do not fit {xq.shape[0]} rows / {weight.shape[0]} groups")
     out = torch.empty(xq.shape[0], weight.shape[-1], dtype=out_dtype, device=xq.device)
-    start = 0
-    for g, n in enumerate(sizes):
-        if n:
-            acc = xq[start:start + n].to(torch.float64) @ weight[g].to(torch.float64) + bias[g].to(torch.float64)
-            out[start:start + n] = (acc.to(torch.float32) * scale[g].to(torch.float32)).to(out_dtype)
-        start += n
+    for g, rows in _group_rows(counts, xq.shape[0], weight.shape[0]):
+        acc = xq[rows].to(torch.float64) @ weight[g].to(torch.float64) + bias[g].to(torch.float64)
+        out[rows] = (acc.to(torch.float32) * scale[g].to(torch.float32)).to(out_dtype)
     return out
 
 
