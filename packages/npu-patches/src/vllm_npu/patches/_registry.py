@@ -167,17 +167,19 @@ class PatchRegistry:
 
     # -- evaluating --------------------------------------------------------------------------------------------
     def plan(
-        self, patch_id: str, *, disabled: frozenset[str] = frozenset(), vllm_version: str | None = None,
-        check_fingerprints: bool = True,
+        self, patch_id: str, *, disabled: frozenset[str] = frozenset(), sources: Mapping[str, str] | None = None,
+        vllm_version: str | None = None, check_fingerprints: bool = True,
     ) -> tuple[PatchStatus, str]:
         """What applying ``patch_id`` here would do, without changing anything: (status, reason).
 
-        A fingerprint mismatch is reported as ``(PENDING, "fingerprint mismatch: ...")`` rather than raised.
+        ``disabled`` and ``sources`` are what :meth:`disabled_ids` returns (``sources`` names the setting in the
+        reason of a disabled patch). A fingerprint mismatch is reported as ``(PENDING, "fingerprint mismatch: ...")``
+        rather than raised.
         """
         rec = self.record(patch_id)
         if rec.status is PatchStatus.APPLIED:
             return PatchStatus.APPLIED, "applied in this process"
-        status, reason = self._gate(rec.patch, disabled, {}, vllm_version)
+        status, reason = self._gate(rec.patch, disabled, sources or {}, vllm_version)
         if status is not None:
             return status, reason
         if check_fingerprints:

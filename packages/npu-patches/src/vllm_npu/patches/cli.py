@@ -28,24 +28,20 @@ def _status_lines(registry: PatchRegistry, check_fingerprints: bool) -> tuple[di
     out: dict[str, str] = {}
     mismatch = False
     for patch in registry.patches():
-        rec = registry.record(patch.id)
-        if rec.status is PatchStatus.APPLIED:
+        status, reason = registry.plan(
+            patch.id, disabled=disabled, sources=sources, vllm_version=version, check_fingerprints=check_fingerprints
+        )
+        if status is PatchStatus.APPLIED:
             out[patch.id] = "applied"
-            continue
-        status, reason = registry._gate(patch, disabled, sources, version)
-        if status is PatchStatus.DISABLED:
+        elif status is PatchStatus.DISABLED:
             out[patch.id] = f"disabled: {reason.removeprefix('disabled by ')}"
         elif status is PatchStatus.SKIPPED:
             out[patch.id] = f"skipped: {reason}"
-        elif not check_fingerprints:
-            out[patch.id] = "applies (fingerprints not checked)"
+        elif reason.startswith(("fingerprint mismatch", "error")):
+            mismatch = True
+            out[patch.id] = "FINGERPRINT MISMATCH: " + reason.split(": ", 1)[1]
         else:
-            plan_status, plan_reason = registry.plan(patch.id, disabled=disabled, vllm_version=version)
-            if plan_reason.startswith(("fingerprint mismatch", "error")):
-                mismatch = True
-                out[patch.id] = "FINGERPRINT MISMATCH: " + plan_reason.split(": ", 1)[1]
-            else:
-                out[patch.id] = "applies"
+            out[patch.id] = "applies" if check_fingerprints else "applies (fingerprints not checked)"
     return out, mismatch
 
 
