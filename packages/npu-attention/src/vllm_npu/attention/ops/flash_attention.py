@@ -17,21 +17,43 @@
 
 from __future__ import annotations
 
+from itertools import accumulate
+
 import torch
 from vllm_npu.interface.device import Kernel
-from vllm_npu.interface.errors import KernelContractError
 
+from ._checks import check_heads, check_packing, no_soft_cap
 from ._reference import attend, window_allowed
 
 
-def _no_soft_cap(logits_soft_cap: float | None, op: str) -> None:
-    if logits_soft_cap:
-        raise KernelContractError(f"{op}: torch_npu has no attention kernel with logits soft-capping")
-
-
-def _check_packing(total: int, offsets: list[int], op: str) -> None:
-    if offsets[0] != 0 or offsets[-1] != total or any(b < a for a, b in zip(offsets, offsets[1:])):
-        raise KernelContractError(f"{op}: sequence offsets {offsets[:4]}... do not pack the {total} tokens")
+def _attend_packed(
+    op: str,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    offsets: list[int],
+    *,
+    num_heads: int,
+    num_kv_heads: int,
+    scale: float,
+    out: torch.Tensor,
+    causal: bool,
+    sliding_window: int | None,
+    logits_soft_cap: float | None,
+) -> None:
+    """The reference twins' shared body: each sequence ``[offsets[i], offsets[i + 1])`` attends to its own tokens
+    (causal and/or within ``sliding_window``, else fully); ``out`` is written in place."""
+    check_packing(query.shape[0], offsets, op)
+    check_heads(query, key, num_heads, num_kv_heads, op)
+    for start, end in zip(offsets, offsets[1:]):
+        if end == start:
+            continue
+        allowed = None
+        if causal or sliding_window is not None:
+            pos = torch.arange(end - start, device=query.device)
+            allowed = window_allowed(pos, pos, causal=causal, sliding_window=sliding_window)
+        o = attend(query[start:end], key[start:end], value[start:end], allowed, scale, logits_soft_cap)
+        out[start:end] = o.to(out.dtype)
 
 
 # --- first prefill, causal, no cache ------------------------------------------------------------------------------
@@ -50,7 +72,7 @@ def prefill_no_cache_npu(
     out: torch.Tensor,
     logits_soft_cap: float | None = None,
 ) -> None:
-    _no_soft_cap(logits_soft_cap, "prefill_no_cache")
+    no_soft_cap(logits_soft_cap, "prefill_no_cache")
     import torch_npu
 
     torch_npu.atb._npu_flash_attention_v2(
@@ -80,22 +102,11 @@ def prefill_no_cache_reference(
     out: torch.Tensor,
     logits_soft_cap: float | None = None,
 ) -> None:
-    offsets = [0]
-    for n in seq_lens:
-        offsets.append(offsets[-1] + n)
-    _check_packing(query.shape[0], offsets, "prefill_no_cache")
-    if query.shape[1] != num_heads or key.shape[1] != num_kv_heads:
-        raise KernelContractError(
-            f"prefill_no_cache: got {query.shape[1]} query and {key.shape[1]} KV heads, "
-            f"expected {num_heads} and {num_kv_heads}"
-        )
-    for start, end in zip(offsets, offsets[1:]):
-        if end == start:
-            continue
-        pos = torch.arange(end - start, device=query.device)
-        allowed = window_allowed(pos, pos, causal=True, sliding_window=None)
-        o = attend(query[start:end], key[start:end], value[start:end], allowed, scale, logits_soft_cap)
-        out[start:end] = o.to(out.dtype)
+    _attend_packed(
+        "prefill_no_cache", query, key, value, list(accumulate(seq_lens, initial=0)), num_heads=num_heads,
+        num_kv_heads=num_kv_heads, scale=scale, out=out, causal=True, sliding_window=None,
+        logits_soft_cap=logits_soft_cap,
+    )
 
 
 PREFILL_NO_CACHE = Kernel("prefill_no_cache", npu=prefill_no_cache_npu, reference=prefill_no_cache_reference)
@@ -119,7 +130,7 @@ def encoder_attention_npu(
     sliding_window: int | None = None,
     logits_soft_cap: float | None = None,
 ) -> None:
-    _no_soft_cap(logits_soft_cap, "encoder_attention")
+    no_soft_cap(logits_soft_cap, "encoder_attention")
     import torch_npu
 
     band = max_query_len if sliding_window is None else sliding_window - 1
@@ -156,21 +167,10 @@ def encoder_attention_reference(
     sliding_window: int | None = None,
     logits_soft_cap: float | None = None,
 ) -> None:
-    _check_packing(query.shape[0], query_start_loc, "encoder_attention")
-    if query.shape[1] != num_heads or key.shape[1] != num_kv_heads:
-        raise KernelContractError(
-            f"encoder_attention: got {query.shape[1]} query and {key.shape[1]} KV heads, "
-            f"expected {num_heads} and {num_kv_heads}"
-        )
-    for start, end in zip(query_start_loc, query_start_loc[1:]):
-        if end == start:
-            continue
-        allowed = None
-        if sliding_window is not None:
-            pos = torch.arange(end - start, device=query.device)
-            allowed = window_allowed(pos, pos, causal=False, sliding_window=sliding_window)
-        o = attend(query[start:end], key[start:end], value[start:end], allowed, scale, logits_soft_cap)
-        out[start:end] = o.to(out.dtype)
+    _attend_packed(
+        "encoder_attention", query, key, value, query_start_loc, num_heads=num_heads, num_kv_heads=num_kv_heads,
+        scale=scale, out=out, causal=False, sliding_window=sliding_window, logits_soft_cap=logits_soft_cap,
+    )
 
 
 ENCODER_ATTENTION = Kernel(

@@ -31,16 +31,12 @@ import torch
 from vllm_npu.interface.device import Kernel
 from vllm_npu.interface.errors import KernelContractError
 
+from ._checks import check_heads, no_soft_cap
 from ._reference import attend, gather_pages, gather_sequence, window_allowed
 
 # Requests with at most this many new tokens are computed together in one padded batch by the reference (decodes,
 # speculative-decoding verification); longer ones one request at a time.
 _SHORT_QUERY = 16
-
-
-def _no_soft_cap(logits_soft_cap: float | None, op: str) -> None:
-    if logits_soft_cap:
-        raise KernelContractError(f"{op}: torch_npu has no attention kernel with logits soft-capping")
 
 
 # --- paged decode ------------------------------------------------------------------------------------------------
@@ -59,7 +55,7 @@ def paged_decode_npu(
     out: torch.Tensor,
     logits_soft_cap: float | None = None,
 ) -> None:
-    _no_soft_cap(logits_soft_cap, "paged_decode")
+    no_soft_cap(logits_soft_cap, "paged_decode")
     import torch_npu
 
     torch_npu.atb._npu_paged_attention_v2(
@@ -89,7 +85,7 @@ def paged_decode_reference(
     out: torch.Tensor,
     logits_soft_cap: float | None = None,
 ) -> None:
-    _check_heads(query, key_cache, num_heads, num_kv_heads)
+    check_heads(query, key_cache, num_heads, num_kv_heads, "paged_decode")
     lens = torch.tensor(context_lens, dtype=torch.long, device=query.device)
     o = _attend_short_group(
         query[:, None],
@@ -128,7 +124,7 @@ def paged_prefill_npu(
     sliding_window: int | None = None,
     logits_soft_cap: float | None = None,
 ) -> None:
-    _no_soft_cap(logits_soft_cap, "paged_prefill")
+    no_soft_cap(logits_soft_cap, "paged_prefill")
     import torch_npu
 
     num_blocks, block_size = key_cache.shape[:2]
@@ -172,7 +168,7 @@ def paged_prefill_reference(
     sliding_window: int | None = None,
     logits_soft_cap: float | None = None,
 ) -> None:
-    _check_heads(query, key_cache, num_heads, num_kv_heads)
+    check_heads(query, key_cache, num_heads, num_kv_heads, "paged_prefill")
     num_reqs = len(seq_lens)
     if len(query_start_loc) != num_reqs + 1:
         raise KernelContractError(
@@ -201,16 +197,6 @@ PAGED_PREFILL = Kernel("paged_prefill", npu=paged_prefill_npu, reference=paged_p
 
 
 # --- reference helpers --------------------------------------------------------------------------------------------
-
-
-def _check_heads(query: torch.Tensor, key_cache: torch.Tensor, num_heads: int, num_kv_heads: int) -> None:
-    if query.shape[-2] != num_heads or key_cache.shape[-2] != num_kv_heads:
-        raise KernelContractError(
-            f"attention heads: query has {query.shape[-2]} heads and the cache {key_cache.shape[-2]}, "
-            f"expected num_heads={num_heads}, num_kv_heads={num_kv_heads}"
-        )
-    if num_heads % num_kv_heads:
-        raise KernelContractError(f"num_heads={num_heads} is not a multiple of num_kv_heads={num_kv_heads}")
 
 
 def _attend_short_group(
