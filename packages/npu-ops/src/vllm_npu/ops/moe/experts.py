@@ -6,8 +6,8 @@ one output: ``split_item=2``, ``group_type=0`` (groups along M), ``group_list_ty
     (x [N, K], weight [G, K, M] (any strides: a transposed view of vLLM's [G, M, K] parameter is fine),
      group_counts [G] int64 with sum == N) -> y [N, M], y[rows of group g] = x[rows of group g] @ weight[g]
 
-:func:`swiglu_npu` / :func:`swiglu_reference` (``npu_swiglu``, dim=-1): ``x = [a | b]`` -> ``silu(a) * b`` (vLLM's
-``w13`` stacks gate (w1) then up (w3), so this is ``SiluAndMul``).
+:data:`SWIGLU` (``npu_swiglu``, dim=-1, from :mod:`vllm_npu.ops.swiglu`, the kernel of ``SiluAndMul``): ``x = [a | b]``
+-> ``silu(a) * b`` (vLLM's ``w13`` stacks gate (w1) then up (w3), so this is ``SiluAndMul``).
 
 An :data:`ExpertsFn` ``(rows [N, H], group_counts [E_local] int64) -> [N, H]`` is what the token dispatchers call;
 :class:`UnquantizedExperts` is the bf16/fp16/fp32 one. Quantised MoE methods supply their own ``ExpertsFn`` (same
@@ -22,6 +22,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from vllm_npu.interface import ConfigError, Kernel, KernelBackend
+
+from ..swiglu import SWIGLU, swiglu_npu, swiglu_reference  # noqa: F401 (re-exported: the silu activation twins)
 
 ExpertsFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 GroupedMatmul = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
@@ -53,22 +55,6 @@ def grouped_matmul_reference(x: torch.Tensor, weight: torch.Tensor, group_counts
 
 
 GROUPED_MATMUL = Kernel("moe_grouped_matmul", npu=grouped_matmul_npu, reference=grouped_matmul_reference)
-
-
-def swiglu_npu(x: torch.Tensor) -> torch.Tensor:
-    """``silu(a) * b`` for ``x = [a | b]`` along the last dim, with ``npu_swiglu``."""
-    import torch_npu
-
-    return torch_npu.npu_swiglu(x, dim=-1)
-
-
-def swiglu_reference(x: torch.Tensor) -> torch.Tensor:
-    """Reference twin of :func:`swiglu_npu`."""
-    a, b = x.chunk(2, dim=-1)
-    return F.silu(a) * b
-
-
-SWIGLU = Kernel("moe_swiglu", npu=swiglu_npu, reference=swiglu_reference)
 
 
 def gelu_and_mul(x: torch.Tensor) -> torch.Tensor:
