@@ -78,7 +78,7 @@ class Patch:
             raise PatchError(str(exc)) from None
         checks = self.also_checks.items() if isinstance(self.also_checks, Mapping) else self.also_checks
         object.__setattr__(self, "also_checks", tuple((str(p), str(f)) for p, f in checks))
-        for path, fp in ((self.target, self.fingerprint), *self.also_checks):
+        for path, fp in self.fingerprints:
             if not _HEX64.match(fp):
                 raise PatchError(f"{where}: fingerprint of {path} must be 64 lowercase hex digits (sha256), got {fp!r}")
         for name in ("upstream", "reason", "removal"):
