@@ -2,7 +2,8 @@
 
 The reference walks each request position by position, exactly as vLLM's Triton kernels do, and draws its random
 numbers from a fresh generator with the request's seed in vLLM's order (uniforms for the draft positions, then one
-Exp(1) vector over the vocabulary), so seeded requests must give identical tokens.
+Exp(1) vector over the vocabulary), so seeded requests must give identical tokens. The sampler inside a real engine
+(ngram speculative decoding on the normal NPUWorker) is tested in ``tests/e2e/test_attention_spec_decode.py``.
 """
 
 from __future__ import annotations
@@ -244,79 +245,3 @@ def test_max_spec_len_over_vllm_limit_is_refused():
         NPURejectionSampler()(md, None, torch.randn(129, VOCAB), torch.zeros(1, 1, dtype=torch.int32),
                               sampling_metadata([0.0]))
 
-
-# --- end to end: ngram speculative decoding on the emulated device ------------------------------------------------
-#
-# NPUModelRunner builds NPURejectionSampler in place of vLLM's Triton sampler; the engine runs the normal NPUWorker.
-# The engine core runs in its own process: vLLM 0.11 hands drafted tokens to the scheduler only in its busy loop.
-
-NUM_SPEC = 3
-MAX_TOKENS = 100
-
-
-@pytest.fixture(scope="module")
-def tiny_qwen2():
-    from npu_testkit.engine import tiny_config
-    from npu_testkit.models import build_tiny_model
-
-    # Init std 0.1: greedy continuations fall into cycles after a few dozen tokens, so the ngram proposer drafts.
-    return build_tiny_model(tiny_config("qwen2"), std=0.1)
-
-
-@pytest.fixture(scope="module")
-def spec_llm(tiny_qwen2, tmp_path_factory):
-    from npu_testkit.engine import emulated_env, engine
-
-    env = emulated_env(tmp_path_factory.mktemp("rejection"), multiprocessing=True)
-    spec = {"method": "ngram", "num_speculative_tokens": NUM_SPEC, "prompt_lookup_max": 4, "prompt_lookup_min": 2}
-    with engine(tiny_qwen2, env, speculative_config=spec, max_num_batched_tokens=64, disable_log_stats=False) as llm:
-        yield llm
-
-
-def _counter(llm, name: str) -> float:
-    return sum(m.value for m in llm.get_metrics() if m.name == name)
-
-
-@pytest.mark.engine
-def test_engine_uses_the_torch_rejection_sampler(spec_llm):
-    # A method name, not a function: the multiprocess client only serialises functions with insecure pickling.
-    (info,) = spec_llm.collective_rpc("npu_runtime_info")
-    assert info["worker"] == "vllm_npu.platform.worker.NPUWorker"
-    assert info["rejection_sampler"] == "vllm_npu.platform.sample.rejection_sampler.NPURejectionSampler"
-
-
-@pytest.mark.engine
-def test_ngram_speculative_greedy_matches_hf(spec_llm, tiny_qwen2):
-    from npu_testkit.engine import greedy, make_prompts
-    from npu_testkit.models import hf_greedy
-
-    prompts = make_prompts([5, 30, 12, 60], seed=1)
-    drafted_before = _counter(spec_llm, "vllm:spec_decode_num_draft_tokens")
-    accepted_before = _counter(spec_llm, "vllm:spec_decode_num_accepted_tokens")
-    got = greedy(spec_llm, prompts, MAX_TOKENS)
-    drafted = _counter(spec_llm, "vllm:spec_decode_num_draft_tokens") - drafted_before
-    accepted = _counter(spec_llm, "vllm:spec_decode_num_accepted_tokens") - accepted_before
-    assert got == hf_greedy(tiny_qwen2, prompts, MAX_TOKENS)
-    # Speculation really ran: tokens were drafted, some accepted and some rejected.
-    assert 0 < accepted < drafted, (drafted, accepted)
-
-
-@pytest.mark.engine
-def test_ngram_speculative_seeded_sampling_is_reproducible(spec_llm):
-    """Random requests in a batch mixed with a greedy one: they run through random acceptance and recovered-token
-    sampling; seeded requests give the same tokens twice."""
-    from npu_testkit.engine import make_prompts, token_prompts
-    from vllm import SamplingParams
-
-    prompts = token_prompts(make_prompts([5, 30, 12], seed=2))
-    params = [
-        SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True),
-        SamplingParams(temperature=0.3, seed=11, max_tokens=40, ignore_eos=True),
-        SamplingParams(temperature=0.8, top_k=20, seed=12, max_tokens=40, ignore_eos=True),
-    ]
-    drafted_before = _counter(spec_llm, "vllm:spec_decode_num_draft_tokens")
-    first = [list(o.outputs[0].token_ids) for o in spec_llm.generate(prompts, params, use_tqdm=False)]
-    second = [list(o.outputs[0].token_ids) for o in spec_llm.generate(prompts, params, use_tqdm=False)]
-    assert _counter(spec_llm, "vllm:spec_decode_num_draft_tokens") > drafted_before
-    assert first == second
-    assert all(len(t) == 40 and all(0 <= x < 512 for x in t) for t in first)
