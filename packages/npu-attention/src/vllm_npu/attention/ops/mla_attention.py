@@ -31,22 +31,38 @@ def mla_decode_reference(
     ``score[b, n, s] = scale * (ql_nope[b, n] . kv_c[b, s] + q_pe[b, n] . k_pe[b, s])`` for ``s < seq_lens[b]``;
     returns ``softmax(score) @ kv_c`` as ``[B, N, L]`` (the caller applies ``W_UV``).
     """
-    B, N, L = ql_nope.shape
+    B = ql_nope.shape[0]
     bs = nope_cache.shape[1]
     lens = torch.as_tensor(list(seq_lens), dtype=torch.int64)
     if lens.numel() != B or (lens <= 0).any():
         raise KernelContractError(f"mla_decode: need {B} positive seq_lens, got {lens.tolist()}")
-    S = int(lens.max())
     dev = ql_nope.device
-    pos = torch.arange(S, device=dev)
-    slots = block_table[:, pos // bs].long() * bs + pos % bs  # [B, S]; entries past seq_len are masked below
-    k_c = nope_cache.view(-1, L)[slots].float()  # [B, S, L]
-    k_r = rope_cache.view(-1, rope_cache.shape[-1])[slots].float()  # [B, S, R]
-    score = torch.einsum("bnl,bsl->bns", ql_nope.float(), k_c) + torch.einsum("bnr,bsr->bns", q_pe.float(), k_r)
-    score = score * scale
-    score = score.masked_fill((pos[None, :] >= lens.to(dev)[:, None])[:, None, :], float("-inf"))
-    p = torch.softmax(score, dim=-1)
-    return torch.einsum("bns,bsl->bnl", p, k_c).to(ql_nope.dtype)
+    pos = torch.arange(int(lens.max()), device=dev)
+    slots = block_table[:, pos // bs].long() * bs + pos % bs  # [B, S]; entries past seq_len are masked
+    return latent_attention(ql_nope, q_pe, nope_cache, rope_cache, slots, pos[None, :] < lens.to(dev)[:, None], scale)
+
+
+def latent_attention(
+    ql_nope: torch.Tensor,
+    q_pe: torch.Tensor,
+    nope_cache: torch.Tensor,
+    rope_cache: torch.Tensor,
+    slots: torch.Tensor,
+    valid: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """The absorbed MQA both latent references share (dense decode here, sparse in :mod:`.sfa_kernels`).
+
+    ``ql_nope [T, N, L]``, ``q_pe [T, N, R]``, caches ``[nb, bs, 1, L|R]``; query ``t`` attends to the cache slots
+    ``slots[t] [K]`` where ``valid[t] [K]`` is True. ``softmax(scale * (ql_nope . kv_c + q_pe . k_pe)) @ kv_c`` in
+    float32, returned as ``[T, N, L]`` in ``ql_nope.dtype``; a query with no valid slot gets zeros.
+    """
+    k_c = nope_cache.view(-1, nope_cache.shape[-1])[slots].float()  # [T, K, L]
+    k_r = rope_cache.view(-1, rope_cache.shape[-1])[slots].float()  # [T, K, R]
+    score = torch.einsum("tnl,tkl->tnk", ql_nope.float(), k_c) + torch.einsum("tnr,tkr->tnk", q_pe.float(), k_r)
+    score = (score * scale).masked_fill(~valid[:, None, :], float("-inf"))
+    p = torch.softmax(score, dim=-1).nan_to_num(0.0)
+    return torch.einsum("tnk,tkl->tnl", p, k_c).to(ql_nope.dtype)
 
 
 def mla_decode_npu(

@@ -20,6 +20,8 @@ import torch
 from vllm_npu.interface.device import Kernel
 from vllm_npu.interface.errors import KernelContractError, MissingComponentError
 
+from .mla_attention import latent_attention
+
 
 def _custom_ops():
     """``torch.ops.custom`` after importing the external ``custom_ops`` package; a clear error when it is missing."""
@@ -165,20 +167,14 @@ def sparse_mla_attention_reference(
     request-local positions (``-1`` and positions after the token's own are ignored). Returns ``[T, N, L]``
     (``softmax(scale * (ql_nope . kv_c + q_pe . k_pe)) @ kv_c`` over the selection); the caller applies ``W_UV``.
     """
-    T, N, L = ql_nope.shape
+    T = ql_nope.shape[0]
     bs = nope_cache.shape[1]
-    dev = ql_nope.device
-    req, pos = token_request_positions(query_start_loc, seq_lens, dev)
+    req, pos = token_request_positions(query_start_loc, seq_lens, ql_nope.device)
     idx = topk_indices[:T].long()
-    valid = (idx >= 0) & (idx <= pos[:, None])
+    valid = (idx >= 0) & (idx <= pos[:, None])  # a token with no selection attends to nothing
     safe = idx.clamp(min=0)
     slots = torch.gather(block_table[req].long(), 1, safe // bs) * bs + safe % bs  # [T, K]
-    k_c = nope_cache.view(-1, L)[slots].float()  # [T, K, L]
-    k_r = rope_cache.view(-1, rope_cache.shape[-1])[slots].float()
-    score = torch.einsum("tnl,tkl->tnk", ql_nope.float(), k_c) + torch.einsum("tnr,tkr->tnk", q_pe.float(), k_r)
-    score = (score * scale).masked_fill(~valid[:, None, :], float("-inf"))
-    p = torch.softmax(score, dim=-1).nan_to_num(0.0)  # a token with no selection attends to nothing
-    return torch.einsum("tnk,tkl->tnl", p, k_c).to(ql_nope.dtype)
+    return latent_attention(ql_nope, q_pe, nope_cache, rope_cache, slots, valid, scale)
 
 
 def sparse_mla_attention_npu(
