@@ -132,6 +132,38 @@ def test_float_expert_weight_is_rejected(vllm_ctx: object, tp1_group: None) -> N
         build("W8A8_DYNAMIC", tensors)
 
 
+def _set(value: float) -> Any:
+    return lambda t: torch.full_like(t, value)
+
+
+def _poke(value: int) -> Any:
+    def f(t: torch.Tensor) -> torch.Tensor:
+        t = t.clone()
+        t.view(-1)[0] = value
+        return t
+
+    return f
+
+
+@pytest.mark.parametrize("qtype, projs, suffix, change, message", [
+    ("W8A8_DYNAMIC", ("up_proj",), "weight_offset", _set(1.0), r"w13_weight_offset has non-zero values"),
+    ("W8A8_DYNAMIC", ("down_proj",), "weight_scale", _set(0.0), r"w2_weight_scale must be finite and > 0"),
+    ("W4A8_DYNAMIC", ("gate_proj",), "weight", _poke(9), r"w13_weight \(int4 values\) must hold values in \[-8, 7\]"),
+    ("W4A8_DYNAMIC", ("down_proj",), "weight_scale_second", _set(-1.0), r"w2_weight_scale / _second must be finite"),
+    ("W4A8_DYNAMIC", ("down_proj",), "weight_offset_second", _set(0.5), r"w2_weight_offset_second has non-zero"),
+    ("W8A8", ("gate_proj", "up_proj"), "input_scale", _set(0.0), r"w13_input_scale must be finite and > 0"),
+    ("W8A8", ("down_proj",), "deq_scale", _set(-1.0), r"w2_deq_scale must be finite and > 0"),
+])
+def test_bad_expert_values_are_refused_at_load(vllm_ctx: object, tp1_group: None, qtype: str, projs: tuple[str, ...],
+                                               suffix: str, change: Any, message: str) -> None:
+    tensors = quantized(qtype, float_experts())
+    for proj in projs:  # gate_proj and up_proj share one input scale: change both
+        tensors[(2, proj)][suffix] = change(tensors[(2, proj)][suffix])
+    layer = build(qtype, tensors)
+    with pytest.raises(QuantLoadError, match=rf"{PREFIX}\.{message}"):
+        layer.quant_method.process_weights_after_loading(layer)
+
+
 def test_packed_w4a8_experts_equal_format_0(vllm_ctx: object, tp1_group: None) -> None:
     """Format 1.0.0 (two int4 per int8 along the output dim, plus scale_bias) holds the same int4 values as format 0:
     after load both layers carry identical processed tensors and give identical outputs."""

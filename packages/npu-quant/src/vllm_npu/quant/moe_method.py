@@ -33,6 +33,7 @@ from vllm_npu.interface import Kernel, require
 
 from . import kernels
 from .params import FLOATS, QuantLoadError, replace_param
+from .schemes.base import require_int_range, require_positive, require_zero_if_loaded
 
 # --------------------------------------------------------------------------------------------------------------
 # the row groups of the grouped-matmul reference twins
@@ -296,17 +297,19 @@ class AscendW8A8DynamicFusedMoEMethod(FusedMoEMethodBase):
                 f"{', '.join(missing)}; re-export the checkpoint"
             )
 
+    def _drop_zero_offsets(self, layer: torch.nn.Module, names: tuple[str, ...]) -> None:
+        """The expert kernels have no weight zero point: loaded offsets must be zero; then they are dropped."""
+        loaded = set(self._loads)
+        for name in names:
+            require_zero_if_loaded(layer, name, loaded, f"{self.prefix}.{name}")
+            del layer._parameters[name]
+
     def process_weights_after_loading(self, layer: torch.nn.Module) -> None:
         self._check_complete()
-        for name in ("w13_weight_offset", "w2_weight_offset"):
-            if name in self._loads and bool((getattr(layer, name) != 0).any()):
-                raise QuantLoadError(f"{self.prefix}.{name} has non-zero values: asymmetric expert weights are not "
-                                     "supported; re-export with symmetric quantization")
-            del layer._parameters[name]
+        self._drop_zero_offsets(layer, ("w13_weight_offset", "w2_weight_offset"))
         for name in ("w13_weight_scale", "w2_weight_scale"):
             s = getattr(layer, name).data
-            if not bool(torch.isfinite(s).all()) or not bool((s > 0).all()):
-                raise QuantLoadError(f"{self.prefix}.{name} must be finite and > 0")
+            require_positive(s, f"{self.prefix}.{name}")
             replace_param(layer, name, s.reshape(s.shape[0], -1).float().contiguous())  # [E, N]
         replace_param(layer, "w13_weight", layer.w13_weight.data.transpose(1, 2).contiguous())  # [E, H, 2I]
         replace_param(layer, "w2_weight", layer.w2_weight.data.transpose(1, 2).contiguous())  # [E, I, H]
@@ -400,11 +403,9 @@ class AscendW4A8DynamicFusedMoEMethod(AscendW8A8DynamicFusedMoEMethod):
 
     def process_weights_after_loading(self, layer: torch.nn.Module) -> None:
         self._check_complete()
-        for name in ("w13_weight_offset", "w2_weight_offset", "w13_weight_offset_second", "w2_weight_offset_second"):
-            if name in self._loads and bool((getattr(layer, name) != 0).any()):
-                raise QuantLoadError(f"{self.prefix}.{name} has non-zero values: asymmetric expert weights are not "
-                                     "supported; re-export with symmetric quantization")
-            del layer._parameters[name]
+        self._drop_zero_offsets(
+            layer, ("w13_weight_offset", "w2_weight_offset", "w13_weight_offset_second", "w2_weight_offset_second")
+        )
         if self.packed:
             for w in ("w13", "w2"):
                 sb = f"{w}_scale_bias"
@@ -420,11 +421,9 @@ class AscendW4A8DynamicFusedMoEMethod(AscendW8A8DynamicFusedMoEMethod):
         pack = kernels.int4pack.select()
         for w in ("w13", "w2"):
             weight = getattr(layer, f"{w}_weight").data
-            if weight.numel() and (int(weight.min()) < -8 or int(weight.max()) > 7):
-                raise QuantLoadError(f"{self.prefix}.{w}_weight (int4 values) must hold values in [-8, 7]")
+            require_int_range(weight, -8, 7, f"{self.prefix}.{w}_weight (int4 values)")
             s1, s2 = getattr(layer, f"{w}_weight_scale").data.float(), getattr(layer, f"{w}_weight_scale_second").data.float()
-            if not bool(torch.isfinite(s1 * s2).all()) or not bool((s1 * s2 > 0).all()):
-                raise QuantLoadError(f"{self.prefix}.{w}_weight_scale / _second must be finite and > 0")
+            require_positive(s1 * s2, f"{self.prefix}.{w}_weight_scale / _second")
             # [E, N, K] int4 -> [E, K, N/8] int32 (the int4pack op is 2-D: one expert at a time)
             packed = torch.stack([pack(weight[e].t().contiguous().to(torch.int32)) for e in range(weight.shape[0])])
             replace_param(layer, f"{w}_weight", packed)
@@ -543,12 +542,10 @@ class AscendW8A8FusedMoEMethod(AscendW8A8DynamicFusedMoEMethod):
             s_x = getattr(layer, f"{w}_input_scale").data.float().reshape(-1)
             o_x = getattr(layer, f"{w}_input_offset").data.float().reshape(-1)
             deq = decode_scale(getattr(layer, f"{w}_deq_scale").data)
-            if not bool(torch.isfinite(s_x).all()) or not bool((s_x > 0).all()):
-                raise QuantLoadError(f"{self.prefix}.{w}_input_scale must be finite and > 0")
+            require_positive(s_x, f"{self.prefix}.{w}_input_scale")
             if bool((o_x != torch.round(o_x)).any()) or bool((o_x < -128).any()) or bool((o_x > 127).any()):
                 raise QuantLoadError(f"{self.prefix}.{w}_input_offset must hold integers in [-128, 127]")
-            if not bool(torch.isfinite(deq).all()) or not bool((deq > 0).all()):
-                raise QuantLoadError(f"{self.prefix}.{w}_deq_scale must be finite and > 0")
+            require_positive(deq, f"{self.prefix}.{w}_deq_scale")
             replace_param(layer, f"{w}_deq_scale", deq.contiguous())  # [E, N] float32
             replace_param(layer, f"{w}_input_inv_scale", (1.0 / s_x).contiguous())  # [E]
             replace_param(layer, f"{w}_input_offset", o_x.contiguous())  # [E]
