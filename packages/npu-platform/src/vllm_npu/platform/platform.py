@@ -27,6 +27,8 @@ logger = get_logger(__name__)
 
 WORKER_CLS = "vllm_npu.platform.worker.NPUWorker"
 COMMUNICATOR_CLS = "vllm_npu.platform.communicator.NPUCommunicator"
+#: The model dtypes both device modes run, the first being vLLM's fallback for "auto".
+MODEL_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 
 class NPUPlatform(Platform):
@@ -235,19 +237,15 @@ class NPUPlatform(Platform):
 
     @property
     def supported_dtypes(self) -> list[torch.dtype]:
-        return [torch.bfloat16, torch.float16, torch.float32]
+        return list(MODEL_DTYPES)
 
     @classmethod
     def check_if_supports_dtype(cls, torch_dtype: torch.dtype) -> None:
-        if torch_dtype not in (torch.bfloat16, torch.float16, torch.float32):
+        if torch_dtype not in MODEL_DTYPES:
             raise ValueError(
                 f"{cls.__name__} runs models in bfloat16, float16 or float32, not {torch_dtype}; pass --dtype "
                 "bfloat16 (or float16/float32)"
             )
-
-    @classmethod
-    def inference_mode(cls):
-        return torch.inference_mode(mode=True)
 
     # --- device calls -------------------------------------------------------------------------------------------
 
@@ -295,7 +293,6 @@ class EmulatedNPUPlatform(NPUPlatform):
     # Not under VLLM_NPU_*: vLLM writes this variable for data-parallel ranks, and unknown VLLM_NPU_* names are errors.
     device_control_env_var: str = "NPU_EMULATED_VISIBLE_DEVICES"
     dist_backend: str = "gloo"
-    simple_compile_backend: str = "eager"
 
     device_backend: ClassVar[type[DeviceBackend]] = EmulatedDevice
     emulated: ClassVar[bool] = True
