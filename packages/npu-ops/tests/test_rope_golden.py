@@ -142,6 +142,21 @@ def test_mrope_kernel_alignment_is_decided_at_build(vllm_ctx) -> None:
     assert fp32.uses_mrope_kernel and not bf16.uses_mrope_kernel  # rotary_dim % 32 for half precision
 
 
+@pytest.mark.parametrize("head,rot", [(32, 32), (24, 16)], ids=["mrope-kernel", "partial-generic"])
+def test_mrope_3d_positions_without_sections_is_an_error(vllm_ctx, head, rot) -> None:
+    from vllm.model_executor.layers.rotary_embedding.mrope import MRotaryEmbedding
+
+    rope = MRotaryEmbedding(head, rot, 64, 10000.0, True, torch.float32)  # no mrope_section
+    assert rope.uses_mrope_kernel is (rot == head)
+    q, k = torch.randn(4, 2 * head), torch.randn(4, head)
+    with pytest.raises(ValueError, match="need mrope_section"):
+        rope(torch.zeros(3, 4, dtype=torch.long), q, k)
+    out_q, out_k = rope(torch.arange(4), q, k)  # text-only positions need no sections
+    ref_q, ref_k = rope.forward_native(torch.arange(4), q.clone(), k.clone())
+    close(out_q, ref_q, torch.float32)
+    close(out_k, ref_k, torch.float32)
+
+
 def test_cos_sin_gathered_once_per_forward(vllm_ctx) -> None:
     from vllm.model_executor.layers.rotary_embedding.base import RotaryEmbedding
 

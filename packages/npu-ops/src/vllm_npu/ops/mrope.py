@@ -22,7 +22,7 @@ import torch
 from vllm.model_executor.layers.rotary_embedding.mrope import MRotaryEmbedding, apply_interleaved_rope
 from vllm_npu.interface.device import Kernel
 
-from .rotary_embedding import _NPURopeMixin, expand_cos_sin, rotary_mul_reference
+from .rotary_embedding import _NPURopeMixin, build_partial_rotate, expand_cos_sin, rotary_mul_reference
 
 _NO_SECTIONS = [0, 0, 0]
 
@@ -46,15 +46,8 @@ def mrope_reference(positions: torch.Tensor, query: torch.Tensor, key: torch.Ten
     if positions.ndim == 2:
         cos, sin = merge_sections(cos, mrope_section), merge_sections(sin, mrope_section)
     cos4, sin4 = expand_cos_sin(cos, sin, rotary_mode == "half")
-    rot = cos_sin_cache.shape[-1]
-    t = positions.shape[-1]
-
-    def apply(x: torch.Tensor) -> torch.Tensor:
-        x4 = x.reshape(1, t, -1, head_size)
-        out = rotary_mul_reference(x4[..., :rot], cos4, sin4, rotary_mode)
-        return torch.cat((out, x4[..., rot:]), dim=-1).reshape(x.shape)
-
-    return apply(query), apply(key)
+    rotate = build_partial_rotate(rotary_mul_reference, rotary_mode, head_size, cos_sin_cache.shape[-1])
+    return rotate(query, cos4, sin4), rotate(key, cos4, sin4)
 
 
 MROPE = Kernel("mrope", npu=mrope_npu, reference=mrope_reference)
@@ -80,9 +73,7 @@ class NPUMRotaryEmbedding(_NPURopeMixin, MRotaryEmbedding):
     def _compute_cos_sin(self, positions: torch.Tensor, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         self._match_cos_sin_cache_dtype(like)
         cos, sin = self.cos_sin_cache[positions].chunk(2, dim=-1)
-        if positions.ndim == 2:
-            if not self._sections:
-                raise ValueError("3-D (T/H/W) positions need mrope_section; this MRotaryEmbedding has none")
+        if positions.ndim == 2:  # forward_oot checked that the layer has sections
             if self.mrope_interleaved:
                 cos, sin = apply_interleaved_rope(cos, self._sections), apply_interleaved_rope(sin, self._sections)
             else:
@@ -100,9 +91,9 @@ class NPUMRotaryEmbedding(_NPURopeMixin, MRotaryEmbedding):
             raise ValueError("MRotaryEmbedding needs positions [T] or [3, T] and a key tensor")
         if offsets is not None:
             positions = positions + offsets
+        if positions.ndim == 2 and not self._sections:  # the one check for both paths below
+            raise ValueError("3-D (T/H/W) positions need mrope_section; this MRotaryEmbedding has none")
         if self.uses_mrope_kernel:
-            if positions.ndim == 2 and not self._sections:
-                raise ValueError("3-D (T/H/W) positions need mrope_section; this MRotaryEmbedding has none")
             sections = self._sections if positions.ndim == 2 else _NO_SECTIONS
             self._match_cos_sin_cache_dtype(query)
             q, k = self._mrope(positions, query.reshape(query.shape[0], -1), key.reshape(key.shape[0], -1),
