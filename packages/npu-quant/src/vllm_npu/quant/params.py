@@ -168,11 +168,11 @@ def loaded_names(layer: torch.nn.Module) -> set[str]:
 
 def replace_param(layer: torch.nn.Module, name: str, value: torch.Tensor) -> None:
     """Swap a parameter for a processed tensor (new shape/dtype), keeping it a frozen Parameter."""
-    if name in layer._parameters:
-        del layer._parameters[name]
+    drop_param(layer, name)
     layer.register_parameter(name, torch.nn.Parameter(value, requires_grad=False))
 
 
 def drop_param(layer: torch.nn.Module, name: str) -> None:
+    """Remove parameter ``name`` from ``layer`` if it is there (tensors the forward no longer reads)."""
     if name in layer._parameters:
         del layer._parameters[name]

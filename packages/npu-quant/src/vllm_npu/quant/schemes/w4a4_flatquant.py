@@ -20,7 +20,7 @@ import math
 import torch
 
 from .. import kernels
-from ..params import FLOATS, QuantLoadError, TensorSpec, loaded_names, replace_param
+from ..params import FLOATS, QuantLoadError, TensorSpec, drop_param, loaded_names, replace_param
 from .base import LinearScheme, LinearShape, flat2d, require_int_range, require_positive, require_zero_if_loaded
 
 
@@ -80,8 +80,7 @@ class W4A4FlatQuantScheme(LinearScheme):
         replace_param(layer, "left_trans", layer.left_trans.data.t().contiguous())  # the kernel's p1
         replace_param(layer, "weight_scale", layer.weight_scale.data.reshape(-1).float())
         for name in ("weight_offset", "clip_ratio"):
-            if name in layer._parameters:
-                del layer._parameters[name]
+            drop_param(layer, name)
 
     def apply(self, layer: torch.nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         x2, lead = flat2d(x)

@@ -21,7 +21,7 @@ from __future__ import annotations
 import torch
 
 from .. import kernels
-from ..params import FLOATS, QuantLoadError, TensorSpec, loaded_names, replace_param
+from ..params import FLOATS, QuantLoadError, TensorSpec, drop_param, loaded_names, replace_param
 from .base import LinearScheme, LinearShape, flat2d, require_int_range, require_positive, require_zero_if_loaded
 
 
@@ -84,8 +84,7 @@ class W4A8DynamicScheme(LinearScheme):
         replace_param(layer, "weight", packed)
         replace_param(layer, "antiquant_scale", scale.t().contiguous().to(dt))  # [G, N] (or [1, N])
         for name in ("weight_scale", "weight_offset", "weight_scale_second", "weight_offset_second", "scale_bias"):
-            if name in layer._parameters:
-                del layer._parameters[name]
+            drop_param(layer, name)
 
     def apply(self, layer: torch.nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         x2, lead = flat2d(x)

@@ -19,7 +19,7 @@ import torch
 
 from .. import kernels
 from ..kernels import decode_scale
-from ..params import FLOATS, TensorSpec, loaded_names, replace_param
+from ..params import FLOATS, TensorSpec, drop_param, loaded_names, replace_param
 from .base import LinearScheme, LinearShape, flat2d, require_int_range, require_positive
 
 
@@ -59,8 +59,8 @@ class W8A8Scheme(LinearScheme):
         # fp16 output takes the int64 (FP19) scale form; bf16/fp32 outputs take float32 directly.
         replace_param(layer, "deq_scale", self._trans(deq) if dt == torch.float16 else deq)
         for name in ("weight_scale", "weight_offset"):
-            if name not in loaded_names(layer) and name in layer._parameters:
-                del layer._parameters[name]
+            if name not in loaded_names(layer):
+                drop_param(layer, name)
         self._rank_adds_bias = not (shape.row_parallel and getattr(layer, "tp_rank", 0) > 0)
 
     def apply(self, layer: torch.nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from .. import kernels
-from ..params import FLOATS, TensorSpec, loaded_names, replace_param
+from ..params import FLOATS, TensorSpec, drop_param, loaded_names, replace_param
 from .base import LinearScheme, LinearShape, flat2d, require_int_range, require_positive, require_zero_if_loaded
 
 
@@ -35,8 +35,7 @@ class W8A8DynamicScheme(LinearScheme):
         require_zero_if_loaded(layer, "weight_offset", loaded_names(layer), f"{p}.weight_offset")
         replace_param(layer, "weight", layer.weight.data.t().contiguous())  # [K, N]
         replace_param(layer, "weight_scale", layer.weight_scale.data.reshape(-1).float())
-        if "weight_offset" in layer._parameters:
-            del layer._parameters["weight_offset"]
+        drop_param(layer, "weight_offset")
 
     def apply(self, layer: torch.nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         x2, lead = flat2d(x)
