@@ -125,8 +125,6 @@ def combine_masked(
 
 def build_unpermute(act_dtype: torch.dtype, backend: str | None = None) -> Unpermute:
     """The full-permutation combine for a layer: the NPU op for bf16, :func:`combine_masked` for other dtypes."""
-    if UNPERMUTE.select(backend) is unpermute_npu and act_dtype == torch.bfloat16:
-        return unpermute_npu
-    if UNPERMUTE.select(backend) is unpermute_npu:
-        return lambda permuted, sorted_indices, probs: combine_masked(permuted, sorted_indices, probs)
-    return unpermute_reference
+    if UNPERMUTE.select(backend) is not unpermute_npu:
+        return unpermute_reference
+    return unpermute_npu if act_dtype == torch.bfloat16 else combine_masked
