@@ -79,8 +79,13 @@ def _flatten_tensors(entries: Any) -> Iterable[torch.Tensor]:
             yield from _flatten_tensors(entry)
 
 
+def _class_path(cls: type) -> str:
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
 def _qualname(obj: Any) -> Optional[str]:
-    return None if obj is None else f"{type(obj).__module__}.{type(obj).__qualname__}"
+    """The class path of ``obj``'s type, or None for None."""
+    return None if obj is None else _class_path(type(obj))
 
 
 class NPUWorker(Worker):
@@ -275,17 +280,17 @@ class NPUWorker(Worker):
 
         runner = self.model_runner
         attn_layers = get_layers_from_vllm_config(self.vllm_config, Attention)
-        backends = sorted({f"{layer.attn_backend.__module__}.{layer.attn_backend.__qualname__}" for layer in attn_layers.values()})
-        impls = sorted({f"{type(layer.impl).__module__}.{type(layer.impl).__qualname__}" for layer in attn_layers.values()})
+        backends = sorted({_class_path(layer.attn_backend) for layer in attn_layers.values()})
+        impls = sorted({_class_path(type(layer.impl)) for layer in attn_layers.values()})
         kv_shapes = [tuple(t.shape) for t in self._tensors_of("kv_cache")][:1]
         plugin_modules: dict[str, int] = {}
         for module in runner.get_model().modules():
             if type(module).__module__.startswith("vllm_npu."):
                 plugin_modules[type(module).__name__] = plugin_modules.get(type(module).__name__, 0) + 1
         return {
-            "platform": f"{type(current_platform).__module__}.{type(current_platform).__name__}",
-            "worker": f"{type(self).__module__}.{type(self).__name__}",
-            "model_runner": f"{type(runner).__module__}.{type(runner).__name__}",
+            "platform": _qualname(current_platform),
+            "worker": _qualname(self),
+            "model_runner": _qualname(runner),
             "attention_backends": backends,
             "attention_impls": impls,
             "device": str(self.device),
