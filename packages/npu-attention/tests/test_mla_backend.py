@@ -21,6 +21,7 @@ from vllm.v1.attention.backends.utils import CommonAttentionMetadata  # noqa: E4
 from vllm_npu.attention.backends.mla import AscendMLABackend, AscendMLAImpl, AscendMLAMetadataBuilder  # noqa: E402
 from vllm_npu.attention.ops.mla_cache import latent_cache_planes, mla_cache_write_reference  # noqa: E402
 from vllm_npu.interface.device import configure_kernels  # noqa: E402
+from vllm_npu.interface.errors import ConfigError  # noqa: E402
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -123,14 +124,19 @@ def make_impl(s: Scenario) -> AscendMLAImpl:
     return impl
 
 
-def make_builder(s: Scenario, chunk_tokens: int | None = None) -> AscendMLAMetadataBuilder:
-    cfg = SimpleNamespace(
+def builder_config(s: Scenario, **extra: object) -> SimpleNamespace:
+    """The parts of a VllmConfig the MLA builder reads (plus ``extra`` sections)."""
+    return SimpleNamespace(
         scheduler_config=SimpleNamespace(max_num_seqs=8),
         cache_config=SimpleNamespace(block_size=s.block_size),
         model_config=SimpleNamespace(max_model_len=4096),
+        **extra,
     )
+
+
+def make_builder(s: Scenario, chunk_tokens: int | None = None) -> AscendMLAMetadataBuilder:
     spec = SimpleNamespace(block_size=s.block_size)
-    builder = AscendMLAMetadataBuilder(spec, ["layer"], cfg, torch.device("cpu"))
+    builder = AscendMLAMetadataBuilder(spec, ["layer"], builder_config(s), torch.device("cpu"))
     if chunk_tokens is not None:
         builder.context_chunk_tokens = chunk_tokens
     return builder
@@ -287,3 +293,10 @@ def test_builder_never_touches_the_model() -> None:
 
     src = inspect.getsource(mla.AscendMLAMetadataBuilder)
     assert "model_runner" not in src and "rotary_emb" not in src and "get_model" not in src
+
+
+def test_builder_rejects_decode_context_parallel() -> None:
+    s = make_scenario([(0, 4)], 16)
+    cfg = builder_config(s, parallel_config=SimpleNamespace(decode_context_parallel_size=2))
+    with pytest.raises(ConfigError, match="decode_context_parallel_size=1"):
+        AscendMLAMetadataBuilder(SimpleNamespace(block_size=s.block_size), ["layer"], cfg, torch.device("cpu"))

@@ -30,6 +30,17 @@ MAX_DECODE_THRESHOLD = 16
 NPU_BLOCK_SIZE = 128
 
 
+def reject_decode_context_parallel(vllm_config: Any, backend: str) -> None:
+    """Raise :class:`ConfigError` when ``vllm_config`` asks for decode context parallelism (a KV cache sharded over
+    ranks, with ``-1`` slots interleaved among real tokens), which no Ascend metadata builder plans for."""
+    parallel = getattr(vllm_config, "parallel_config", None)
+    if (getattr(parallel, "decode_context_parallel_size", 1) or 1) > 1:
+        raise ConfigError(
+            f"decode context parallelism (decode_context_parallel_size > 1) is not supported by {backend}; "
+            "run with decode_context_parallel_size=1"
+        )
+
+
 class AscendAttentionState(enum.IntEnum):
     """What kind of batch a step is; decides the kernel (see :mod:`.backends.gqa`)."""
 
@@ -114,13 +125,7 @@ class AscendAttentionMetadataBuilder(AttentionMetadataBuilder[AscendMetadata]):
                 f"of {self.decode_threshold}, above the Ascend attention limit of {MAX_DECODE_THRESHOLD}; "
                 f"use num_speculative_tokens <= {MAX_DECODE_THRESHOLD - 1}"
             )
-        parallel = getattr(vllm_config, "parallel_config", None)
-        dcp = getattr(parallel, "decode_context_parallel_size", 1) or 1
-        if dcp > 1:
-            raise ConfigError(
-                "decode context parallelism (decode_context_parallel_size > 1) is not supported by the Ascend GQA "
-                "attention backend; run with decode_context_parallel_size=1"
-            )
+        reject_decode_context_parallel(vllm_config, "the Ascend GQA attention backend")
         self.block_size: int = int(kv_cache_spec.block_size)
         self.dtype: torch.dtype = kv_cache_spec.dtype
         if kernel_backend() == "npu" and self.block_size % NPU_BLOCK_SIZE:

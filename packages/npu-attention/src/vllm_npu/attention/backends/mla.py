@@ -41,6 +41,7 @@ from vllm.v1.attention.backends.utils import (
 from vllm.v1.kv_cache_interface import AttentionSpec
 from vllm_npu.interface.errors import ConfigError, KernelContractError
 
+from ..metadata import reject_decode_context_parallel
 from ..ops.mla_attention import MLA_DECODE, RING_MLA, ring_mla_mask
 from ..ops.mla_cache import MLA_CACHE_WRITE, PAGED_CACHE_LOAD, latent_cache_planes
 
@@ -127,15 +128,6 @@ class AscendMLAMetadata(MLACommonMetadata[AscendMLADecodeMetadata]):
     prefill: Optional[AscendMLAPrefillMetadata] = None  # type: ignore[assignment]
 
 
-def _dcp_world_size() -> int:
-    from vllm.distributed.parallel_state import get_dcp_group
-
-    try:
-        return get_dcp_group().world_size
-    except AssertionError:  # no distributed state (unit tests, tooling): no DCP
-        return 1
-
-
 class AscendMLAMetadataBuilder(AttentionMetadataBuilder[AscendMLAMetadata]):
     """Splits the (reordered) batch into decodes and prefills and plans the context chunks of each prefill.
 
@@ -149,11 +141,7 @@ class AscendMLAMetadataBuilder(AttentionMetadataBuilder[AscendMLAMetadata]):
 
     def __init__(self, kv_cache_spec: AttentionSpec, layer_names: list[str], vllm_config: Any, device: torch.device):
         super().__init__(kv_cache_spec, layer_names, vllm_config, device)
-        if _dcp_world_size() > 1:
-            raise ConfigError(
-                "decode context parallelism (--decode-context-parallel-size > 1) is not supported by "
-                "AscendMLABackend; run with decode_context_parallel_size=1"
-            )
+        reject_decode_context_parallel(vllm_config, "AscendMLABackend")
         self.block_size = kv_cache_spec.block_size
         self.context_chunk_tokens: int = MLACommonMetadataBuilder.determine_chunked_prefill_workspace_size(vllm_config)
 
