@@ -12,7 +12,7 @@ import sys
 
 import cloudpickle
 import pytest
-from npu_testkit.engine import emulated_env, engine, greedy, make_prompts
+from npu_testkit.engine import emulated_env, engine, greedy, make_prompts, tiny_config
 from npu_testkit.models import build_tiny_model, hf_greedy
 
 pytestmark = pytest.mark.engine
@@ -21,20 +21,9 @@ pytestmark = pytest.mark.engine
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 
-def tiny_qwen3_moe():
-    import transformers
-
-    return transformers.Qwen3MoeConfig(
-        vocab_size=512, hidden_size=64, intermediate_size=128, moe_intermediate_size=32, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_experts=6, num_experts_per_tok=2,
-        norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[], max_position_embeddings=1024,
-        rope_theta=10000.0, tie_word_embeddings=False,
-    )
-
-
 @pytest.fixture(scope="module")
 def tiny_model():
-    return build_tiny_model(tiny_qwen3_moe())
+    return build_tiny_model(tiny_config("qwen3_moe"))
 
 
 @pytest.fixture(scope="module")

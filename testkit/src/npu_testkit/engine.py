@@ -221,7 +221,8 @@ def greedy(llm: Any, prompts: Sequence[Sequence[int]], max_tokens: int, **sampli
 
 def tiny_config(arch: str = "qwen2", **overrides: Any) -> Any:
     """A tiny ``transformers`` config: ``arch`` "qwen2" or "llama" (GQA: hidden 64, 2 layers, 4 query heads, 2 KV
-    heads, head dim 16, vocab 512) or "deepseek_v3" (:data:`DEEPSEEK_V3_TINY`). ``overrides`` replace any field."""
+    heads, head dim 16, vocab 512), "qwen3_moe" (:data:`QWEN3_MOE_TINY`) or "deepseek_v3" (:data:`DEEPSEEK_V3_TINY`).
+    ``overrides`` replace any field."""
     import transformers
 
     common: dict[str, Any] = {
@@ -239,11 +240,37 @@ def tiny_config(arch: str = "qwen2", **overrides: Any) -> Any:
         cfg = transformers.Qwen2Config(**{**common, "rope_theta": 10000.0, **overrides})
     elif arch == "llama":
         cfg = transformers.LlamaConfig(**{**common, "rope_theta": 10000.0, "head_dim": 16, **overrides})
+    elif arch == "qwen3_moe":
+        cfg = transformers.Qwen3MoeConfig(**{**QWEN3_MOE_TINY, **overrides})
     elif arch == "deepseek_v3":
         cfg = transformers.DeepseekV3Config(**{**DEEPSEEK_V3_TINY, **overrides})
     else:
-        raise ValueError(f"tiny_config: unknown arch {arch!r}; expected 'qwen2', 'llama' or 'deepseek_v3'")
+        raise ValueError(
+            f"tiny_config: unknown arch {arch!r}; expected 'qwen2', 'llama', 'qwen3_moe' or 'deepseek_v3'"
+        )
     return cfg
+
+
+#: The tiny Qwen3-MoE of :func:`tiny_config` ("qwen3_moe"): every decoder layer MoE, 6 experts (not a power of two)
+#: top-2 with renormalised weights, GQA 4/2 heads of dim 16.
+QWEN3_MOE_TINY: dict[str, Any] = {
+    "vocab_size": 512,
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "moe_intermediate_size": 32,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+    "num_experts": 6,
+    "num_experts_per_tok": 2,
+    "norm_topk_prob": True,
+    "decoder_sparse_step": 1,
+    "mlp_only_layers": [],
+    "max_position_embeddings": 1024,
+    "rope_theta": 10000.0,
+    "tie_word_embeddings": False,
+}
 
 
 #: The tiny DeepSeek-V3 of :func:`tiny_config` ("deepseek_v3"): MLA with q-LoRA, layer 0 a dense MLP and layer 1 an

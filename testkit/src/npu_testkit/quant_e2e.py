@@ -47,23 +47,13 @@ def moe_methods(moe_method: str, scheme_cls: str) -> list[tuple[str, str, str]]:
 
 
 def tiny_float_model(kind: str) -> Path:
-    import transformers
-
+    """The tiny float checkpoint of ``kind``: "qwen2" (dense) or "qwen3_moe" (:func:`npu_testkit.engine.tiny_config`)."""
     from npu_testkit.engine import tiny_config
     from npu_testkit.models import build_tiny_model
 
-    if kind == "qwen2":
-        return build_tiny_model(tiny_config("qwen2"))
-    if kind == "qwen3_moe":
-        return build_tiny_model(
-            transformers.Qwen3MoeConfig(
-                vocab_size=512, hidden_size=64, intermediate_size=128, moe_intermediate_size=32, num_hidden_layers=2,
-                num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_experts=6, num_experts_per_tok=2,
-                norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[], max_position_embeddings=1024,
-                rope_theta=10000.0, tie_word_embeddings=False,
-            )
-        )
-    raise ValueError(f"unknown tiny model {kind!r}")
+    if kind not in ("qwen2", "qwen3_moe"):
+        raise ValueError(f"unknown tiny model {kind!r}")
+    return build_tiny_model(tiny_config(kind))
 
 
 def quantize(case: QuantCase, out_root: Path) -> tuple[Path, Path]:
