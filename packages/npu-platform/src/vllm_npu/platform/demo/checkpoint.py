@@ -62,7 +62,10 @@ def build_tokenizer(text: str, vocab_size: int = VOCAB_SIZE):
 
 
 def cache_dir() -> Path:
-    base = os.environ.get("VLLM_NPU_CACHE_DIR") or os.path.join(
+    """``VLLM_NPU_CACHE_DIR`` (read through the validated environment schema), else ``$XDG_CACHE_HOME/vllm-npu``."""
+    from vllm_npu.interface.config import EnvConfig
+
+    base = EnvConfig.from_environ().CACHE_DIR or os.path.join(
         os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "vllm-npu"
     )
     return Path(base)
