@@ -128,7 +128,9 @@ class AscendAttentionMetadataBuilder(AttentionMetadataBuilder[AscendMetadata]):
         reject_decode_context_parallel(vllm_config, "the Ascend GQA attention backend")
         self.block_size: int = int(kv_cache_spec.block_size)
         self.dtype: torch.dtype = kv_cache_spec.dtype
-        if kernel_backend() == "npu" and self.block_size % NPU_BLOCK_SIZE:
+        # Decided once, like the impl's kernels: only the NPU kernels take masks (the references derive theirs).
+        self.npu_masks: bool = kernel_backend() == "npu"
+        if self.npu_masks and self.block_size % NPU_BLOCK_SIZE:
             raise ConfigError(
                 f"block_size={self.block_size} is not supported by the Ascend paged attention kernels; "
                 f"use --block-size {NPU_BLOCK_SIZE}"
@@ -172,12 +174,12 @@ class AscendAttentionMetadataBuilder(AttentionMetadataBuilder[AscendMetadata]):
             seq_lens_list=seq_lens_cpu.tolist(),
             query_lens_list=query_lens.tolist(),
             attn_mask=self._mask_for(state, cm),
-            splitfuse_mask=self.masks.splitfuse_mask() if kernel_backend() == "npu" else None,
+            splitfuse_mask=self.masks.splitfuse_mask() if self.npu_masks else None,
         )
 
     def _mask_for(self, state: AscendAttentionState, cm: CommonAttentionMetadata) -> torch.Tensor | None:
         """The mask the state's NPU kernel takes; the reference kernels derive theirs from positions."""
-        if kernel_backend() != "npu":
+        if not self.npu_masks:
             return None
         if not cm.causal:
             return self.masks.pooling_mask()
