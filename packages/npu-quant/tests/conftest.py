@@ -7,25 +7,14 @@ import os
 from collections.abc import Iterator
 
 import pytest
+from npu_testkit.distributed import tp1_group  # noqa: F401 (the shared per-test fixture)
 
 os.environ.setdefault("VLLM_NPU_DEVICE", "emulated")
 os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
 
 
 @pytest.fixture
-def tp1_group() -> Iterator[None]:
-    """A single-rank gloo process group with vLLM's TP/PP groups (needed to build linear/embedding/MoE layers).
-
-    Per test, not per session: an engine shut down by another module on the same xdist worker destroys vLLM's
-    process groups, so a session-wide group could vanish under later tests."""
-    from npu_testkit.distributed import single_rank_group
-
-    with single_rank_group():
-        yield None
-
-
-@pytest.fixture
-def vllm_ctx(tp1_group: None) -> Iterator[object]:
+def vllm_ctx(tp1_group: None) -> Iterator[object]:  # noqa: F811 (requests the imported fixture)
     from vllm.config import VllmConfig, set_current_vllm_config
 
     cfg = VllmConfig()

@@ -1,10 +1,16 @@
-"""A one-rank vLLM process group, for tests that build real vLLM layers without an engine."""
+"""A one-rank vLLM process group, for tests that build real vLLM layers without an engine.
+
+:func:`single_rank_group` is the context manager; :func:`tp1_group` the per-test pytest fixture around it (a package's
+``conftest.py`` imports it, which is how pytest finds it there).
+"""
 
 from __future__ import annotations
 
 import contextlib
 import tempfile
 from collections.abc import Iterator
+
+import pytest
 
 
 @contextlib.contextmanager
@@ -33,3 +39,13 @@ def single_rank_group() -> Iterator[None]:
         finally:
             ps.destroy_model_parallel()
             ps.destroy_distributed_environment()
+
+
+@pytest.fixture
+def tp1_group() -> Iterator[None]:
+    """A single-rank gloo process group with vLLM's TP/PP groups (needed to build linear/embedding/MoE layers).
+
+    Per test, not per session: an engine shut down by another module on the same xdist worker destroys vLLM's
+    process groups, so a session-wide group could vanish under later tests."""
+    with single_rank_group():
+        yield None
