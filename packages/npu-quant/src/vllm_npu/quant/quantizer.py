@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from .description import DESCRIPTION_FILENAME
+from .description import DESCRIPTION_FILENAME, MOE_SCHEMES
 from .quantize_math import (
     flatquant_transforms,
     quantize_w4a4_flatquant,
@@ -197,31 +197,25 @@ def quantize_checkpoint(
         if f"{name}.bias" in state:
             description[f"{name}.bias"] = "FLOAT"
 
-    for name, mod in dense.items():
+    def quantize(name: str, mod: torch.nn.Linear, t: str, bias: torch.Tensor | None) -> dict[str, torch.Tensor]:
         w = mod.weight.detach()
-        bias = mod.bias.detach() if mod.bias is not None else None
-        if qtype == "W8A8":
-            lo, hi = ranges[name]
-            emit(name, qtype, quantize_w8a8(w, bias, lo, hi, dtype))
-        elif qtype == "W8A8_DYNAMIC":
-            emit(name, qtype, quantize_w8a8_dynamic(w, dtype))
-        elif qtype == "W4A8_DYNAMIC":
-            emit(name, qtype, quantize_w4a8(w, settings["group_size"], w4a8_version,
-                                            bool(_ROW_PARALLEL.search(name)), dtype))
-        else:
-            k = mod.in_features
-            if k not in transforms:  # one transform per input size: shards sharing an input agree by construction
-                transforms[k] = flatquant_transforms(k, seed)
-            left, right = transforms[k]
-            emit(name, qtype, quantize_w4a4_flatquant(w, left, right, clip_ratio, dtype))
+        if t == "W8A8":
+            return quantize_w8a8(w, bias, *ranges[name], dtype)
+        if t == "W8A8_DYNAMIC":
+            return quantize_w8a8_dynamic(w, dtype)
+        if t == "W4A8_DYNAMIC":
+            return quantize_w4a8(w, settings["group_size"], w4a8_version, bool(_ROW_PARALLEL.search(name)), dtype)
+        k = mod.in_features
+        if k not in transforms:  # one transform per input size: shards sharing an input agree by construction
+            transforms[k] = flatquant_transforms(k, seed)
+        return quantize_w4a4_flatquant(w, *transforms[k], clip_ratio, dtype)
+
+    for name, mod in dense.items():
+        emit(name, qtype, quantize(name, mod, qtype, mod.bias.detach() if mod.bias is not None else None))
+    # experts take the scheme when npu-quant has MoE experts for it, else MOE_SCHEME; no bias is folded in
+    expert_type = qtype if qtype in MOE_SCHEMES else MOE_SCHEME
     for name, mod in experts.items():
-        if qtype == "W8A8":
-            emit(name, qtype, quantize_w8a8(mod.weight.detach(), None, *ranges[name], dtype))
-        elif qtype == "W4A8_DYNAMIC":
-            emit(name, qtype, quantize_w4a8(mod.weight.detach(), settings["group_size"], w4a8_version,
-                                            bool(_ROW_PARALLEL.search(name)), dtype))
-        else:
-            emit(name, MOE_SCHEME, quantize_w8a8_dynamic(mod.weight.detach(), dtype))
+        emit(name, expert_type, quantize(name, mod, expert_type, None))
     description.update(settings)
 
     out_dir.mkdir(parents=True, exist_ok=True)
