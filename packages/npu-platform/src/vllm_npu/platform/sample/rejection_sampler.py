@@ -93,20 +93,17 @@ def _draft_counts(cu_num_draft_tokens: torch.Tensor) -> torch.Tensor:
     return torch.diff(cu, prepend=cu.new_zeros(1))
 
 
-def expand_batch_to_tokens(
-    x: torch.Tensor,
-    cu_num_tokens: torch.Tensor,
-    num_tokens: int,
-    replace_from: Optional[tuple[float, ...]] = None,
-    replace_to: float = 0,
-) -> torch.Tensor:
-    """Repeat per-request ``x`` [batch_size] to per-token [num_tokens] (``cu_num_tokens``: inclusive cumsum);
-    values in ``replace_from`` become ``replace_to`` (vLLM's ``expand_kernel``)."""
-    if replace_from:
-        hit = torch.zeros_like(x, dtype=torch.bool)
-        for v in replace_from:
-            hit |= x == v
-        x = x.masked_fill(hit, replace_to)
+def _is_greedy(temperature: torch.Tensor) -> torch.Tensor:
+    """[batch_size] bool: requests whose temperature is one of ``GREEDY_TEMPERATURES``."""
+    greedy = torch.zeros_like(temperature, dtype=torch.bool)
+    for v in GREEDY_TEMPERATURES:
+        greedy |= temperature == v
+    return greedy
+
+
+def expand_batch_to_tokens(x: torch.Tensor, cu_num_tokens: torch.Tensor, num_tokens: int) -> torch.Tensor:
+    """Repeat per-request ``x`` [batch_size] to per-token [num_tokens] (``cu_num_tokens``: inclusive cumsum;
+    vLLM's ``expand_kernel``)."""
     return torch.repeat_interleave(x, _draft_counts(cu_num_tokens), output_size=num_tokens)
 
 
@@ -121,9 +118,8 @@ def compute_probs(
     if sampling_metadata.all_greedy:
         return logits
     num_tokens = logits.shape[0]
-    temperature = expand_batch_to_tokens(
-        sampling_metadata.temperature, cu_num_draft_tokens, num_tokens, replace_from=GREEDY_TEMPERATURES, replace_to=1
-    )
+    temperature = sampling_metadata.temperature
+    temperature = expand_batch_to_tokens(temperature.masked_fill(_is_greedy(temperature), 1), cu_num_draft_tokens, num_tokens)
     logits.div_(temperature.unsqueeze(-1))
     top_k = top_p = None
     if sampling_metadata.top_k is not None:
@@ -175,13 +171,7 @@ def rejection_sample(
     flat = ((cu_num_draft_tokens.to(device, torch.int64) - counts).unsqueeze(1) + pos).masked_fill(~valid, 0)
     draft = draft_token_ids.to(torch.int64)[flat]  # [B, K]
 
-    if sampling_metadata.all_greedy:
-        is_greedy = None
-    else:
-        temperature = sampling_metadata.temperature
-        is_greedy = torch.zeros_like(temperature, dtype=torch.bool)
-        for v in GREEDY_TEMPERATURES:
-            is_greedy |= temperature == v
+    is_greedy = None if sampling_metadata.all_greedy else _is_greedy(sampling_metadata.temperature)
 
     greedy_out = None
     if not sampling_metadata.all_random:
