@@ -28,8 +28,7 @@ from .description import (
     find_description_file,
     looks_like_description,
 )
-
-QUANT_METHOD = "ascend"
+from .detect import QUANT_METHOD
 
 logger = get_logger(__name__)
 

@@ -223,7 +223,7 @@ class QuantDescription:
         mapping.update(packed_modules or {})
         head, _, last = prefix.rpartition(".")
         shards = mapping.get(last)
-        if shards and not (f"{prefix}.weight" in self.tensors or any(v in self.tensors for v in _variants(f"{prefix}.weight"))):
+        if shards and not any(v in self.tensors for v in _variants(f"{prefix}.weight")):
             found: list[tuple[str, str]] = []
             for shard in shards:
                 shard_prefix = f"{head}.{shard}" if head else shard
