@@ -20,25 +20,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
-import time
-from collections.abc import Callable
 from typing import Any
+
+from _timing import median_ms
 
 os.environ.setdefault("VLLM_NPU_DEVICE", "emulated")
 os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
 
 BLOCK = 128
-
-
-def _time(fn: Callable[[], Any], repeats: int) -> float:
-    fn()
-    runs = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        runs.append(time.perf_counter() - t0)
-    return statistics.median(runs) * 1e3
 
 
 def _paged(torch: Any, k: Any, v: Any, gen: Any) -> tuple[Any, Any, Any]:
@@ -83,10 +72,10 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
         kc, vc, table = _paged(torch, k, v, gen)
         out = torch.empty_like(q)
         lens = [length] * b
-        ref = _time(lambda: paged_decode_reference(q, kc, vc, table, lens, num_heads=n, num_kv_heads=nkv,
-                                                   scale=scale, out=out), args.repeats)
+        ref = median_ms(lambda: paged_decode_reference(q, kc, vc, table, lens, num_heads=n, num_kv_heads=nkv,
+                                                       scale=scale, out=out), args.repeats)
         qs, ks, vs = q[:, :, None], k.transpose(1, 2).contiguous(), v.transpose(1, 2).contiguous()
-        base = _time(lambda: sdpa(qs, ks, vs, scale=scale, enable_gqa=True), args.repeats)
+        base = median_ms(lambda: sdpa(qs, ks, vs, scale=scale, enable_gqa=True), args.repeats)
         record("decode", f"B={b} L={length}", ref, base)
 
     for s in [128, 512, 1024]:
@@ -94,10 +83,10 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
         k = torch.randn(s, nkv, d, generator=gen).to(dtype)
         v = torch.randn(s, nkv, d, generator=gen).to(dtype)
         out = torch.empty_like(q)
-        ref = _time(lambda: prefill_no_cache_reference(q, k, v, [s], num_heads=n, num_kv_heads=nkv, scale=scale,
-                                                       attn_mask=None, out=out), args.repeats)
+        ref = median_ms(lambda: prefill_no_cache_reference(q, k, v, [s], num_heads=n, num_kv_heads=nkv, scale=scale,
+                                                           attn_mask=None, out=out), args.repeats)
         qs, ks, vs = q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None]
-        base = _time(lambda: sdpa(qs, ks, vs, is_causal=True, scale=scale, enable_gqa=True), args.repeats)
+        base = median_ms(lambda: sdpa(qs, ks, vs, is_causal=True, scale=scale, enable_gqa=True), args.repeats)
         record("prefill", f"S={s}", ref, base)
 
     for chunk, length in [(128, 1024), (512, 2048)]:
@@ -106,13 +95,13 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
         q = torch.randn(chunk, n, d, generator=gen).to(dtype)
         kc, vc, table = _paged(torch, k, v, gen)
         out = torch.empty_like(q)
-        ref = _time(lambda: paged_prefill_reference(q, kc, vc, table, [0, chunk], [length], num_heads=n,
-                                                    num_kv_heads=nkv, scale=scale, attn_mask=None, out=out),
-                    args.repeats)
+        ref = median_ms(lambda: paged_prefill_reference(q, kc, vc, table, [0, chunk], [length], num_heads=n,
+                                                        num_kv_heads=nkv, scale=scale, attn_mask=None, out=out),
+                        args.repeats)
         q_pos = torch.arange(length - chunk, length)[:, None]
         mask = torch.arange(length)[None, :] <= q_pos
         qs, ks, vs = q.transpose(0, 1)[None], k[0].transpose(0, 1)[None], v[0].transpose(0, 1)[None]
-        base = _time(lambda: sdpa(qs, ks, vs, attn_mask=mask, scale=scale, enable_gqa=True), args.repeats)
+        base = median_ms(lambda: sdpa(qs, ks, vs, attn_mask=mask, scale=scale, enable_gqa=True), args.repeats)
         record("chunk", f"C={chunk} L={length}", ref, base)
     return rows
 

@@ -22,11 +22,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
-import time
-from collections.abc import Callable
 from typing import Any
+
+from _timing import median_ms
 
 os.environ.setdefault("VLLM_NPU_DEVICE", "emulated")
 os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
@@ -36,16 +35,6 @@ SHAPES = {
     "softmax": dict(num_experts=64, hidden=1024, inter=512, top_k=8),
     "deepseek": dict(num_experts=64, hidden=1024, inter=512, top_k=6, groups=8, topk_group=4),
 }
-
-
-def _time(fn: Callable[[], Any], repeats: int) -> float:
-    fn()
-    runs = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        runs.append(time.perf_counter() - t0)
-    return statistics.median(runs) * 1e3
 
 
 def _time_parts(plan: Any, experts: Any, vllm_moe: Any, layer: Any, cfg: Any, x: Any, logits: Any, bias: Any,
@@ -58,12 +47,12 @@ def _time_parts(plan: Any, experts: Any, vllm_moe: Any, layer: Any, cfg: Any, x:
     rows, row_idx, counts = rt.init_routing_reference(x, ids, e, (0, e))
     y = experts(rows, counts)
     return {
-        "gate": _time(lambda: plan.gate(x, logits, bias), repeats),
-        "route": _time(lambda: rt.init_routing_reference(x, ids, e, (0, e)), repeats),
-        "experts": _time(lambda: experts(rows, counts), repeats),
-        "combine": _time(lambda: rt.unpermute_reference(y, row_idx, w), repeats),
-        "total": _time(lambda: moe_forward(x, logits, plan=plan, experts=experts, e_score_correction_bias=bias), repeats),
-        "vllm_cpu": _time(lambda: vllm_moe(
+        "gate": median_ms(lambda: plan.gate(x, logits, bias), repeats),
+        "route": median_ms(lambda: rt.init_routing_reference(x, ids, e, (0, e)), repeats),
+        "experts": median_ms(lambda: experts(rows, counts), repeats),
+        "combine": median_ms(lambda: rt.unpermute_reference(y, row_idx, w), repeats),
+        "total": median_ms(lambda: moe_forward(x, logits, plan=plan, experts=experts, e_score_correction_bias=bias), repeats),
+        "vllm_cpu": median_ms(lambda: vllm_moe(
             layer, x, cfg.use_grouped_topk, k, logits, True, topk_group=cfg.topk_group,
             num_expert_group=cfg.num_expert_group, global_num_experts=e, scoring_func=cfg.scoring_func,
             routed_scaling_factor=cfg.routed_scaling_factor, e_score_correction_bias=bias), repeats),

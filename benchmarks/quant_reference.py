@@ -18,9 +18,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
-import time
 from collections.abc import Callable
+
+from _timing import median_ms
 
 os.environ.setdefault("VLLM_NPU_DEVICE", "emulated")
 os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
@@ -63,16 +63,6 @@ def build(scheme: str, w: torch.Tensor, x_calib: torch.Tensor) -> Callable[[torc
         params[suffix].weight_loader(params[suffix], t)
     method.process_weights_after_loading(layer)
     return lambda x: method.apply(layer, x)
-
-
-def median_ms(fn: Callable[[], object], repeats: int) -> float:
-    fn()
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(times)
 
 
 def main() -> None:

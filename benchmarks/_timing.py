@@ -1,0 +1,18 @@
+"""Timing shared by the reference-kernel benchmarks (each runs as a script, so this folder is on ``sys.path``)."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+
+
+def median_ms(fn: Callable[[], object], repeats: int) -> float:
+    """Median wall time of one call of ``fn`` over ``repeats`` calls after one warm-up call, in milliseconds."""
+    fn()
+    runs = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        runs.append(time.perf_counter() - t0)
+    return statistics.median(runs) * 1e3
