@@ -10,9 +10,11 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from vllm_npu.interface import reset_device_selection
+from vllm_npu.interface import EnvConfig, reset_device_selection
+from vllm_npu.interface.settings import ENV_PREFIX
 
-_ENV = ("VLLM_NPU_DEVICE", "VLLM_PLUGINS", "VLLM_NPU_EMULATED_KV_CACHE_GB", "VLLM_NPU_PATCHES")
+# Every variable of the VLLM_NPU_* schema (so a new one is covered without editing this list), and VLLM_PLUGINS.
+_ENV = (*(ENV_PREFIX + name for name in EnvConfig.model_fields), "VLLM_PLUGINS")
 
 
 @pytest.fixture(autouse=True)
