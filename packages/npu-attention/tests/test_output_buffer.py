@@ -9,6 +9,9 @@ from __future__ import annotations
 import pytest
 import torch
 from attn_harness import TOLERANCES, dense_reference, make_batch, make_builder
+from mla_harness import assert_close, make_impl, make_scenario, make_sfa_impl, step_inputs
+from mla_harness import dense_reference as mla_dense_reference
+from mla_harness import make_builder as mla_builder
 from vllm.attention.backends.abstract import AttentionType
 from vllm_npu.attention.backends.gqa import AscendAttentionImpl
 from vllm_npu.attention.backends.mla import AscendMLAImpl
@@ -91,10 +94,6 @@ def test_gqa_profile_run_zero_fills(dtype: torch.dtype) -> None:
     ids=["decode", "decode_padded", "prefill_padded", "mixed", "mixed_padded"],
 )
 def test_mla_writes_every_element(reqs: list[tuple[int, int]], pad: int) -> None:
-    from test_mla_backend import assert_close, make_impl, make_scenario, step_inputs
-    from test_mla_backend import dense_reference as mla_dense_reference
-    from test_mla_backend import make_builder as mla_builder
-
     s = make_scenario(reqs, 16, seed=sum(q for _, q in reqs) + pad, pad=pad)
     q, kv_c, k_pe, _, common = step_inputs(s)
     meta = mla_builder(s, chunk_tokens=32).build(0, common)
@@ -107,8 +106,6 @@ def test_mla_writes_every_element(reqs: list[tuple[int, int]], pad: int) -> None
 
 
 def test_mla_profile_run_zero_fills() -> None:
-    from test_mla_backend import make_impl, make_scenario
-
     s = make_scenario([(0, 4)], 16)
     output = torch.full((4, s.dims.N * s.dims.V), float("nan"))
     q = torch.zeros(4, s.dims.N, s.dims.P + s.dims.R)
@@ -129,8 +126,6 @@ def test_mla_profile_run_zero_fills() -> None:
     ids=["dense_topk", "dense_topk_padded", "decode_sparse_padded"],
 )
 def test_sfa_writes_every_element(reqs: list[tuple[int, int]], pad: int, topk: int) -> None:
-    from test_mla_backend import assert_close, make_scenario
-    from test_mla_backend import dense_reference as mla_dense_reference
     from test_sfa_backend import run_sfa
 
     s = make_scenario(reqs, 16, seed=len(reqs) + pad, pad=pad)
@@ -142,18 +137,9 @@ def test_sfa_writes_every_element(reqs: list[tuple[int, int]], pad: int, topk: i
 
 
 def test_sfa_profile_run_zero_fills() -> None:
-    from types import SimpleNamespace
-
-    from test_mla_backend import KvBProj, make_scenario
-
     s = make_scenario([(0, 4)], 16)
     d = s.dims
-    impl = AscendSFAImpl(
-        d.N, d.L + d.R, s.scale, 1, None, None, "auto", None, "decoder", None,
-        q_lora_rank=None, kv_lora_rank=d.L, qk_nope_head_dim=d.P, qk_rope_head_dim=d.R,
-        qk_head_dim=d.P + d.R, v_head_dim=d.V, kv_b_proj=KvBProj(s.w_kv_b),
-        indexer=SimpleNamespace(topk_indices_buffer=torch.zeros(4, 8, dtype=torch.int32)),
-    )  # fmt: skip
+    impl = make_sfa_impl(s, torch.zeros(4, 8, dtype=torch.int32))
     output = torch.full((4, d.N * d.V), float("nan"))
     q = torch.zeros(4, d.N, d.P + d.R)
     assert impl.forward(None, q, None, None, torch.tensor([]), None, output=output) is output

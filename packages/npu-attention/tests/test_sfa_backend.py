@@ -6,10 +6,7 @@
 
 from __future__ import annotations
 
-import importlib.util
 import math
-import sys
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -17,6 +14,7 @@ import torch
 
 pytest.importorskip("vllm")
 
+from mla_harness import assert_close, dense_reference, make_scenario, make_sfa_impl, step_inputs  # noqa: E402
 from vllm_npu.attention.backends.sfa import (  # noqa: E402
     AscendLightningIndexer,
     AscendSFABackend,
@@ -26,11 +24,6 @@ from vllm_npu.attention.backends.sfa import (  # noqa: E402
 )
 from vllm_npu.attention.ops.sfa_kernels import indexer_cache_write_reference, lightning_indexer_reference  # noqa: E402
 from vllm_npu.interface.device import configure_kernels  # noqa: E402
-
-_spec = importlib.util.spec_from_file_location("_mla_cases", Path(__file__).with_name("test_mla_backend.py"))
-mla_cases = importlib.util.module_from_spec(_spec)
-sys.modules["_mla_cases"] = mla_cases  # dataclasses resolve their module through sys.modules
-_spec.loader.exec_module(mla_cases)
 
 H_IDX, D_IDX = 3, 16  # indexer heads and head dim
 
@@ -52,7 +45,7 @@ def indexer_inputs(s, seed: int):
 def run_sfa(s, topk: int, seed: int, fill: float = 7.0):
     """One SFA layer step; the output buffer starts filled with ``fill``."""
     d = s.dims
-    q, kv_c, k_pe, slot_mapping, common = mla_cases.step_inputs(s)
+    q, kv_c, k_pe, slot_mapping, common = step_inputs(s)
     n = common.num_actual_tokens
     spec = SimpleNamespace(block_size=s.block_size)
     meta = AscendSFAMetadataBuilder(spec, ["x"], None, torch.device("cpu")).build(0, common)
@@ -68,12 +61,7 @@ def run_sfa(s, topk: int, seed: int, fill: float = 7.0):
     w_idx = torch.cat(ws + [torch.rand(s.pad, H_IDX)])
     AscendLightningIndexer(topk)(q_idx, k_new, w_idx, idx_cache, meta, buffer)
 
-    impl = AscendSFAImpl(
-        d.N, d.L + d.R, s.scale, 1, None, None, "auto", None, "decoder", None,
-        q_lora_rank=None, kv_lora_rank=d.L, qk_nope_head_dim=d.P, qk_rope_head_dim=d.R,
-        qk_head_dim=d.P + d.R, v_head_dim=d.V, kv_b_proj=mla_cases.KvBProj(s.w_kv_b),
-        indexer=SimpleNamespace(topk_indices_buffer=buffer),
-    )  # fmt: skip
+    impl = make_sfa_impl(s, buffer)
     impl.process_weights_after_loading(q.dtype)
     output = torch.full((q.shape[0], d.N * d.V), fill, dtype=q.dtype)
     impl.forward(None, q, kv_c, k_pe, s.kv_cache, meta, output=output)
@@ -92,35 +80,19 @@ def brute_force_scores(s, qs, ks, ws) -> list[list[list[float]]]:
     return out
 
 
-def masked_dense_reference(s, selection) -> torch.Tensor:
-    d = s.dims
-    outs = []
-    for b, (c, ql) in enumerate(s.reqs):
-        kv = (s.kv_c[b].double() @ s.w_kv_b.double().T).view(-1, d.N, d.P + d.V)
-        k_nope, v = kv.split([d.P, d.V], dim=-1)
-        k = torch.cat([k_nope, s.k_pe[b].double()[:, None, :].expand(-1, d.N, -1)], dim=-1)
-        score = torch.einsum("qnd,knd->nqk", s.q[b].double(), k) * s.scale
-        allowed = torch.zeros(ql, c + ql, dtype=torch.bool)
-        for i, chosen in enumerate(selection[b]):
-            allowed[i, sorted(chosen)] = True
-        score = score.masked_fill(~allowed, float("-inf"))
-        outs.append(torch.einsum("nqk,knv->qnv", torch.softmax(score, -1), v).reshape(ql, d.N * d.V))
-    return torch.cat(outs)
-
-
 @pytest.mark.parametrize("block_size", [16, 128])
 def test_topk_covering_the_sequence_equals_dense_mla(block_size: int) -> None:
-    s = mla_cases.make_scenario([(60, 1), (0, 1), (33, 17), (0, 25)], block_size, seed=11, pad=3)
+    s = make_scenario([(60, 1), (0, 1), (33, 17), (0, 25)], block_size, seed=11, pad=3)
     topk = 128  # >= every sequence length (max 60 + 1)
     out, buffer, _, n = run_sfa(s, topk, seed=11)
-    mla_cases.assert_close(s, out[:n], mla_cases.dense_reference(s))
+    assert_close(s, out[:n], dense_reference(s))
     assert torch.all(out[n:] == 0), "padded rows are zeroed (fills_output_buffer)"
     assert torch.all(buffer[n:] == 12345), "rows past the step's tokens are not the indexer's to write"
 
 
 @pytest.mark.parametrize("block_size", [16, 128])
 def test_small_topk_equals_masked_dense(block_size: int) -> None:
-    s = mla_cases.make_scenario([(40, 1), (21, 6), (0, 12)], block_size, seed=12)
+    s = make_scenario([(40, 1), (21, 6), (0, 12)], block_size, seed=12)
     topk = 8
     out, buffer, (qs, ks, ws), n = run_sfa(s, topk, seed=12)
     scores = [t for req in brute_force_scores(s, qs, ks, ws) for t in req]
@@ -133,7 +105,7 @@ def test_small_topk_equals_masked_dense(block_size: int) -> None:
     for _, ql in s.reqs:
         selection.append(got[t : t + ql])
         t += ql
-    mla_cases.assert_close(s, out[:n], masked_dense_reference(s, selection))
+    assert_close(s, out[:n], dense_reference(s, selection))
 
 
 def test_lightning_indexer_pads_with_minus_one() -> None:
