@@ -219,6 +219,13 @@ class W8A8StaticExperts:
         return self._stage(self.activation(self._stage(rows, "w13", counts)), "w2", counts)
 
 
+#: One expert tensor: (name, shape, dtype, dtypes accepted on disk, weight attrs).
+_Spec = tuple[str, tuple[int, ...], torch.dtype, tuple[torch.dtype, ...], dict[str, Any]]
+# the scale layouts vLLM's FusedMoE weight loader shards by
+_CHANNEL = {"quant_method": FusedMoeWeightScaleSupported.CHANNEL.value}
+_GROUP = {"quant_method": FusedMoeWeightScaleSupported.GROUP.value}
+
+
 class AscendW8A8DynamicFusedMoEMethod(FusedMoEMethodBase):
     """W8A8_DYNAMIC experts for vLLM's ``FusedMoE`` (and npu-ops' override of it)."""
 
@@ -251,15 +258,14 @@ class AscendW8A8DynamicFusedMoEMethod(FusedMoEMethodBase):
             layer.register_parameter(name, param)
             set_weight_attrs(param, {**extra_weight_attrs, **attrs, "weight_loader": self._wrap(name, accept, dtype, loader)})
 
-    def _specs(self, e: int, h: int, i: int) -> list[tuple[str, tuple[int, ...], torch.dtype, tuple[torch.dtype, ...], dict[str, Any]]]:
-        channel = {"quant_method": FusedMoeWeightScaleSupported.CHANNEL.value}
+    def _specs(self, e: int, h: int, i: int) -> list[_Spec]:
         return [
             ("w13_weight", (e, 2 * i, h), torch.int8, (torch.int8,), {}),
             ("w2_weight", (e, h, i), torch.int8, (torch.int8,), {}),
-            ("w13_weight_scale", (e, 2 * i, 1), torch.float32, FLOATS, channel),
-            ("w2_weight_scale", (e, h, 1), torch.float32, FLOATS, channel),
-            ("w13_weight_offset", (e, 2 * i, 1), torch.float32, FLOATS, channel),
-            ("w2_weight_offset", (e, h, 1), torch.float32, FLOATS, channel),
+            ("w13_weight_scale", (e, 2 * i, 1), torch.float32, FLOATS, _CHANNEL),
+            ("w2_weight_scale", (e, h, 1), torch.float32, FLOATS, _CHANNEL),
+            ("w13_weight_offset", (e, 2 * i, 1), torch.float32, FLOATS, _CHANNEL),
+            ("w2_weight_offset", (e, h, 1), torch.float32, FLOATS, _CHANNEL),
         ]
 
     def _wrap(self, name: str, accept: tuple[torch.dtype, ...], dtype: torch.dtype, inner: Callable[..., Any]) -> Callable[..., Any]:
@@ -375,30 +381,28 @@ class AscendW4A8DynamicFusedMoEMethod(AscendW8A8DynamicFusedMoEMethod):
             )
         self._scale_bias_cols = 16 // tp
 
-    def _specs(self, e: int, h: int, i: int) -> list[tuple[str, tuple[int, ...], torch.dtype, tuple[torch.dtype, ...], dict[str, Any]]]:
+    def _specs(self, e: int, h: int, i: int) -> list[_Spec]:
         g = self.group_size
         if h % g or i % g or h % 8 or i % 8:
             raise QuantLoadError(
                 f"{self.prefix}: hidden {h} and expert width {i} (per rank) must be multiples of group_size {g} and "
                 "of 8 for int4 experts"
             )
-        group = {"quant_method": FusedMoeWeightScaleSupported.GROUP.value}
         specs = super()._specs(e, h, i) + [
-            ("w13_weight_scale_second", (e, 2 * i, h // g), torch.float32, FLOATS, group),
-            ("w2_weight_scale_second", (e, h, i // g), torch.float32, FLOATS, group),
-            ("w13_weight_offset_second", (e, 2 * i, h // g), torch.float32, FLOATS, group),
-            ("w2_weight_offset_second", (e, h, i // g), torch.float32, FLOATS, group),
+            ("w13_weight_scale_second", (e, 2 * i, h // g), torch.float32, FLOATS, _GROUP),
+            ("w2_weight_scale_second", (e, h, i // g), torch.float32, FLOATS, _GROUP),
+            ("w13_weight_offset_second", (e, 2 * i, h // g), torch.float32, FLOATS, _GROUP),
+            ("w2_weight_offset_second", (e, h, i // g), torch.float32, FLOATS, _GROUP),
         ]
         if not self.packed:
             return specs
         # version 1.0.0: two int4 values per int8 along the output dim (w13 [E, I, H] = 2I outputs, w2 [E, H/2, I]),
         # plus the scale_bias tensors (used by asymmetric-activation kernels; validated, not needed weight-only)
-        channel = {"quant_method": FusedMoeWeightScaleSupported.CHANNEL.value}
         packed = {"w13_weight": ("w13_weight", (e, i, h), torch.int8, (torch.int8,), {}),
                   "w2_weight": ("w2_weight", (e, h // 2, i), torch.int8, (torch.int8,), {})}
         return [packed.get(spec[0], spec) for spec in specs] + [
-            ("w13_scale_bias", (e, 2 * i, 1), torch.float32, FLOATS, channel),
-            ("w2_scale_bias", (e, h, self._scale_bias_cols), torch.float32, FLOATS, group),
+            ("w13_scale_bias", (e, 2 * i, 1), torch.float32, FLOATS, _CHANNEL),
+            ("w2_scale_bias", (e, h, self._scale_bias_cols), torch.float32, FLOATS, _GROUP),
         ]
 
     def process_weights_after_loading(self, layer: torch.nn.Module) -> None:
@@ -452,12 +456,11 @@ class AscendW8A8FusedMoEMethod(AscendW8A8DynamicFusedMoEMethod):
                  "w13_input_offset", "w2_input_offset", "w13_quant_bias", "w2_quant_bias")
     _per_expert = ("w13_input_scale", "w2_input_scale", "w13_input_offset", "w2_input_offset")
 
-    def _specs(self, e: int, h: int, i: int) -> list[tuple[str, tuple[int, ...], torch.dtype, tuple[torch.dtype, ...], dict[str, Any]]]:
-        channel = {"quant_method": FusedMoeWeightScaleSupported.CHANNEL.value}
+    def _specs(self, e: int, h: int, i: int) -> list[_Spec]:
         deq_accept = (*FLOATS, torch.int64)
         return super()._specs(e, h, i) + [
-            ("w13_deq_scale", (e, 2 * i), torch.int64, deq_accept, channel),
-            ("w2_deq_scale", (e, h), torch.int64, deq_accept, channel),
+            ("w13_deq_scale", (e, 2 * i), torch.int64, deq_accept, _CHANNEL),
+            ("w2_deq_scale", (e, h), torch.int64, deq_accept, _CHANNEL),
             ("w13_input_scale", (e, 1), torch.float32, FLOATS, {}),
             ("w2_input_scale", (e, 1), torch.float32, FLOATS, {}),
             ("w13_input_offset", (e, 1), torch.float32, (torch.int8, *FLOATS), {}),
