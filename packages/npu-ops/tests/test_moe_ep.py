@@ -17,36 +17,44 @@ import pytest
 import torch
 
 WORKER = Path(__file__).with_name("moe_ep_worker.py")
+DP_WORKER = Path(__file__).with_name("moe_dp_worker.py")
 
 
-def _load_worker():
-    spec = importlib.util.spec_from_file_location("moe_ep_worker", WORKER)
+def _load_worker(path: Path):
+    spec = importlib.util.spec_from_file_location(path.stem, path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def _run_ranks(worker: Path, argv: list[list[str]], env: dict[str, str], timeout: float) -> tuple[list[int], str]:
+    """Start one ``worker`` process per argv (all at once: they rendezvous), wait for each (killed after
+    ``timeout`` s); returns the exit codes and the joined output of every rank."""
+    procs = [
+        subprocess.Popen([sys.executable, str(worker), *args], env=env, stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, text=True)
+        for args in argv
+    ]
+    logs = []
+    for p in procs:
+        try:
+            out, _ = p.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            out, _ = p.communicate()
+        logs.append(out)
+    return [p.returncode for p in procs], "\n".join(logs)
 
 
 @pytest.mark.parametrize("comm", ["torch", "npu"])
 def test_all_to_all_ep2_matches_single_process(tmp_path, comm):
     if comm == "npu" and importlib.util.find_spec("vllm_npu.platform.communicator") is None:
         pytest.fail("vllm_npu.platform.communicator is missing: install npu-platform")
-    worker = _load_worker()
+    worker = _load_worker(WORKER)
     init = f"file://{tmp_path}/pg"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "VLLM_NPU_DEVICE": "emulated"}
-    procs = [
-        subprocess.Popen([sys.executable, str(WORKER), str(r), "2", init, str(tmp_path), comm], env=env,
-                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        for r in range(2)
-    ]
-    logs = []
-    for p in procs:
-        try:
-            out, _ = p.communicate(timeout=240)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            out, _ = p.communicate()
-        logs.append(out)
-    assert all(p.returncode == 0 for p in procs), "\n".join(logs)
+    codes, logs = _run_ranks(WORKER, [[str(r), "2", init, str(tmp_path), comm] for r in range(2)], env, 240)
+    assert all(code == 0 for code in codes), logs
 
     from vllm_npu.ops.moe.forward import build_moe_plan, moe_forward
     from vllm_npu.ops.moe.gating import RoutingConfig
@@ -69,27 +77,13 @@ def test_fused_moe_layer_dp2_matches_single_process(tmp_path, tp):
     rank. TP 1: the layer picks the all-to-all mode through NPUCommunicator (gloo); TP 2: all-gather over DP, local
     experts, reduce-scatter, TP all-reduce. Both modes run on every rank; each rank's output equals the
     single-process MoE over its DP rank's tokens with all 7 experts."""
-    worker_path = WORKER.with_name("moe_dp_worker.py")
-    spec = importlib.util.spec_from_file_location("moe_dp_worker", worker_path)
-    worker = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(worker)
+    worker = _load_worker(DP_WORKER)
     world = 2 * tp
     init = f"file://{tmp_path}/pg"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "VLLM_NPU_DEVICE": "emulated", "VLLM_NO_USAGE_STATS": "1"}
-    procs = [
-        subprocess.Popen([sys.executable, str(worker_path), str(r), str(world), str(tp), init, str(tmp_path)],
-                         env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        for r in range(world)
-    ]
-    logs = []
-    for p in procs:
-        try:
-            out, _ = p.communicate(timeout=600)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            out, _ = p.communicate()
-        logs.append(out)
-    assert all(p.returncode == 0 for p in procs), "\n".join(logs)
+    argv = [[str(r), str(world), str(tp), init, str(tmp_path)] for r in range(world)]
+    codes, logs = _run_ranks(DP_WORKER, argv, env, 600)
+    assert all(code == 0 for code in codes), logs
 
     from vllm_npu.ops.moe.forward import build_moe_plan, moe_forward
     from vllm_npu.ops.moe.gating import RoutingConfig
