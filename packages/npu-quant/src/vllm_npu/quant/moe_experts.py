@@ -1,0 +1,209 @@
+"""Quantized expert MLPs for npu-ops' MoE forward, and the grouped-matmul kernels they run (each torch_npu call
+beside its reference twin).
+
+Each class is an :data:`vllm_npu.ops.moe.experts.ExpertsFn` ``(rows [N, H] sorted by expert, group_counts [E_local])
+-> [N, H]`` over the weights that :mod:`vllm_npu.quant.moe_method` processed at load. Maths for the rows routed to
+expert e:
+
+- W8A8_DYNAMIC (``dq`` = per-token dynamic int8 quant)::
+
+    xq, s  = dq(x);   h = (xq @ W13[e]ᵀ) * s13[e] * s           (int8 grouped matmul, per-token dequant)
+    hq, s' = dq(silu(h_gate) * h_up);   y = (hq @ W2[e]ᵀ) * s2[e] * s'
+
+- W4A8_DYNAMIC: weight-only, like the W4A8 linear path: ``npu_grouped_matmul`` in its documented per-group antiquant
+  mode (float rows, int4 weights packed 8 per int32, ``antiquant_scale [E, K/g, N]``);
+- static W8A8: per-row (the row's expert's) static int8 input quant, int8 grouped matmul with int32 quant bias and
+  per-channel dequant scale (see :class:`vllm_npu.quant.moe_method.AscendW8A8FusedMoEMethod`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from vllm_npu.interface import Kernel
+
+from . import kernels
+
+# --------------------------------------------------------------------------------------------------------------
+# the row groups of the grouped-matmul reference twins
+
+
+def _group_rows(counts: torch.Tensor, num_rows: int, num_groups: int) -> list[tuple[int, slice]]:
+    """``(group, rows)`` for every non-empty group of ``num_rows`` rows sorted by group, ``counts [G]`` rows each;
+    ``ValueError`` unless there are ``num_groups`` counts summing to ``num_rows``."""
+    sizes = counts.tolist()
+    if len(sizes) != num_groups or sum(sizes) != num_rows:
+        raise ValueError(f"grouped matmul: counts {sizes} do not fit {num_rows} rows / {num_groups} groups")
+    bounds, start = [], 0
+    for g, n in enumerate(sizes):
+        if n:
+            bounds.append((g, slice(start, start + n)))
+        start += n
+    return bounds
+
+
+# --------------------------------------------------------------------------------------------------------------
+# int8 grouped matmul with per-channel weight scales and per-token activation scales
+
+
+def _grouped_qmm_npu(
+    xq: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, pertoken: torch.Tensor, counts: torch.Tensor,
+    out_dtype: torch.dtype,
+) -> torch.Tensor:
+    import torch_npu
+
+    return torch_npu.npu_grouped_matmul(
+        [xq], [weight], scale=[scale], per_token_scale=[pertoken], group_list=counts.to(torch.int64),
+        split_item=2, group_type=0, group_list_type=1, output_dtype=out_dtype,
+    )[0]
+
+
+def _grouped_qmm_ref(
+    xq: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, pertoken: torch.Tensor, counts: torch.Tensor,
+    out_dtype: torch.dtype,
+) -> torch.Tensor:
+    """xq int8 ``[N, K]`` (rows sorted by group), weight int8 ``[G, K, M]``, scale float32 ``[G, M]``, pertoken
+    float32 ``[N]``, counts int64 ``[G]`` -> ``[N, M]``: ``(xq_g @ W[g]) * scale[g] * pertoken_g``."""
+    out = torch.empty(xq.shape[0], weight.shape[-1], dtype=out_dtype, device=xq.device)
+    for g, rows in _group_rows(counts, xq.shape[0], weight.shape[0]):
+        acc = xq[rows].to(torch.float64) @ weight[g].to(torch.float64)  # exact for int8
+        out[rows] = (acc.to(torch.float32) * scale[g].to(torch.float32) * pertoken[rows].unsqueeze(-1)).to(out_dtype)
+    return out
+
+
+grouped_quant_matmul = Kernel("npu_grouped_matmul[int8,per-token]", npu=_grouped_qmm_npu, reference=_grouped_qmm_ref)
+
+
+class W8A8DynamicExperts:
+    """The :data:`vllm_npu.ops.moe.experts.ExpertsFn` over processed weights (w13 [E, H, 2I], w2 [E, I, H])."""
+
+    def __init__(self, layer: torch.nn.Module, activation: Callable[[torch.Tensor], torch.Tensor]) -> None:
+        self.layer = layer
+        self.activation = activation
+        self._dq = kernels.dynamic_quant.select()
+        self._gqmm = grouped_quant_matmul.select()
+
+    def __call__(self, rows: torch.Tensor, group_counts: torch.Tensor) -> torch.Tensor:
+        layer = self.layer
+        xq, s = self._dq(rows)
+        h = self._gqmm(xq, layer.w13_weight, layer.w13_weight_scale, s, group_counts, rows.dtype)
+        hq, s2 = self._dq(self.activation(h))
+        return self._gqmm(hq, layer.w2_weight, layer.w2_weight_scale, s2, group_counts, rows.dtype)
+
+
+def _grouped_w4_npu(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+    import torch_npu
+
+    return torch_npu.npu_grouped_matmul(
+        [x], [weight], antiquant_scale=[scale], group_list=counts.to(torch.int64), split_item=2, group_type=0,
+        group_list_type=1,
+    )[0]
+
+
+def _grouped_w4_ref(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+    """x ``[N, K]`` float (rows sorted by group), weight int32 ``[G, K, M/8]`` (int4), scale ``[G, K/g, M]`` in x's
+    dtype, counts ``[G]`` -> ``[N, M]``: ``x_g @ (W4[g] * scale[g][k // group])``."""
+    group = weight.shape[1] // scale.shape[1]
+    out = torch.empty(x.shape[0], weight.shape[-1] * 8, dtype=x.dtype, device=x.device)
+    for g, rows in _group_rows(counts, x.shape[0], weight.shape[0]):
+        w = kernels.unpack_int4(weight[g]).to(torch.float32) * scale[g].to(torch.float32).repeat_interleave(group, 0)
+        out[rows] = (x[rows].to(torch.float32) @ w).to(x.dtype)
+    return out
+
+
+grouped_w4_matmul = Kernel("npu_grouped_matmul[int4 antiquant,per-group]", npu=_grouped_w4_npu, reference=_grouped_w4_ref)
+
+
+class W4A8DynamicExperts:
+    """Weight-only int4 experts over processed weights (w13 [E, H, 2I/8], w2 [E, I, H/8] int32)."""
+
+    def __init__(self, layer: torch.nn.Module, activation: Callable[[torch.Tensor], torch.Tensor]) -> None:
+        self.layer = layer
+        self.activation = activation
+        self._gmm = grouped_w4_matmul.select()
+
+    def __call__(self, rows: torch.Tensor, group_counts: torch.Tensor) -> torch.Tensor:
+        layer = self.layer
+        h = self._gmm(rows, layer.w13_weight, layer.w13_antiquant_scale.to(rows.dtype), group_counts)
+        return self._gmm(self.activation(h), layer.w2_weight, layer.w2_antiquant_scale.to(rows.dtype), group_counts)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# static W8A8 experts: per-row (per-expert) static activation quant + int8 grouped matmul with int32 bias
+
+
+def _quantize_rows_npu(x: torch.Tensor, inv_scale: torch.Tensor, offset: torch.Tensor) -> torch.Tensor:
+    import torch_npu
+
+    # axis=-2: the scales run along the rows (one per row, i.e. the row's expert's input scale)
+    return torch_npu.npu_quantize(x, inv_scale, offset, torch.qint8, -2, False)
+
+
+def _quantize_rows_ref(x: torch.Tensor, inv_scale: torch.Tensor, offset: torch.Tensor) -> torch.Tensor:
+    """x ``[N, K]`` float, inv_scale / offset ``[N]`` in x's dtype -> int8 ``[N, K]``:
+    ``clamp(round(x * inv_scale[n] + offset[n]), -128, 127)`` (round half to even, as the per-tensor twin)."""
+    if inv_scale.shape != (x.shape[0],) or offset.shape != (x.shape[0],):
+        raise ValueError(f"npu_quantize(axis=-2): scales {tuple(inv_scale.shape)} / offsets {tuple(offset.shape)} "
+                         f"must be [{x.shape[0]}] for x {tuple(x.shape)}")
+    y = x.to(torch.float32) * inv_scale.to(torch.float32).unsqueeze(-1) + offset.to(torch.float32).unsqueeze(-1)
+    return torch.clamp(torch.round(y), -128, 127).to(torch.int8)
+
+
+quantize_rows = Kernel("npu_quantize[per-row,multiply]", npu=_quantize_rows_npu, reference=_quantize_rows_ref)
+
+
+def _grouped_static_npu(
+    xq: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor, counts: torch.Tensor,
+    out_dtype: torch.dtype,
+) -> torch.Tensor:
+    import torch_npu
+
+    return torch_npu.npu_grouped_matmul(
+        [xq], [weight], bias=[bias], scale=[scale], group_list=counts.to(torch.int64), split_item=2, group_type=0,
+        group_list_type=1, output_dtype=out_dtype,
+    )[0]
+
+
+def _grouped_static_ref(
+    xq: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor, counts: torch.Tensor,
+    out_dtype: torch.dtype,
+) -> torch.Tensor:
+    """The documented per-channel int8 mode: xq int8 ``[N, K]`` (rows sorted by group), weight int8 ``[G, K, M]``,
+    bias int32 ``[G, M]``, scale ``[G, M]`` (float32 or bfloat16), counts ``[G]`` -> ``[N, M]``:
+    ``(xq_g @ W[g] + bias[g]) * scale[g]``."""
+    out = torch.empty(xq.shape[0], weight.shape[-1], dtype=out_dtype, device=xq.device)
+    for g, rows in _group_rows(counts, xq.shape[0], weight.shape[0]):
+        acc = xq[rows].to(torch.float64) @ weight[g].to(torch.float64) + bias[g].to(torch.float64)
+        out[rows] = (acc.to(torch.float32) * scale[g].to(torch.float32)).to(out_dtype)
+    return out
+
+
+grouped_static_matmul = Kernel("npu_grouped_matmul[int8,per-channel,int32 bias]", npu=_grouped_static_npu,
+                               reference=_grouped_static_ref)
+
+
+class W8A8StaticExperts:
+    """Static W8A8 experts over processed weights: w13 [E, H, 2I] / w2 [E, I, H] int8, ``*_deq_scale [E, N]``
+    float32, ``*_quant_bias [E, N]`` int32, ``*_input_inv_scale`` / ``*_input_offset`` ``[E]`` float32."""
+
+    def __init__(self, layer: torch.nn.Module, activation: Callable[[torch.Tensor], torch.Tensor]) -> None:
+        self.layer = layer
+        self.activation = activation
+        self._q = quantize_rows.select()
+        self._gmm = grouped_static_matmul.select()
+
+    def _stage(self, x: torch.Tensor, w: str, counts: torch.Tensor) -> torch.Tensor:
+        layer, n = self.layer, x.shape[0]
+        # one scale per row: the row's expert's input scale (rows are sorted by expert; output_size avoids a sync)
+        inv = torch.repeat_interleave(getattr(layer, f"{w}_input_inv_scale"), counts, output_size=n).to(x.dtype)
+        off = torch.repeat_interleave(getattr(layer, f"{w}_input_offset"), counts, output_size=n).to(x.dtype)
+        xq = self._q(x, inv, off)
+        # the documented pairing: bfloat16 output takes a bfloat16 scale, float16 (and the reference) float32
+        scale = getattr(layer, f"{w}_deq_scale")
+        scale = scale.to(torch.bfloat16) if x.dtype == torch.bfloat16 else scale
+        return self._gmm(xq, getattr(layer, f"{w}_weight"), scale, getattr(layer, f"{w}_quant_bias"), counts, x.dtype)
+
+    def __call__(self, rows: torch.Tensor, group_counts: torch.Tensor) -> torch.Tensor:
+        counts = group_counts.to(torch.int64)
+        return self._stage(self.activation(self._stage(rows, "w13", counts)), "w2", counts)
