@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import math
 import sys
 from types import SimpleNamespace
 
@@ -129,9 +130,10 @@ def _gptj_rope(x: torch.Tensor, pos: int) -> torch.Tensor:
     out = x.clone()
     for i in range(ROPE // 2):
         ang = pos * 10000.0 ** (-2 * i / ROPE)
+        cos, sin = math.cos(ang), math.sin(ang)
         a, b = float(x[2 * i]), float(x[2 * i + 1])
-        out[2 * i] = a * torch.cos(torch.tensor(ang, dtype=torch.float64)) - b * torch.sin(torch.tensor(ang, dtype=torch.float64))
-        out[2 * i + 1] = b * torch.cos(torch.tensor(ang, dtype=torch.float64)) + a * torch.sin(torch.tensor(ang, dtype=torch.float64))
+        out[2 * i] = a * cos - b * sin
+        out[2 * i + 1] = b * cos + a * sin
     return out
 
 
