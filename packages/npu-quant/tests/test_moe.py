@@ -199,3 +199,32 @@ def test_static_w8a8_experts_refuse_tensor_parallel_split(vllm_ctx: object, tp1_
     layer.moe_parallel_config.tp_size = 2  # what a tp=2 engine without expert parallelism would give
     with pytest.raises(QuantLoadError, match="enable expert parallelism"):
         layer.quant_method.process_weights_after_loading(layer)
+
+
+def test_grouped_matmul_twins_match_per_row_maths_with_empty_groups() -> None:
+    """The three grouped-matmul reference twins against row-by-row maths (group 1 empty; rows sorted by group),
+    and a count list that does not fit the rows is refused."""
+    from vllm_npu.quant import kernels
+    from vllm_npu.quant.moe_experts import grouped_quant_matmul, grouped_static_matmul, grouped_w4_matmul
+
+    g = torch.Generator().manual_seed(5)
+    counts = torch.tensor([2, 0, 3])
+    group_of = [0, 0, 2, 2, 2]
+    xq = torch.randint(-128, 128, (5, 16), dtype=torch.int8, generator=g)
+    w8 = torch.randint(-128, 128, (3, 16, 8), dtype=torch.int8, generator=g)
+    scale, tok = torch.rand(3, 8, generator=g), torch.rand(5, generator=g)
+    bias = torch.randint(-500, 500, (3, 8), dtype=torch.int32, generator=g)
+    w4 = torch.randint(-8, 8, (3, 16, 8), generator=g)
+    s4 = torch.rand(3, 2, 8, generator=g)  # group size 8 along K
+    x = torch.randn(5, 16, generator=g)
+
+    y = grouped_quant_matmul.reference(xq, w8, scale, tok, counts, torch.float32)
+    ys = grouped_static_matmul.reference(xq, w8, scale, bias, counts, torch.float32)
+    y4 = grouped_w4_matmul.reference(x, kernels.pack_int4(w4), s4, counts)
+    for r, e in enumerate(group_of):
+        acc = xq[r].double() @ w8[e].double()
+        assert torch.allclose(y[r].double(), acc * scale[e].double() * float(tok[r]), rtol=1e-6)
+        assert torch.allclose(ys[r].double(), (acc + bias[e].double()) * scale[e].double(), rtol=1e-6)
+        assert torch.allclose(y4[r], x[r] @ (w4[e].float() * s4[e].repeat_interleave(8, 0)), atol=1e-5)
+    with pytest.raises(ValueError, match=r"counts \[2, 0, 2\] do not fit 5 rows / 3 groups"):
+        grouped_quant_matmul.reference(xq, w8, scale, tok, torch.tensor([2, 0, 2]), torch.float32)
