@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Optional
 
 import torch
@@ -122,7 +122,6 @@ class AllToAllDispatcher:
     all_to_all: AllToAll
     init_routing: InitRouting
     unpermute: Unpermute
-    _owner: torch.Tensor = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         maps = torch.stack([m.long().cpu() for m in self.expert_maps])  # [R, E]
@@ -139,25 +138,25 @@ class AllToAllDispatcher:
         offsets = torch.tensor([0, *self.local_counts]).cumsum(0)
         # "Physical" id: experts numbered rank by rank, so one sort groups rows by owner then by local expert.
         self._physical = (offsets[owner] + local).long()
-        self._owner = owner
-        self._offsets = offsets.tolist()
+        # Where each physical expert's row count goes in the flat [R * max_local] count table (padding stays 0):
+        # one scatter per call instead of a copy per rank.
+        self._count_slot = torch.cat([r * self.max_local + torch.arange(n) for r, n in enumerate(self.local_counts)])
 
     def __call__(
         self, hidden: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor, experts: ExpertsFn
     ) -> torch.Tensor:
         device = hidden.device
-        if self._physical.device != device:  # once: the table is built on the CPU
+        if self._physical.device != device:  # once: the tables are built on the CPU
             self._physical = self._physical.to(device)
+            self._count_slot = self._count_slot.to(device)
         physical = self._physical[topk_ids.long()]
         rows, row_idx, counts = self.init_routing(hidden, physical, self.num_experts, (0, self.num_experts))
         # counts per (destination rank, its local expert), padded to max_local: [R, L]
-        send = torch.zeros(self.world, self.max_local, dtype=torch.int64, device=device)
-        for r in range(self.world):
-            lo, hi = self._offsets[r], self._offsets[r + 1]
-            send[r, : hi - lo] = counts[lo:hi]
+        send = torch.zeros(self.world * self.max_local, dtype=torch.int64, device=device)
+        send[self._count_slot] = counts.long()
+        send = send.view(self.world, self.max_local)
         recv = self.all_to_all(send, [1] * self.world, [1] * self.world).view(self.world, self.max_local)
-        send_splits = send.sum(1).tolist()
-        recv_splits = recv.sum(1).tolist()
+        send_splits, recv_splits = torch.stack((send.sum(1), recv.sum(1))).tolist()  # one device->host copy
         received = self.all_to_all(rows, recv_splits, send_splits)
         # Received rows: by source rank, each chunk sorted by local expert. Sort stably by local expert.
         n_local = self.local_counts[self.rank]
