@@ -105,10 +105,9 @@ class PerForwardCosSin:
         return value
 
 
-def full_width_tables(cache: torch.Tensor, is_neox: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """``cache [P, R]`` (cos | sin halves) -> contiguous full-width cos and sin tables ``[P, R]`` in the kernel's
-    order (halves repeated for NeoX, interleaved for GPT-J), so a forward gathers each with one index_select."""
-    cos, sin = cache.chunk(2, dim=-1)
+def full_width(cos: torch.Tensor, sin: torch.Tensor, is_neox: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos/sin halves ``[..., R/2]`` -> new contiguous full-width ``[..., R]`` tensors in the kernel's order (halves
+    repeated for NeoX, interleaved for GPT-J). The one place that layout rule is written."""
     if is_neox:
         return torch.cat((cos, cos), dim=-1), torch.cat((sin, sin), dim=-1)
     return cos.repeat_interleave(2, dim=-1), sin.repeat_interleave(2, dim=-1)
@@ -131,11 +130,8 @@ def build_partial_rotate(kernel: Callable[..., torch.Tensor], mode: str, head_si
 
 
 def expand_cos_sin(cos: torch.Tensor, sin: torch.Tensor, is_neox: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """``[T, R/2]`` halves -> full-width ``[1, T, 1, R]`` (repeated for NeoX, interleaved for GPT-J)."""
-    if is_neox:
-        cos, sin = torch.cat((cos, cos), dim=-1), torch.cat((sin, sin), dim=-1)
-    else:
-        cos, sin = cos.repeat_interleave(2, dim=-1), sin.repeat_interleave(2, dim=-1)
+    """``[T, R/2]`` halves -> full-width ``[1, T, 1, R]`` (:func:`full_width`)."""
+    cos, sin = full_width(cos, sin, is_neox)
     t = cos.shape[0]
     return cos.view(1, t, 1, -1), sin.view(1, t, 1, -1)
 
@@ -179,7 +175,8 @@ class _NPURopeMixin:
             cos, sin = self.cos_sin_cache.index_select(0, positions.flatten()).chunk(2, dim=-1)
             return expand_cos_sin(cos, sin, self.is_neox_style)
         if self._tables_src is not self.cos_sin_cache:  # first use, or the cache moved to another device/dtype
-            self._tables = full_width_tables(self.cos_sin_cache, self.is_neox_style)
+            # Full-width [P, R] tables, so a forward gathers each of cos and sin with one index_select.
+            self._tables = full_width(*self.cos_sin_cache.chunk(2, dim=-1), self.is_neox_style)
             self._tables_src = self.cos_sin_cache
         flat = positions.flatten()
         t = flat.shape[0]
