@@ -74,6 +74,12 @@ def fp19_truncate(scale: torch.Tensor) -> torch.Tensor:
     return (bits & ~0x1FFF).view(torch.float32)
 
 
+def encode_scale(scale: torch.Tensor) -> torch.Tensor:
+    """float ``[N]`` -> int64 ``[N]`` holding its float32 bits in the low 32 bits (as is: no FP19 truncation);
+    :func:`decode_scale` inverts it."""
+    return scale.to(torch.float32).contiguous().view(torch.int32).to(torch.int64) & 0xFFFFFFFF
+
+
 def decode_scale(scale: torch.Tensor) -> torch.Tensor:
     """A dequant scale as float32: int64 (``npu_trans_quant_param`` form) is decoded, floats are cast."""
     if scale.dtype == torch.int64:
@@ -95,8 +101,7 @@ def _trans_quant_param_npu(scale: torch.Tensor) -> torch.Tensor:
 
 def _trans_quant_param_ref(scale: torch.Tensor) -> torch.Tensor:
     """float32 ``[N]`` -> int64 ``[N]`` holding the FP19-truncated float32 bits in the low 32 bits."""
-    bits = fp19_truncate(scale).view(torch.int32).to(torch.int64) & 0xFFFFFFFF
-    return bits
+    return encode_scale(fp19_truncate(scale))
 
 
 trans_quant_param = Kernel("trans_quant_param", npu=_trans_quant_param_npu, reference=_trans_quant_param_ref)

@@ -291,8 +291,7 @@ class AscendW8A8FusedMoEMethod(AscendW8A8DynamicFusedMoEMethod):
             def to_bits(param: torch.nn.Parameter, loaded: torch.Tensor, weight_name: str, *args: Any, **kwargs: Any) -> Any:
                 if loaded.dtype not in accept:
                     return base(param, loaded, weight_name, *args, **kwargs)  # raises, naming the tensor and dtype
-                bits = loaded if loaded.dtype == torch.int64 else (
-                    loaded.to(torch.float32).contiguous().view(torch.int32).to(torch.int64) & 0xFFFFFFFF)
+                bits = loaded if loaded.dtype == torch.int64 else kernels.encode_scale(loaded)
                 return base(param, bits, weight_name, *args, **kwargs)
 
             return to_bits
@@ -343,8 +342,6 @@ class AscendW8A8FusedMoEMethod(AscendW8A8DynamicFusedMoEMethod):
         return load
 
     def process_weights_after_loading(self, layer: torch.nn.Module) -> None:
-        from .kernels import decode_scale
-
         self._check_complete()
         if int(getattr(layer, "tp_size", 1)) > 1:
             raise QuantLoadError(
@@ -357,7 +354,7 @@ class AscendW8A8FusedMoEMethod(AscendW8A8DynamicFusedMoEMethod):
         for w in ("w13", "w2"):
             s_x = getattr(layer, f"{w}_input_scale").data.float().reshape(-1)
             o_x = getattr(layer, f"{w}_input_offset").data.float().reshape(-1)
-            deq = decode_scale(getattr(layer, f"{w}_deq_scale").data)
+            deq = kernels.decode_scale(getattr(layer, f"{w}_deq_scale").data)
             require_positive(s_x, f"{self.prefix}.{w}_input_scale")
             if bool((o_x != torch.round(o_x)).any()) or bool((o_x < -128).any()) or bool((o_x > 127).any()):
                 raise QuantLoadError(f"{self.prefix}.{w}_input_offset must hold integers in [-128, 127]")

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from .kernels import fp19_truncate, pack_int4_pairs_dim0
+from .kernels import encode_scale, fp19_truncate, pack_int4_pairs_dim0
 from .schemes.w4a4_flatquant import decompose_dim
 
 
@@ -53,7 +53,7 @@ def quantize_w8a8(
     if bias is not None:
         qbias = qbias + torch.round(bias.float() / deq).to(torch.int64)
     if dtype == torch.float16:
-        deq_disk = deq.view(torch.int32).to(torch.int64) & 0xFFFFFFFF
+        deq_disk = encode_scale(deq)
     else:
         deq_disk = deq
     return {
