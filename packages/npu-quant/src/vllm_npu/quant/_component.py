@@ -12,7 +12,6 @@ COMPONENT = Component(
     vllm=">=0.11.0,<0.12",
     summary="the `ascend` quantization method for msModelSlim checkpoints",
     on_load="vllm_npu.quant._hooks:on_load",
-    on_worker_init="vllm_npu.quant._hooks:on_worker_init",
 )
 
 # What vLLM's `vllm.general_plugins` loader calls (entry point `npu_quant`).

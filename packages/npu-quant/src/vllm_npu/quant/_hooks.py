@@ -1,4 +1,5 @@
-"""Hooks of the quant component (see ``_component.py``). Both are idempotent."""
+"""The quant component's hook (see ``_component.py``); idempotent. No worker hook: a worker's init runs this load
+hook too (``registry.init_worker``), so a worker never depends on plugin load order."""
 
 from __future__ import annotations
 
@@ -7,13 +8,6 @@ from vllm_npu.interface import HookContext
 
 def on_load(ctx: HookContext) -> None:
     """Every process, when vLLM loads general plugins: register the ``ascend`` quantization method."""
-    from .config import register
-
-    register()
-
-
-def on_worker_init(ctx: HookContext) -> None:
-    """Each worker: the same registration (a worker must not depend on plugin load order)."""
     from .config import register
 
     register()
