@@ -6,11 +6,11 @@ per scheme (module-scoped parameters); the checks are in :mod:`npu_testkit.quant
 from __future__ import annotations
 
 import pytest
-from npu_testkit.engine import emulated_env, engine, greedy, make_prompts
+from npu_testkit.engine import emulated_env, engine
 from npu_testkit.quant_e2e import (
-    MAX_TOKENS,
-    PROMPT_LENGTHS,
+    PROMPTS,
     QuantCase,
+    check_greedy,
     check_logprobs,
     dense_methods,
     layer_methods,
@@ -27,7 +27,6 @@ CASES = [
     QuantCase("w4a8_dynamic", "W4A8_DYNAMIC", "qwen2", 2.0, dense_methods("W4A8DynamicScheme")),
     QuantCase("w4a4_flatquant", "W4A4_FLATQUANT", "qwen2", 3.0, dense_methods("W4A4FlatQuantScheme")),
 ]
-PROMPTS = make_prompts(list(PROMPT_LENGTHS), seed=1)
 
 
 @pytest.fixture(scope="module", params=CASES, ids=lambda c: c.id)
@@ -59,11 +58,7 @@ def test_quantized_layers_run_the_scheme(llm, case):
 
 
 def test_generates_and_matches_simulation(llm, simulated):
-    from vllm_npu.quant.simulate import greedy as sim_greedy
-
-    got = greedy(llm, PROMPTS, MAX_TOKENS)
-    assert all(len(g) == MAX_TOKENS for g in got)
-    assert got == sim_greedy(simulated, PROMPTS, MAX_TOKENS)
+    check_greedy(llm, simulated)
 
 
 def test_logprobs_match_simulation_and_stay_close_to_float(llm, simulated, checkpoints, case):

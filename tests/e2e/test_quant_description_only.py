@@ -20,21 +20,19 @@ from __future__ import annotations
 import json
 
 import pytest
-from npu_testkit.engine import emulated_env, engine, greedy, make_prompts, patched_environ, tiny_config
-from npu_testkit.models import build_tiny_model
+from npu_testkit.engine import emulated_env, engine, patched_environ
+from npu_testkit.quant_e2e import check_greedy, dense_methods, layer_methods, tiny_float_model
 
 pytestmark = pytest.mark.engine
 
 SCHEME = "W8A8_DYNAMIC"
-PROMPTS = make_prompts([1, 5, 20], seed=1)
-MAX_TOKENS = 8
 
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
     from vllm_npu.quant.cli import main as quantize_main
 
-    float_dir = build_tiny_model(tiny_config("qwen2"))
+    float_dir = tiny_float_model("qwen2")
     quant_dir = tmp_path_factory.mktemp("quant") / SCHEME
     assert quantize_main([str(float_dir), str(quant_dir), "--scheme", SCHEME]) == 0
     config_path = quant_dir / "config.json"
@@ -49,18 +47,6 @@ def checkpoint(tmp_path_factory):
 def llm(checkpoint, tmp_path_factory):
     with engine(checkpoint, emulated_env(tmp_path_factory.mktemp("vllm"))) as llm:
         yield llm
-
-
-def _quant_methods(worker) -> list[tuple[str, str, str]]:
-    from vllm.model_executor.layers.linear import LinearBase
-
-    found = set()
-    for name, m in worker.model_runner.get_model().named_modules():
-        if isinstance(m, LinearBase):
-            method = type(m.quant_method).__name__
-            scheme = type(getattr(m.quant_method, "scheme", None)).__name__
-            found.add((name.rsplit(".", 1)[-1], "float" if "Unquantized" in method else method, scheme))
-    return sorted(found)
 
 
 def test_config_is_claimed_like_an_explicit_ascend(checkpoint, tmp_path):
@@ -78,15 +64,11 @@ def test_config_is_claimed_like_an_explicit_ascend(checkpoint, tmp_path):
 
 
 def test_loaded_layers_run_the_ascend_method(llm):
-    (methods,) = llm.collective_rpc(_quant_methods)
-    expected = [(proj, "AscendLinearMethod", "W8A8DynamicScheme") for proj in ("down_proj", "gate_up_proj", "o_proj", "qkv_proj")]
-    assert methods == expected
+    (methods,) = llm.collective_rpc(layer_methods)
+    assert methods == dense_methods("W8A8DynamicScheme")
 
 
 def test_generates_the_tokens_of_the_quantized_checkpoint(llm, checkpoint):
-    from vllm_npu.quant.simulate import greedy as sim_greedy
     from vllm_npu.quant.simulate import simulated_hf_model
 
-    got = greedy(llm, PROMPTS, MAX_TOKENS)
-    assert all(len(g) == MAX_TOKENS for g in got)
-    assert got == sim_greedy(simulated_hf_model(checkpoint), PROMPTS, MAX_TOKENS)
+    check_greedy(llm, simulated_hf_model(checkpoint))

@@ -7,11 +7,11 @@ scheme, the experts the MoE method through npu-ops' MoE forward, the router stay
 from __future__ import annotations
 
 import pytest
-from npu_testkit.engine import emulated_env, engine, greedy, make_prompts
+from npu_testkit.engine import emulated_env, engine
 from npu_testkit.quant_e2e import (
-    MAX_TOKENS,
-    PROMPT_LENGTHS,
+    PROMPTS,
     QuantCase,
+    check_greedy,
     check_logprobs,
     layer_methods,
     moe_methods,
@@ -37,7 +37,6 @@ CASES = [
         quantize_args=("--w4a8-version", "1.0.0"),
     ),
 ]
-PROMPTS = make_prompts(list(PROMPT_LENGTHS), seed=1)
 
 
 @pytest.fixture(scope="module", params=CASES, ids=lambda c: c.id)
@@ -69,11 +68,7 @@ def test_quantized_layers_run_the_scheme(llm, case):
 
 
 def test_generates_and_matches_simulation(llm, simulated):
-    from vllm_npu.quant.simulate import greedy as sim_greedy
-
-    got = greedy(llm, PROMPTS, MAX_TOKENS)
-    assert all(len(g) == MAX_TOKENS for g in got)
-    assert got == sim_greedy(simulated, PROMPTS, MAX_TOKENS)
+    check_greedy(llm, simulated)
 
 
 def test_logprobs_match_simulation_and_stay_close_to_float(llm, simulated, checkpoints, case):

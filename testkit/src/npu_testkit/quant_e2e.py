@@ -4,8 +4,9 @@ A case quantizes a tiny float checkpoint with ``vllm-npu quantize`` and the test
 the emulated device (the quant method is picked from the checkpoint: no ``quantization=`` argument), then check:
 
 - which quant method and scheme every linear / MoE layer runs (:func:`layer_methods`);
-- greedy tokens equal a pure-torch model running the same checkpoint tensors (``vllm_npu.quant.simulate``: HF
-  transformers with every quantized linear replaced by the scheme's maths, written independently of the kernels);
+- greedy tokens equal a pure-torch model running the same checkpoint tensors (:func:`check_greedy`;
+  ``vllm_npu.quant.simulate``: HF transformers with every quantized linear replaced by the scheme's maths, written
+  independently of the kernels);
 - next-token log-probs over the whole vocabulary equal the simulation's within 1e-3 (max abs) and stay close to the
   float model's: KL(float || quantized) <= the case's bound, in nats (:func:`check_logprobs`).
 """
@@ -16,8 +17,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from npu_testkit.engine import greedy, make_prompts, tiny_config, token_prompts
+
 PROMPT_LENGTHS = (1, 5, 20)
 MAX_TOKENS = 8
+#: The prompts every quant e2e module generates from.
+PROMPTS = make_prompts(list(PROMPT_LENGTHS), seed=1)
 
 
 @dataclass(frozen=True)
@@ -48,7 +53,6 @@ def moe_methods(moe_method: str, scheme_cls: str) -> list[tuple[str, str, str]]:
 
 def tiny_float_model(kind: str) -> Path:
     """The tiny float checkpoint of ``kind``: "qwen2" (dense) or "qwen3_moe" (:func:`npu_testkit.engine.tiny_config`)."""
-    from npu_testkit.engine import tiny_config
     from npu_testkit.models import build_tiny_model
 
     if kind not in ("qwen2", "qwen3_moe"):
@@ -86,8 +90,6 @@ def next_token_logprobs(llm: Any, prompt: list[int], vocab: int):
     import torch
     from vllm import SamplingParams
 
-    from npu_testkit.engine import token_prompts
-
     out = llm.generate(
         token_prompts([prompt]), SamplingParams(max_tokens=1, temperature=0.0, logprobs=-1), use_tqdm=False
     )
@@ -95,6 +97,15 @@ def next_token_logprobs(llm: Any, prompt: list[int], vocab: int):
     for token, logprob in out[0].outputs[0].logprobs[0].items():
         lp[token] = logprob.logprob
     return lp
+
+
+def check_greedy(llm: Any, simulated: Any, prompts: list[list[int]] = PROMPTS) -> None:
+    """The engine's greedy tokens (``MAX_TOKENS`` per prompt) equal the simulation's."""
+    from vllm_npu.quant.simulate import greedy as sim_greedy
+
+    got = greedy(llm, prompts, MAX_TOKENS)
+    assert all(len(g) == MAX_TOKENS for g in got)
+    assert got == sim_greedy(simulated, prompts, MAX_TOKENS)
 
 
 def check_logprobs(llm: Any, simulated: Any, float_dir: Path, case: QuantCase, prompts: list[list[int]]) -> None:
