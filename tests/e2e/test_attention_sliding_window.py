@@ -9,7 +9,7 @@ KV manager also swaps out-of-window blocks for its null block, which the backend
 from __future__ import annotations
 
 import pytest
-from npu_testkit.engine import emulated_env, engine, greedy, make_prompts, tiny_config
+from npu_testkit.engine import emulated_env, engine, greedy, greedy_outputs, make_prompts, tiny_config
 from npu_testkit.models import build_tiny_model, hf_greedy
 
 pytestmark = pytest.mark.engine
@@ -47,16 +47,11 @@ def test_sliding_window_greedy_matches_hf(llm, sliding_qwen2):
 
 
 def test_sliding_window_prefix_cache_hit_matches_hf(llm, sliding_qwen2):
-    from npu_testkit.engine import token_prompts
-    from vllm import SamplingParams
-
     (prefix,) = make_prompts([80], seed=41)  # 5 full blocks of 16, longer than the window
     batch = [prefix + s for s in make_prompts([5, 11], seed=42)]
     expected = hf_greedy(sliding_qwen2, batch, 20)
-    params = SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True)
-    first = llm.generate(token_prompts(batch[:1]), params, use_tqdm=False)
-    second = llm.generate(token_prompts(batch), params, use_tqdm=False)
-    assert [list(first[0].outputs[0].token_ids)] == expected[:1]
+    assert greedy(llm, batch[:1], 20) == expected[:1]
+    second = greedy_outputs(llm, batch, 20)
     assert [list(o.outputs[0].token_ids) for o in second] == expected
     assert all(o.num_cached_tokens > 0 for o in second), [o.num_cached_tokens for o in second]
 

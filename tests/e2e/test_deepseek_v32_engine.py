@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from npu_testkit.engine import emulated_env, engine, greedy, make_prompts, token_prompts
+from npu_testkit.engine import emulated_env, engine, greedy, greedy_outputs, make_prompts, token_prompts
 from npu_testkit.models import hf_greedy
 
 pytestmark = pytest.mark.engine
@@ -145,12 +145,8 @@ def test_prefix_cache_hit_reuses_cached_indexer_keys(llm, sparse_reference):
     batch = [prefix + s for s in make_prompts([5, 20], seed=22)]
     expected = sparse_reference.greedy(batch, 6)
 
-    from vllm import SamplingParams
-
-    params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
-    first = llm.generate(token_prompts(batch[:1]), params, use_tqdm=False)
-    second = llm.generate(token_prompts(batch), params, use_tqdm=False)
-    assert [list(first[0].outputs[0].token_ids)] == expected[:1]
+    assert greedy(llm, batch[:1], 6) == expected[:1]
+    second = greedy_outputs(llm, batch, 6)
     assert [list(o.outputs[0].token_ids) for o in second] == expected
     assert all(o.num_cached_tokens >= 48 for o in second), [o.num_cached_tokens for o in second]
 

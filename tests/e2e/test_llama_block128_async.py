@@ -4,7 +4,7 @@ chunked prefill, prefix caching, then sleep mode (levels 1 and 2) on the same en
 from __future__ import annotations
 
 import pytest
-from npu_testkit.engine import emulated_env, engine, greedy, make_prompts
+from npu_testkit.engine import emulated_env, engine, greedy, greedy_outputs, make_prompts
 from npu_testkit.models import hf_greedy
 
 pytestmark = pytest.mark.engine
@@ -49,13 +49,7 @@ def test_prefix_cache_hit_with_128_blocks(llm, tiny_llama):
     batch = [prefix + s for s in make_prompts([2, 7], seed=22)]
     reference = hf_greedy(tiny_llama, batch, 10)
     assert greedy(llm, batch[:1], 10) == reference[:1]
-    from vllm import SamplingParams
-
-    outs = llm.generate(
-        [{"prompt_token_ids": p} for p in batch],
-        SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True),
-        use_tqdm=False,
-    )
+    outs = greedy_outputs(llm, batch, 10)
     assert [list(o.outputs[0].token_ids) for o in outs] == reference
     assert all(o.num_cached_tokens >= 128 for o in outs), [o.num_cached_tokens for o in outs]
 

@@ -8,7 +8,7 @@ give prefills with context). Reference: HF transformers ``DeepseekV3ForCausalLM`
 from __future__ import annotations
 
 import pytest
-from npu_testkit.engine import emulated_env, engine, greedy, make_prompts, tiny_config, token_prompts
+from npu_testkit.engine import emulated_env, engine, greedy, greedy_outputs, make_prompts, tiny_config
 from npu_testkit.models import build_tiny_model, hf_greedy
 
 pytestmark = pytest.mark.engine
@@ -69,11 +69,7 @@ def test_prefix_cache_hit_matches_hf(llm, tiny_model):
     batch = [prefix + s for s in make_prompts([3, 9], seed=12)]
     expected = hf_greedy(tiny_model, batch, 10)
 
-    from vllm import SamplingParams
-
-    params = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True)
-    first = llm.generate(token_prompts(batch[:1]), params, use_tqdm=False)
-    second = llm.generate(token_prompts(batch), params, use_tqdm=False)
-    assert [list(first[0].outputs[0].token_ids)] == expected[:1]
+    assert greedy(llm, batch[:1], 10) == expected[:1]
+    second = greedy_outputs(llm, batch, 10)
     assert [list(o.outputs[0].token_ids) for o in second] == expected
     assert all(o.num_cached_tokens >= 96 for o in second), [o.num_cached_tokens for o in second]

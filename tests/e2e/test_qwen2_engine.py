@@ -7,7 +7,7 @@ while shorter requests already decode (mixed batches). Reference: HF transformer
 from __future__ import annotations
 
 import pytest
-from npu_testkit.engine import emulated_env, engine, greedy, make_prompts, token_prompts
+from npu_testkit.engine import emulated_env, engine, greedy, greedy_outputs, make_prompts, token_prompts
 from npu_testkit.models import hf_greedy, hf_logprobs
 
 pytestmark = pytest.mark.engine
@@ -64,12 +64,8 @@ def test_prefix_caching_hits_and_matches_hf(llm, tiny_qwen2):
     batch = [prefix + s for s in suffixes]
     expected = hf_greedy(tiny_qwen2, batch, 12)
 
-    from vllm import SamplingParams
-
-    params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
-    first = llm.generate(token_prompts(batch[:1]), params, use_tqdm=False)
-    second = llm.generate(token_prompts(batch), params, use_tqdm=False)
-    assert [list(first[0].outputs[0].token_ids)] == expected[:1]
+    assert greedy(llm, batch[:1], 12) == expected[:1]
+    second = greedy_outputs(llm, batch, 12)
     assert [list(o.outputs[0].token_ids) for o in second] == expected
     # The second round reuses the cached 96-token prefix (whole blocks only).
     assert all(o.num_cached_tokens >= 96 for o in second), [o.num_cached_tokens for o in second]

@@ -207,13 +207,18 @@ def token_prompts(prompts: Sequence[Sequence[int]]) -> list[Any]:
     return [{"prompt_token_ids": list(p)} for p in prompts]
 
 
-def greedy(llm: Any, prompts: Sequence[Sequence[int]], max_tokens: int, **sampling: Any) -> list[list[int]]:
-    """Greedy token ids for each prompt (``ignore_eos``: always ``max_tokens`` tokens)."""
+def greedy_outputs(llm: Any, prompts: Sequence[Sequence[int]], max_tokens: int, **sampling: Any) -> list[Any]:
+    """vLLM's ``RequestOutput`` of greedy generation for each prompt (``ignore_eos``: always ``max_tokens`` tokens),
+    for tests that need more than the tokens (e.g. ``num_cached_tokens``)."""
     from vllm import SamplingParams
 
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True, **sampling)
-    outs = llm.generate(token_prompts(prompts), params, use_tqdm=False)
-    return [list(o.outputs[0].token_ids) for o in outs]
+    return llm.generate(token_prompts(prompts), params, use_tqdm=False)
+
+
+def greedy(llm: Any, prompts: Sequence[Sequence[int]], max_tokens: int, **sampling: Any) -> list[list[int]]:
+    """Greedy token ids for each prompt (``ignore_eos``: always ``max_tokens`` tokens)."""
+    return [list(o.outputs[0].token_ids) for o in greedy_outputs(llm, prompts, max_tokens, **sampling)]
 
 
 # --- tiny configs -----------------------------------------------------------------------------------------------
