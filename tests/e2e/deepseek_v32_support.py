@@ -23,12 +23,6 @@ INDEX_N_HEADS = 16
 INDEX_HEAD_DIM = 16
 
 
-def tiny_deepseek_v3(**overrides: Any):
-    from npu_testkit.engine import tiny_config
-
-    return tiny_config("deepseek_v3", **overrides)
-
-
 def indexer_weights(config: Any, *, seed: int, std: float = 0.2) -> dict[str, Any]:
     """Random indexer weights of every layer, keyed by their checkpoint names."""
     import torch
@@ -50,10 +44,11 @@ def indexer_weights(config: Any, *, seed: int, std: float = 0.2) -> dict[str, An
 def build_v32_pair(index_topk: int, *, seed: int = 0) -> tuple[Path, Path]:
     """``(v32_dir, dense_dir)``: the V3.2 checkpoint and the dense V3 checkpoint with the same non-indexer weights.
     Cached like ``build_tiny_model`` (the V3.2 dir sits next to the dense one, keyed by ``index_topk``)."""
+    from npu_testkit.engine import tiny_config
     from npu_testkit.models import build_tiny_model
     from safetensors.torch import load_file, save_file
 
-    dense = build_tiny_model(tiny_deepseek_v3(), seed=seed)
+    dense = build_tiny_model(tiny_config("deepseek_v3"), seed=seed)
     out = dense.with_name(f"{dense.name}-v32-topk{index_topk}-h{INDEX_N_HEADS}d{INDEX_HEAD_DIM}")
     marker = out / ".complete"
     if marker.exists():
@@ -74,7 +69,7 @@ def build_v32_pair(index_topk: int, *, seed: int = 0) -> tuple[Path, Path]:
         index_head_dim=INDEX_HEAD_DIM,
     )
     (out / "config.json").write_text(json.dumps(cfg, indent=2))
-    tensors.update(indexer_weights(tiny_deepseek_v3(), seed=seed + 1))
+    tensors.update(indexer_weights(tiny_config("deepseek_v3"), seed=seed + 1))
     save_file({k: v.contiguous() for k, v in tensors.items()}, str(out / "model.safetensors"), metadata={"format": "pt"})
     marker.write_text("ok")
     return out, dense

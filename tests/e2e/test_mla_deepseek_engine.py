@@ -16,13 +16,9 @@ pytestmark = pytest.mark.engine
 MAX_BATCHED_TOKENS = 64
 
 
-def tiny_deepseek_v3():
-    return tiny_config("deepseek_v3")
-
-
 @pytest.fixture(scope="module")
 def tiny_model():
-    return build_tiny_model(tiny_deepseek_v3())
+    return build_tiny_model(tiny_config("deepseek_v3"))
 
 
 @pytest.fixture(scope="module")
