@@ -5,35 +5,24 @@ softmax scale carries DeepSeek's mscale²) and KV block size 128. One engine; re
 from __future__ import annotations
 
 import pytest
-from npu_testkit.engine import emulated_env, engine, greedy, make_prompts
+from npu_testkit.engine import emulated_env, engine, greedy, make_prompts, tiny_config
 from npu_testkit.models import build_tiny_model, hf_greedy
 
 pytestmark = pytest.mark.engine
 
 
-def tiny_config():
-    import transformers
-
-    return transformers.DeepseekV3Config(
-        vocab_size=512,
-        hidden_size=64,
+def tiny_deepseek_v3_yarn():
+    # The testkit's tiny DeepSeek-V3 without q LoRA, with YaRN rope scaling, 2 heads and a smaller latent cache.
+    return tiny_config(
+        "deepseek_v3",
         intermediate_size=96,
-        moe_intermediate_size=32,
-        num_hidden_layers=2,
-        first_k_dense_replace=1,
-        n_routed_experts=4,
-        num_experts_per_tok=2,
-        n_shared_experts=1,
-        n_group=1,
-        topk_group=1,
         num_attention_heads=2,
         num_key_value_heads=2,
         q_lora_rank=None,
         kv_lora_rank=16,
         qk_nope_head_dim=8,
-        qk_rope_head_dim=8,
         v_head_dim=12,
-        max_position_embeddings=1024,
+        routed_scaling_factor=2.5,
         rope_scaling={
             "type": "yarn",
             "factor": 2.0,
@@ -43,13 +32,12 @@ def tiny_config():
             "mscale": 1.0,
             "mscale_all_dim": 1.0,
         },
-        tie_word_embeddings=False,
     )
 
 
 @pytest.fixture(scope="module")
 def tiny_model():
-    return build_tiny_model(tiny_config())
+    return build_tiny_model(tiny_deepseek_v3_yarn())
 
 
 @pytest.fixture(scope="module")
