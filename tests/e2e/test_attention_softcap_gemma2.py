@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 from npu_testkit.engine import emulated_env, engine, greedy, make_prompts
-from npu_testkit.models import build_tiny_model
+from npu_testkit.models import build_tiny_model, hf_greedy
 
 pytestmark = pytest.mark.engine
 
@@ -52,19 +52,8 @@ def llm(tiny_gemma2, tmp_path_factory):
 
 
 def _hf_greedy_eager(model_dir, prompts, max_new_tokens):
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="eager").eval()
-    outs = []
-    with torch.no_grad():
-        for ids in prompts:
-            inp = torch.tensor([ids])
-            gen = model.generate(inp, attention_mask=torch.ones_like(inp), max_new_tokens=max_new_tokens,
-                                 min_new_tokens=max_new_tokens, do_sample=False,
-                                 pad_token_id=model.config.pad_token_id)
-            outs.append(gen[0, len(ids):].tolist())
-    return outs
+    # Eager attention: the HF implementation that applies the soft-cap.
+    return hf_greedy(model_dir, prompts, max_new_tokens, attn_implementation="eager")
 
 
 def test_softcap_and_sliding_layers_reach_the_backend(llm):

@@ -80,12 +80,22 @@ def build_tiny_model(
     return out
 
 
-def hf_greedy(model_dir: str | os.PathLike[str], prompts: list[list[int]], max_new_tokens: int, dtype: str = "float32") -> list[list[int]]:
-    """Greedy continuations from HF transformers (the reference), one prompt at a time (no padding effects)."""
+def hf_greedy(
+    model_dir: str | os.PathLike[str],
+    prompts: list[list[int]],
+    max_new_tokens: int,
+    dtype: str = "float32",
+    attn_implementation: str | None = None,
+) -> list[list[int]]:
+    """Greedy continuations from HF transformers (the reference), one prompt at a time (no padding effects).
+
+    ``attn_implementation`` picks HF's attention code (e.g. "eager", the one that applies Gemma-2's soft-cap);
+    None keeps transformers' default."""
     import torch
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype))
+    extra = {} if attn_implementation is None else {"attn_implementation": attn_implementation}
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype), **extra)
     model.eval()
     outputs = []
     with torch.no_grad():
