@@ -1,5 +1,6 @@
-"""Fixtures of the quant layer's tests: emulated device (reference kernels), a one-rank process group, helpers that
-build real vLLM linear layers with the ``ascend`` quant config and load tensors into them through vLLM's loaders."""
+"""Fixtures of the quant layer's tests: emulated device (reference kernels), a one-rank process group
+(``tp1_group``, from npu_testkit) and a current default VllmConfig on top of it (``vllm_ctx``), so the test modules
+can build real vLLM linear and MoE layers with the ``ascend`` quant config."""
 
 from __future__ import annotations
 
