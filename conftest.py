@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
 """Root pytest configuration, loaded before any test module of the workspace (and in every xdist worker).
 
 The suite runs with ``-n 2`` on a 2-core machine and its vLLM engines start further processes. torch's OpenMP pool

@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
 """Timing shared by the reference-kernel benchmarks (each runs as a script, so this folder is on ``sys.path``)."""
 
 from __future__ import annotations

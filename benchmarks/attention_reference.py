@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
 """Time of npu-attention's reference attention kernels (the emulated device's) vs PyTorch's SDPA on the same shapes.
 
 Cases (one attention layer, GQA ``--heads``/``--kv-heads``, head size ``--head-size``, block size 128):
@@ -61,9 +63,12 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
 
     def record(case: str, shape: str, ref_ms: float, sdpa_ms: float) -> None:
-        rows.append({"case": case, "shape": shape, "reference_ms": ref_ms, "sdpa_ms": sdpa_ms,
-                     "ratio": ref_ms / sdpa_ms})
-        print(f"{case:8s} {shape:24s} reference {ref_ms:9.3f} ms   sdpa {sdpa_ms:9.3f} ms   ratio {ref_ms / sdpa_ms:6.2f}")
+        rows.append(
+            {"case": case, "shape": shape, "reference_ms": ref_ms, "sdpa_ms": sdpa_ms, "ratio": ref_ms / sdpa_ms}
+        )
+        print(
+            f"{case:8s} {shape:24s} reference {ref_ms:9.3f} ms   sdpa {sdpa_ms:9.3f} ms   ratio {ref_ms / sdpa_ms:6.2f}"
+        )
 
     for b, length in [(1, 512), (8, 512), (32, 512), (8, 2048), (32, 2048)]:
         k = torch.randn(b, length, nkv, d, generator=gen).to(dtype)
@@ -72,8 +77,10 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
         kc, vc, table = _paged(torch, k, v, gen)
         out = torch.empty_like(q)
         lens = [length] * b
-        ref = median_ms(lambda: paged_decode_reference(q, kc, vc, table, lens, num_heads=n, num_kv_heads=nkv,
-                                                       scale=scale, out=out), args.repeats)
+        ref = median_ms(
+            lambda: paged_decode_reference(q, kc, vc, table, lens, num_heads=n, num_kv_heads=nkv, scale=scale, out=out),
+            args.repeats,
+        )
         qs, ks, vs = q[:, :, None], k.transpose(1, 2).contiguous(), v.transpose(1, 2).contiguous()
         base = median_ms(lambda: sdpa(qs, ks, vs, scale=scale, enable_gqa=True), args.repeats)
         record("decode", f"B={b} L={length}", ref, base)
@@ -83,8 +90,12 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
         k = torch.randn(s, nkv, d, generator=gen).to(dtype)
         v = torch.randn(s, nkv, d, generator=gen).to(dtype)
         out = torch.empty_like(q)
-        ref = median_ms(lambda: prefill_no_cache_reference(q, k, v, [s], num_heads=n, num_kv_heads=nkv, scale=scale,
-                                                           attn_mask=None, out=out), args.repeats)
+        ref = median_ms(
+            lambda: prefill_no_cache_reference(
+                q, k, v, [s], num_heads=n, num_kv_heads=nkv, scale=scale, attn_mask=None, out=out
+            ),
+            args.repeats,
+        )
         qs, ks, vs = q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None]
         base = median_ms(lambda: sdpa(qs, ks, vs, is_causal=True, scale=scale, enable_gqa=True), args.repeats)
         record("prefill", f"S={s}", ref, base)
@@ -95,9 +106,22 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
         q = torch.randn(chunk, n, d, generator=gen).to(dtype)
         kc, vc, table = _paged(torch, k, v, gen)
         out = torch.empty_like(q)
-        ref = median_ms(lambda: paged_prefill_reference(q, kc, vc, table, [0, chunk], [length], num_heads=n,
-                                                        num_kv_heads=nkv, scale=scale, attn_mask=None, out=out),
-                        args.repeats)
+        ref = median_ms(
+            lambda: paged_prefill_reference(
+                q,
+                kc,
+                vc,
+                table,
+                [0, chunk],
+                [length],
+                num_heads=n,
+                num_kv_heads=nkv,
+                scale=scale,
+                attn_mask=None,
+                out=out,
+            ),
+            args.repeats,
+        )
         q_pos = torch.arange(length - chunk, length)[:, None]
         mask = torch.arange(length)[None, :] <= q_pos
         qs, ks, vs = q.transpose(0, 1)[None], k[0].transpose(0, 1)[None], v[0].transpose(0, 1)[None]

@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
 """Decode throughput of real vLLM on the emulated device: 8 prompts x 64 new tokens on a small Qwen2.
 
 Model: tiny Qwen2 built on the fly (hidden 256, 4 layers, 8 query / 2 KV heads, head dim 32, vocab 512), float32,
@@ -25,8 +27,9 @@ from typing import Any
 
 os.environ.setdefault("VLLM_NPU_DEVICE", "emulated")
 
-SMALL_QWEN2 = dict(hidden_size=256, intermediate_size=512, num_hidden_layers=4, num_attention_heads=8,
-                   num_key_value_heads=2)
+SMALL_QWEN2 = dict(
+    hidden_size=256, intermediate_size=512, num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=2
+)
 
 
 class Timers:
@@ -106,8 +109,12 @@ def main() -> None:
         "attention_ms (inside forward)": ms(total.get("attention", 0.0)),
         "sampler_ms": ms(total.get("sampler", 0.0)),
         "prepare_inputs_ms": ms(total.get("prepare_inputs", 0.0)),
-        "rest_of_execute_model_ms": ms(total["execute_model"] - total.get("model_forward", 0) - total.get("sampler", 0)
-                                        - total.get("prepare_inputs", 0)),
+        "rest_of_execute_model_ms": ms(
+            total["execute_model"]
+            - total.get("model_forward", 0)
+            - total.get("sampler", 0)
+            - total.get("prepare_inputs", 0)
+        ),
         "outside_execute_model_ms": ms(wall - total["execute_model"]),
     }
     result = {
@@ -121,8 +128,10 @@ def main() -> None:
         "step_ms": 1000 * wall / steps,
         "split_per_step": split,
     }
-    print(f"decode throughput: {result['tokens_per_s']:.0f} tokens/s ({generated} tokens in {wall:.2f} s, "
-          f"{steps} steps, {result['step_ms']:.2f} ms/step)")
+    print(
+        f"decode throughput: {result['tokens_per_s']:.0f} tokens/s ({generated} tokens in {wall:.2f} s, "
+        f"{steps} steps, {result['step_ms']:.2f} ms/step)"
+    )
     for k, v in split.items():
         print(f"  {k:32s} {v:7.3f}")
     if args.json:

@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
 """Engine start-up time on the emulated device, split by phase.
 
 Measures, for the tiny Qwen2 of the e2e tests (float32, in-process engine core):
@@ -44,8 +46,9 @@ def main() -> None:
     env = emulated_env(tempfile.mkdtemp(prefix="bench-init-"))
 
     t = time.perf_counter()
-    subprocess.run([sys.executable, "-c", "from vllm import LLM"], env={**os.environ, **env}, check=True,
-                   capture_output=True)
+    subprocess.run(
+        [sys.executable, "-c", "from vllm import LLM"], env={**os.environ, **env}, check=True, capture_output=True
+    )
     import_s = time.perf_counter() - t
 
     t = time.perf_counter()

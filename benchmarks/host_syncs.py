@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
 """Host-device synchronisations per decode step inside the model forward (target: 0).
 
 On an NPU every call that needs a device value on the host (``.item()``, ``.tolist()``, ``.cpu()``, ``bool(t)``,
@@ -48,8 +50,14 @@ class SyncCounter:
             return
         self._depth += 1  # calls made while recording (traceback formatting) are not syncs of the model
         try:
-            frame = next((f for f in reversed(traceback.extract_stack()[:-2])
-                          if "/torch/" not in f.filename and f.filename != __file__), None)
+            frame = next(
+                (
+                    f
+                    for f in reversed(traceback.extract_stack()[:-2])
+                    if "/torch/" not in f.filename and f.filename != __file__
+                ),
+                None,
+            )
             where = f"{frame.filename}:{frame.lineno}" if frame else "?"
             self.counts[self.active][f"{api} @ {where}"] += 1
         finally:
@@ -76,10 +84,18 @@ class SyncCounter:
         for name in _TORCH_FUNCS:
             wrap(torch, name, f"torch.{name}")
         # repeat_interleave with a tensor of repeats and no output_size has a data-dependent output shape.
-        wrap(torch, "repeat_interleave", "torch.repeat_interleave(no output_size)",
-             lambda x, repeats=None, *a, **k: isinstance(repeats, torch.Tensor) and k.get("output_size") is None)
-        wrap(torch.Tensor, "repeat_interleave", "Tensor.repeat_interleave(no output_size)",
-             lambda self, repeats=None, *a, **k: isinstance(repeats, torch.Tensor) and k.get("output_size") is None)
+        wrap(
+            torch,
+            "repeat_interleave",
+            "torch.repeat_interleave(no output_size)",
+            lambda x, repeats=None, *a, **k: isinstance(repeats, torch.Tensor) and k.get("output_size") is None,
+        )
+        wrap(
+            torch.Tensor,
+            "repeat_interleave",
+            "Tensor.repeat_interleave(no output_size)",
+            lambda self, repeats=None, *a, **k: isinstance(repeats, torch.Tensor) and k.get("output_size") is None,
+        )
 
         def bool_index(self: Any, index: Any) -> bool:
             items = index if isinstance(index, tuple) else (index,)
@@ -141,8 +157,10 @@ def main() -> None:
     for where, n in counter.counts["decode forward"].most_common():
         print(f"  {n / n_decode:6.2f}/step  {where}")
     other = counter.counts["execute_model (excluding the forward)"]
-    print(f"host syncs per step in the rest of execute_model (by design: inputs, sampled ids): "
-          f"{sum(other.values()) / max(steps['execute_model'], 1):.2f}")
+    print(
+        f"host syncs per step in the rest of execute_model (by design: inputs, sampled ids): "
+        f"{sum(other.values()) / max(steps['execute_model'], 1):.2f}"
+    )
     for where, n in other.most_common(8):
         print(f"  {n / max(steps['execute_model'], 1):6.2f}/step  {where}")
     if args.strict and forward_syncs:

@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
 """Time of npu-ops' reference MoE (the emulated device's kernels) at decode and prefill sizes.
 
 For each token count it times, with the reference kernels on the CPU (``torch.set_num_threads(--threads)``):
@@ -37,8 +39,9 @@ SHAPES = {
 }
 
 
-def _time_parts(plan: Any, experts: Any, vllm_moe: Any, layer: Any, cfg: Any, x: Any, logits: Any, bias: Any,
-                repeats: int = 5) -> dict[str, float]:
+def _time_parts(
+    plan: Any, experts: Any, vllm_moe: Any, layer: Any, cfg: Any, x: Any, logits: Any, bias: Any, repeats: int = 5
+) -> dict[str, float]:
     from vllm_npu.ops.moe import routing as rt
     from vllm_npu.ops.moe.forward import moe_forward
 
@@ -51,11 +54,26 @@ def _time_parts(plan: Any, experts: Any, vllm_moe: Any, layer: Any, cfg: Any, x:
         "route": median_ms(lambda: rt.init_routing_reference(x, ids, e, (0, e)), repeats),
         "experts": median_ms(lambda: experts(rows, counts), repeats),
         "combine": median_ms(lambda: rt.unpermute_reference(y, row_idx, w), repeats),
-        "total": median_ms(lambda: moe_forward(x, logits, plan=plan, experts=experts, e_score_correction_bias=bias), repeats),
-        "vllm_cpu": median_ms(lambda: vllm_moe(
-            layer, x, cfg.use_grouped_topk, k, logits, True, topk_group=cfg.topk_group,
-            num_expert_group=cfg.num_expert_group, global_num_experts=e, scoring_func=cfg.scoring_func,
-            routed_scaling_factor=cfg.routed_scaling_factor, e_score_correction_bias=bias), repeats),
+        "total": median_ms(
+            lambda: moe_forward(x, logits, plan=plan, experts=experts, e_score_correction_bias=bias), repeats
+        ),
+        "vllm_cpu": median_ms(
+            lambda: vllm_moe(
+                layer,
+                x,
+                cfg.use_grouped_topk,
+                k,
+                logits,
+                True,
+                topk_group=cfg.topk_group,
+                num_expert_group=cfg.num_expert_group,
+                global_num_experts=e,
+                scoring_func=cfg.scoring_func,
+                routed_scaling_factor=cfg.routed_scaling_factor,
+                e_score_correction_bias=bias,
+            ),
+            repeats,
+        ),
     }
 
 
@@ -73,9 +91,16 @@ def bench(router: str, dtype_name: str, tokens: list[int], repeats: int) -> list
     w2 = (torch.randn(e, h, i, generator=gen) / i**0.5).to(dtype)
     bias = torch.rand(e, generator=gen) * 0.1 if router == "deepseek" else None
     if router == "deepseek":
-        cfg = RoutingConfig(top_k=k, renormalize=True, use_grouped_topk=True, num_expert_group=s["groups"],
-                            topk_group=s["topk_group"], scoring_func="sigmoid", routed_scaling_factor=2.5,
-                            has_correction_bias=True)
+        cfg = RoutingConfig(
+            top_k=k,
+            renormalize=True,
+            use_grouped_topk=True,
+            num_expert_group=s["groups"],
+            topk_group=s["topk_group"],
+            scoring_func="sigmoid",
+            routed_scaling_factor=2.5,
+            has_correction_bias=True,
+        )
     else:
         cfg = RoutingConfig(top_k=k, renormalize=True)
     plan = build_moe_plan(cfg, e, act_dtype=dtype, backend="reference")
@@ -87,12 +112,21 @@ def bench(router: str, dtype_name: str, tokens: list[int], repeats: int) -> list
         x = torch.randn(t, h, generator=gen).to(dtype)
         logits = torch.randn(t, e, generator=gen).to(dtype)
         with torch.no_grad():
-            res = {"router": router, "dtype": dtype_name, "tokens": t, **_time_parts(plan, experts, vllm_moe, layer,
-                                                                                       cfg, x, logits, bias, repeats)}
+            res = {
+                "router": router,
+                "dtype": dtype_name,
+                "tokens": t,
+                **_time_parts(plan, experts, vllm_moe, layer, cfg, x, logits, bias, repeats),
+            }
         rows_out.append(res)
-        print(f"{router:8s} {dtype_name:8s} T={t:5d}  " + "  ".join(
-            f"{key}={res[key]:8.2f}" for key in ("gate", "route", "experts", "combine", "total", "vllm_cpu")
-        ) + "  (ms)", flush=True)
+        print(
+            f"{router:8s} {dtype_name:8s} T={t:5d}  "
+            + "  ".join(
+                f"{key}={res[key]:8.2f}" for key in ("gate", "route", "experts", "combine", "total", "vllm_cpu")
+            )
+            + "  (ms)",
+            flush=True,
+        )
     return rows_out
 
 

@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
 """Per-call dispatch overhead of the ops layer's overrides vs calling the reference kernel directly.
 
 For decode-size tensors (1-8 tokens) this times, on the emulated device (reference kernels, 1 CPU thread):
@@ -102,8 +104,10 @@ def cases(tokens: int, dtype: Any) -> list[tuple[str, Callable[[], Any], Callabl
     k_rot, mode = rope._rotary_mul, rope._mode
 
     def rope_kernels() -> Any:
-        return (k_rot(q.view(1, tokens, heads, head), cos, sin, mode).view(tokens, -1),
-                k_rot(k.view(1, tokens, kv, head), cos, sin, mode).view(tokens, -1))
+        return (
+            k_rot(q.view(1, tokens, heads, head), cos, sin, mode).view(tokens, -1),
+            k_rot(k.view(1, tokens, kv, head), cos, sin, mode).view(tokens, -1),
+        )
 
     out.append(("rope (cache hit)", rope_kernels, lambda: rope.forward_oot(pos, q, k), lambda: rope(pos, q, k)))
     return out
@@ -138,8 +142,11 @@ def _in_fresh_processes(argv: list[str], processes: int) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         for n in range(processes):
             raw = os.path.join(tmp, f"{n}.json")
-            subprocess.run([sys.executable, __file__, *argv, "--processes", "1", "--raw-json", raw], check=True,
-                           stdout=subprocess.DEVNULL)
+            subprocess.run(
+                [sys.executable, __file__, *argv, "--processes", "1", "--raw-json", raw],
+                check=True,
+                stdout=subprocess.DEVNULL,
+            )
             with open(raw) as f:
                 for key, rounds in json.load(f).items():
                     pooled.setdefault(key, []).extend(rounds)
@@ -159,8 +166,17 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
 
     if args.processes > 1:
-        child = ["--tokens", *map(str, args.tokens), "--dtype", args.dtype, "--number", str(args.number),
-                 "--repeats", str(args.repeats), *(["--ops", *args.ops] if args.ops else [])]
+        child = [
+            "--tokens",
+            *map(str, args.tokens),
+            "--dtype",
+            args.dtype,
+            "--number",
+            str(args.number),
+            "--repeats",
+            str(args.repeats),
+            *(["--ops", *args.ops] if args.ops else []),
+        ]
         data = _in_fresh_processes(child, args.processes)
     else:
         data = measure(args.tokens, args.dtype, args.number, args.repeats, args.ops)
@@ -172,16 +188,30 @@ def main(argv: list[str] | None = None) -> int:
     for key, rounds in data.items():
         name, tokens = key.rsplit("|", 1)
         t_k, _, t_o, t_m = (min(col) for col in zip(*rounds))
-        rows.append({"op": name, "tokens": int(tokens), "kernel_us": round(t_k, 2), "forward_oot_us": round(t_o, 2),
-                     "module_us": round(t_m, 2), "oot_overhead_pct": round(_overhead_pct(rounds, 2), 1),
-                     "module_overhead_pct": round(_overhead_pct(rounds, 3), 1),
-                     "noise_aa_pct": round(_overhead_pct(rounds, 1), 1)})
-    print(f"dtype={args.dtype}, 1 thread, {args.processes} process(es) x {args.repeats} interleaved rounds x "
-          f"{args.number} calls; us per call (min), overheads = median of the pooled per-round ratios")
-    print(f"{'op':<18}{'T':>3}{'kernel':>9}{'fwd_oot':>9}{'module':>9}{'oot ovh':>9}{'module ovh':>12}{'A/A noise':>11}")
+        rows.append(
+            {
+                "op": name,
+                "tokens": int(tokens),
+                "kernel_us": round(t_k, 2),
+                "forward_oot_us": round(t_o, 2),
+                "module_us": round(t_m, 2),
+                "oot_overhead_pct": round(_overhead_pct(rounds, 2), 1),
+                "module_overhead_pct": round(_overhead_pct(rounds, 3), 1),
+                "noise_aa_pct": round(_overhead_pct(rounds, 1), 1),
+            }
+        )
+    print(
+        f"dtype={args.dtype}, 1 thread, {args.processes} process(es) x {args.repeats} interleaved rounds x "
+        f"{args.number} calls; us per call (min), overheads = median of the pooled per-round ratios"
+    )
+    print(
+        f"{'op':<18}{'T':>3}{'kernel':>9}{'fwd_oot':>9}{'module':>9}{'oot ovh':>9}{'module ovh':>12}{'A/A noise':>11}"
+    )
     for r in rows:
-        print(f"{r['op']:<18}{r['tokens']:>3}{r['kernel_us']:>9.2f}{r['forward_oot_us']:>9.2f}{r['module_us']:>9.2f}"
-              f"{r['oot_overhead_pct']:>8.1f}%{r['module_overhead_pct']:>11.1f}%{r['noise_aa_pct']:>10.1f}%")
+        print(
+            f"{r['op']:<18}{r['tokens']:>3}{r['kernel_us']:>9.2f}{r['forward_oot_us']:>9.2f}{r['module_us']:>9.2f}"
+            f"{r['oot_overhead_pct']:>8.1f}%{r['module_overhead_pct']:>11.1f}%{r['noise_aa_pct']:>10.1f}%"
+        )
     worst = max(r["oot_overhead_pct"] for r in rows)
     print(f"worst forward_oot overhead: {worst:.1f}% (target <= 5%)")
     if args.json:

@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
 """Kernel calls per decoder layer per decode step, counted on the emulated device with a real vLLM engine.
 
 A tiny model (``npu_testkit`` Qwen2 or Llama, 2 layers) runs one request through prefill and N decode steps. Inside
@@ -29,10 +31,38 @@ from typing import Any
 os.environ.setdefault("VLLM_NPU_DEVICE", "emulated")
 
 KERNEL_ATTRS = ("_norm", "_add_norm", "_kernel", "_rotary_mul", "_mrope")
-NOT_KERNELS = {"empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided", "lift_fresh", "detach",
-               "alias", "view", "_unsafe_view", "reshape", "t", "transpose", "permute", "slice", "select", "split",
-               "split_with_sizes", "unsqueeze", "squeeze", "expand", "as_strided", "unbind", "chunk", "narrow",
-               "_to_copy_noop", "sym_size", "sym_stride", "sym_numel", "is_same_size"}
+NOT_KERNELS = {
+    "empty",
+    "empty_like",
+    "empty_strided",
+    "new_empty",
+    "new_empty_strided",
+    "lift_fresh",
+    "detach",
+    "alias",
+    "view",
+    "_unsafe_view",
+    "reshape",
+    "t",
+    "transpose",
+    "permute",
+    "slice",
+    "select",
+    "split",
+    "split_with_sizes",
+    "unsqueeze",
+    "squeeze",
+    "expand",
+    "as_strided",
+    "unbind",
+    "chunk",
+    "narrow",
+    "_to_copy_noop",
+    "sym_size",
+    "sym_stride",
+    "sym_numel",
+    "is_same_size",
+}
 
 
 def install(model: Any) -> int:
@@ -129,14 +159,24 @@ def main(argv: list[str] | None = None) -> int:
         ops_kernels = sum(v for k, v in per_step.items() if k.startswith("kernel "))
         attention = sum(v for k, v in per_step.items() if k == "attention op")
         other = sum(v for k, v in per_step.items() if k.startswith("aten."))
-        report["layers"].append({"layer": idx, "decode_steps": steps, "total": ops_kernels + attention + other,
-                                 "ops_layer_kernels": ops_kernels, "attention": attention, "other_aten": other,
-                                 "breakdown": per_step})
+        report["layers"].append(
+            {
+                "layer": idx,
+                "decode_steps": steps,
+                "total": ops_kernels + attention + other,
+                "ops_layer_kernels": ops_kernels,
+                "attention": attention,
+                "other_aten": other,
+                "breakdown": per_step,
+            }
+        )
     print(f"{args.arch}: kernel calls per decoder layer per decode step (1 request, emulated device)")
     for lay in report["layers"]:
-        print(f"  layer {lay['layer']} ({lay['decode_steps']} decode steps): total {lay['total']:.1f} = "
-              f"{lay['ops_layer_kernels']:.1f} ops-layer kernels + {lay['attention']:.1f} attention + "
-              f"{lay['other_aten']:.1f} other aten")
+        print(
+            f"  layer {lay['layer']} ({lay['decode_steps']} decode steps): total {lay['total']:.1f} = "
+            f"{lay['ops_layer_kernels']:.1f} ops-layer kernels + {lay['attention']:.1f} attention + "
+            f"{lay['other_aten']:.1f} other aten"
+        )
         for k, v in lay["breakdown"].items():
             print(f"      {v:5.1f}  {k}")
     if args.json:

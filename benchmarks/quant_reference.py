@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
 """Time of npu-quant's linear schemes with the reference kernels (the emulated device), against a float linear.
 
 For each scheme and token count it builds one ``[N, K]`` layer through the real ``AscendLinearMethod`` (weights from

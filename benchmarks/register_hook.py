@@ -1,4 +1,6 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
 """Cost of the NPU platform hook on vLLM's start-up path.
 
 vLLM resolves the platform in every process (front-end, engine core, each worker): it loads the
@@ -108,22 +110,37 @@ def main(argv: list[str] | None = None) -> int:
     passed = judged <= args.target_ms
     load = os.getloadavg() if hasattr(os, "getloadavg") else None
     if args.json:
-        print(json.dumps({"runs": args.runs, "target_ms": args.target_ms, "pass": passed, "loadavg": load,
-                          "python": args.python,
-                          "pyc": not args.no_pyc, "contexts": results}, indent=2))
+        print(
+            json.dumps(
+                {
+                    "runs": args.runs,
+                    "target_ms": args.target_ms,
+                    "pass": passed,
+                    "loadavg": load,
+                    "python": args.python,
+                    "pyc": not args.no_pyc,
+                    "contexts": results,
+                },
+                indent=2,
+            )
+        )
     else:
-        print(f"vllm_npu.platform:register: median over {args.runs} fresh interpreters (min..max), "
-              f"bytecode {'cached' if not args.no_pyc else 'compiled from source'}, "
-              f"load average {' '.join(f'{x:.1f}' for x in load) if load else '?'} on {os.cpu_count()} CPUs, "
-              f"python {args.python}")
+        print(
+            f"vllm_npu.platform:register: median over {args.runs} fresh interpreters (min..max), "
+            f"bytecode {'cached' if not args.no_pyc else 'compiled from source'}, "
+            f"load average {' '.join(f'{x:.1f}' for x in load) if load else '?'} on {os.cpu_count()} CPUs, "
+            f"python {args.python}"
+        )
         for context, settings in results.items():
             for label, r in settings.items():
                 print(f"  [{context}] VLLM_NPU_DEVICE={label:<9} -> {r['result']}")
                 for key in ("import", "cold", "warm", "cpu"):
                     m = r[f"{key}_ms"]
                     print(f"      {key:<7} {m['median']:9.3f} ms   ({m['min']:.3f}..{m['max']:.3f})")
-        print(f"{'PASS' if passed else 'FAIL'}: median cold cost in a vLLM process (import + first register) "
-              f"{judged:.3f} ms {'<=' if passed else '>'} {args.target_ms:g} ms")
+        print(
+            f"{'PASS' if passed else 'FAIL'}: median cold cost in a vLLM process (import + first register) "
+            f"{judged:.3f} ms {'<=' if passed else '>'} {args.target_ms:g} ms"
+        )
     return 0 if passed else 1
 
 

@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
 """The uv workspace as data: members, their in-tree versions and the sibling requirements between them.
 
 Shared by ``check_workspace_ranges.py`` and ``release.py``. Reads pyproject files only (nothing is built or
@@ -88,7 +90,9 @@ def load_member(member_dir: Path) -> Member:
         private=any("Private :: Do Not Upload" in c for c in project.get("classifiers", [])),
         requirements=[Requirement(r) for r in project.get("dependencies", [])],
         extras={k: [Requirement(r) for r in v] for k, v in project.get("optional-dependencies", {}).items()},
-        workspace_sources={canonicalize_name(k) for k, v in sources.items() if isinstance(v, dict) and v.get("workspace")},
+        workspace_sources={
+            canonicalize_name(k) for k, v in sources.items() if isinstance(v, dict) and v.get("workspace")
+        },
     )
 
 

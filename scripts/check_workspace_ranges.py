@@ -1,4 +1,6 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
 """Check that every sibling range in every member's pyproject admits the in-tree version of that sibling.
 
 uv resolves workspace siblings from the tree and never compares the declared range with the tree's version
@@ -33,9 +35,7 @@ def check(workspace: Workspace) -> list[str]:
         if not any(spec.operator in ("<", "<=", "==", "~=", "===") for spec in req.specifier):
             errors.append(f"{label} has no upper bound -> add one (e.g. <{_next_minor(target.version)})")
         if not req.specifier.contains(target.version, prereleases=True):
-            errors.append(
-                f"{label} but workspace {target.name} is {target.version} -> bump the range or the version"
-            )
+            errors.append(f"{label} but workspace {target.name} is {target.version} -> bump the range or the version")
         if sib.target not in workspace.members[sib.owner].workspace_sources:
             errors.append(
                 f"{label} but [tool.uv.sources] of {sib.owner} lacks {target.name} = {{ workspace = true }} "

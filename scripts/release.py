@@ -1,4 +1,6 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
 """Release and CI logic for the workspace, kept out of YAML so that it is tested (tests/test_release_scripts.py).
 
 Subcommands (each prints ``key=value`` lines for ``$GITHUB_OUTPUT`` unless said otherwise, exit 1 with

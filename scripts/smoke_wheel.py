@@ -1,4 +1,6 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
 """Smoke-test an installation of vllm-npu-plugin wheels, from inside the environment under test.
 
 Run it with the environment's interpreter (``<venv>/bin/python -I scripts/smoke_wheel.py [--expect DIST ...]``).
@@ -67,8 +69,13 @@ def inspect() -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--expect", action="append", default=[], metavar="DIST",
-                        help="a distribution that must be installed (repeatable)")
+    parser.add_argument(
+        "--expect",
+        action="append",
+        default=[],
+        metavar="DIST",
+        help="a distribution that must be installed (repeatable)",
+    )
     args = parser.parse_args(argv)
     report = inspect()
     for dist in args.expect:

@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
 """Load a file of scripts/ or benchmarks/ as a module (neither is a package)."""
 
 from __future__ import annotations

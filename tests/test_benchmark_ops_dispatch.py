@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
 """benchmarks/ops_dispatch_overhead.py still runs against the ops layer (it reaches into layer internals), and its
 pooled statistic is the one documented: the median of per-round ratios over every process's rounds."""
 
@@ -30,10 +32,12 @@ def test_runs_every_case_in_process(tmp_path, capsys) -> None:
 
 def test_pools_the_rounds_of_every_process(tmp_path, monkeypatch, capsys) -> None:
     """Two fake children: the overhead is the median over all six rounds, the times the minimum over all."""
-    children = iter([
-        {"rope (cache hit)|1": [[10.0, 10.0, 10.2, 12.0], [11.0, 11.0, 11.1, 13.0], [10.0, 10.1, 10.9, 12.0]]},
-        {"rope (cache hit)|1": [[9.0, 9.0, 9.9, 11.0], [10.0, 10.0, 10.3, 12.0], [10.0, 9.9, 10.4, 12.0]]},
-    ])
+    children = iter(
+        [
+            {"rope (cache hit)|1": [[10.0, 10.0, 10.2, 12.0], [11.0, 11.0, 11.1, 13.0], [10.0, 10.1, 10.9, 12.0]]},
+            {"rope (cache hit)|1": [[9.0, 9.0, 9.9, 11.0], [10.0, 10.0, 10.3, 12.0], [10.0, 9.9, 10.4, 12.0]]},
+        ]
+    )
     seen = []
 
     def fake_run(cmd, check, stdout):  # noqa: ANN001

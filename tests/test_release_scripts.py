@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
 """scripts/release.py and scripts/check_workspace_ranges.py on throwaway workspaces (and on this one)."""
 
 from __future__ import annotations
@@ -23,13 +25,24 @@ def write(path: Path, text: str) -> None:
     path.write_text(textwrap.dedent(text))
 
 
-def member(root: Path, dirname: str, name: str, version: str, deps: list[str] = (), extras: dict | None = None,
-           sources: list[str] = (), private: bool = False, where: str = "packages") -> None:
+def member(
+    root: Path,
+    dirname: str,
+    name: str,
+    version: str,
+    deps: list[str] = (),
+    extras: dict | None = None,
+    sources: list[str] = (),
+    private: bool = False,
+    where: str = "packages",
+) -> None:
     sub = name.removeprefix("npu-").replace("-", "_")
     extras_toml = "".join(f"{k} = {json.dumps(v)}\n" for k, v in (extras or {}).items())
     classifiers = '["Private :: Do Not Upload"]' if private else "[]"
     sources_toml = "".join(f"{s} = {{ workspace = true }}\n" for s in sources)
-    write(root / where / dirname / "pyproject.toml", f"""
+    write(
+        root / where / dirname / "pyproject.toml",
+        f"""
         [project]
         name = "{name}"
         dynamic = ["version"]
@@ -41,28 +54,42 @@ def member(root: Path, dirname: str, name: str, version: str, deps: list[str] = 
         path = "src/vllm_npu/{sub}/_version.py"
         [tool.uv.sources]
         {sources_toml}
-    """)
+    """,
+    )
     write(root / where / dirname / f"src/vllm_npu/{sub}/_version.py", f'__version__ = "{version}"\n')
 
 
 @pytest.fixture
 def ws(tmp_path: Path) -> Path:
     """iface <- impl <- plat[impl] (extra), plus a second impl and a private test helper."""
-    write(tmp_path / "pyproject.toml", """
+    write(
+        tmp_path / "pyproject.toml",
+        """
         [tool.uv.workspace]
         members = ["packages/*", "kit"]
-    """)
+    """,
+    )
     member(tmp_path, "npu-iface", "npu-iface", "0.3.0", deps=["pydantic>=2"])
     member(tmp_path, "npu-impl", "npu-impl", "0.1.0", deps=["npu-iface>=0.3,<0.4"], sources=["npu-iface"])
     member(tmp_path, "npu-vision", "npu-vision", "1.2.0", deps=["npu-iface>=0.3,<0.4"], sources=["npu-iface"])
-    member(tmp_path, "npu-plat", "npu-plat", "0.2.0.dev0", deps=["npu-iface>=0.3,<0.4"],
-           extras={"impl": ["npu-impl>=0.1,<0.2"], "all": ["npu-plat[impl]"]}, sources=["npu-iface", "npu-impl"])
-    write(tmp_path / "kit" / "pyproject.toml", """
+    member(
+        tmp_path,
+        "npu-plat",
+        "npu-plat",
+        "0.2.0.dev0",
+        deps=["npu-iface>=0.3,<0.4"],
+        extras={"impl": ["npu-impl>=0.1,<0.2"], "all": ["npu-plat[impl]"]},
+        sources=["npu-iface", "npu-impl"],
+    )
+    write(
+        tmp_path / "kit" / "pyproject.toml",
+        """
         [project]
         name = "npu-kit"
         version = "0.0.0"
         classifiers = ["Private :: Do Not Upload"]
-    """)
+    """,
+    )
     return tmp_path
 
 
@@ -92,8 +119,10 @@ def test_dev_versions_count_as_their_release(ws: Path) -> None:
 def test_unbounded_and_unsourced_siblings(ws: Path) -> None:
     member(ws, "npu-extra", "npu-extra", "0.1.0", deps=["npu-iface>=0.3", "npu-impl"])
     errors = ranges.check(Workspace(ws))
-    assert any("npu-extra (dependencies): requires 'npu-iface>=0.3' has no upper bound -> add one (e.g. <0.4)" in e
-               for e in errors)
+    assert any(
+        "npu-extra (dependencies): requires 'npu-iface>=0.3' has no upper bound -> add one (e.g. <0.4)" in e
+        for e in errors
+    )
     assert any("requires 'npu-impl' without a version range" in e for e in errors)
     assert any("lacks npu-iface = { workspace = true }" in e for e in errors)
 
@@ -108,7 +137,10 @@ def test_this_workspace_is_consistent() -> None:
 def test_tag_is_split_at_the_last_dash_v(ws: Path) -> None:
     workspace = Workspace(ws)
     assert release.parse_tag("npu-vision-v1.2.0", workspace) == {
-        "package": "npu-vision", "version": "1.2.0", "dir": "packages/npu-vision"}
+        "package": "npu-vision",
+        "version": "1.2.0",
+        "dir": "packages/npu-vision",
+    }
     assert release.parse_tag("refs/tags/npu-plat-v0.2.0.dev0", workspace)["package"] == "npu-plat"
     assert release.parse_tag("npu-iface-v0.3", workspace)["version"] == "0.3"  # 0.3 == 0.3.0 in PEP 440
 
@@ -151,8 +183,10 @@ def fake_wheel(dist: Path, name: str, file_version: str, meta_version: str | Non
     norm = name.replace("-", "_")
     path = dist / f"{norm}-{file_version}-py3-none-any.whl"
     with zipfile.ZipFile(path, "w") as archive:
-        archive.writestr(f"{norm}-{file_version}.dist-info/METADATA",
-                         f"Metadata-Version: 2.4\nName: {name}\nVersion: {meta_version or file_version}\n")
+        archive.writestr(
+            f"{norm}-{file_version}.dist-info/METADATA",
+            f"Metadata-Version: 2.4\nName: {name}\nVersion: {meta_version or file_version}\n",
+        )
     return path
 
 
@@ -215,8 +249,17 @@ def test_dependents(ws: Path, capsys: pytest.CaptureFixture[str]) -> None:
 def test_this_workspace_graph() -> None:
     workspace = Workspace()
     assert release.dependents("npu-interface", workspace) == [
-        "npu-attention", "npu-models", "npu-ops", "npu-patches", "npu-platform", "npu-quant"]
-    assert release.affected(["packages/npu-quant/src/vllm_npu/quant/__init__.py"], workspace) == ["npu-platform", "npu-quant"]
+        "npu-attention",
+        "npu-models",
+        "npu-ops",
+        "npu-patches",
+        "npu-platform",
+        "npu-quant",
+    ]
+    assert release.affected(["packages/npu-quant/src/vllm_npu/quant/__init__.py"], workspace) == [
+        "npu-platform",
+        "npu-quant",
+    ]
     for name, m in workspace.members.items():
         if not m.private:
             assert release.parse_tag(f"{name}-v{m.version}", workspace)["dir"] == f"packages/{name}"
@@ -230,8 +273,9 @@ def wheel_requiring(dist: Path, *requires: str) -> Path:
     path = dist / "npu_impl-0.1.0-py3-none-any.whl"
     lines = "".join(f"Requires-Dist: {r}\n" for r in requires)
     with zipfile.ZipFile(path, "w") as archive:
-        archive.writestr("npu_impl-0.1.0.dist-info/METADATA",
-                         f"Metadata-Version: 2.4\nName: npu-impl\nVersion: 0.1.0\n{lines}")
+        archive.writestr(
+            "npu_impl-0.1.0.dist-info/METADATA", f"Metadata-Version: 2.4\nName: npu-impl\nVersion: 0.1.0\n{lines}"
+        )
     return path
 
 
@@ -247,7 +291,9 @@ def test_admits(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_release_notes(ws: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    write(ws / "packages/npu-impl/CHANGELOG.md", """
+    write(
+        ws / "packages/npu-impl/CHANGELOG.md",
+        """
         # Changelog
 
         ## Unreleased
@@ -262,7 +308,8 @@ def test_release_notes(ws: Path, capsys: pytest.CaptureFixture[str]) -> None:
         ## 0.0.9
 
         - old
-    """)
+    """,
+    )
     assert release.release_notes("npu-impl", "0.1.0", Workspace(ws)) == "- first thing\n- second thing\n"
     assert release.release_notes("npu-impl", "0.0.9", Workspace(ws)) == "- old\n"
     with pytest.raises(release.ReleaseError, match=r"has no '## 0.2.0' section"):

@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
 """Selective installs from the published-shape wheels: each install set imports what it promises, lacks what it
 does not ship, exposes the right entry points to vLLM, runs ``vllm-npu doctor``, and refuses version skew.
 
@@ -75,8 +77,18 @@ def make_venv(path: Path, *install: str, find_links: Path, no_deps: bool = False
     uv("venv", "-q", "--python", sys.executable, str(path), cwd=path.parent)
     python = path / "bin" / "python"
     if install:
-        uv("pip", "install", "-q", "--python", str(python), "--find-links", str(find_links),
-           *(["--no-deps"] if no_deps else []), *install, cwd=path.parent)
+        uv(
+            "pip",
+            "install",
+            "-q",
+            "--python",
+            str(python),
+            "--find-links",
+            str(find_links),
+            *(["--no-deps"] if no_deps else []),
+            *install,
+            cwd=path.parent,
+        )
     return python
 
 
@@ -93,12 +105,19 @@ def venvs(dist: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Pat
 
 def run(python: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     clean = {k: v for k, v in os.environ.items() if not k.startswith(("VLLM_", "PYTHON", "VIRTUAL_ENV"))}
-    return subprocess.run([str(python), *args], capture_output=True, text=True, timeout=120, env={**clean, **(env or {})})
+    return subprocess.run(
+        [str(python), *args], capture_output=True, text=True, timeout=120, env={**clean, **(env or {})}
+    )
 
 
 def installed(python: Path) -> dict[str, str]:
-    out = run(python, "-I", "-c", "import importlib.metadata as m, json; "
-              "print(json.dumps({d.metadata['Name']: d.version for d in m.distributions()}))").stdout
+    out = run(
+        python,
+        "-I",
+        "-c",
+        "import importlib.metadata as m, json; "
+        "print(json.dumps({d.metadata['Name']: d.version for d in m.distributions()}))",
+    ).stdout
     return json.loads(out)
 
 
@@ -148,13 +167,18 @@ def test_doctor(key: str, venvs: dict[str, Path]) -> None:
 
 def test_absent_layer_gives_the_pip_command(venvs: dict[str, Path]) -> None:
     python = venvs["npu-platform"]
-    proc = run(python, "-I", "-c", (
-        "from vllm_npu.interface import registry\n"
-        "try:\n"
-        "    registry.require('quant', 'this checkpoint is W8A8-quantized')\n"
-        "except ImportError as exc:\n"
-        "    print(type(exc).__name__ + ': ' + str(exc))\n"
-    ))
+    proc = run(
+        python,
+        "-I",
+        "-c",
+        (
+            "from vllm_npu.interface import registry\n"
+            "try:\n"
+            "    registry.require('quant', 'this checkpoint is W8A8-quantized')\n"
+            "except ImportError as exc:\n"
+            "    print(type(exc).__name__ + ': ' + str(exc))\n"
+        ),
+    )
     assert proc.stdout.strip() == (
         'MissingComponentError: this checkpoint is W8A8-quantized; install the quant layer: pip install "npu-platform[quant]"'
     )
@@ -162,8 +186,12 @@ def test_absent_layer_gives_the_pip_command(venvs: dict[str, Path]) -> None:
     assert cli.returncode == 2
     assert 'install the quant layer: pip install "npu-platform[quant]"' in cli.stderr
     # With the layer installed, require() passes.
-    ok = run(venvs["npu-platform[quant]"], "-I", "-c",
-             "from vllm_npu.interface import registry; registry.require('quant', 'W8A8'); print('ok')")
+    ok = run(
+        venvs["npu-platform[quant]"],
+        "-I",
+        "-c",
+        "from vllm_npu.interface import registry; registry.require('quant', 'W8A8'); print('ok')",
+    )
     assert ok.stdout.strip() == "ok", ok.stderr
 
 
@@ -196,8 +224,17 @@ def test_resolver_refuses_an_old_member(dist: Path, old_quant: Path, tmp_path: P
             shutil.copy(wheel, skewed)
     shutil.copy(old_quant, skewed)
     uv("venv", "-q", "--python", sys.executable, str(tmp_path / "venv"), cwd=tmp_path)
-    proc = uv("pip", "install", "--python", str(tmp_path / "venv" / "bin" / "python"), "--find-links", str(skewed),
-              "npu-platform[quant]", check=False, cwd=tmp_path)
+    proc = uv(
+        "pip",
+        "install",
+        "--python",
+        str(tmp_path / "venv" / "bin" / "python"),
+        "--find-links",
+        str(skewed),
+        "npu-platform[quant]",
+        check=False,
+        cwd=tmp_path,
+    )
     assert proc.returncode != 0
     assert "npu-quant" in proc.stderr and "0.0.1" in proc.stderr and "unsatisfiable" in proc.stderr, proc.stderr
 
@@ -206,15 +243,23 @@ def test_runtime_refuses_an_old_member_forced_in(dist: Path, old_quant: Path, tm
     """Skew that bypasses the resolver (--no-deps, PYTHONPATH, vendoring) is caught by the interface range."""
     python = make_venv(tmp_path / "venv", "npu-platform", find_links=dist)
     uv("pip", "install", "-q", "--python", str(python), "--no-deps", str(old_quant), cwd=tmp_path)
-    proc = run(python, "-I", "-c", (
-        "from vllm_npu.interface import ComponentSkewError, check_installed_set\n"
-        "try:\n"
-        "    check_installed_set()\n"
-        "except ComponentSkewError as exc:\n"
-        "    print(exc)\n"
-    ))
+    proc = run(
+        python,
+        "-I",
+        "-c",
+        (
+            "from vllm_npu.interface import ComponentSkewError, check_installed_set\n"
+            "try:\n"
+            "    check_installed_set()\n"
+            "except ComponentSkewError as exc:\n"
+            "    print(exc)\n"
+        ),
+    )
     interface_version = installed(python)["npu-interface"]
     assert "the installed vllm-npu components do not fit together" in proc.stdout, proc.stderr
-    assert f"npu-quant 0.0.1 needs interface '>=0.1,<1' but npu-interface {interface_version} provides interface 1.0" in proc.stdout
+    assert (
+        f"npu-quant 0.0.1 needs interface '>=0.1,<1' but npu-interface {interface_version} provides interface 1.0"
+        in proc.stdout
+    )
     doctor = run(python.parent / "vllm-npu", "doctor")
     assert doctor.returncode == 1 and "npu-quant 0.0.1 needs interface" in doctor.stdout

@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
 """Workspace rules that no tool checks for us: PEP 420 namespace, sibling ranges, packaging conventions, and how vLLM
 sees our plugins on this CPU host."""
 
@@ -25,8 +27,15 @@ PACKAGES = {name: m for name, m in WORKSPACE.members.items() if m.path.parent.na
 
 
 def test_members_are_the_seven_packages_and_the_testkit() -> None:
-    assert sorted(PACKAGES) == ["npu-attention", "npu-interface", "npu-models", "npu-ops", "npu-patches",
-                                "npu-platform", "npu-quant"]
+    assert sorted(PACKAGES) == [
+        "npu-attention",
+        "npu-interface",
+        "npu-models",
+        "npu-ops",
+        "npu-patches",
+        "npu-platform",
+        "npu-quant",
+    ]
     assert WORKSPACE.members["npu-testkit"].private
 
 
@@ -35,8 +44,9 @@ def test_no_member_ships_a_namespace_init() -> None:
     offenders = sorted(str(p.relative_to(REPO)) for p in REPO.glob("packages/*/src/vllm_npu/__init__.py"))
     offenders += sorted(str(p.relative_to(REPO)) for p in REPO.glob("testkit/src/vllm_npu/__init__.py"))
     assert offenders == []
-    tracked = subprocess.run(["git", "ls-files", "packages/*/src/vllm_npu/__init__.py"], cwd=REPO,
-                             capture_output=True, text=True).stdout.split()
+    tracked = subprocess.run(
+        ["git", "ls-files", "packages/*/src/vllm_npu/__init__.py"], cwd=REPO, capture_output=True, text=True
+    ).stdout.split()
     assert tracked == []
 
 
@@ -118,8 +128,13 @@ def vllm_view(tmp_path_factory: pytest.TempPathFactory) -> dict:
         """
     )
     tmp = tmp_path_factory.mktemp("vllm")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
-                          env=_clean_env(VLLM_CONFIG_ROOT=str(tmp), VLLM_CACHE_ROOT=str(tmp)))
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=_clean_env(VLLM_CONFIG_ROOT=str(tmp), VLLM_CACHE_ROOT=str(tmp)),
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.rpartition("@@")[2])
 

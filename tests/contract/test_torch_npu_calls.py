@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
 """Every torch_npu call in the plugin's source fits torch_npu 2.8.0's documented contract.
 
 The NPU code paths cannot run here (no Ascend hardware, no CANN), so this is their compile-time check: each call

@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
 """Unit tests of the torch_npu docs parser and the call checker (npu_testkit.torch_npu_docs)."""
 
 from __future__ import annotations
@@ -95,7 +97,7 @@ def test_docs_module_takes_schema_and_overloads_not_examples() -> None:
 
 
 def test_meta_registrations_only_npu_library() -> None:
-    src = textwrap.dedent('''
+    src = textwrap.dedent("""
         from torch.library import Library, impl
         m = Library("npu", "IMPL", "Meta")
         m_aten = Library("aten", "IMPL", "Meta")
@@ -112,14 +114,17 @@ def test_meta_registrations_only_npu_library() -> None:
             @impl(m, "npu_kw")
             def c(x, *, k=1, flag):
                 pass
-    ''')
+    """)
     meta = parse_meta_registrations(src)
     assert set(meta) == {"npu_add_rms_norm", "npu_kw"}
     (sig,) = meta["npu_add_rms_norm"]
     assert sig.required_positional == 3 and sig.params[3].default == "1e-06"
     (kw,) = meta["npu_kw"]
-    assert [(p.name, p.kw_only, p.optional) for p in kw.params] == [("x", False, False), ("k", True, True),
-                                                                      ("flag", True, False)]
+    assert [(p.name, p.kw_only, p.optional) for p in kw.params] == [
+        ("x", False, False),
+        ("k", True, True),
+        ("flag", True, False),
+    ]
 
 
 # --- checker on examples, including wrong calls ---------------------------------------------------------------
@@ -134,7 +139,7 @@ _DOCS = TorchNPUDocs(
     meta={"npu_add_rms_norm": [parse_signature("npu_add_rms_norm(x1, x2, gamma, epsilon=1e-6)", "meta")]},
 )
 
-_SOURCE = '''
+_SOURCE = """
 import torch_npu
 
 def good(x, w, r, q, o, a):
@@ -158,7 +163,7 @@ def bad(x, w, q):
     torch_npu.npu_two(x, w, w)                    # line 22: fits no overload
     torch_npu.atb.npu_rms_norm(x, w)              # line 23: wrong namespace
     torch_npu.npu_rms_norm(x, w, epsilon=1e-6, gamma=w)  # line 24: given twice
-'''
+"""
 
 
 def test_checker_accepts_good_and_reports_each_bad_call() -> None:
@@ -181,7 +186,13 @@ def test_checker_accepts_good_and_reports_each_bad_call() -> None:
 def test_find_calls_records_shape_of_call() -> None:
     (c,) = find_npu_calls("torch_npu.atb.op(a, b, *rest, k=1, **kw)", "f.py")
     assert (c.namespace, c.name, c.n_positional, c.keywords, c.star_args, c.star_kwargs) == (
-        "atb", "op", 2, ("k",), True, True)
+        "atb",
+        "op",
+        2,
+        ("k",),
+        True,
+        True,
+    )
 
 
 # --- the real torch_npu 2.8.0 wheel ---------------------------------------------------------------------------

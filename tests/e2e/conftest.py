@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
 """Shared fixtures of the end-to-end suite: real vLLM 0.11 on the emulated device, tiny models built on the fly.
 
 vLLM resolves its platform once per process, so the emulated device is selected here, when pytest imports this

@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
 """Tiny DeepSeek-V3.2 checkpoints for the e2e tests (transformers has no V3.2 model class).
 
 :func:`build_v32_pair` builds a dense DeepSeek-V3 checkpoint with random weights (``npu_testkit.models``) and, next
@@ -70,7 +72,9 @@ def build_v32_pair(index_topk: int, *, seed: int = 0) -> tuple[Path, Path]:
     )
     (out / "config.json").write_text(json.dumps(cfg, indent=2))
     tensors.update(indexer_weights(tiny_config("deepseek_v3"), seed=seed + 1))
-    save_file({k: v.contiguous() for k, v in tensors.items()}, str(out / "model.safetensors"), metadata={"format": "pt"})
+    save_file(
+        {k: v.contiguous() for k, v in tensors.items()}, str(out / "model.safetensors"), metadata={"format": "pt"}
+    )
     marker.write_text("ok")
     return out, dense
 
@@ -131,7 +135,9 @@ class SparseHFReference:
         self.selections: dict[int, list[set[int]]] = {}
         cfg = self.model.config
         for i, layer in enumerate(self.model.model.layers):
-            layer.self_attn.register_forward_pre_hook(self._hook(i, cfg.rope_theta, cfg.qk_rope_head_dim), with_kwargs=True)
+            layer.self_attn.register_forward_pre_hook(
+                self._hook(i, cfg.rope_theta, cfg.qk_rope_head_dim), with_kwargs=True
+            )
 
     def _hook(self, i: int, theta: float, rope_dim: int):
         import torch
@@ -160,5 +166,5 @@ class SparseHFReference:
                 for _ in range(max_new_tokens):
                     logits = self.model(torch.tensor([seq]), use_cache=False).logits[0, -1]
                     seq.append(int(logits.argmax()))
-                out.append(seq[len(ids):])
+                out.append(seq[len(ids) :])
         return out

@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
 """Encoder-only (bidirectional) attention end to end: a tiny BERT embedding model on real vLLM (pooling runner) on
 the emulated device; mean-pooled, normalised embeddings match HF transformers with cosine >= 0.9999.
 

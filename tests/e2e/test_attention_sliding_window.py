@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
 """Sliding-window attention end to end: tiny Qwen2 with ``use_sliding_window`` (window 16 on every layer), real vLLM
 on the emulated device, greedy tokens equal HF transformers (float32).
 

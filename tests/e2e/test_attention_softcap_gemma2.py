@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
 """Logits soft-capping and per-layer sliding windows end to end: a tiny Gemma-2 (attention soft-cap 20, window 16
 on every other layer, ``query_pre_attn_scalar`` scaling) on real vLLM on the emulated device; greedy tokens equal
 HF transformers' (float32, eager attention, the HF implementation that applies the soft-cap).
@@ -61,8 +63,10 @@ def test_softcap_and_sliding_layers_reach_the_backend(llm):
         from vllm.attention.layer import Attention
 
         model = worker.model_runner.model
-        return sorted({(m.impl.sliding_window, m.impl.logits_soft_cap) for m in model.modules()
-                       if isinstance(m, Attention)}, key=str)
+        return sorted(
+            {(m.impl.sliding_window, m.impl.logits_soft_cap) for m in model.modules() if isinstance(m, Attention)},
+            key=str,
+        )
 
     assert llm.collective_rpc(layers) == [[(16, 20.0), (None, 20.0)]]
 

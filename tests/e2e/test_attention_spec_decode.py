@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
 """Speculative decoding (ngram proposer, 3 speculative tokens) end to end on the emulated device: the normal
 NPUWorker, whose NPUModelRunner builds npu-platform's ``NPURejectionSampler`` in place of vLLM's Triton sampler.
 Greedy tokens equal HF transformers' greedy tokens, i.e. the same as decoding without speculation; seeded random

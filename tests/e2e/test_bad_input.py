@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
 """Bad input gives a clear error, never a crash or a silent fallback."""
 
 from __future__ import annotations

@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
 """bfloat16 on the emulated device stays close to HF transformers float32 (tiny Qwen2).
 
 Metric: teacher-forced log-probabilities. For a fixed 120-token sequence, vLLM's ``prompt_logprobs`` of each actual
@@ -30,7 +32,9 @@ def test_bf16_teacher_forced_logprobs_close_to_hf_fp32(llm, tiny_qwen2):
     (out,) = llm.generate(token_prompts([seq]), SamplingParams(max_tokens=1, prompt_logprobs=0), use_tqdm=False)
     assert llm.llm_engine.vllm_config.model_config.dtype == torch.bfloat16
     ref = hf_logprobs(tiny_qwen2, seq, dtype="float32")
-    diffs = torch.tensor([abs(out.prompt_logprobs[i][seq[i]].logprob - float(ref[i - 1, seq[i]])) for i in range(1, len(seq))])
+    diffs = torch.tensor(
+        [abs(out.prompt_logprobs[i][seq[i]].logprob - float(ref[i - 1, seq[i]])) for i in range(1, len(seq))]
+    )
     assert diffs.mean() < 0.06 and diffs.max() < 0.3, (float(diffs.mean()), float(diffs.max()))
 
 

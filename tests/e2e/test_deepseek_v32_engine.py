@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
 """Real vLLM on the emulated device with a tiny DeepSeek-V3.2 (sparse attention + lightning indexer), float32.
 
 One engine for the module: ``index_topk = 16``. A request whose sequence stays within 16 tokens has every causal
@@ -100,7 +102,9 @@ def test_override_and_sparse_backends_ran(llm):
     assert report["model"] and report["vllm_indexers_left"] == 0 and report["same_buffer"]
     block_size = info["block_size"]
     for layer in report["layers"]:
-        assert layer["indexer"] and layer["shared"] and layer["impl"] and layer["cache_layer"] and layer["cache_backend"]
+        assert (
+            layer["indexer"] and layer["shared"] and layer["impl"] and layer["cache_layer"] and layer["cache_backend"]
+        )
         assert layer["cache_shape"][1:] == (block_size, support.INDEX_HEAD_DIM)  # [blocks, block_size, index_head_dim]
         assert layer["cache_dtype"] == "torch.float32"  # the model dtype, not fp8
         assert layer["buffer"] == ("cpu", (MAX_BATCHED_TOKENS, TOPK))

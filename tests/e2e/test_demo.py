@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
 """``vllm-npu demo`` (the README's main job) runs real vLLM through the whole plugin stack on the emulated device."""
 
 from __future__ import annotations

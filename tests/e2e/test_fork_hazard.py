@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
 """The fork hazard: a process that ran torch CPU work (an HF reference generate) and then creates ``LLM`` with vLLM's
 default separate engine-core process. A forked child deadlocks at model loading (OpenMP state does not survive
 fork); the emulated platform selects ``spawn`` so this must finish, and match HF."""
@@ -31,11 +33,12 @@ print("RESULT", json.dumps({"ref": ref, "got": [list(o.outputs[0].token_ids) for
 def test_llm_after_hf_work_with_engine_core_process_does_not_hang(tiny_qwen2, tmp_path):
     env = {**os.environ, **emulated_env(tmp_path, multiprocessing=True)}
     env.pop("VLLM_WORKER_MULTIPROC_METHOD", None)  # the platform's own choice is under test
-    proc = subprocess.run([sys.executable, "-c", SCRIPT, str(tiny_qwen2)], env=env, capture_output=True, text=True,
-                          timeout=900)
+    proc = subprocess.run(
+        [sys.executable, "-c", SCRIPT, str(tiny_qwen2)], env=env, capture_output=True, text=True, timeout=900
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     import json
 
     line = next(line for line in proc.stdout.splitlines() if line.startswith("RESULT "))
-    result = json.loads(line[len("RESULT "):])
+    result = json.loads(line[len("RESULT ") :])
     assert result["got"] == result["ref"]

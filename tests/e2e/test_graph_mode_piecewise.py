@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
 """``npu.graph_mode='piecewise'`` on the emulated device: Dynamo captures the model, vLLM splits it at the attention
 op (our backend runs between the pieces), the pieces run as FX graphs. Greedy output must equal HF.
 
@@ -19,8 +21,7 @@ ALL_PLUGINS = "npu,npu_ops,npu_attention,npu_patches,npu_models,npu_quant"
 
 @pytest.fixture(scope="module")
 def llm(tiny_qwen2, tmp_path_factory):
-    env = emulated_env(tmp_path_factory.mktemp("piecewise"), multiprocessing=True,
-                       extra={"VLLM_PLUGINS": ALL_PLUGINS})
+    env = emulated_env(tmp_path_factory.mktemp("piecewise"), multiprocessing=True, extra={"VLLM_PLUGINS": ALL_PLUGINS})
     with engine(tiny_qwen2, env, additional_config={"npu": {"graph_mode": "piecewise"}}) as llm:
         yield llm
 

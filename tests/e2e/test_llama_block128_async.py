@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
 """Real vLLM on the emulated device, tiny Llama (GQA 4/2 heads), float32, block size 128, async scheduling,
 chunked prefill, prefix caching, then sleep mode (levels 1 and 2) on the same engine. Reference: HF, greedy."""
 

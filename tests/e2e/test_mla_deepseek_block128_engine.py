@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
 """Tiny DeepSeek-V3 variant through AscendMLABackend: no q LoRA (``q_proj`` path), YaRN rope scaling (the MLA
 softmax scale carries DeepSeek's mscale²) and KV block size 128. One engine; reference: HF transformers, float32.
 """

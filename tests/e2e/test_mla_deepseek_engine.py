@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
 """Real vLLM on the emulated device with a tiny DeepSeek-V3 (MLA) model, float32: one engine for the module.
 
 The MLA layers run through ``AscendMLABackend`` (reference kernels): the latent cache, absorbed decode, and prefill

@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
 """Real vLLM on the emulated device with a tiny DeepSeek-V3 whose router is the real V3 one, float32.
 
 DeepSeek-V3 routing at small scale: 16 routed experts in 4 groups, keep the 2 best groups (group score = sum of
@@ -71,9 +73,16 @@ def _moe_layers(worker):
 
     model = worker.model_runner.get_model()
     return [
-        (f"{type(m).__module__}.{type(m).__name__}", m.moe_plan.gate_path, m.use_grouped_topk, m.num_expert_group,
-         m.topk_group, bool(m.e_score_correction_bias.abs().sum() > 0))
-        for m in model.modules() if isinstance(m, FusedMoE)
+        (
+            f"{type(m).__module__}.{type(m).__name__}",
+            m.moe_plan.gate_path,
+            m.use_grouped_topk,
+            m.num_expert_group,
+            m.topk_group,
+            bool(m.e_score_correction_bias.abs().sum() > 0),
+        )
+        for m in model.modules()
+        if isinstance(m, FusedMoE)
     ]
 
 

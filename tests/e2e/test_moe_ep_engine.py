@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
 """Expert parallelism in a real vLLM engine on the emulated device: tiny Qwen3-MoE, TP=2 with
 ``enable_expert_parallel`` (two spawned workers, gloo through NPUCommunicator), float32.
 
@@ -29,8 +31,14 @@ def tiny_model():
 @pytest.fixture(scope="module")
 def llm(tiny_model, tmp_path_factory):
     env = emulated_env(tmp_path_factory.mktemp("moe_ep2"), extra={"VLLM_WORKER_MULTIPROC_METHOD": "spawn"})
-    with engine(tiny_model, env, tensor_parallel_size=2, enable_expert_parallel=True,
-                distributed_executor_backend="mp", max_num_batched_tokens=64) as llm:
+    with engine(
+        tiny_model,
+        env,
+        tensor_parallel_size=2,
+        enable_expert_parallel=True,
+        distributed_executor_backend="mp",
+        max_num_batched_tokens=64,
+    ) as llm:
         yield llm
 
 
@@ -39,9 +47,17 @@ def _moe_layers(worker):
 
     model = worker.model_runner.get_model()
     return [
-        (type(m).__name__, m.ep_rank, m.ep_size, m.local_num_experts, type(m.moe_plan.dispatcher).__name__,
-         m.expert_map.tolist(), tuple(m.w13_weight.shape))
-        for m in model.modules() if isinstance(m, FusedMoE)
+        (
+            type(m).__name__,
+            m.ep_rank,
+            m.ep_size,
+            m.local_num_experts,
+            type(m.moe_plan.dispatcher).__name__,
+            m.expert_map.tolist(),
+            tuple(m.w13_weight.shape),
+        )
+        for m in model.modules()
+        if isinstance(m, FusedMoE)
     ]
 
 

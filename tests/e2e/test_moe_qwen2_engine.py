@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
 """Real vLLM on the emulated device with a tiny Qwen2-MoE model, float32: top-4 of 10 experts *without*
 renormalisation (``norm_topk_prob=False``), plus Qwen2-MoE's sigmoid-gated shared expert (vLLM's own MLP around our
 AscendFusedMoE). Reference: HF transformers ``Qwen2MoeForCausalLM``, greedy.
@@ -16,10 +18,22 @@ def tiny_qwen2_moe():
     import transformers
 
     return transformers.Qwen2MoeConfig(
-        vocab_size=512, hidden_size=64, intermediate_size=128, moe_intermediate_size=32,
-        shared_expert_intermediate_size=48, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-        num_experts=10, num_experts_per_tok=4, norm_topk_prob=False, decoder_sparse_step=1, mlp_only_layers=[],
-        max_position_embeddings=1024, rope_theta=10000.0, tie_word_embeddings=False,
+        vocab_size=512,
+        hidden_size=64,
+        intermediate_size=128,
+        moe_intermediate_size=32,
+        shared_expert_intermediate_size=48,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        num_experts=10,
+        num_experts_per_tok=4,
+        norm_topk_prob=False,
+        decoder_sparse_step=1,
+        mlp_only_layers=[],
+        max_position_embeddings=1024,
+        rope_theta=10000.0,
+        tie_word_embeddings=False,
     )
 
 
@@ -39,8 +53,11 @@ def _moe_layers(worker):
     from vllm.model_executor.layers.fused_moe.layer import FusedMoE
 
     model = worker.model_runner.get_model()
-    return [(type(m).__name__, m.renormalize, m.top_k, m.moe_plan.gate_path)
-            for m in model.modules() if isinstance(m, FusedMoE)]
+    return [
+        (type(m).__name__, m.renormalize, m.top_k, m.moe_plan.gate_path)
+        for m in model.modules()
+        if isinstance(m, FusedMoE)
+    ]
 
 
 def test_our_moe_class_is_in_the_model(llm):

@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
 """Real vLLM on the emulated device with a tiny Qwen3-MoE model (softmax top-2 of 6 experts), float32.
 
 Every decoder layer is MoE, and the 6 experts (not a power of two) run through npu-ops' AscendFusedMoE: softmax
@@ -31,17 +33,31 @@ def _moe_layers(worker):
 
     model = worker.model_runner.get_model()
     return [
-        (f"{type(m).__module__}.{type(m).__name__}", type(m.quant_method).__name__, m.moe_plan.gate_path,
-         type(m.moe_plan.dispatcher).__name__)
-        for m in model.modules() if isinstance(m, FusedMoE)
+        (
+            f"{type(m).__module__}.{type(m).__name__}",
+            type(m.quant_method).__name__,
+            m.moe_plan.gate_path,
+            type(m.moe_plan.dispatcher).__name__,
+        )
+        for m in model.modules()
+        if isinstance(m, FusedMoE)
     ]
 
 
 def test_our_moe_class_is_in_the_model(llm):
     (layers,) = llm.collective_rpc(_moe_layers)
-    assert layers == [
-        ("vllm_npu.ops.moe.layer.AscendFusedMoE", "AscendUnquantizedFusedMoEMethod", "topk_softmax", "LocalDispatcher")
-    ] * 2
+    assert (
+        layers
+        == [
+            (
+                "vllm_npu.ops.moe.layer.AscendFusedMoE",
+                "AscendUnquantizedFusedMoEMethod",
+                "topk_softmax",
+                "LocalDispatcher",
+            )
+        ]
+        * 2
+    )
 
 
 def test_batched_prompts_match_hf(llm, tiny_model):

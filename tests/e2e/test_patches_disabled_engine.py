@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
 """Disabling patches reaches the worker: ``VLLM_NPU_PATCHES=-repetition-penalty-torch`` and
 ``--additional-config '{"npu": {"disabled_patches": ["attention-output-empty"]}}'`` on a real engine.
 
@@ -31,9 +33,13 @@ def test_both_ways_of_disabling_reach_the_worker(llm):
     (report,) = llm.collective_rpc(patch_report)  # runs in the engine-core process (a fresh worker)
     penalty, attention = report["repetition-penalty-torch"], report["attention-output-empty"]
     assert (penalty["status"], penalty["reason"]) == (
-        "disabled", "disabled by VLLM_NPU_PATCHES=-repetition-penalty-torch")
+        "disabled",
+        "disabled by VLLM_NPU_PATCHES=-repetition-penalty-torch",
+    )
     assert (attention["status"], attention["reason"]) == (
-        "disabled", "disabled by --additional-config npu.disabled_patches")
+        "disabled",
+        "disabled by --additional-config npu.disabled_patches",
+    )
     assert not penalty["installed"] and not attention["installed"]
 
 

@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
 """npu-patches on a real vLLM 0.11.0 engine (emulated device, tiny Qwen2, float32): the worker applied the patches,
 and the behaviour each one fixes works end to end. One engine for the module (in-process engine core, so the
 worker's patched vLLM is this process's vLLM).
@@ -55,10 +57,16 @@ def hf_greedy_with_penalty(model_dir, prompts: list[list[int]], max_new_tokens: 
     with torch.no_grad():
         for ids in prompts:
             inp = torch.tensor([ids])
-            gen = model.generate(inp, attention_mask=torch.ones_like(inp), max_new_tokens=max_new_tokens,
-                                 min_new_tokens=max_new_tokens, do_sample=False, repetition_penalty=penalty,
-                                 pad_token_id=model.config.pad_token_id)
-            out.append(gen[0, len(ids):].tolist())
+            gen = model.generate(
+                inp,
+                attention_mask=torch.ones_like(inp),
+                max_new_tokens=max_new_tokens,
+                min_new_tokens=max_new_tokens,
+                do_sample=False,
+                repetition_penalty=penalty,
+                pad_token_id=model.config.pad_token_id,
+            )
+            out.append(gen[0, len(ids) :].tolist())
     return out
 
 

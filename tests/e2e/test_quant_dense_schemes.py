@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
 """Dense linear schemes end to end: a tiny Qwen2 (hidden 64, 2 layers, GQA, qkv bias) quantized by ``vllm-npu quantize``
 for every linear scheme runs through real vLLM 0.11 on the emulated device with the ``ascend`` method. One engine
 per scheme (module-scoped parameters); the checks are in :mod:`npu_testkit.quant_e2e`.

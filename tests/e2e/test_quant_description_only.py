@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
 """End to end: a ModelSlim checkpoint that carries only ``quant_model_description.json`` (no ``quantization_config``
 in config.json, as new msModelSlim exports ship) is claimed by the ``ascend`` quant method without any
 ``quantization=`` argument.
@@ -54,7 +56,9 @@ def test_config_is_claimed_like_an_explicit_ascend(checkpoint, tmp_path):
 
     def config(**kwargs):
         with patched_environ(emulated_env(tmp_path)):
-            return EngineArgs(model=str(checkpoint), dtype="float32", max_model_len=256, **kwargs).create_engine_config()
+            return EngineArgs(
+                model=str(checkpoint), dtype="float32", max_model_len=256, **kwargs
+            ).create_engine_config()
 
     claimed, explicit = config(), config(quantization="ascend")
     assert claimed.model_config.quantization == explicit.model_config.quantization == "ascend"

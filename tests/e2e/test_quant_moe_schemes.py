@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
 """MoE schemes end to end: a tiny Qwen3-MoE (6 experts, top-2, every layer MoE) quantized by ``vllm-npu quantize``
 runs through real vLLM 0.11 on the emulated device with the ``ascend`` method: attention linears run the linear
 scheme, the experts the MoE method through npu-ops' MoE forward, the router stays float. One engine per scheme
@@ -24,15 +26,24 @@ CASES = [
     # KL(float || quantized) measured: W8A8 0.0017-0.0047, W8A8_DYNAMIC 0.003, W4A8 0.22, W4A8 packed 0.07-0.22 nats.
     QuantCase("moe_w8a8", "W8A8", "qwen3_moe", 0.05, moe_methods("AscendW8A8FusedMoEMethod", "W8A8Scheme")),
     QuantCase(
-        "moe_w8a8_dynamic", "W8A8_DYNAMIC", "qwen3_moe", 0.05,
+        "moe_w8a8_dynamic",
+        "W8A8_DYNAMIC",
+        "qwen3_moe",
+        0.05,
         moe_methods("AscendW8A8DynamicFusedMoEMethod", "W8A8DynamicScheme"),
     ),
     QuantCase(
-        "moe_w4a8_dynamic", "W4A8_DYNAMIC", "qwen3_moe", 0.5,
+        "moe_w4a8_dynamic",
+        "W4A8_DYNAMIC",
+        "qwen3_moe",
+        0.5,
         moe_methods("AscendW4A8DynamicFusedMoEMethod", "W4A8DynamicScheme"),
     ),
     QuantCase(
-        "moe_w4a8_packed", "W4A8_DYNAMIC", "qwen3_moe", 0.5,
+        "moe_w4a8_packed",
+        "W4A8_DYNAMIC",
+        "qwen3_moe",
+        0.5,
         moe_methods("AscendW4A8DynamicFusedMoEMethod", "W4A8DynamicScheme"),
         quantize_args=("--w4a8-version", "1.0.0"),
     ),

@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
 """Real vLLM on the emulated device, tiny Qwen2 (GQA 4/2 heads), float32: one engine for the whole module.
 
 The engine uses block size 16 and ``max_num_batched_tokens=64``, so the 150-token prompt is prefilled in chunks
@@ -105,7 +107,9 @@ def test_seeded_sampling_is_reproducible(llm):
 
     def run(seed):
         params = SamplingParams(temperature=0.9, top_p=0.9, top_k=40, seed=seed, max_tokens=16, ignore_eos=True, n=2)
-        return [[list(c.token_ids) for c in o.outputs] for o in llm.generate(token_prompts(batch), params, use_tqdm=False)]
+        return [
+            [list(c.token_ids) for c in o.outputs] for o in llm.generate(token_prompts(batch), params, use_tqdm=False)
+        ]
 
     a, b, c = run(1234), run(1234), run(99)
     assert a == b

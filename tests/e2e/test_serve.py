@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
 """``vllm serve`` on the emulated device (127.0.0.1): completions and chat completions return the greedy tokens of
 offline generation. Offline generation equals HF transformers token for token (test_qwen2_engine.py), so HF greedy
 on the very prompt ids the server reports is the reference here, which keeps this module to one engine."""
@@ -49,9 +51,26 @@ def server(tiny_qwen2, tmp_path_factory):
 
 def _run_server(tiny_qwen2, tmp, port, env, vllm_bin, log):
     proc = subprocess.Popen(
-        [str(vllm_bin), "serve", str(tiny_qwen2), "--host", "127.0.0.1", "--port", str(port),
-         "--dtype", "float32", "--max-model-len", "512", "--max-num-seqs", "8", "--served-model-name", "tiny"],
-        env=env, stdout=log, stderr=subprocess.STDOUT,
+        [
+            str(vllm_bin),
+            "serve",
+            str(tiny_qwen2),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--dtype",
+            "float32",
+            "--max-model-len",
+            "512",
+            "--max-num-seqs",
+            "8",
+            "--served-model-name",
+            "tiny",
+        ],
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
     )
     base = f"http://127.0.0.1:{port}"
     try:
@@ -66,7 +85,9 @@ def _run_server(tiny_qwen2, tmp, port, env, vllm_bin, log):
             except (urllib.error.URLError, ConnectionError, TimeoutError):
                 pass
             if time.monotonic() > deadline:
-                pytest.fail(f"vllm serve not ready after {STARTUP_TIMEOUT_S}s:\n{(tmp / 'server.log').read_text()[-4000:]}")
+                pytest.fail(
+                    f"vllm serve not ready after {STARTUP_TIMEOUT_S}s:\n{(tmp / 'server.log').read_text()[-4000:]}"
+                )
             time.sleep(1)
         yield base
     finally:
@@ -80,10 +101,17 @@ def _run_server(tiny_qwen2, tmp, port, env, vllm_bin, log):
 
 def test_completion_matches_offline_greedy(server, tiny_qwen2):
     prompt = make_prompts([17], seed=31)[0]
-    out = _post(f"{server}/v1/completions", {
-        "model": "tiny", "prompt": prompt, "max_tokens": MAX_TOKENS, "temperature": 0.0,
-        "ignore_eos": True, "return_token_ids": True,
-    })
+    out = _post(
+        f"{server}/v1/completions",
+        {
+            "model": "tiny",
+            "prompt": prompt,
+            "max_tokens": MAX_TOKENS,
+            "temperature": 0.0,
+            "ignore_eos": True,
+            "return_token_ids": True,
+        },
+    )
     (choice,) = out["choices"]
     assert choice["token_ids"] == hf_greedy(tiny_qwen2, [prompt], MAX_TOKENS)[0]
 
@@ -92,10 +120,17 @@ def test_chat_completion_matches_offline_greedy(server, tiny_qwen2):
     from transformers import AutoTokenizer
 
     messages = [{"role": "user", "content": "It was the best of times"}]
-    out = _post(f"{server}/v1/chat/completions", {
-        "model": "tiny", "messages": messages, "max_tokens": MAX_TOKENS, "temperature": 0.0,
-        "ignore_eos": True, "return_token_ids": True,
-    })
+    out = _post(
+        f"{server}/v1/chat/completions",
+        {
+            "model": "tiny",
+            "messages": messages,
+            "max_tokens": MAX_TOKENS,
+            "temperature": 0.0,
+            "ignore_eos": True,
+            "return_token_ids": True,
+        },
+    )
     prompt_ids = out["prompt_token_ids"]
     tokenizer = AutoTokenizer.from_pretrained(tiny_qwen2)
     assert prompt_ids == tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)

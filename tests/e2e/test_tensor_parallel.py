@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
 """tensor_parallel_size=2 on the emulated device: vLLM's multiprocess executor, two spawned workers, gloo
 collectives through NPUCommunicator. Greedy output must equal TP=1, which the other modules prove equal to HF;
 here it is compared with HF directly (float32)."""
@@ -16,8 +18,9 @@ MAX_TOKENS = 16
 @pytest.fixture(scope="module")
 def llm(tiny_qwen2, tmp_path_factory):
     env = emulated_env(tmp_path_factory.mktemp("tp2"), extra={"VLLM_WORKER_MULTIPROC_METHOD": "spawn"})
-    with engine(tiny_qwen2, env, tensor_parallel_size=2, distributed_executor_backend="mp",
-                max_num_batched_tokens=64) as llm:
+    with engine(
+        tiny_qwen2, env, tensor_parallel_size=2, distributed_executor_backend="mp", max_num_batched_tokens=64
+    ) as llm:
         yield llm
 
 

@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
 """Kernel-level test harness: hand-built paged batches, vLLM's CommonAttentionMetadata, and a dense reference.
 
 The dense reference is the obviously-correct form: for every request, the full key/value sequence is kept as a
@@ -197,5 +199,4 @@ TOLERANCES = {
     torch.bfloat16: {"atol": 3e-2, "rtol": 3e-2},
 }
 
-__all__ = ["AscendAttentionBackend", "Batch", "TOLERANCES", "dense_reference", "make_batch", "make_builder",
-           "run_impl"]
+__all__ = ["AscendAttentionBackend", "Batch", "TOLERANCES", "dense_reference", "make_batch", "make_builder", "run_impl"]

@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
 """Make the tests' helper module importable under ``--import-mode=importlib`` (no package, no rootdir insertion)."""
 
 from __future__ import annotations

@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
 """MLA / SFA test harness: a hand-built paged latent cache, the step inputs vLLM hands the impl, and a dense,
 obviously correct reference.
 

@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
 """AscendAttentionImpl (reference kernels) against a dense softmax(QK^T)V reference, state by state.
 
 Tolerances (max abs / rel vs the float64 dense reference): float32 2e-5 / 1e-5, float16 4e-3 / 4e-3,
@@ -37,10 +39,17 @@ def _check(batch, out, expected, dtype):
 def test_states_fp32(case: str, gqa: int, block_size: int) -> None:
     q_lens, ctx_lens, state, spec = CASES[case]
     nh = NUM_KV_HEADS * gqa
-    batch = make_batch(q_lens, ctx_lens, num_heads=nh, num_kv_heads=NUM_KV_HEADS, head_size=HEAD_SIZE,
-                       block_size=block_size, num_pad=3, seed=gqa * 100 + block_size)
-    out, md = run_impl(batch, num_heads=nh, num_kv_heads=NUM_KV_HEADS, head_size=HEAD_SIZE,
-                       num_speculative_tokens=spec)
+    batch = make_batch(
+        q_lens,
+        ctx_lens,
+        num_heads=nh,
+        num_kv_heads=NUM_KV_HEADS,
+        head_size=HEAD_SIZE,
+        block_size=block_size,
+        num_pad=3,
+        seed=gqa * 100 + block_size,
+    )
+    out, md = run_impl(batch, num_heads=nh, num_kv_heads=NUM_KV_HEADS, head_size=HEAD_SIZE, num_speculative_tokens=spec)
     assert md.attn_state is state
     expected = dense_reference(batch, num_heads=nh, num_kv_heads=NUM_KV_HEADS, head_size=HEAD_SIZE)
     _check(batch, out, expected, torch.float32)
@@ -50,8 +59,9 @@ def test_states_fp32(case: str, gqa: int, block_size: int) -> None:
 @pytest.mark.parametrize("case", ["chunked_mixed", "decode_only", "prefill_no_cache"])
 def test_states_half_precision(dtype: torch.dtype, case: str) -> None:
     q_lens, ctx_lens, _, spec = CASES[case]
-    batch = make_batch(q_lens, ctx_lens, num_heads=8, num_kv_heads=2, head_size=64, block_size=128,
-                       dtype=dtype, num_pad=2, seed=5)
+    batch = make_batch(
+        q_lens, ctx_lens, num_heads=8, num_kv_heads=2, head_size=64, block_size=128, dtype=dtype, num_pad=2, seed=5
+    )
     out, _ = run_impl(batch, num_heads=8, num_kv_heads=2, head_size=64, num_speculative_tokens=spec)
     assert out.dtype == dtype
     expected = dense_reference(batch, num_heads=8, num_kv_heads=2, head_size=64)
@@ -59,8 +69,9 @@ def test_states_half_precision(dtype: torch.dtype, case: str) -> None:
 
 
 def test_kv_cache_write_skips_padding_slots() -> None:
-    batch = make_batch([3, 1, 6], [0, 9, 20], num_heads=4, num_kv_heads=2, head_size=16, block_size=16,
-                       num_pad=4, seed=11)
+    batch = make_batch(
+        [3, 1, 6], [0, 9, 20], num_heads=4, num_kv_heads=2, head_size=16, block_size=16, num_pad=4, seed=11
+    )
     before = batch.kv_cache.clone()
     run_impl(batch, num_heads=4, num_kv_heads=2, head_size=16)
     slots = batch.common.slot_mapping
@@ -79,10 +90,12 @@ def test_kv_cache_write_skips_padding_slots() -> None:
 @pytest.mark.parametrize("window", [1, 5, 24])
 def test_sliding_window(case: str, window: int) -> None:
     q_lens, ctx_lens, state, spec = CASES[case]
-    batch = make_batch(q_lens, ctx_lens, num_heads=4, num_kv_heads=2, head_size=HEAD_SIZE, block_size=16,
-                       num_pad=1, seed=window)
-    out, md = run_impl(batch, num_heads=4, num_kv_heads=2, head_size=HEAD_SIZE, sliding_window=window,
-                       num_speculative_tokens=spec)
+    batch = make_batch(
+        q_lens, ctx_lens, num_heads=4, num_kv_heads=2, head_size=HEAD_SIZE, block_size=16, num_pad=1, seed=window
+    )
+    out, md = run_impl(
+        batch, num_heads=4, num_kv_heads=2, head_size=HEAD_SIZE, sliding_window=window, num_speculative_tokens=spec
+    )
     assert md.attn_state is state
     expected = dense_reference(batch, num_heads=4, num_kv_heads=2, head_size=HEAD_SIZE, sliding_window=window)
     _check(batch, out, expected, torch.float32)
@@ -106,14 +119,25 @@ def test_logits_soft_cap(case: str) -> None:
 def test_encoder_only_bidirectional(gqa: int, window: int | None) -> None:
     nh = 2 * gqa
     q_lens = [7, 1, 19, 33]
-    batch = make_batch(q_lens, [0] * len(q_lens), num_heads=nh, num_kv_heads=2, head_size=HEAD_SIZE,
-                       block_size=16, num_pad=2, causal=False, seed=gqa)
+    batch = make_batch(
+        q_lens,
+        [0] * len(q_lens),
+        num_heads=nh,
+        num_kv_heads=2,
+        head_size=HEAD_SIZE,
+        block_size=16,
+        num_pad=2,
+        causal=False,
+        seed=gqa,
+    )
     before = batch.kv_cache.clone()
-    out, md = run_impl(batch, num_heads=nh, num_kv_heads=2, head_size=HEAD_SIZE, encoder_only=True,
-                       sliding_window=window)
+    out, md = run_impl(
+        batch, num_heads=nh, num_kv_heads=2, head_size=HEAD_SIZE, encoder_only=True, sliding_window=window
+    )
     assert not md.causal
-    expected = dense_reference(batch, num_heads=nh, num_kv_heads=2, head_size=HEAD_SIZE, causal=False,
-                               sliding_window=window)
+    expected = dense_reference(
+        batch, num_heads=nh, num_kv_heads=2, head_size=HEAD_SIZE, causal=False, sliding_window=window
+    )
     _check(batch, out, expected, torch.float32)
     assert torch.equal(batch.kv_cache, before)  # encoder-only attention never writes a cache
     causal = dense_reference(batch, num_heads=nh, num_kv_heads=2, head_size=HEAD_SIZE)
@@ -159,8 +183,16 @@ def test_random_batches(seed: int) -> None:
     q_lens = [int(torch.randint(1, 2 + spec, (1,), generator=g)) for _ in range(num_decodes)]
     q_lens += [int(torch.randint(spec + 2, 70, (1,), generator=g)) for _ in range(num_prefills)]
     ctx_lens = [int(torch.randint(0, 300, (1,), generator=g)) for _ in q_lens]
-    batch = make_batch(q_lens, ctx_lens, num_heads=nkv * gqa, num_kv_heads=nkv, head_size=d, block_size=bs,
-                       num_pad=int(torch.randint(0, 4, (1,), generator=g)), seed=seed)
+    batch = make_batch(
+        q_lens,
+        ctx_lens,
+        num_heads=nkv * gqa,
+        num_kv_heads=nkv,
+        head_size=d,
+        block_size=bs,
+        num_pad=int(torch.randint(0, 4, (1,), generator=g)),
+        seed=seed,
+    )
     kw = {"num_heads": nkv * gqa, "num_kv_heads": nkv, "head_size": d, "sliding_window": window}
     out, _ = run_impl(batch, num_speculative_tokens=spec, **kw)
     _check(batch, out, dense_reference(batch, **kw), torch.float32)

@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
 """Masks, batch classification, builder configuration checks, kernel twin contracts, NPU-only layer checks."""
 
 from __future__ import annotations
@@ -31,8 +33,9 @@ def test_splitfuse_and_pooling_masks() -> None:
     assert mb.pooling_mask() is pm
 
 
-@pytest.mark.parametrize(("dtype", "value"), [(torch.float16, float("-inf")), (torch.bfloat16, 1.0),
-                                              (torch.float32, float("-inf"))])
+@pytest.mark.parametrize(
+    ("dtype", "value"), [(torch.float16, float("-inf")), (torch.bfloat16, 1.0), (torch.float32, float("-inf"))]
+)
 def test_float_causal_mask_by_dtype_grows_on_demand(dtype: torch.dtype, value: float) -> None:
     mb = AttentionMaskBuilder("cpu")
     m = mb.causal_mask(5, dtype)
@@ -111,8 +114,11 @@ def test_backend_surface() -> None:
 # --- kernel twins ----------------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("kernel", [RESHAPE_AND_CACHE, PAGED_DECODE, PAGED_PREFILL, PREFILL_NO_CACHE, ENCODER_ATTENTION],
-                         ids=lambda k: k.name)
+@pytest.mark.parametrize(
+    "kernel",
+    [RESHAPE_AND_CACHE, PAGED_DECODE, PAGED_PREFILL, PREFILL_NO_CACHE, ENCODER_ATTENTION],
+    ids=lambda k: k.name,
+)
 def test_twins_share_one_signature(kernel) -> None:
     npu, ref = inspect.signature(kernel.npu), inspect.signature(kernel.reference)
     assert list(npu.parameters) == list(ref.parameters)
@@ -124,17 +130,48 @@ def test_reference_kernels_reject_bad_shapes() -> None:
     q = torch.randn(4, 6, 16)
     cache = torch.randn(3, 16, 2, 16)
     with pytest.raises(KernelContractError, match="num_heads=8"):
-        PAGED_DECODE.reference(q, cache, cache, torch.zeros(4, 1, dtype=torch.int32), [1, 1, 1, 1],
-                               num_heads=8, num_kv_heads=2, scale=1.0, out=q.clone())
+        PAGED_DECODE.reference(
+            q,
+            cache,
+            cache,
+            torch.zeros(4, 1, dtype=torch.int32),
+            [1, 1, 1, 1],
+            num_heads=8,
+            num_kv_heads=2,
+            scale=1.0,
+            out=q.clone(),
+        )
     with pytest.raises(KernelContractError, match="more new tokens"):
-        PAGED_PREFILL.reference(q, cache, cache, torch.zeros(1, 1, dtype=torch.int32), [0, 4], [3],
-                                num_heads=6, num_kv_heads=2, scale=1.0, attn_mask=None, out=q.clone())
+        PAGED_PREFILL.reference(
+            q,
+            cache,
+            cache,
+            torch.zeros(1, 1, dtype=torch.int32),
+            [0, 4],
+            [3],
+            num_heads=6,
+            num_kv_heads=2,
+            scale=1.0,
+            attn_mask=None,
+            out=q.clone(),
+        )
     with pytest.raises(KernelContractError, match="do not pack"):
-        PREFILL_NO_CACHE.reference(q, q[:, :2], q[:, :2], [3], num_heads=6, num_kv_heads=2, scale=1.0,
-                                   attn_mask=None, out=q.clone())
+        PREFILL_NO_CACHE.reference(
+            q, q[:, :2], q[:, :2], [3], num_heads=6, num_kv_heads=2, scale=1.0, attn_mask=None, out=q.clone()
+        )
     with pytest.raises(KernelContractError, match="soft-capping"):
-        PAGED_DECODE.npu(q, cache, cache, torch.zeros(4, 1, dtype=torch.int32), [1, 1, 1, 1], num_heads=6,
-                         num_kv_heads=2, scale=1.0, out=q.clone(), logits_soft_cap=30.0)
+        PAGED_DECODE.npu(
+            q,
+            cache,
+            cache,
+            torch.zeros(4, 1, dtype=torch.int32),
+            [1, 1, 1, 1],
+            num_heads=6,
+            num_kv_heads=2,
+            scale=1.0,
+            out=q.clone(),
+            logits_soft_cap=30.0,
+        )
 
 
 # --- impl configuration ---------------------------------------------------------------------------------------------

@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
 """AscendMLABackend against dense, obviously correct attention (the scenarios and the reference: :mod:`mla_harness`).
 
 The backend runs the real metadata builder and impl (reference kernels) on a paged cache whose blocks are scattered
@@ -58,7 +60,9 @@ def test_pure_decode(block_size: int) -> None:
 def test_mixed_batch_with_chunked_context_and_padding(block_size: int, seed: int) -> None:
     g = torch.Generator().manual_seed(seed)
     decodes = [(int(torch.randint(1, 300, (1,), generator=g)), 1) for _ in range(3)]
-    prefills = [(int(torch.randint(0, 300, (1,), generator=g)), int(torch.randint(2, 40, (1,), generator=g))) for _ in range(3)]
+    prefills = [
+        (int(torch.randint(0, 300, (1,), generator=g)), int(torch.randint(2, 40, (1,), generator=g))) for _ in range(3)
+    ]
     prefills.append((0, 9))  # a prefill without context next to ones with context
     s = make_scenario(decodes + prefills, block_size, seed=seed, pad=5)
     out, meta = run_backend(s, chunk_tokens=2 * block_size)  # forces several context chunks

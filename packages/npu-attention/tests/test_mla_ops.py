@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
 """Golden tests of the MLA kernel references (vLLM's forward_native and plain math as the truth)."""
 
 from __future__ import annotations
@@ -60,7 +62,9 @@ def test_fused_norm_rope_write_matches_hf_and_vllm() -> None:
     norm.weight.data.uniform_(0.5, 1.5)
     want_c = norm(kv[:, :L])
     q = torch.randn(T, R)
-    hf_q, hf_k = apply_rotary_pos_emb_interleave(q.view(1, 1, T, R), kv[:, L:].reshape(1, 1, T, R), cos[None], sin[None])
+    hf_q, hf_k = apply_rotary_pos_emb_interleave(
+        q.view(1, 1, T, R), kv[:, L:].reshape(1, 1, T, R), cos[None], sin[None]
+    )
     vllm_q = apply_rotary_emb_torch(q.view(T, 1, R), half_cos, half_sin, is_neox_style=False).view(T, R)
     vllm_k = apply_rotary_emb_torch(kv[:, L:].reshape(T, 1, R), half_cos, half_sin, is_neox_style=False).view(T, R)
 
@@ -111,7 +115,15 @@ def test_ring_steps_merged_by_lse_equal_one_pass() -> None:
 
     full = [tuple(torch.cat([c[i], n[i]]) for i in range(3)) for c, n in zip(ctx, new, strict=True)]
     want, want_lse = ring_mla_reference(
-        qn, qr, cat(full, 0), cat(full, 1), cat(full, 2), q_lens, [c + q for c, q in zip(ctx_lens, q_lens, strict=True)], scale, True
+        qn,
+        qr,
+        cat(full, 0),
+        cat(full, 1),
+        cat(full, 2),
+        q_lens,
+        [c + q for c, q in zip(ctx_lens, q_lens, strict=True)],
+        scale,
+        True,
     )
     out, lse = ring_mla_reference(qn, qr, cat(new, 0), cat(new, 1), cat(new, 2), q_lens, q_lens, scale, True)
     for lo, hi in [(0, 5), (5, 12)]:  # two context chunks
@@ -156,7 +168,9 @@ def test_npu_twins_refuse_shapes_outside_the_documented_limits() -> None:
     cache = torch.zeros(4, 16, 48)
     nope, rope = latent_cache_planes(cache, 32, 16)
     with pytest.raises(KernelContractError, match="kv_lora_rank 512"):
-        mla_decode_npu(torch.zeros(1, 4, 32), torch.zeros(1, 4, 16), nope, rope, torch.zeros(1, 1, dtype=torch.int32), [1], 1.0)
+        mla_decode_npu(
+            torch.zeros(1, 4, 32), torch.zeros(1, 4, 16), nope, rope, torch.zeros(1, 1, dtype=torch.int32), [1], 1.0
+        )
     z = torch.zeros(2, 4, 24)
     with pytest.raises(KernelContractError, match="qk_nope_head_dim 128"):
         ring_mla_npu(z, torch.zeros(2, 4, 16), z, torch.zeros(2, 1, 16), torch.zeros(2, 4, 20), [2], [2], 1.0, True)

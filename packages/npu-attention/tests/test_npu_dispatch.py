@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
 """The NPU code path of the GQA backend, run against a stand-in ``torch_npu`` written from the torch_npu 2.8.0 docs.
 
 No Ascend hardware exists here, so the ``torch_npu`` module is replaced by a fake whose ops follow the documented
@@ -50,8 +52,20 @@ def npu_scatter_pa_kv_cache(key, value, key_cache, value_cache, slot_mapping, **
     value_cache.view(-1, *value_cache.shape[2:])[slots] = value
 
 
-def _npu_paged_attention_v2(query, key_cache, block_table, context_lens, *, value_cache, num_kv_heads, num_heads,
-                            scale_value, mask=None, mask_type=0, out):
+def _npu_paged_attention_v2(
+    query,
+    key_cache,
+    block_table,
+    context_lens,
+    *,
+    value_cache,
+    num_kv_heads,
+    num_heads,
+    scale_value,
+    mask=None,
+    mask_type=0,
+    out,
+):
     CALLS.append("_npu_paged_attention_v2")
     bs = key_cache.shape[1]
     assert mask is None and mask_type == 0 and bs % 16 == 0 and bs <= 128 and block_table.dtype == torch.int32
@@ -63,9 +77,24 @@ def _npu_paged_attention_v2(query, key_cache, block_table, context_lens, *, valu
     return out
 
 
-def npu_fused_infer_attention_score(query, key, value, *, atten_mask, block_table, input_layout, block_size,
-                                    actual_seq_lengths, actual_seq_lengths_kv, num_key_value_heads, num_heads,
-                                    scale, sparse_mode, pre_tokens, next_tokens):
+def npu_fused_infer_attention_score(
+    query,
+    key,
+    value,
+    *,
+    atten_mask,
+    block_table,
+    input_layout,
+    block_size,
+    actual_seq_lengths,
+    actual_seq_lengths_kv,
+    num_key_value_heads,
+    num_heads,
+    scale,
+    sparse_mode,
+    pre_tokens,
+    next_tokens,
+):
     CALLS.append(f"npu_fused_infer_attention_score[sparse_mode={sparse_mode}]")
     assert input_layout == "TND" and key.dim() == 3 and key.shape[1] == block_size
     assert block_size % 128 == 0 and block_size <= 512 and query.dtype in (torch.float16, torch.bfloat16)
@@ -89,28 +118,40 @@ def npu_fused_infer_attention_score(query, key, value, *, atten_mask, block_tabl
             allowed = (j >= diag - pre_tokens) & (j <= diag + next_tokens)
         else:
             raise AssertionError(f"unexpected sparse_mode {sparse_mode}")
-        out[start:end] = _attend(query[start:end], k, v, allowed, scale, num_heads,
-                                 num_key_value_heads).to(out.dtype)
+        out[start:end] = _attend(query[start:end], k, v, allowed, scale, num_heads, num_key_value_heads).to(out.dtype)
         start = end
     return out, torch.zeros(1)
 
 
-def _npu_flash_attention_v2(query, key, value, seq_len, *, mask, mask_type, scale_value, num_heads, num_kv_heads,
-                            out):
+def _npu_flash_attention_v2(query, key, value, seq_len, *, mask, mask_type, scale_value, num_heads, num_kv_heads, out):
     CALLS.append("_npu_flash_attention_v2")
     assert mask_type == 1 and mask.dtype == query.dtype and mask.shape[0] >= max(seq_len)
     start = 0
     for length in seq_len:
         allowed = mask[:length, :length] == 0
         end = start + length
-        out[start:end] = _attend(query[start:end], key[start:end], value[start:end], allowed, scale_value,
-                                 num_heads, num_kv_heads).to(out.dtype)
+        out[start:end] = _attend(
+            query[start:end], key[start:end], value[start:end], allowed, scale_value, num_heads, num_kv_heads
+        ).to(out.dtype)
         start = end
     return out
 
 
-def npu_fusion_attention(query, key, value, head_num, input_layout, *, atten_mask, scale, pre_tockens, next_tockens,
-                         actual_seq_qlen, actual_seq_kvlen, sparse_mode):
+def npu_fusion_attention(
+    query,
+    key,
+    value,
+    head_num,
+    input_layout,
+    *,
+    atten_mask,
+    scale,
+    pre_tockens,
+    next_tockens,
+    actual_seq_qlen,
+    actual_seq_kvlen,
+    sparse_mode,
+):
     CALLS.append(f"npu_fusion_attention[sparse_mode={sparse_mode}]")
     assert input_layout == "TND" and sparse_mode == 4 and atten_mask.dtype == torch.bool
     assert atten_mask.shape == (2048, 2048) and list(actual_seq_qlen) == list(actual_seq_kvlen)
@@ -120,8 +161,9 @@ def npu_fusion_attention(query, key, value, head_num, input_layout, *, atten_mas
         length = end - start
         i, j = torch.arange(length)[:, None], torch.arange(length)[None, :]
         allowed = (j >= i - pre_tockens) & (j <= i + next_tockens)  # band from the (square) right-down corner
-        out[start:end] = _attend(query[start:end], key[start:end], value[start:end], allowed, scale, head_num,
-                                 key.shape[1]).to(out.dtype)
+        out[start:end] = _attend(
+            query[start:end], key[start:end], value[start:end], allowed, scale, head_num, key.shape[1]
+        ).to(out.dtype)
         start = end
     return out, None, None, None, 0, 0, 0
 
@@ -132,8 +174,9 @@ def fake_npu(monkeypatch):
     fake.npu_scatter_pa_kv_cache = npu_scatter_pa_kv_cache
     fake.npu_fused_infer_attention_score = npu_fused_infer_attention_score
     fake.npu_fusion_attention = npu_fusion_attention
-    fake.atb = types.SimpleNamespace(_npu_paged_attention_v2=_npu_paged_attention_v2,
-                                     _npu_flash_attention_v2=_npu_flash_attention_v2)
+    fake.atb = types.SimpleNamespace(
+        _npu_paged_attention_v2=_npu_paged_attention_v2, _npu_flash_attention_v2=_npu_flash_attention_v2
+    )
     monkeypatch.setitem(sys.modules, "torch_npu", fake)
     monkeypatch.setattr(gqa_mod, "kernel_backend", lambda: "npu")
     monkeypatch.setattr(metadata_mod, "kernel_backend", lambda: "npu")
@@ -157,10 +200,20 @@ CASES = {
 @pytest.mark.parametrize("window", [None, 6])
 def test_npu_path_matches_dense_reference(fake_npu, case: str, window: int | None) -> None:
     q_lens, ctx_lens, state, spec, kernel = CASES[case]
-    batch = make_batch(q_lens, ctx_lens, num_heads=8, num_kv_heads=2, head_size=64, block_size=128,
-                       dtype=torch.float16, num_pad=3, seed=len(case))
-    out, md = run_impl(batch, num_heads=8, num_kv_heads=2, head_size=64, sliding_window=window,
-                       num_speculative_tokens=spec)
+    batch = make_batch(
+        q_lens,
+        ctx_lens,
+        num_heads=8,
+        num_kv_heads=2,
+        head_size=64,
+        block_size=128,
+        dtype=torch.float16,
+        num_pad=3,
+        seed=len(case),
+    )
+    out, md = run_impl(
+        batch, num_heads=8, num_kv_heads=2, head_size=64, sliding_window=window, num_speculative_tokens=spec
+    )
     assert md.attn_state is state and md.splitfuse_mask is not None
     assert fake_npu[0] == "npu_scatter_pa_kv_cache" and len(fake_npu) == 2
     expected_kernel = kernel if window is None else "sparse_mode=4"
@@ -173,8 +226,18 @@ def test_npu_path_matches_dense_reference(fake_npu, case: str, window: int | Non
 
 @pytest.mark.parametrize("window", [None, 4])
 def test_npu_encoder_path(fake_npu, window: int | None) -> None:
-    batch = make_batch([6, 1, 25], [0, 0, 0], num_heads=4, num_kv_heads=2, head_size=32, block_size=128,
-                       dtype=torch.float16, num_pad=1, causal=False, seed=2)
+    batch = make_batch(
+        [6, 1, 25],
+        [0, 0, 0],
+        num_heads=4,
+        num_kv_heads=2,
+        head_size=32,
+        block_size=128,
+        dtype=torch.float16,
+        num_pad=1,
+        causal=False,
+        seed=2,
+    )
     out, md = run_impl(batch, num_heads=4, num_kv_heads=2, head_size=32, encoder_only=True, sliding_window=window)
     assert md.attn_mask is not None and md.attn_mask.dtype == torch.bool
     assert fake_npu == ["npu_fusion_attention[sparse_mode=4]"]  # no cache write for encoder-only layers

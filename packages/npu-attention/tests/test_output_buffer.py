@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
 """The output-buffer contract behind npu-patches' ``attention-output-empty``: an impl that declares
 ``fills_output_buffer = True`` writes every element of ``output`` on every call, so vLLM's attention layer may
 allocate it with ``torch.empty``. Each test hands the impl a NaN-poisoned buffer and requires no NaN afterwards,
@@ -55,8 +57,17 @@ def _gqa_impl(encoder_only: bool = False) -> AscendAttentionImpl:
 @pytest.mark.parametrize("case", sorted(GQA_CASES))
 def test_gqa_writes_every_element(case: str, num_pad: int) -> None:
     q_lens, ctx_lens, state, spec, encoder_only = GQA_CASES[case]
-    batch = make_batch(q_lens, ctx_lens, num_heads=NH, num_kv_heads=NKV, head_size=D, block_size=16,
-                       num_pad=num_pad, causal=not encoder_only, seed=len(case) + num_pad)
+    batch = make_batch(
+        q_lens,
+        ctx_lens,
+        num_heads=NH,
+        num_kv_heads=NKV,
+        head_size=D,
+        block_size=16,
+        num_pad=num_pad,
+        causal=not encoder_only,
+        seed=len(case) + num_pad,
+    )
     md = make_builder(16, NKV, D, torch.float32, spec).build(0, batch.common)
     if state is not None:
         assert md.attn_state is state

@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
 """select_backend: the platform's attention-backend choice, import-light."""
 
 from __future__ import annotations

@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
 """AscendSFABackend and the lightning indexer against dense references.
 
 - top-k >= every sequence length: the indexer selects every causal token, so sparse attention equals dense MLA;
@@ -97,7 +99,9 @@ def test_small_topk_equals_masked_dense(block_size: int) -> None:
     out, buffer, (qs, ks, ws), n = run_sfa(s, topk, seed=12)
     scores = [t for req in brute_force_scores(s, qs, ks, ws) for t in req]
     got = [set(r[r >= 0].tolist()) for r in buffer[:n]]
-    for chosen, sc in zip(got, scores, strict=True):  # a valid top-k (ties, e.g. several all-zero ReLU scores, may go either way)
+    for chosen, sc in zip(
+        got, scores, strict=True
+    ):  # a valid top-k (ties, e.g. several all-zero ReLU scores, may go either way)
         assert len(chosen) == min(topk, len(sc)) and max(chosen) < len(sc)
         rest = [v for j, v in enumerate(sc) if j not in chosen]
         assert not rest or min(sc[j] for j in chosen) >= max(rest) - 1e-4
@@ -176,7 +180,9 @@ def test_ascend_indexer_forward_follows_vllm_indexer_math() -> None:
         )  # fmt: skip
         ctx = ForwardContext(no_compile_layers={}, attn_metadata={cache_layer.prefix: meta}, virtual_engine=0)
         with override_forward_context(ctx):
-            out = ascend_indexer_forward(indexer, x_all[3:], qr_all[3:], pos_all[3:], rotary_emb, AscendLightningIndexer(4))
+            out = ascend_indexer_forward(
+                indexer, x_all[3:], qr_all[3:], pos_all[3:], rotary_emb, AscendLightningIndexer(4)
+            )
 
         torch.testing.assert_close(cache_layer.kv_cache[0][2, :6], k_all)
         q = indexer.wq_b(qr_all[3:])[0].view(3, H, D)

@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
 """Fixtures for the interface tests: a clean device selection per test and fake installed distributions."""
 
 from __future__ import annotations

@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
 """The VLLM_NPU_* environment schema and the ``npu`` section of --additional-config."""
 
 from __future__ import annotations
@@ -72,14 +74,24 @@ def test_env_config_is_frozen() -> None:
 def test_additional_config_defaults() -> None:
     for raw in (None, {}, {"other_plugin": {"x": 1}}, {ADDITIONAL_CONFIG_KEY: {}}):
         cfg = AdditionalConfig.from_vllm(raw)
-        assert (cfg.graph_mode, cfg.kernels, cfg.emulated_kv_cache_gb, cfg.disabled_patches) == ("auto", "auto", None, ())
+        assert (cfg.graph_mode, cfg.kernels, cfg.emulated_kv_cache_gb, cfg.disabled_patches) == (
+            "auto",
+            "auto",
+            None,
+            (),
+        )
 
 
 def test_additional_config_values() -> None:
     cfg = AdditionalConfig.from_vllm(
         {"npu": {"graph_mode": "eager", "kernels": "reference", "emulated_kv_cache_gb": 1, "disabled_patches": ["p1"]}}
     )
-    assert (cfg.graph_mode, cfg.kernels, cfg.emulated_kv_cache_gb, cfg.disabled_patches) == ("eager", "reference", 1.0, ("p1",))
+    assert (cfg.graph_mode, cfg.kernels, cfg.emulated_kv_cache_gb, cfg.disabled_patches) == (
+        "eager",
+        "reference",
+        1.0,
+        ("p1",),
+    )
 
 
 def test_additional_config_unknown_key() -> None:

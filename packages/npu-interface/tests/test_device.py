@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
 """Device selection: the decision table, the probe, the per-process cache and kernel-backend selection."""
 
 from __future__ import annotations
@@ -50,7 +52,9 @@ DECISION_TABLE = [
 
 
 @pytest.mark.parametrize(("setting", "probe", "mode", "has_error", "words"), DECISION_TABLE)
-def test_decision_table(setting: str | None, probe: NPUProbe, mode: DeviceMode | None, has_error: bool, words: list[str]) -> None:
+def test_decision_table(
+    setting: str | None, probe: NPUProbe, mode: DeviceMode | None, has_error: bool, words: list[str]
+) -> None:
     environ = {} if setting is None else {"VLLM_NPU_DEVICE": setting}
     decision = decide_device(environ, probe=probe)
     assert decision.requested == (setting or "auto")
@@ -115,7 +119,9 @@ def test_probe_reads_env_dev_nodes_and_module_presence(tmp_path: Path, monkeypat
     assert probe.available
     assert "torch_npu" not in sys.modules
 
-    hidden = probe_npu({"ASCEND_TOOLKIT_HOME": "/x", "ASCEND_RT_VISIBLE_DEVICES": ""}, dev_glob=str(dev / "davinci[0-9]*"))
+    hidden = probe_npu(
+        {"ASCEND_TOOLKIT_HOME": "/x", "ASCEND_RT_VISIBLE_DEVICES": ""}, dev_glob=str(dev / "davinci[0-9]*")
+    )
     assert not hidden.available and "ASCEND_RT_VISIBLE_DEVICES" in hidden.reason
 
 

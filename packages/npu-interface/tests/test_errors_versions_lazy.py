@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
 """Error texts, version ranges, loggers and lazy package doors."""
 
 from __future__ import annotations
@@ -90,7 +92,9 @@ def test_bad_range_names_its_owner() -> None:
 
 
 def test_range_check_text() -> None:
-    assert str(RangeCheck("npu-ops", "vllm", ">=0.11", None)) == 'npu-ops requires vllm ">=0.11" but found not installed'
+    assert (
+        str(RangeCheck("npu-ops", "vllm", ">=0.11", None)) == 'npu-ops requires vllm ">=0.11" but found not installed'
+    )
     assert not RangeCheck("npu-ops", "vllm", ">=0.11", None).ok
     assert RangeCheck("npu-ops", "vllm", ">=0.11", "0.11.0").ok
 

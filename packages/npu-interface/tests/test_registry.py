@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
 """The component registry: discovery, VLLM_PLUGINS filtering, compatibility, run-once hooks, require()."""
 
 from __future__ import annotations
@@ -30,12 +32,11 @@ from vllm_npu.interface import (
 IN_TREE = {"attention", "models", "ops", "patches", "platform", "quant"}
 
 
-def component_module(name: str, *, version: str = "1.0.0", interface: str = ">=1.0,<2", vllm: str = ">=0.0.1",
-                     hooks: bool = False) -> str:
+def component_module(
+    name: str, *, version: str = "1.0.0", interface: str = ">=1.0,<2", vllm: str = ">=0.0.1", hooks: bool = False
+) -> str:
     """Source of a fake layer's _component module; with ``hooks`` it records every hook call in ``CALLS``."""
-    hook_args = (
-        f'on_load="{name}_comp:on_load", on_worker_init="{name}_comp:on_worker_init",' if hooks else ""
-    )
+    hook_args = f'on_load="{name}_comp:on_load", on_worker_init="{name}_comp:on_worker_init",' if hooks else ""
     return f"""
         from vllm_npu.interface import Component
         CALLS = []
@@ -77,8 +78,9 @@ def test_discovers_the_in_tree_layers() -> None:
 
 
 def test_component_metadata() -> None:
-    comp = Component("quant", "npu-quant", "0.1.0", interface=">=1.0,<2", vllm=">=0.11,<0.12",
-                     on_load="m:f", on_worker_init="m:g")
+    comp = Component(
+        "quant", "npu-quant", "0.1.0", interface=">=1.0,<2", vllm=">=0.11,<0.12", on_load="m:f", on_worker_init="m:g"
+    )
     assert comp.plugin_name == "npu_quant"
     assert Component("platform", "npu-platform", "0.1.0", ">=1.0", ">=0.11").plugin_name == "npu"
     assert comp.hook(Scope.PLATFORM) == "m:f" and comp.hook(Scope.WORKER) == "m:g"
@@ -145,8 +147,12 @@ def test_vllm_skew_names_both_versions() -> None:
 def test_discovery_reports_skew_and_load_errors(fake_dist: Callable[..., Path]) -> None:
     add_component(fake_dist, "future", version="3.0.0", interface=">=2.0,<3")
     fake_dist("npu-broken", "0.1", entry_points="[vllm_npu.components]\nbroken = no_such_module_xyz:COMPONENT\n")
-    fake_dist("npu-notcomp", "0.1", modules={"notcomp_mod": "COMPONENT = 42\n"},
-              entry_points="[vllm_npu.components]\nnotcomp = notcomp_mod:COMPONENT\n")
+    fake_dist(
+        "npu-notcomp",
+        "0.1",
+        modules={"notcomp_mod": "COMPONENT = 42\n"},
+        entry_points="[vllm_npu.components]\nnotcomp = notcomp_mod:COMPONENT\n",
+    )
     reports = discover()
     assert not reports["future"].ok and "'>=2.0,<3'" in reports["future"].problems[0]
     assert reports["broken"].component is None and "ModuleNotFoundError" in (reports["broken"].load_error or "")
@@ -160,7 +166,9 @@ def test_discovery_reports_skew_and_load_errors(fake_dist: Callable[..., Path]) 
     assert len(info.value.problems) == 3
 
 
-def test_disabled_components_do_not_break_the_set(fake_dist: Callable[..., Path], monkeypatch: pytest.MonkeyPatch) -> None:
+def test_disabled_components_do_not_break_the_set(
+    fake_dist: Callable[..., Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
     add_component(fake_dist, "future", interface=">=2.0,<3")
     with pytest.raises(ComponentSkewError):
         check_installed_set()
@@ -169,8 +177,12 @@ def test_disabled_components_do_not_break_the_set(fake_dist: Callable[..., Path]
 
 
 def test_two_installations_of_one_layer(fake_dist: Callable[..., Path]) -> None:
-    fake_dist("npu-quant-vendored", "0.0.1", modules={"vendored_quant": component_module("quant", version="0.0.1")},
-              entry_points="[vllm_npu.components]\nquant = vendored_quant:COMPONENT\n")
+    fake_dist(
+        "npu-quant-vendored",
+        "0.0.1",
+        modules={"vendored_quant": component_module("quant", version="0.0.1")},
+        entry_points="[vllm_npu.components]\nquant = vendored_quant:COMPONENT\n",
+    )
     problems = discover()["quant"].problems
     assert problems and "two installations of the quant layer" in problems[0]
     assert "0.0.1" in problems[0] and distribution_version("npu-quant") in problems[0]
@@ -195,13 +207,19 @@ def test_hooks_run_once_per_process(fake_dist: Callable[..., Path], monkeypatch:
 
 
 def test_failed_hook_runs_again(fake_dist: Callable[..., Path]) -> None:
-    fake_dist("npu-flaky", "1.0", modules={"flaky_hooks": """
+    fake_dist(
+        "npu-flaky",
+        "1.0",
+        modules={
+            "flaky_hooks": """
         ATTEMPTS = []
         def on_load(ctx):
             ATTEMPTS.append(ctx)
             if len(ATTEMPTS) == 1:
                 raise RuntimeError("first try fails")
-    """})
+    """
+        },
+    )
     import flaky_hooks
 
     comp = Component("flaky", "npu-flaky", "1.0", ">=1.0", ">=0", on_load="flaky_hooks:on_load")
@@ -216,8 +234,9 @@ def test_bad_hook_path() -> None:
         registry.resolve_hook("no_colon_here")
 
 
-def test_load_component_only_on_our_platform(fake_dist: Callable[..., Path], monkeypatch: pytest.MonkeyPatch,
-                                             plugin_log) -> None:
+def test_load_component_only_on_our_platform(
+    fake_dist: Callable[..., Path], monkeypatch: pytest.MonkeyPatch, plugin_log
+) -> None:
     add_component(fake_dist, "gated", hooks=True)
     import gated_comp
 
@@ -231,8 +250,9 @@ def test_load_component_only_on_our_platform(fake_dist: Callable[..., Path], mon
     assert gated_comp.CALLS == [("load", DeviceMode.EMULATED, Scope.PLATFORM, None)]
 
 
-def test_load_component_refuses_a_skewed_layer(fake_dist: Callable[..., Path], monkeypatch: pytest.MonkeyPatch,
-                                               plugin_log) -> None:
+def test_load_component_refuses_a_skewed_layer(
+    fake_dist: Callable[..., Path], monkeypatch: pytest.MonkeyPatch, plugin_log
+) -> None:
     add_component(fake_dist, "skewed", hooks=True, interface=">=2.0,<3")
     import skewed_comp
 
@@ -243,7 +263,9 @@ def test_load_component_refuses_a_skewed_layer(fake_dist: Callable[..., Path], m
     assert any("npu-skewed is not loaded" in m and "'>=2.0,<3'" in m for m in errors)
 
 
-def test_init_worker_runs_load_and_worker_hooks(fake_dist: Callable[..., Path], monkeypatch: pytest.MonkeyPatch) -> None:
+def test_init_worker_runs_load_and_worker_hooks(
+    fake_dist: Callable[..., Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
     add_component(fake_dist, "workerhooks", hooks=True)
     import workerhooks_comp
 

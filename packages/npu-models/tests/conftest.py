@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
 """Fixtures of the models layer's tests: the emulated device (reference kernels) and a one-rank process group
 (vLLM's linear layers need the TP group to be built)."""
 

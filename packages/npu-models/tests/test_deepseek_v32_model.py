@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
 """Layer-level tests of the DeepSeek-V3.2 override: registration, the CUDA-allocation redirect, and AscendIndexer
 (built from vLLM's Indexer) against a brute-force indexer written from the math in plain loops."""
 
@@ -122,7 +124,9 @@ def test_from_vllm_takes_over_modules_names_and_cache_layer(indexers):
     assert all(v is not old_cache for v in ctx.values())
     assert isinstance(ascend.k_cache, AscendIndexerKeyCache)
     assert ascend.k_cache.get_attn_backend() is AscendSFAIndexerBackend
-    assert ascend.k_cache.get_kv_cache_spec() == MLAAttentionSpec(block_size=BS, num_kv_heads=1, head_size=D, dtype=torch.float32)
+    assert ascend.k_cache.get_kv_cache_spec() == MLAAttentionSpec(
+        block_size=BS, num_kv_heads=1, head_size=D, dtype=torch.float32
+    )
 
 
 def _gptj_rope(x: torch.Tensor, pos: int) -> torch.Tensor:
@@ -144,7 +148,9 @@ def _brute_force_scores(vi, x: torch.Tensor, qr: torch.Tensor, t: int, upto: int
     w = (W["weights_proj.weight"] @ x[t].double() + W["weights_proj.bias"]) * D**-0.5 * H**-0.5
     scores = []
     for s in range(upto + 1):
-        k = torch.nn.functional.layer_norm(W["wk.weight"] @ x[s].double(), (D,), W["k_norm.weight"], W["k_norm.bias"], 1e-6)
+        k = torch.nn.functional.layer_norm(
+            W["wk.weight"] @ x[s].double(), (D,), W["k_norm.weight"], W["k_norm.bias"], 1e-6
+        )
         k = torch.cat([_gptj_rope(k[:ROPE], s), k[ROPE:]])
         total = 0.0
         for h in range(H):
@@ -173,7 +179,8 @@ def test_forward_selects_what_a_brute_force_indexer_selects(indexers):
             block_table=torch.tensor([[2, 0]], dtype=torch.int32), query_start_loc_list=[0, n], seq_lens_list=[end],
         )  # fmt: skip
         ctx = ForwardContext(
-            no_compile_layers={ascend.k_cache.prefix: ascend.k_cache}, attn_metadata={ascend.k_cache.prefix: meta},
+            no_compile_layers={ascend.k_cache.prefix: ascend.k_cache},
+            attn_metadata={ascend.k_cache.prefix: meta},
             virtual_engine=0,
         )
         with override_forward_context(ctx), torch.no_grad():
@@ -183,10 +190,15 @@ def test_forward_selects_what_a_brute_force_indexer_selects(indexers):
             chosen = [i for i in row if i >= 0]
             scores = _brute_force_scores(vllm_indexer, x, qr, t, t)
             assert len(chosen) == len(set(chosen)) == min(TOPK, t + 1)
-            assert row[len(chosen):] == [-1] * (TOPK - len(chosen))
+            assert row[len(chosen) :] == [-1] * (TOPK - len(chosen))
             rest = [v for s, v in enumerate(scores) if s not in chosen]
             assert not rest or min(scores[s] for s in chosen) > max(rest), (t, chosen, scores)
         if start == 0:
             assert torch.all(out[n:] == 99)  # rows past the step's tokens are not the indexer's to write
     with pytest.raises(ConfigError, match="rotary embedding"):
-        ascend(x[:1], qr[:1], torch.arange(1), get_rope(ROPE, rotary_dim=ROPE, max_position=256, base=500, is_neox_style=False))
+        ascend(
+            x[:1],
+            qr[:1],
+            torch.arange(1),
+            get_rope(ROPE, rotary_dim=ROPE, max_position=256, base=500, is_neox_style=False),
+        )

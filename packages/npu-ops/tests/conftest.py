@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
 """Shared fixtures of the ops layer's tests: emulated device, a vLLM config context, a one-rank process group.
 
 The device mode is fixed per process on first use, so ``VLLM_NPU_DEVICE=emulated`` is set at import time (before

@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
 """One rank of the DP x TP expert-parallel layer test (run as a script by test_moe_ep.py; not a test module).
 
 Usage: python moe_dp_worker.py <rank> <world> <tp> <init_method> <out_dir>
@@ -45,15 +47,29 @@ def main() -> None:
     from vllm_npu.ops.moe.layer import build_layer_plan
 
     register_oot_ops()
-    cfg = VllmConfig(parallel_config=ParallelConfig(tensor_parallel_size=tp, data_parallel_size=dp,
-                                                    enable_expert_parallel=True,
-                                                    distributed_executor_backend="external_launcher"))
+    cfg = VllmConfig(
+        parallel_config=ParallelConfig(
+            tensor_parallel_size=tp,
+            data_parallel_size=dp,
+            enable_expert_parallel=True,
+            distributed_executor_backend="external_launcher",
+        )
+    )
     with set_current_vllm_config(cfg):
-        ps.init_distributed_environment(world_size=world, rank=rank, local_rank=rank, distributed_init_method=init,
-                                        backend="gloo")
+        ps.init_distributed_environment(
+            world_size=world, rank=rank, local_rank=rank, distributed_init_method=init, backend="gloo"
+        )
         ps.initialize_model_parallel(tp, 1)
-        layer = FusedMoE(num_experts=NUM_EXPERTS, top_k=TOP_K, hidden_size=HIDDEN, intermediate_size=INTER,
-                         params_dtype=torch.float32, renormalize=True, reduce_results=True, prefix="dp.experts")
+        layer = FusedMoE(
+            num_experts=NUM_EXPERTS,
+            top_k=TOP_K,
+            hidden_size=HIDDEN,
+            intermediate_size=INTER,
+            params_dtype=torch.float32,
+            renormalize=True,
+            reduce_results=True,
+            prefix="dp.experts",
+        )
         all_to_all = layer.moe_plan.all_to_all
         dp_rank = ps.get_dp_group().rank_in_group
         w13, w2, x, logits = inputs(dp_rank)
@@ -69,10 +85,15 @@ def main() -> None:
         with set_forward_context(None, cfg), torch.no_grad():
             out_gathered = layer(x, logits)
         info = {
-            "class": type(layer).__name__, "ep_size": layer.ep_size, "ep_rank": layer.ep_rank,
-            "dp_size": layer.dp_size, "dp_rank": dp_rank, "all_to_all": all_to_all,
+            "class": type(layer).__name__,
+            "ep_size": layer.ep_size,
+            "ep_rank": layer.ep_rank,
+            "dp_size": layer.dp_size,
+            "dp_rank": dp_rank,
+            "all_to_all": all_to_all,
             "gathered_plan": type(layer.moe_plan.dispatcher).__name__,
-            "communicator": type(get_ep_group().device_communicator).__name__, "local_experts": local.tolist(),
+            "communicator": type(get_ep_group().device_communicator).__name__,
+            "local_experts": local.tolist(),
         }
         torch.save({"out": out, "out_gathered": out_gathered, "info": info}, f"{out_dir}/rank{rank}.pt")
         torch.distributed.barrier()

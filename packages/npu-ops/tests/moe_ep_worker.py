@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
 """One rank of the expert-parallel all-to-all test (run as a script by test_moe_ep.py; not a test module).
 
 Usage: python moe_ep_worker.py <rank> <world> <init_method> <out_dir> <comm: torch|npu>
@@ -19,9 +21,17 @@ HIDDEN, INTER = 16, 8
 SCENARIOS: dict[str, tuple[int, list[int], dict, str]] = {
     "softmax_top2_linear_uneven": (7, [9, 4], {"top_k": 2}, "linear"),
     "grouped_bias_top3_round_robin": (
-        12, [5, 6],
-        {"top_k": 3, "use_grouped_topk": True, "num_expert_group": 4, "topk_group": 2, "scoring_func": "sigmoid",
-         "routed_scaling_factor": 2.0, "has_correction_bias": True},
+        12,
+        [5, 6],
+        {
+            "top_k": 3,
+            "use_grouped_topk": True,
+            "num_expert_group": 4,
+            "topk_group": 2,
+            "scoring_func": "sigmoid",
+            "routed_scaling_factor": 2.0,
+            "has_correction_bias": True,
+        },
         "round_robin",
     ),
     "top1_one_rank_empty": (4, [3, 0], {"top_k": 1, "renormalize": False}, "linear"),
@@ -72,8 +82,9 @@ def main() -> None:
 
         from vllm_npu.platform.communicator import NPUCommunicator
 
-        coordinator = SimpleNamespace(device_communicator=NPUCommunicator(group, torch.device("cpu"), group, "ep"),
-                                      device_group=group)
+        coordinator = SimpleNamespace(
+            device_communicator=NPUCommunicator(group, torch.device("cpu"), group, "ep"), device_group=group
+        )
         all_to_all = coordinator_all_to_all(coordinator)
     else:
         all_to_all = torch_all_to_all(group)
@@ -82,10 +93,22 @@ def main() -> None:
         w13, w2, bias, x, logits = inputs(name, rank)
         maps = expert_maps(num_experts, world, placement)
         local = (maps[rank] >= 0).nonzero().flatten()[maps[rank][maps[rank] >= 0].argsort()]
-        plan = build_moe_plan(RoutingConfig(**routing), num_experts, act_dtype=torch.float32, all_to_all=all_to_all,
-                              ep_rank=rank, expert_maps=maps, backend="reference")
-        out = moe_forward(x, logits, plan=plan, experts=plan.unquantized_experts(w13[local], w2[local]),
-                          e_score_correction_bias=bias if routing.get("has_correction_bias") else None)
+        plan = build_moe_plan(
+            RoutingConfig(**routing),
+            num_experts,
+            act_dtype=torch.float32,
+            all_to_all=all_to_all,
+            ep_rank=rank,
+            expert_maps=maps,
+            backend="reference",
+        )
+        out = moe_forward(
+            x,
+            logits,
+            plan=plan,
+            experts=plan.unquantized_experts(w13[local], w2[local]),
+            e_score_correction_bias=bias if routing.get("has_correction_bias") else None,
+        )
         results[name] = out
     torch.save(results, f"{out_dir}/rank{rank}.pt")
     dist.barrier()

@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
 """End to end: tiny Qwen2 and Llama (GQA 4/2 heads, 2 layers) on the emulated device with the ops layer's overrides in
 the model, greedy tokens equal to HF transformers (float32). One engine per architecture (module-scoped params).
 
@@ -37,12 +39,17 @@ def describe_model(model):
     for name, mod in model.named_modules():
         fwd = getattr(mod, "_forward_method", None)
         kernels = sorted(
-            f"{k}={getattr(v, '__name__', '?')}" for k, v in vars(mod).items() if k in ("_norm", "_add_norm",
-                                                                                       "_kernel", "_rotary_mul")
+            f"{k}={getattr(v, '__name__', '?')}"
+            for k, v in vars(mod).items()
+            if k in ("_norm", "_add_norm", "_kernel", "_rotary_mul")
         )
         qm = getattr(mod, "quant_method", None)
-        out[name] = (type(mod).__name__, getattr(fwd, "__name__", None), kernels,
-                     type(qm).__name__ if qm is not None else None)
+        out[name] = (
+            type(mod).__name__,
+            getattr(fwd, "__name__", None),
+            kernels,
+            type(qm).__name__ if qm is not None else None,
+        )
     return out
 
 
@@ -87,15 +94,17 @@ def test_model_is_built_from_our_ops(llm):
         assert tree[name][0] == cls, (name, tree[name])
     for name in ("model.layers.0.input_layernorm", "model.layers.0.self_attn.rotary_emb", "model.layers.0.mlp.act_fn"):
         assert tree[name][1] == "forward_oot", (name, tree[name])
-    assert tree["model.layers.0.input_layernorm"][2] == ["_add_norm=add_rms_norm_reference",
-                                                         "_norm=rms_norm_reference"]
+    assert tree["model.layers.0.input_layernorm"][2] == ["_add_norm=add_rms_norm_reference", "_norm=rms_norm_reference"]
     assert tree["model.layers.0.mlp.act_fn"][2] == ["_kernel=swiglu_reference"]
     assert tree["model.layers.0.self_attn.rotary_emb"][2] == ["_rotary_mul=rotary_mul_reference"]
     assert tree["model.layers.1.self_attn.qkv_proj"][3] == "NPUUnquantizedLinearMethod"
     assert tree["lm_head"][3] == "NPUUnquantizedEmbeddingMethod"
     # Nothing of vLLM's own RMSNorm/SiluAndMul/RotaryEmbedding/linear classes is left in the model.
-    leftovers = {n: v[0] for n, v in tree.items() if v[0] in ("RMSNorm", "SiluAndMul", "RotaryEmbedding",
-                                                               "QKVParallelLinear", "RowParallelLinear")}
+    leftovers = {
+        n: v[0]
+        for n, v in tree.items()
+        if v[0] in ("RMSNorm", "SiluAndMul", "RotaryEmbedding", "QKVParallelLinear", "RowParallelLinear")
+    }
     assert not leftovers, leftovers
 
 

@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
 """Linear, embedding, LM head and logits overrides: built through vLLM's classes on a one-rank process group,
 compared with plain PyTorch math and vLLM's own code paths (fp32 exact-ish: atol = rtol = 1e-5; bf16 1.6e-2)."""
 
@@ -29,12 +31,17 @@ def test_linear_classes_use_npu_method(ctx, dtype) -> None:
     hidden, heads, kv, head = 40, 4, 2, 10
     layers = {
         "replicated": (L.ReplicatedLinear(hidden, 24, bias=True, params_dtype=dtype), ours.NPUReplicatedLinear, 24),
-        "column": (L.ColumnParallelLinear(hidden, 36, bias=True, params_dtype=dtype), ours.NPUColumnParallelLinear,
-                   36),
-        "merged": (L.MergedColumnParallelLinear(hidden, [22, 22], bias=False, params_dtype=dtype),
-                   ours.NPUMergedColumnParallelLinear, 44),
-        "qkv": (L.QKVParallelLinear(hidden, head, heads, kv, bias=True, params_dtype=dtype),
-                ours.NPUQKVParallelLinear, (heads + 2 * kv) * head),
+        "column": (L.ColumnParallelLinear(hidden, 36, bias=True, params_dtype=dtype), ours.NPUColumnParallelLinear, 36),
+        "merged": (
+            L.MergedColumnParallelLinear(hidden, [22, 22], bias=False, params_dtype=dtype),
+            ours.NPUMergedColumnParallelLinear,
+            44,
+        ),
+        "qkv": (
+            L.QKVParallelLinear(hidden, head, heads, kv, bias=True, params_dtype=dtype),
+            ours.NPUQKVParallelLinear,
+            (heads + 2 * kv) * head,
+        ),
         "row": (L.RowParallelLinear(hidden, 30, bias=True, params_dtype=dtype), ours.NPURowParallelLinear, 30),
     }
     x = torch.randn(3, hidden, generator=g).to(dtype)

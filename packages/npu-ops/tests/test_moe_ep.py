@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
 """Expert parallelism with the all-to-all dispatcher: EP=2 over gloo in two processes vs one process.
 
 Each rank holds different tokens and half the experts (uneven split, linear and round-robin placement, a rank with
@@ -31,8 +33,9 @@ def _run_ranks(worker: Path, argv: list[list[str]], env: dict[str, str], timeout
     """Start one ``worker`` process per argv (all at once: they rendezvous), wait for each (killed after
     ``timeout`` s); returns the exit codes and the joined output of every rank."""
     procs = [
-        subprocess.Popen([sys.executable, str(worker), *args], env=env, stdout=subprocess.PIPE,
-                         stderr=subprocess.STDOUT, text=True)
+        subprocess.Popen(
+            [sys.executable, str(worker), *args], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
         for args in argv
     ]
     logs = []
@@ -65,8 +68,13 @@ def test_all_to_all_ep2_matches_single_process(tmp_path, comm):
         for name, (num_experts, tokens, routing, _) in worker.SCENARIOS.items():
             w13, w2, bias, x, logits = worker.inputs(name, rank)
             plan = build_moe_plan(RoutingConfig(**routing), num_experts, act_dtype=torch.float32, backend="reference")
-            expect = moe_forward(x, logits, plan=plan, experts=plan.unquantized_experts(w13, w2),
-                                 e_score_correction_bias=bias if routing.get("has_correction_bias") else None)
+            expect = moe_forward(
+                x,
+                logits,
+                plan=plan,
+                experts=plan.unquantized_experts(w13, w2),
+                e_score_correction_bias=bias if routing.get("has_correction_bias") else None,
+            )
             assert got[name].shape == (tokens[rank], worker.HIDDEN)
             torch.testing.assert_close(got[name], expect, atol=1e-5, rtol=1e-5, msg=f"{name} rank {rank}")
 
@@ -88,15 +96,22 @@ def test_fused_moe_layer_dp2_matches_single_process(tmp_path, tp):
     from vllm_npu.ops.moe.forward import build_moe_plan, moe_forward
     from vllm_npu.ops.moe.gating import RoutingConfig
 
-    plan = build_moe_plan(RoutingConfig(top_k=worker.TOP_K), worker.NUM_EXPERTS, act_dtype=torch.float32,
-                          backend="reference")
+    plan = build_moe_plan(
+        RoutingConfig(top_k=worker.TOP_K), worker.NUM_EXPERTS, act_dtype=torch.float32, backend="reference"
+    )
     placement = {2: [[0, 1, 2, 3], [4, 5, 6]], 4: [[0, 1], [2, 3], [4, 5], [6]]}[world]
     for rank in range(world):
         got = torch.load(tmp_path / f"rank{rank}.pt")
         dp_rank = rank // tp
         assert got["info"] == {
-            "class": "AscendFusedMoE", "ep_size": world, "ep_rank": rank, "dp_size": 2, "dp_rank": dp_rank,
-            "all_to_all": tp == 1, "gathered_plan": "LocalDispatcher", "communicator": "NPUCommunicator",
+            "class": "AscendFusedMoE",
+            "ep_size": world,
+            "ep_rank": rank,
+            "dp_size": 2,
+            "dp_rank": dp_rank,
+            "all_to_all": tp == 1,
+            "gathered_plan": "LocalDispatcher",
+            "communicator": "NPUCommunicator",
             "local_experts": placement[rank],
         }
         w13, w2, x, logits = worker.inputs(dp_rank)

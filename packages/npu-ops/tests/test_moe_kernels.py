@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
 """Golden tests for the MoE reference kernels: gating, routing, grouped matmul, swiglu, unpermute, moe_forward.
 
 References: plain math written out in the test, and vLLM 0.11's own torch implementations (``grouped_topk``,
@@ -56,8 +58,11 @@ def test_topk_softmax_matches_math_and_vllm(num_tokens, num_experts, top_k, reno
         expect = expect / expect.sum(-1, keepdim=True)
     torch.testing.assert_close(w, expect, atol=1e-6, rtol=1e-6)
     vw, vids = select_experts(
-        hidden_states=torch.zeros(num_tokens, 4), router_logits=logits.float(), top_k=top_k,
-        use_grouped_topk=False, renormalize=renormalize,
+        hidden_states=torch.zeros(num_tokens, 4),
+        router_logits=logits.float(),
+        top_k=top_k,
+        use_grouped_topk=False,
+        renormalize=renormalize,
     )
     a, b = _sorted_pairs(w, ids), _sorted_pairs(vw, vids)
     torch.testing.assert_close(a[1], b[1])
@@ -81,13 +86,24 @@ def test_grouped_topk_reference_matches_vllm(num_tokens, num_experts, groups, to
     bias = torch.randn(num_experts) * 0.5 if with_bias else None
     rsf = 2.5
     w, ids = g.grouped_topk_reference(
-        logits, bias, top_k=top_k, num_expert_group=groups, topk_group=topk_group,
-        scoring_func="sigmoid", routed_scaling_factor=rsf,
+        logits,
+        bias,
+        top_k=top_k,
+        num_expert_group=groups,
+        topk_group=topk_group,
+        scoring_func="sigmoid",
+        routed_scaling_factor=rsf,
     )
     vw, vids = _vllm_grouped_topk()(
-        hidden_states=torch.zeros(num_tokens, 4), gating_output=logits, topk=top_k, renormalize=True,
-        num_expert_group=groups, topk_group=topk_group, scoring_func="sigmoid",
-        routed_scaling_factor=rsf, e_score_correction_bias=bias,
+        hidden_states=torch.zeros(num_tokens, 4),
+        gating_output=logits,
+        topk=top_k,
+        renormalize=True,
+        num_expert_group=groups,
+        topk_group=topk_group,
+        scoring_func="sigmoid",
+        routed_scaling_factor=rsf,
+        e_score_correction_bias=bias,
     )
     a, b = _sorted_pairs(w, ids), _sorted_pairs(vw, vids)
     torch.testing.assert_close(a[1], b[1])
@@ -104,12 +120,18 @@ def test_grouped_topk_softmax_without_renormalize_matches_vllm():
     cfg = g.RoutingConfig(top_k=3, renormalize=False, use_grouped_topk=True, num_expert_group=4, topk_group=2)
     assert g.gate_path(cfg, 32) == "native"  # softmax grouped: the fused op's softmax renorm is undocumented
     w, ids = g.build_gate(cfg, 32, REF)(torch.zeros(5, 4), logits, None)
-    tw, tids = g.grouped_topk_reference(logits, None, top_k=3, num_expert_group=4, topk_group=2,
-                                        scoring_func="softmax", routed_scaling_factor=1.0)
+    tw, tids = g.grouped_topk_reference(
+        logits, None, top_k=3, num_expert_group=4, topk_group=2, scoring_func="softmax", routed_scaling_factor=1.0
+    )
     torch.testing.assert_close(_sorted_pairs(tw, tids)[0], _sorted_pairs(w, ids)[0])
     vw, vids = _vllm_grouped_topk()(
-        hidden_states=torch.zeros(5, 4), gating_output=logits, topk=3, renormalize=False,
-        num_expert_group=4, topk_group=2, scoring_func="softmax",
+        hidden_states=torch.zeros(5, 4),
+        gating_output=logits,
+        topk=3,
+        renormalize=False,
+        num_expert_group=4,
+        topk_group=2,
+        scoring_func="softmax",
     )
     a, b = _sorted_pairs(w, ids), _sorted_pairs(vw, vids)
     torch.testing.assert_close(a[1], b[1])
@@ -121,12 +143,33 @@ def test_grouped_topk_softmax_without_renormalize_matches_vllm():
     [
         (g.RoutingConfig(top_k=2), "topk_softmax"),
         (g.RoutingConfig(top_k=2, has_correction_bias=True, routed_scaling_factor=1.5), "native"),
-        (g.RoutingConfig(top_k=2, use_grouped_topk=True, num_expert_group=4, topk_group=2, scoring_func="sigmoid",
-                         has_correction_bias=True), "grouped_topk"),
-        (g.RoutingConfig(top_k=2, renormalize=False, use_grouped_topk=True, num_expert_group=4, topk_group=2,
-                         scoring_func="sigmoid", has_correction_bias=True), "native"),
-        (g.RoutingConfig(top_k=2, use_grouped_topk=True, num_expert_group=8, topk_group=2, scoring_func="softmax"),
-         "native"),  # 2 experts per group: below the fused op's minimum
+        (
+            g.RoutingConfig(
+                top_k=2,
+                use_grouped_topk=True,
+                num_expert_group=4,
+                topk_group=2,
+                scoring_func="sigmoid",
+                has_correction_bias=True,
+            ),
+            "grouped_topk",
+        ),
+        (
+            g.RoutingConfig(
+                top_k=2,
+                renormalize=False,
+                use_grouped_topk=True,
+                num_expert_group=4,
+                topk_group=2,
+                scoring_func="sigmoid",
+                has_correction_bias=True,
+            ),
+            "native",
+        ),
+        (
+            g.RoutingConfig(top_k=2, use_grouped_topk=True, num_expert_group=8, topk_group=2, scoring_func="softmax"),
+            "native",
+        ),  # 2 experts per group: below the fused op's minimum
     ],
 )
 def test_gate_paths_match_vllm_select_experts(cfg, path):
@@ -140,9 +183,15 @@ def test_gate_paths_match_vllm_select_experts(cfg, path):
     w, ids = g.build_gate(cfg, num_experts, REF)(torch.zeros(11, 4), logits, bias)
     if cfg.use_grouped_topk:
         vw, vids = _vllm_grouped_topk()(
-            hidden_states=torch.zeros(11, 4), gating_output=logits, topk=cfg.top_k, renormalize=cfg.renormalize,
-            num_expert_group=cfg.num_expert_group, topk_group=cfg.topk_group, scoring_func=cfg.scoring_func,
-            routed_scaling_factor=cfg.routed_scaling_factor, e_score_correction_bias=bias,
+            hidden_states=torch.zeros(11, 4),
+            gating_output=logits,
+            topk=cfg.top_k,
+            renormalize=cfg.renormalize,
+            num_expert_group=cfg.num_expert_group,
+            topk_group=cfg.topk_group,
+            scoring_func=cfg.scoring_func,
+            routed_scaling_factor=cfg.routed_scaling_factor,
+            e_score_correction_bias=bias,
         )
     elif bias is not None:
         vw, vids = fused_moe.fused_topk_bias(torch.zeros(11, 4), logits, bias, cfg.top_k, cfg.renormalize)
@@ -291,8 +340,9 @@ def test_moe_forward_matches_vllm_torch_iterative(num_tokens, num_experts, top_k
     w13, w2 = _weights(num_experts, hidden, inter, torch.float32)
     x = torch.randn(num_tokens, hidden)
     logits = torch.randn(num_tokens, num_experts)
-    plan = build_moe_plan(g.RoutingConfig(top_k=top_k, renormalize=renormalize), num_experts,
-                          act_dtype=torch.float32, backend=REF)
+    plan = build_moe_plan(
+        g.RoutingConfig(top_k=top_k, renormalize=renormalize), num_experts, act_dtype=torch.float32, backend=REF
+    )
     assert plan.gate_path == "topk_softmax"
     out = moe_forward(x, logits, plan=plan, experts=plan.unquantized_experts(w13, w2))
     expect = fused_moe(x, w13, w2, logits, top_k, num_experts, renormalize=renormalize)
@@ -310,16 +360,39 @@ def test_moe_forward_deepseek_router_matches_vllm_cpu_moe(with_bias, dtype):
     x = torch.randn(num_tokens, hidden)
     logits = torch.randn(num_tokens, num_experts)
     bias = torch.randn(num_experts) * 0.3 if with_bias else None
-    cfg = g.RoutingConfig(top_k=4, renormalize=True, use_grouped_topk=True, num_expert_group=4, topk_group=2,
-                          scoring_func="sigmoid", routed_scaling_factor=2.0, has_correction_bias=with_bias)
+    cfg = g.RoutingConfig(
+        top_k=4,
+        renormalize=True,
+        use_grouped_topk=True,
+        num_expert_group=4,
+        topk_group=2,
+        scoring_func="sigmoid",
+        routed_scaling_factor=2.0,
+        has_correction_bias=with_bias,
+    )
     plan = build_moe_plan(cfg, num_experts, act_dtype=dtype, backend=REF)
     assert plan.gate_path == "grouped_topk"
-    out = moe_forward(x.to(dtype), logits.to(dtype), plan=plan,
-                      experts=plan.unquantized_experts(w13.to(dtype), w2.to(dtype)), e_score_correction_bias=bias)
+    out = moe_forward(
+        x.to(dtype),
+        logits.to(dtype),
+        plan=plan,
+        experts=plan.unquantized_experts(w13.to(dtype), w2.to(dtype)),
+        e_score_correction_bias=bias,
+    )
     layer = types.SimpleNamespace(w13_weight=w13, w2_weight=w2)
     expect = CPUFusedMOE(layer)(
-        layer, x, True, 4, logits, True, topk_group=2, num_expert_group=4, global_num_experts=num_experts,
-        scoring_func="sigmoid", routed_scaling_factor=2.0, e_score_correction_bias=bias,
+        layer,
+        x,
+        True,
+        4,
+        logits,
+        True,
+        topk_group=2,
+        num_expert_group=4,
+        global_num_experts=num_experts,
+        scoring_func="sigmoid",
+        routed_scaling_factor=2.0,
+        e_score_correction_bias=bias,
     )
     assert out.dtype == dtype
     if dtype == torch.float32:
@@ -353,18 +426,22 @@ def test_moe_forward_expert_parallel_partials_sum_to_the_whole():
 def test_moe_forward_zero_tokens_and_router_weight_on_input():
     num_experts, hidden, inter = 4, 8, 4
     w13, w2 = _weights(num_experts, hidden, inter, torch.float32)
-    plan = build_moe_plan(g.RoutingConfig(top_k=1, renormalize=False), num_experts, act_dtype=torch.float32,
-                          apply_router_weight_on_input=True, backend=REF)
-    empty = moe_forward(torch.zeros(0, hidden), torch.zeros(0, num_experts), plan=plan,
-                        experts=plan.unquantized_experts(w13, w2))
+    plan = build_moe_plan(
+        g.RoutingConfig(top_k=1, renormalize=False),
+        num_experts,
+        act_dtype=torch.float32,
+        apply_router_weight_on_input=True,
+        backend=REF,
+    )
+    empty = moe_forward(
+        torch.zeros(0, hidden), torch.zeros(0, num_experts), plan=plan, experts=plan.unquantized_experts(w13, w2)
+    )
     assert empty.shape == (0, hidden)
     x, logits = torch.randn(5, hidden), torch.randn(5, num_experts)
     out = moe_forward(x, logits, plan=plan, experts=plan.unquantized_experts(w13, w2))
     probs = torch.softmax(logits, -1)
     w, e = probs.max(-1)
-    expect = torch.stack([
-        ex.swiglu_reference((w[t] * x[t]) @ w13[e[t]].T) @ w2[e[t]].T for t in range(5)
-    ])
+    expect = torch.stack([ex.swiglu_reference((w[t] * x[t]) @ w13[e[t]].T) @ w2[e[t]].T for t in range(5)])
     torch.testing.assert_close(out, expect, atol=1e-5, rtol=1e-5)
 
 

@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
 """AscendFusedMoE / AscendSharedFusedMoE built through vLLM's own classes (OOT registration), on the emulated device.
 
 Golden references: vLLM's ``moe_torch_iterative.fused_moe`` and ``cpu_fused_moe.CPUFusedMOE`` (pure torch), and HF
@@ -40,8 +42,15 @@ def test_vllm_fused_moe_is_ours_and_matches_vllm_torch_moe(ctx):
     from vllm_npu.ops.moe.comm import LocalDispatcher
     from vllm_npu.ops.moe.layer import AscendFusedMoE, AscendUnquantizedFusedMoEMethod
 
-    layer = FusedMoE(num_experts=6, top_k=2, hidden_size=16, intermediate_size=12, params_dtype=torch.float32,
-                     renormalize=False, prefix="t1.experts")
+    layer = FusedMoE(
+        num_experts=6,
+        top_k=2,
+        hidden_size=16,
+        intermediate_size=12,
+        params_dtype=torch.float32,
+        renormalize=False,
+        prefix="t1.experts",
+    )
     assert type(layer) is AscendFusedMoE
     assert type(layer.quant_method) is AscendUnquantizedFusedMoEMethod
     assert layer.moe_plan.gate_path == "topk_softmax" and isinstance(layer.moe_plan.dispatcher, LocalDispatcher)
@@ -58,18 +67,40 @@ def test_grouped_router_layer_matches_vllm_cpu_moe(ctx):
     from vllm.model_executor.layers.fused_moe.layer import FusedMoE
 
     bias = torch.nn.Parameter(torch.randn(12) * 0.2, requires_grad=False)
-    layer = FusedMoE(num_experts=12, top_k=3, hidden_size=8, intermediate_size=4, params_dtype=torch.float32,
-                     renormalize=True, use_grouped_topk=True, num_expert_group=3, topk_group=2,
-                     scoring_func="sigmoid", routed_scaling_factor=1.5, e_score_correction_bias=bias,
-                     prefix="t2.experts")
+    layer = FusedMoE(
+        num_experts=12,
+        top_k=3,
+        hidden_size=8,
+        intermediate_size=4,
+        params_dtype=torch.float32,
+        renormalize=True,
+        use_grouped_topk=True,
+        num_expert_group=3,
+        topk_group=2,
+        scoring_func="sigmoid",
+        routed_scaling_factor=1.5,
+        e_score_correction_bias=bias,
+        prefix="t2.experts",
+    )
     assert layer.moe_plan.gate_path == "grouped_topk"
     _fill(layer, seed=1)
     x, logits = torch.randn(7, 8), torch.randn(7, 12)
     out = _forward(ctx, layer, x, logits)
     ref_layer = types.SimpleNamespace(w13_weight=layer.w13_weight.data, w2_weight=layer.w2_weight.data)
-    expect = CPUFusedMOE(ref_layer)(ref_layer, x, True, 3, logits, True, topk_group=2, num_expert_group=3,
-                                    global_num_experts=12, scoring_func="sigmoid", routed_scaling_factor=1.5,
-                                    e_score_correction_bias=bias.data)
+    expect = CPUFusedMOE(ref_layer)(
+        ref_layer,
+        x,
+        True,
+        3,
+        logits,
+        True,
+        topk_group=2,
+        num_expert_group=3,
+        global_num_experts=12,
+        scoring_func="sigmoid",
+        routed_scaling_factor=1.5,
+        e_score_correction_bias=bias.data,
+    )
     torch.testing.assert_close(out, expect, atol=1e-5, rtol=1e-5)
 
 
@@ -78,18 +109,38 @@ def test_eplb_is_a_clear_error(ctx):
     from vllm_npu.interface import ConfigError
 
     with pytest.raises((ConfigError, NotImplementedError)):
-        FusedMoE(num_experts=4, top_k=1, hidden_size=8, intermediate_size=4, params_dtype=torch.float32,
-                 enable_eplb=True, prefix="t3.experts")
+        FusedMoE(
+            num_experts=4,
+            top_k=1,
+            hidden_size=8,
+            intermediate_size=4,
+            params_dtype=torch.float32,
+            enable_eplb=True,
+            prefix="t3.experts",
+        )
 
 
 def _deepseek_config():
     from transformers import DeepseekV3Config
 
     return DeepseekV3Config(
-        hidden_size=32, moe_intermediate_size=8, n_routed_experts=16, n_shared_experts=1, num_experts_per_tok=4,
-        n_group=4, topk_group=2, routed_scaling_factor=2.5, norm_topk_prob=True, topk_method="noaux_tc",
-        scoring_func="sigmoid", hidden_act="silu", intermediate_size=64, num_hidden_layers=1,
-        num_attention_heads=2, num_key_value_heads=2, vocab_size=64,
+        hidden_size=32,
+        moe_intermediate_size=8,
+        n_routed_experts=16,
+        n_shared_experts=1,
+        num_experts_per_tok=4,
+        n_group=4,
+        topk_group=2,
+        routed_scaling_factor=2.5,
+        norm_topk_prob=True,
+        topk_method="noaux_tc",
+        scoring_func="sigmoid",
+        hidden_act="silu",
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        vocab_size=64,
     )
 
 

@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
 """The NPU code paths of the MoE, run on the CPU against a stand-in ``torch_npu``.
 
 There is no NPU here. The stand-in implements each op the way torch_npu 2.8.0's docs describe it (written
@@ -31,8 +33,19 @@ def _fake_torch_npu(calls: list[str]) -> types.ModuleType:
         rows = torch.arange(x.shape[0]).unsqueeze(1) + x.shape[0] * torch.arange(k)
         return y, idx.int(), rows.int()
 
-    def npu_moe_gating_top_k(x, k, bias=None, k_group=1, group_count=1, group_select_mode=0, renorm=0, norm_type=0,
-                             out_flag=False, routed_scaling_factor=1.0, eps=1e-20):
+    def npu_moe_gating_top_k(
+        x,
+        k,
+        bias=None,
+        k_group=1,
+        group_count=1,
+        group_select_mode=0,
+        renorm=0,
+        norm_type=0,
+        out_flag=False,
+        routed_scaling_factor=1.0,
+        eps=1e-20,
+    ):
         calls.append("gating_top_k")
         assert renorm == 0 and x.shape[-1] % group_count == 0 and x.shape[-1] // group_count > 2
         assert bias is None or bias.dtype == x.dtype
@@ -46,7 +59,7 @@ def _fake_torch_npu(calls: list[str]) -> types.ModuleType:
             cand = torch.full_like(s, float("-inf"))
             for gi in keep.tolist():
                 width = groups.shape[1]
-                cand[gi * width:(gi + 1) * width] = s[gi * width:(gi + 1) * width]
+                cand[gi * width : (gi + 1) * width] = s[gi * width : (gi + 1) * width]
             idx = cand.topk(k).indices
             y = norm[row][idx]
             if norm_type == 1:
@@ -55,9 +68,22 @@ def _fake_torch_npu(calls: list[str]) -> types.ModuleType:
             idxs.append(idx)
         return torch.stack(ys), torch.stack(idxs).int(), norm
 
-    def npu_moe_init_routing_v2(x, expert_idx, *, scale=None, offset=None, active_num=-1, expert_capacity=-1,
-                                expert_num=-1, drop_pad_mode=0, expert_tokens_num_type=0, expert_tokens_num_flag=False,
-                                quant_mode=0, active_expert_range=(), row_idx_type=0):
+    def npu_moe_init_routing_v2(
+        x,
+        expert_idx,
+        *,
+        scale=None,
+        offset=None,
+        active_num=-1,
+        expert_capacity=-1,
+        expert_num=-1,
+        drop_pad_mode=0,
+        expert_tokens_num_type=0,
+        expert_tokens_num_flag=False,
+        quant_mode=0,
+        active_expert_range=(),
+        row_idx_type=0,
+    ):
         calls.append("init_routing_v2")
         t, k = expert_idx.shape
         assert expert_idx.dtype == torch.int32 and active_num == t * k and drop_pad_mode == 0
@@ -83,7 +109,7 @@ def _fake_torch_npu(calls: list[str]) -> types.ModuleType:
         assert xx.shape[0] > 0, "empty grouped matmul (we never call it with no rows)"
         outs, start = [], 0
         for g, n in enumerate(group_list.tolist()):
-            outs.append(xx[start:start + n] @ w[g])
+            outs.append(xx[start : start + n] @ w[g])
             start += n
         return [torch.cat(outs)]
 
@@ -102,8 +128,14 @@ def _fake_torch_npu(calls: list[str]) -> types.ModuleType:
             out[flat // k] += probs[flat // k, flat % k].float() * permuted_tokens[i].float()
         return out.to(torch.bfloat16)
 
-    for fn in (npu_moe_gating_top_k_softmax, npu_moe_gating_top_k, npu_moe_init_routing_v2, npu_grouped_matmul,
-               npu_swiglu, npu_moe_token_unpermute):
+    for fn in (
+        npu_moe_gating_top_k_softmax,
+        npu_moe_gating_top_k,
+        npu_moe_init_routing_v2,
+        npu_grouped_matmul,
+        npu_swiglu,
+        npu_moe_token_unpermute,
+    ):
         setattr(m, fn.__name__, fn)
     return m
 
@@ -117,14 +149,27 @@ def npu_calls(monkeypatch):
 
 def _weights(e, h, i, dtype, seed=0):
     gen = torch.Generator().manual_seed(seed)
-    return ((torch.randn(e, 2 * i, h, generator=gen) / h**0.5).to(dtype),
-            (torch.randn(e, h, i, generator=gen) / i**0.5).to(dtype))
+    return (
+        (torch.randn(e, 2 * i, h, generator=gen) / h**0.5).to(dtype),
+        (torch.randn(e, h, i, generator=gen) / i**0.5).to(dtype),
+    )
 
 
 CONFIGS = {
     "softmax": (RoutingConfig(top_k=2), 6, None),
-    "deepseek": (RoutingConfig(top_k=3, use_grouped_topk=True, num_expert_group=4, topk_group=2,
-                               scoring_func="sigmoid", routed_scaling_factor=2.0, has_correction_bias=True), 12, 0.3),
+    "deepseek": (
+        RoutingConfig(
+            top_k=3,
+            use_grouped_topk=True,
+            num_expert_group=4,
+            topk_group=2,
+            scoring_func="sigmoid",
+            routed_scaling_factor=2.0,
+            has_correction_bias=True,
+        ),
+        12,
+        0.3,
+    ),
 }
 
 
@@ -146,8 +191,9 @@ def test_npu_backend_equals_reference_backend(npu_calls, name, dtype, ep):
     outs = {}
     for backend in ("reference", "npu"):
         plan = build_moe_plan(cfg, num_experts, act_dtype=dtype, expert_map=expert_map, backend=backend)
-        outs[backend] = moe_forward(x, logits, plan=plan, experts=plan.unquantized_experts(w13[local], w2[local]),
-                                    e_score_correction_bias=bias)
+        outs[backend] = moe_forward(
+            x, logits, plan=plan, experts=plan.unquantized_experts(w13[local], w2[local]), e_score_correction_bias=bias
+        )
     assert not torch.isnan(outs["npu"]).any()
     tol = 1e-5 if dtype == torch.float32 else 2e-2
     torch.testing.assert_close(outs["npu"].float(), outs["reference"].float(), atol=tol, rtol=tol)

@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
 """Golden tests: RMSNorm (+ fused residual add), GemmaRMSNorm, SiluAndMul, QuickGELU references vs vLLM's
 forward_native and HF transformers, in fp32/fp16/bf16 on odd shapes (1 token, non-power-of-two hidden sizes).
 

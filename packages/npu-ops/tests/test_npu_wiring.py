@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
 """The NPU side of every override, run against a stand-in ``torch_npu`` (no Ascend hardware here).
 
 The stand-in checks each call against torch_npu 2.8.0's documented signature (parsed from the wheel by
@@ -92,8 +94,8 @@ class FakeTorchNPU(types.ModuleType):
         cos, sin = cache.double()[positions].chunk(2, dim=-1)
         if positions.dim() == 2:
             bounds = [0, section[0], section[0] + section[1], sum(section)]
-            cos = torch.cat([cos[i, :, bounds[i]:bounds[i + 1]] for i in range(3)], dim=-1)
-            sin = torch.cat([sin[i, :, bounds[i]:bounds[i + 1]] for i in range(3)], dim=-1)
+            cos = torch.cat([cos[i, :, bounds[i] : bounds[i + 1]] for i in range(3)], dim=-1)
+            sin = torch.cat([sin[i, :, bounds[i] : bounds[i + 1]] for i in range(3)], dim=-1)
         else:
             assert list(section) == [0, 0, 0]
         cos, sin = torch.cat((cos, cos), -1)[:, None], torch.cat((sin, sin), -1)[:, None]

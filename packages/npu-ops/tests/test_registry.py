@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
 """The override table and its registration with vLLM's CustomOp registry."""
 
 from __future__ import annotations
@@ -74,8 +76,10 @@ def test_public_door_is_import_light() -> None:
     import subprocess
     import sys
 
-    code = "import sys, vllm_npu.ops as o; assert 'torch' not in sys.modules and 'vllm' not in sys.modules; " \
-           "assert 'RMSNorm' in o.OOT_OPS"
+    code = (
+        "import sys, vllm_npu.ops as o; assert 'torch' not in sys.modules and 'vllm' not in sys.modules; "
+        "assert 'RMSNorm' in o.OOT_OPS"
+    )
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
@@ -108,5 +112,13 @@ def test_ops_layer_spells_its_npu_calls_literally() -> None:
 
     src = Path(__file__).resolve().parents[1] / "src" / "vllm_npu" / "ops"
     names = {c.name for p in src.glob("*.py") for c in find_npu_calls(p.read_text(), str(p))}
-    assert {"npu_rms_norm", "npu_add_rms_norm", "npu_gemma_rms_norm", "npu_swiglu", "npu_fast_gelu",
-            "npu_rotary_mul", "npu_mrope", "npu_format_cast"} <= names
+    assert {
+        "npu_rms_norm",
+        "npu_add_rms_norm",
+        "npu_gemma_rms_norm",
+        "npu_swiglu",
+        "npu_fast_gelu",
+        "npu_rotary_mul",
+        "npu_mrope",
+        "npu_format_cast",
+    } <= names

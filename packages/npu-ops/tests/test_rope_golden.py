@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
 """Golden tests: rotary embedding overrides vs vLLM's forward_native (and HF for plain NeoX RoPE), in
 fp32/fp16/bf16, NeoX and GPT-J styles, full and partial rotary_dim, 1 token and odd token counts; and the
 once-per-forward cos/sin cache.
@@ -57,15 +59,21 @@ def test_rotary_embedding_matches_hf_llama(vllm_ctx) -> None:
     from vllm.model_executor.layers.rotary_embedding.base import RotaryEmbedding
 
     head, heads, kv, tokens = 32, 4, 2, 9
-    cfg = LlamaConfig(hidden_size=head * heads, num_attention_heads=heads, num_key_value_heads=kv,
-                      max_position_embeddings=2048, rope_theta=10000.0)
+    cfg = LlamaConfig(
+        hidden_size=head * heads,
+        num_attention_heads=heads,
+        num_key_value_heads=kv,
+        max_position_embeddings=2048,
+        rope_theta=10000.0,
+    )
     hf_rope = LlamaRotaryEmbedding(cfg)
     rope = RotaryEmbedding(head, head, 2048, 10000.0, True, torch.float32)
     pos, q, k = _qkp(tokens, heads, kv, head, torch.float32, max_pos=2048)
     out_q, out_k = rope(pos, q, k)
     cos, sin = hf_rope(q, pos[None])
-    hq, hk = apply_rotary_pos_emb(q.view(1, tokens, heads, head).transpose(1, 2),
-                                  k.view(1, tokens, kv, head).transpose(1, 2), cos, sin)
+    hq, hk = apply_rotary_pos_emb(
+        q.view(1, tokens, heads, head).transpose(1, 2), k.view(1, tokens, kv, head).transpose(1, 2), cos, sin
+    )
     torch.testing.assert_close(out_q, hq.transpose(1, 2).reshape(tokens, -1), atol=2e-5, rtol=2e-5)
     torch.testing.assert_close(out_k, hk.transpose(1, 2).reshape(tokens, -1), atol=2e-5, rtol=2e-5)
 
@@ -86,14 +94,16 @@ def test_yarn_matches_vllm(vllm_ctx, dtype, neox) -> None:
 
 
 @DTYPES
-@pytest.mark.parametrize("neox,head,rot", [(False, 64, 64), (False, 96, 64), (True, 64, 64)],
-                         ids=["gptj-full", "gptj-partial", "neox-full"])
+@pytest.mark.parametrize(
+    "neox,head,rot", [(False, 64, 64), (False, 96, 64), (True, 64, 64)], ids=["gptj-full", "gptj-partial", "neox-full"]
+)
 def test_deepseek_scaling_matches_vllm(vllm_ctx, dtype, neox, head, rot) -> None:
     from vllm.model_executor.layers.rotary_embedding.deepseek_scaling_rope import DeepseekScalingRotaryEmbedding
     from vllm_npu.ops.rotary_embedding import NPUDeepseekScalingRotaryEmbedding
 
-    rope = DeepseekScalingRotaryEmbedding(head, rot, 512, 10000.0, neox, 40.0, dtype, beta_fast=32, beta_slow=1,
-                                          mscale=1.0, mscale_all_dim=1.0)
+    rope = DeepseekScalingRotaryEmbedding(
+        head, rot, 512, 10000.0, neox, 40.0, dtype, beta_fast=32, beta_slow=1, mscale=1.0, mscale_all_dim=1.0
+    )
     assert type(rope) is NPUDeepseekScalingRotaryEmbedding
     tokens = 7
     pos, q, k = _qkp(tokens, 3, 1, head, dtype, max_pos=512 * 40)
@@ -119,8 +129,9 @@ def test_mrope_matches_vllm(vllm_ctx, dtype, head, rot, sections, interleaved, k
     from vllm.model_executor.layers.rotary_embedding.mrope import MRotaryEmbedding
     from vllm_npu.ops.mrope import NPUMRotaryEmbedding
 
-    rope = MRotaryEmbedding(head, rot, 1024, 10000.0, True, dtype, mrope_section=sections,
-                            mrope_interleaved=interleaved)
+    rope = MRotaryEmbedding(
+        head, rot, 1024, 10000.0, True, dtype, mrope_section=sections, mrope_interleaved=interleaved
+    )
     assert type(rope) is NPUMRotaryEmbedding and rope.uses_mrope_kernel is kernel
     tokens = 9
     g = torch.Generator().manual_seed(5)

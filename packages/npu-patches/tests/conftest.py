@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
 """Shared fixtures: throw-away target and factory modules written to disk (so ``inspect.getsource`` works)."""
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ class Child(Base):
 '''
 
 #: Replacement factories ``f(original) -> new`` for the targets above.
-FACTORY_SOURCE = '''
+FACTORY_SOURCE = """
 def shout(original):
     def greet(name):
         return original(name).upper()
@@ -52,7 +54,7 @@ def speak_patched(original):
 
 def static_patched(original):
     return staticmethod(lambda: "patched static")
-'''
+"""
 
 
 @dataclass

@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
 """attention-output-empty: the patched ``Attention.forward`` returns what vLLM's returns, allocates its output with
 ``torch.empty`` (no zero-fill op) only for impls that declare ``fills_output_buffer``, and is vLLM's forward
 (zero-fill included) for every other impl.
@@ -20,7 +22,13 @@ from vllm_npu.patches.sets import ATTENTION_OUTPUT_EMPTY
 pytestmark = pytest.mark.usefixtures("vllm_unpatched")
 
 T, N, NKV, D = 5, 4, 2, 8
-FILL_OPS = {"aten.zeros.default", "aten.zero_.default", "aten.fill_.Scalar", "aten.full.default", "aten.new_zeros.default"}
+FILL_OPS = {
+    "aten.zeros.default",
+    "aten.zero_.default",
+    "aten.fill_.Scalar",
+    "aten.full.default",
+    "aten.new_zeros.default",
+}
 
 
 class FullImpl:
@@ -31,7 +39,9 @@ class FullImpl:
     def forward(self, layer, query, key, value, kv_cache, attn_metadata, output=None, **_: Any):
         k = key.repeat_interleave(N // NKV, dim=1)
         v = value.repeat_interleave(N // NKV, dim=1)
-        out = F.scaled_dot_product_attention(query.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), is_causal=True)
+        out = F.scaled_dot_product_attention(
+            query.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), is_causal=True
+        )
         output.copy_(out.transpose(0, 1))
         return output
 
@@ -75,14 +85,19 @@ class Ops(TorchDispatchMode):
 
 def qkv(seed: int = 0):
     g = torch.Generator().manual_seed(seed)
-    return (torch.randn(T, N * D, generator=g), torch.randn(T, NKV * D, generator=g), torch.randn(T, NKV * D, generator=g))
+    return (
+        torch.randn(T, N * D, generator=g),
+        torch.randn(T, NKV * D, generator=g),
+        torch.randn(T, NKV * D, generator=g),
+    )
 
 
 def run(forward, layer, metadata=T):
     from vllm.forward_context import ForwardContext, override_forward_context
 
-    ctx = ForwardContext(no_compile_layers={layer.layer_name: layer}, attn_metadata={layer.layer_name: metadata},
-                         virtual_engine=0)
+    ctx = ForwardContext(
+        no_compile_layers={layer.layer_name: layer}, attn_metadata={layer.layer_name: metadata}, virtual_engine=0
+    )
     with override_forward_context(ctx), Ops() as ops:
         out = forward(layer, *qkv())
     return out, ops.names

@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
 """The built-in set against the installed vLLM 0.11.0: fingerprints match, each patch applies and reverts exactly."""
 
 from __future__ import annotations

@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
 """docs/patches.md is generated from the registry; the ``vllm-npu patches`` CLI reports every patch."""
 
 from __future__ import annotations

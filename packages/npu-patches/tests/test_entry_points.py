@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
 """Patches declared by other distributions through the ``vllm_npu.patches`` entry-point group."""
 
 from __future__ import annotations
@@ -11,8 +13,16 @@ from vllm_npu.patches import _registry as registry_mod
 from vllm_npu.patches.sets import BUILTIN_PATCHES
 
 EXTRA = Patch(
-    id="other-layer-fix", target="vllm.envs.VLLM_HOST_IP", replacement="m:f", scope="platform", vllm=">=0.11",
-    fingerprint="b" * 64, upstream="none: test", reason="test", removal="test", layer="ops",
+    id="other-layer-fix",
+    target="vllm.envs.VLLM_HOST_IP",
+    replacement="m:f",
+    scope="platform",
+    vllm=">=0.11",
+    fingerprint="b" * 64,
+    upstream="none: test",
+    reason="test",
+    removal="test",
+    layer="ops",
 )
 
 
@@ -35,5 +45,7 @@ def test_a_broken_declaration_names_itself(monkeypatch):
         raise ImportError("no module named vllm_npu.ops._patches")
 
     monkeypatch.setattr(importlib.metadata, "entry_points", fake_entry_points(boom))
-    with pytest.raises(PatchError, match=r"entry point 'npu_ops' \(vllm_npu.ops._patches:PATCHES\) in vllm_npu.patches"):
+    with pytest.raises(
+        PatchError, match=r"entry point 'npu_ops' \(vllm_npu.ops._patches:PATCHES\) in vllm_npu.patches"
+    ):
         registry_mod._declared_patches()

@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
 """The component hooks drive the process-wide registry: worker patches at worker init, honouring both settings."""
 
 from __future__ import annotations
@@ -31,12 +33,18 @@ def test_worker_hook_applies_worker_patches_and_reads_additional_config(monkeypa
         assert status["repetition-penalty-torch"][0] is PatchStatus.APPLIED
         assert ops.apply_repetition_penalties.__vllm_npu_patch__ == "repetition-penalty-torch"
         assert status["attention-output-empty"] == (
-            PatchStatus.DISABLED, "disabled by --additional-config npu.disabled_patches")
+            PatchStatus.DISABLED,
+            "disabled by --additional-config npu.disabled_patches",
+        )
         report = patch_report(object())  # what llm.collective_rpc(patch_report) returns per worker
         assert report["repetition-penalty-torch"]["installed"] is True
         assert report["attention-output-empty"] == {
-            "status": "disabled", "reason": "disabled by --additional-config npu.disabled_patches",
-            "target": "vllm.attention.layer.Attention.forward", "scope": "worker", "installed": False}
+            "status": "disabled",
+            "reason": "disabled by --additional-config npu.disabled_patches",
+            "target": "vllm.attention.layer.Attention.forward",
+            "scope": "worker",
+            "installed": False,
+        }
     finally:
         revert_patches(ids=["repetition-penalty-torch"])
     assert not hasattr(ops.apply_repetition_penalties, "__vllm_npu_patch__")

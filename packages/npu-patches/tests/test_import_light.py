@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
 """Declaring and listing patches imports neither torch nor vLLM (vLLM loads our plugin in every process)."""
 
 from __future__ import annotations

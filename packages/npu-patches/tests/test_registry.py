@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
 """The registry's contract on throw-away targets: apply/revert exactly, idempotence, version gate, fingerprint
 check, disabling, late registration."""
 
@@ -25,9 +27,16 @@ V = "0.11.0"  # the vLLM version the tests pretend is installed
 def make_patch(fake, id="shout", attr="greet", factory="shout", scope="worker", vllm=">=0.11.0,<0.12", **kw):
     target = f"{fake.mod.__name__}.{attr}"
     return Patch(
-        id=id, target=target, replacement=fake.fac + factory, scope=scope, vllm=vllm,
+        id=id,
+        target=target,
+        replacement=fake.fac + factory,
+        scope=scope,
+        vllm=vllm,
         fingerprint=kw.pop("fingerprint", None) or fingerprint_path(target),
-        upstream="https://example.invalid/pr/1", reason="test", removal="never", **kw,
+        upstream="https://example.invalid/pr/1",
+        reason="test",
+        removal="never",
+        **kw,
     )
 
 
@@ -135,8 +144,11 @@ def test_changed_target_fails_loudly_naming_patch_and_target(fake):
 def test_fingerprint_ignores_comments_docstrings_and_formatting(fake):
     before = fingerprint_path(f"{fake.mod.__name__}.greet")
     src = fake.mod.__loader__.get_source(fake.mod.__name__)
-    fake.rewrite(src.replace('    return "hello " + name', '    # a comment\n\n    return ("hello "   +   name)')
-                 .replace('"""Say hello."""', '"""Say hello to someone, politely."""'))
+    fake.rewrite(
+        src.replace('    return "hello " + name', '    # a comment\n\n    return ("hello "   +   name)').replace(
+            '"""Say hello."""', '"""Say hello to someone, politely."""'
+        )
+    )
     assert fake.mod.greet.__doc__ == "Say hello to someone, politely."
     assert fingerprint_path(f"{fake.mod.__name__}.greet") == before
 
@@ -247,8 +259,15 @@ def test_plan_reports_without_applying(fake):
 )
 def test_declaration_is_validated(field, value, match):
     good = dict(
-        id="ok", target="vllm.x.f", replacement="m:f", scope="worker", vllm=">=0.11", fingerprint="a" * 64,
-        upstream="u", reason="r", removal="r",
+        id="ok",
+        target="vllm.x.f",
+        replacement="m:f",
+        scope="worker",
+        vllm=">=0.11",
+        fingerprint="a" * 64,
+        upstream="u",
+        reason="r",
+        removal="r",
     )
     with pytest.raises(PatchError, match=match):
         Patch(**{**good, field: value})

@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
 """repetition-penalty-torch: vLLM's sampler penalty path on tensors that claim ``is_cuda`` (what torch_npu does to
 NPU tensors under transfer_to_npu / TORCH_NPU_SANITIZER) fails without the patch and is right with it.
 

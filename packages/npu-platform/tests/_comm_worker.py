@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
 """Body of the two-rank NPUCommunicator test (run in spawned processes; not collected by pytest)."""
 
 from __future__ import annotations

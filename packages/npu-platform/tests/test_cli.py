@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
 """The ``vllm-npu`` command: help without heavy imports, dispatch through the subcommand table, absent layers."""
 
 from __future__ import annotations
@@ -32,9 +34,7 @@ _RUNNER = textwrap.dedent(
 
 
 def run_cli(*args: str, env: dict[str, str] | None = None) -> tuple[int, str, str, list[str]]:
-    proc = subprocess.run(
-        [sys.executable, "-c", _RUNNER, *args], capture_output=True, text=True, timeout=120, env=env
-    )
+    proc = subprocess.run([sys.executable, "-c", _RUNNER, *args], capture_output=True, text=True, timeout=120, env=env)
     out, _, heavy = proc.stdout.rpartition("@@HEAVY@@")
     return proc.returncode, out, proc.stderr, json.loads(heavy)
 
@@ -77,10 +77,7 @@ def test_subcommand_table_is_strings_only() -> None:
 @pytest.fixture
 def tool_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
     (tmp_path / "npu_cli_test_tool.py").write_text(
-        "CALLS = []\n"
-        "def main(argv):\n"
-        "    CALLS.append(list(argv))\n"
-        "    return 3 if '--fail' in argv else None\n"
+        "CALLS = []\ndef main(argv):\n    CALLS.append(list(argv))\n    return 3 if '--fail' in argv else None\n"
     )
     monkeypatch.syspath_prepend(str(tmp_path))
     yield "npu_cli_test_tool"
@@ -94,7 +91,9 @@ def test_dispatch_passes_the_remaining_arguments(tool_module: str, monkeypatch: 
     assert sys.modules[tool_module].CALLS == [["--x", "1", "--help"], ["--fail"]]
 
 
-def test_absent_layer_prints_the_pip_command(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+def test_absent_layer_prints_the_pip_command(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     real_find_spec = cli.importlib.util.find_spec
 
     def find_spec(name: str, *args: object) -> object:
@@ -108,7 +107,9 @@ def test_absent_layer_prints_the_pip_command(monkeypatch: pytest.MonkeyPatch, ca
     )
 
 
-def test_layer_without_the_subcommand_module(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+def test_layer_without_the_subcommand_module(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     monkeypatch.setitem(SUBCOMMANDS, "ghost", Subcommand("vllm_npu.ops.no_such_cli_module:main", "ops", "x"))
     assert cli.main(["ghost"]) == EXIT_MISSING
     err = capsys.readouterr().err
@@ -116,6 +117,12 @@ def test_layer_without_the_subcommand_module(monkeypatch: pytest.MonkeyPatch, ca
 
 
 def test_python_dash_m(tmp_path: Path) -> None:
-    proc = subprocess.run([sys.executable, "-m", "vllm_npu.platform.cli", "--version"], capture_output=True,
-                          text=True, timeout=60, cwd=tmp_path, env={**os.environ})
+    proc = subprocess.run(
+        [sys.executable, "-m", "vllm_npu.platform.cli", "--version"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
+        env={**os.environ},
+    )
     assert proc.returncode == 0 and __version__ in proc.stdout

@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
 """``vllm-npu doctor``: each state it must explain, run in fresh interpreters with fake installs on PYTHONPATH."""
 
 from __future__ import annotations
@@ -47,7 +49,9 @@ def doctor_json(**kwargs: object) -> tuple[int, dict]:
     return rc, json.loads(out)
 
 
-def make_dist(site: Path, name: str, version: str, entry_points: str = "", modules: dict[str, str] | None = None) -> None:
+def make_dist(
+    site: Path, name: str, version: str, entry_points: str = "", modules: dict[str, str] | None = None
+) -> None:
     info = site / f"{name.replace('-', '_')}-{version}.dist-info"
     info.mkdir(parents=True)
     (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
@@ -64,9 +68,13 @@ def fake_torch_npu(tmp_path: Path) -> Path:
     site = tmp_path / "site"
     marker = tmp_path / "torch_npu_imported"
     make_dist(
-        site, "torch-npu", "2.8.0",
+        site,
+        "torch-npu",
+        "2.8.0",
         entry_points="[torch.backends]\ntorch_npu = torch_npu:_autoload\n",
-        modules={"torch_npu/__init__.py": f"open({str(marker)!r}, 'w').close()\nraise ImportError('libhccl.so: no CANN')\n"},
+        modules={
+            "torch_npu/__init__.py": f"open({str(marker)!r}, 'w').close()\nraise ImportError('libhccl.so: no CANN')\n"
+        },
     )
     return site
 
@@ -87,8 +95,12 @@ def test_healthy_dev_env() -> None:
     assert device["requested"] == "auto" and device["mode"] is None
     assert "VLLM_NPU_DEVICE=auto" in device["reason"] and "VLLM_NPU_DEVICE=emulated" in device["reason"]
     assert report["vllm_plugins"]["value"] is None
-    assert report["config"] == {"VLLM_NPU_DEVICE": "auto", "VLLM_NPU_EMULATED_KV_CACHE_GB": 0.5,
-                                "VLLM_NPU_PATCHES": "all", "VLLM_NPU_CACHE_DIR": None}
+    assert report["config"] == {
+        "VLLM_NPU_DEVICE": "auto",
+        "VLLM_NPU_EMULATED_KV_CACHE_GB": 0.5,
+        "VLLM_NPU_PATCHES": "all",
+        "VLLM_NPU_CACHE_DIR": None,
+    }
 
 
 def test_torch_autoload_follows_torch_rule() -> None:
@@ -104,8 +116,15 @@ def test_torch_autoload_follows_torch_rule() -> None:
 def test_text_report() -> None:
     rc, out, _ = doctor()
     assert rc == 0
-    for line in ("Versions", "vllm           0.11.0", "torch_npu      not installed", "CANN           not found",
-                 "VLLM_NPU_DEVICE=auto -> not activated", "Every layer is installed.", "Result: OK"):
+    for line in (
+        "Versions",
+        "vllm           0.11.0",
+        "torch_npu      not installed",
+        "CANN           not found",
+        "VLLM_NPU_DEVICE=auto -> not activated",
+        "Every layer is installed.",
+        "Result: OK",
+    ):
         assert line in out
     assert "OK   quant      npu-quant" in out
 
@@ -137,15 +156,19 @@ def test_npu_requested_without_npu_is_an_error() -> None:
 def test_interface_skew_is_an_error_naming_both_versions(tmp_path: Path) -> None:
     site = tmp_path / "site"
     make_dist(
-        site, "npu-future", "3.0.0",
+        site,
+        "npu-future",
+        "3.0.0",
         entry_points="[vllm_npu.components]\nfuture = npu_future_comp:COMPONENT\n"
-                     "[vllm.general_plugins]\nnpu_future = npu_future_comp:load_plugin\n",
-        modules={"npu_future_comp.py": """
+        "[vllm.general_plugins]\nnpu_future = npu_future_comp:load_plugin\n",
+        modules={
+            "npu_future_comp.py": """
             from vllm_npu.interface import Component
             COMPONENT = Component(name="future", distribution="npu-future", version="3.0.0",
                                   interface=">=2.0,<3", vllm=">=0.11.0,<0.12")
             load_plugin = COMPONENT.plugin_entry()
-        """},
+        """
+        },
     )
     rc, report = doctor_json(site=site)
     assert rc == 1 and not report["ok"]
@@ -176,8 +199,13 @@ def test_torch_npu_without_cann(fake_torch_npu: Path) -> None:
     assert report["torch"]["import_torch_breaks"] is True
     assert "torch_npu = torch_npu:_autoload" in report["torch"]["backends"]
     (error,) = [e for e in report["errors"] if "torch-npu 2.8.0 is installed but CANN is not" in e]
-    for words in ("`import torch` itself fails", "torch.backends", "set_env.sh", "pip uninstall torch-npu",
-                  "TORCH_DEVICE_BACKEND_AUTOLOAD=0"):
+    for words in (
+        "`import torch` itself fails",
+        "torch.backends",
+        "set_env.sh",
+        "pip uninstall torch-npu",
+        "TORCH_DEVICE_BACKEND_AUTOLOAD=0",
+    ):
         assert words in error
     assert report["device"]["mode"] is None and "CANN" in report["device"]["reason"]
     assert not (fake_torch_npu.parent / "torch_npu_imported").exists()
@@ -207,7 +235,9 @@ def test_cann_version_is_read_from_its_files(fake_torch_npu: Path, tmp_path: Pat
 
 def test_version_files(tmp_path: Path) -> None:
     cfg = tmp_path / "version.cfg"
-    cfg.write_text("# version: 1.0\nruntime_running_version=[7.0.0.5.242:7.0.0]\ncompiler_running_version=[7.0.0.5.242:7.0.0]\n")
+    cfg.write_text(
+        "# version: 1.0\nruntime_running_version=[7.0.0.5.242:7.0.0]\ncompiler_running_version=[7.0.0.5.242:7.0.0]\n"
+    )
     assert _parse_version_file(str(cfg)) == "7.0.0"
     info = tmp_path / "ascend_toolkit_install.info"
     info.write_text("package_name=Ascend-cann-toolkit\nversion=8.0.RC2\n")

@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
 """NPUCommunicator on two gloo ranks (the emulated device's backend): every collective against plain math."""
 
 from __future__ import annotations

@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
 """The scoped CUDA stream-API shim of the model runner and the emulated KV budget."""
 
 from __future__ import annotations
@@ -54,7 +56,10 @@ def test_emulated_kv_budget_sources_and_validation(monkeypatch):
     from vllm_npu.platform.worker import emulated_kv_cache_bytes
 
     assert emulated_kv_cache_bytes({}, {"VLLM_NPU_EMULATED_KV_CACHE_GB": "0.25"}) == 1 << 28
-    assert emulated_kv_cache_bytes({"npu": {"emulated_kv_cache_gb": 0.125}}, {"VLLM_NPU_EMULATED_KV_CACHE_GB": "0.25"}) == 1 << 27
+    assert (
+        emulated_kv_cache_bytes({"npu": {"emulated_kv_cache_gb": 0.125}}, {"VLLM_NPU_EMULATED_KV_CACHE_GB": "0.25"})
+        == 1 << 27
+    )
     assert emulated_kv_cache_bytes({}, {}) == 1 << 29  # the documented default, 0.5 GiB
     with pytest.raises(ConfigError, match="exceeds the host's available memory"):
         emulated_kv_cache_bytes({}, {"VLLM_NPU_EMULATED_KV_CACHE_GB": "1024"})

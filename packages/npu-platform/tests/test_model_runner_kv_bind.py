@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
 """NPUModelRunner.initialize_kv_cache_tensors: several cache layers per decoder layer (DeepSeek-V3.2) bound the CUDA
 way; one cache layer per index goes through vLLM's own method. Runs on a stand-in runner (no engine)."""
 
@@ -22,7 +24,9 @@ def fake_runner(layer_names: list[str], shared: dict[str, str] | None = None) ->
         model_config=SimpleNamespace(hf_config=SimpleNamespace(model_type="deepseek_v32")),
         shared_kv_cache_layers=shared or {},
         compilation_config=SimpleNamespace(
-            static_forward_context={n: SimpleNamespace(kv_cache=[torch.tensor([])]) for n in [*layer_names, *(shared or {})]}
+            static_forward_context={
+                n: SimpleNamespace(kv_cache=[torch.tensor([])]) for n in [*layer_names, *(shared or {})]
+            }
         ),
         kv_caches=[],
         _allocate_kv_cache_tensors=lambda config: "raw",
@@ -34,8 +38,12 @@ def fake_runner(layer_names: list[str], shared: dict[str, str] | None = None) ->
 
 
 def kv_config(layer_names: list[str]) -> SimpleNamespace:
-    return SimpleNamespace(kv_cache_groups=[SimpleNamespace(layer_names=[n for n in layer_names if n.endswith("attn")]),
-                                            SimpleNamespace(layer_names=[n for n in layer_names if n.endswith("k_cache")])])
+    return SimpleNamespace(
+        kv_cache_groups=[
+            SimpleNamespace(layer_names=[n for n in layer_names if n.endswith("attn")]),
+            SimpleNamespace(layer_names=[n for n in layer_names if n.endswith("k_cache")]),
+        ]
+    )
 
 
 def test_two_cache_layers_per_decoder_layer_are_all_bound():
@@ -46,7 +54,10 @@ def test_two_cache_layers_per_decoder_layer_are_all_bound():
     for name in V32_LAYERS:
         assert ctx[name].kv_cache[0] is kv[name]
     # The runner's list keeps the first cache of each layer index, in index order (vLLM's CUDA behaviour).
-    assert [id(t) for t in runner.kv_caches] == [id(kv["model.layers.0.self_attn.attn"]), id(kv["model.layers.1.self_attn.attn"])]
+    assert [id(t) for t in runner.kv_caches] == [
+        id(kv["model.layers.0.self_attn.attn"]),
+        id(kv["model.layers.1.self_attn.attn"]),
+    ]
 
 
 def test_shared_layer_reuses_its_target_cache():

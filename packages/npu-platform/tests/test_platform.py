@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
 """NPUPlatform / EmulatedNPUPlatform: device facts, the config hook, attention selection, errors."""
 
 from __future__ import annotations
@@ -16,15 +18,20 @@ from vllm_npu.interface.errors import ComponentSkewError, ConfigError, DeviceUna
 from vllm_npu.platform.platform import EmulatedNPUPlatform, NPUPlatform
 
 
-def fake_vllm_config(*, block_size=None, enforce_eager=False, additional_config=None, custom_ops=None,
-                     cache_dtype="auto", hf_config=None):
+def fake_vllm_config(
+    *, block_size=None, enforce_eager=False, additional_config=None, custom_ops=None, cache_dtype="auto", hf_config=None
+):
     """The parts of VllmConfig the platform hook reads and writes (real CompilationConfig)."""
     return SimpleNamespace(
         parallel_config=SimpleNamespace(worker_cls="auto", disable_custom_all_reduce=False),
         cache_config=SimpleNamespace(block_size=block_size, cache_dtype=cache_dtype),
-        model_config=SimpleNamespace(enforce_eager=enforce_eager, disable_cascade_attn=False,
-                                     hf_config=hf_config or SimpleNamespace(), model="unused-model-dir",
-                                     quantization=None),
+        model_config=SimpleNamespace(
+            enforce_eager=enforce_eager,
+            disable_cascade_attn=False,
+            hf_config=hf_config or SimpleNamespace(),
+            model="unused-model-dir",
+            quantization=None,
+        ),
         compilation_config=CompilationConfig(custom_ops=list(custom_ops or [])),
         additional_config=additional_config or {},
     )
@@ -39,16 +46,23 @@ def env(monkeypatch):
 def test_one_hierarchy_only_device_facts_differ():
     assert issubclass(EmulatedNPUPlatform, NPUPlatform)
     npu = (NPUPlatform.device_name, NPUPlatform.device_type, NPUPlatform.dispatch_key, NPUPlatform.dist_backend)
-    emu = (EmulatedNPUPlatform.device_name, EmulatedNPUPlatform.device_type, EmulatedNPUPlatform.dispatch_key,
-           EmulatedNPUPlatform.dist_backend)
+    emu = (
+        EmulatedNPUPlatform.device_name,
+        EmulatedNPUPlatform.device_type,
+        EmulatedNPUPlatform.dispatch_key,
+        EmulatedNPUPlatform.dist_backend,
+    )
     assert npu == ("npu", "npu", "PrivateUse1", "hccl")
     assert emu == ("cpu", "cpu", "CPU", "gloo")
     assert NPUPlatform.device_control_env_var == "ASCEND_RT_VISIBLE_DEVICES" and NPUPlatform.ray_device_key == "NPU"
     assert EmulatedNPUPlatform.simple_compile_backend == "eager"
     assert NPUPlatform.is_out_of_tree and EmulatedNPUPlatform._enum == NPUPlatform._enum
     # Every hook is NPUPlatform's: the emulated class overrides no method.
-    overridden = [k for k, v in vars(EmulatedNPUPlatform).items() if isinstance(v, (classmethod, staticmethod, property))
-                  or (callable(v) and not isinstance(v, type))]
+    overridden = [
+        k
+        for k, v in vars(EmulatedNPUPlatform).items()
+        if isinstance(v, (classmethod, staticmethod, property)) or (callable(v) and not isinstance(v, type))
+    ]
     assert overridden == []
     assert NPUPlatform.is_pin_memory_available() and not EmulatedNPUPlatform.is_pin_memory_available()
     assert EmulatedNPUPlatform.is_sleep_mode_available()

@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
 """The ``vllm.platform_plugins`` hook: import-light, pure, never raising, and declining on a CPU host by default."""
 
 from __future__ import annotations
@@ -26,8 +28,9 @@ _PROBE = textwrap.dedent(
 
 def run_register(**env: str) -> dict:
     clean = {k: v for k, v in os.environ.items() if not k.startswith(("VLLM_NPU_", "VLLM_PLUGINS"))}
-    proc = subprocess.run([sys.executable, "-c", _PROBE], capture_output=True, text=True, timeout=60,
-                          env={**clean, **env}, check=True)
+    proc = subprocess.run(
+        [sys.executable, "-c", _PROBE], capture_output=True, text=True, timeout=60, env={**clean, **env}, check=True
+    )
     return json.loads(proc.stdout)
 
 

@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
 """NPURejectionSampler against a slow per-request Python reference of vLLM 0.11's rejection-sampling kernels.
 
 The reference walks each request position by position, exactly as vLLM's Triton kernels do, and draws its random
@@ -181,7 +183,8 @@ def test_random_outcomes_vary_across_seeds():
     drafts, _, logits, bonus = random_case([4] * 8, 0)
     temps = [1.0] * 8
     accepted = {
-        sum(t != PLACEHOLDER_TOKEN_ID for t in row) - 1 for s in range(6)
+        sum(t != PLACEHOLDER_TOKEN_ID for t in row) - 1
+        for s in range(6)
         for row in run(drafts, None, logits, bonus, temps, [s * 10 + i for i in range(8)])
     }
     assert len(accepted) >= 3, accepted
@@ -242,6 +245,6 @@ def test_dummy_sampler_run_contract():
 def test_max_spec_len_over_vllm_limit_is_refused():
     md = SpecDecodeMetadata.make_dummy([[1] * 129], torch.device("cpu"))
     with pytest.raises(ValueError, match="MAX_SPEC_LEN"):
-        NPURejectionSampler()(md, None, torch.randn(129, VOCAB), torch.zeros(1, 1, dtype=torch.int32),
-                              sampling_metadata([0.0]))
-
+        NPURejectionSampler()(
+            md, None, torch.randn(129, VOCAB), torch.zeros(1, 1, dtype=torch.int32), sampling_metadata([0.0])
+        )

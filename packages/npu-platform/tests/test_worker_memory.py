@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
 """NPUWorker's NPU memory budget (profile run + allocator peak), with a fake NPU device backend."""
 
 from __future__ import annotations

@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
 """Fixtures of the quant layer's tests: emulated device (reference kernels), a one-rank process group
 (``tp1_group``, from npu_testkit) and a current default VllmConfig on top of it (``vllm_ctx``), so the test modules
 can build real vLLM linear and MoE layers with the ``ascend`` quant config."""

@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
 """Registration, checkpoint detection (claim ModelSlim only), CLI choice and layer dispatch of ``ascend``."""
 
 from __future__ import annotations
@@ -47,7 +49,10 @@ def test_override_claims_only_modelslim(hf_quant_cfg: dict, user: str | None, cl
 
 def test_from_config_inline_and_file(tmp_path: Path) -> None:
     inline = AscendQuantConfig.from_config(dict(MODELSLIM_INLINE))
-    assert inline.description is not None and inline.description.tensors["model.layers.0.self_attn.q_proj.weight"] == "W8A8"
+    assert (
+        inline.description is not None
+        and inline.description.tensors["model.layers.0.self_attn.q_proj.weight"] == "W8A8"
+    )
     marker = AscendQuantConfig.from_config({"quant_method": "ascend"})
     assert marker.description is None
     with pytest.raises(QuantDescriptionError, match="quant_model_description.json"):
@@ -64,8 +69,11 @@ def test_kv_cache_quantization_is_refused(tmp_path: Path) -> None:
 
 
 def _fake_vllm_config(model_dir: Path, quantization: str | None = None) -> types.SimpleNamespace:
-    return types.SimpleNamespace(model_config=types.SimpleNamespace(model=str(model_dir), quantization=quantization),
-                                 load_config=None, quant_config=None)
+    return types.SimpleNamespace(
+        model_config=types.SimpleNamespace(model=str(model_dir), quantization=quantization),
+        load_config=None,
+        quant_config=None,
+    )
 
 
 def test_claim_checkpoint_ignores_other_checkpoints(tmp_path: Path) -> None:
@@ -116,8 +124,12 @@ def test_dispatch_float_embedding_and_errors(vllm_ctx: object) -> None:
     from vllm.model_executor.layers.linear import ReplicatedLinear, UnquantizedLinearMethod
     from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding
 
-    desc = {"model.layers.0.mlp.gate.weight": "FLOAT", "model.layers.0.mlp.down_proj.weight": "W8A8_DYNAMIC",
-            "model.embed_tokens.weight": "W8A8", "model.layers.0.mlp.up_proj.weight": "C8"}
+    desc = {
+        "model.layers.0.mlp.gate.weight": "FLOAT",
+        "model.layers.0.mlp.down_proj.weight": "W8A8_DYNAMIC",
+        "model.embed_tokens.weight": "W8A8",
+        "model.layers.0.mlp.up_proj.weight": "C8",
+    }
     cfg = AscendQuantConfig(QuantDescription.from_mapping(desc))
     gate = ReplicatedLinear(16, 4, bias=False, quant_config=cfg, prefix="model.layers.0.mlp.gate")
     assert isinstance(gate.quant_method, UnquantizedLinearMethod)

@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
 """Description parsing and tolerant name resolution (pure string logic: no torch, no vLLM)."""
 
 from __future__ import annotations
@@ -56,7 +58,9 @@ def test_packed_shards_must_agree() -> None:
 
 
 def test_custom_packed_mapping() -> None:
-    d = QuantDescription.from_mapping({"m.layers.0.attn.wq.weight": "W8A8_DYNAMIC", "m.layers.0.attn.wk.weight": "W8A8_DYNAMIC"})
+    d = QuantDescription.from_mapping(
+        {"m.layers.0.attn.wq.weight": "W8A8_DYNAMIC", "m.layers.0.attn.wk.weight": "W8A8_DYNAMIC"}
+    )
     assert d.linear_type("m.layers.0.attn.wqk", {"wqk": ["wq", "wk"]}) == "W8A8_DYNAMIC"
 
 

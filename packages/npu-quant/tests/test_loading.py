@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
 """Loading a quantized layer rejects wrong dtypes, wrong shapes, missing tensors and inconsistent values, with an
 error that names the tensor."""
 
@@ -91,8 +93,10 @@ def test_qkv_shards_must_share_their_activation_scale(vllm_ctx: object) -> None:
     from vllm.model_executor.layers.linear import QKVParallelLinear
 
     prefix = "model.layers.0.self_attn"
-    shards = {s: quantize_w8a8(torch.randn(n, 64) * 0.2, None, -1.0 * (1 + (s == "v")), 1.0, torch.float32)
-              for s, n in (("q", 64), ("k", 32), ("v", 32))}
+    shards = {
+        s: quantize_w8a8(torch.randn(n, 64) * 0.2, None, -1.0 * (1 + (s == "v")), 1.0, torch.float32)
+        for s, n in (("q", 64), ("k", 32), ("v", 32))
+    }
     entries = {f"{prefix}.{s}_proj.{k}": "W8A8" for s, t in shards.items() for k in t}
     cfg = AscendQuantConfig(QuantDescription.from_mapping(entries))
     layer = QKVParallelLinear(64, 16, 4, 2, bias=False, quant_config=cfg, prefix=f"{prefix}.qkv_proj")

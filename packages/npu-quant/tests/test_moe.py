@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
 """Quantized FusedMoE experts on a real vLLM ``FusedMoE`` layer (reference kernels, npu-ops' MoE forward).
 
 Experts are loaded per expert and shard through ``FusedMoE.weight_loader`` (wrapped by our validating loader).
@@ -41,7 +43,9 @@ def float_experts(seed: int = 0) -> dict[tuple[int, str], torch.Tensor]:
     return out
 
 
-def quantized(qtype: str, weights: dict[tuple[int, str], torch.Tensor]) -> dict[tuple[int, str], dict[str, torch.Tensor]]:
+def quantized(
+    qtype: str, weights: dict[tuple[int, str], torch.Tensor]
+) -> dict[tuple[int, str], dict[str, torch.Tensor]]:
     if qtype == "W8A8_DYNAMIC":
         return {k: quantize_w8a8_dynamic(w, torch.float32) for k, w in weights.items()}
     if qtype == "W8A8":
@@ -51,28 +55,45 @@ def quantized(qtype: str, weights: dict[tuple[int, str], torch.Tensor]) -> dict[
         for e in range(E):
             h = F.silu(xc @ weights[(e, "gate_proj")].t()) * (xc @ weights[(e, "up_proj")].t())
             for proj, inp in (("gate_proj", xc), ("up_proj", xc), ("down_proj", h)):
-                out[(e, proj)] = quantize_w8a8(weights[(e, proj)], None, float(inp.min()), float(inp.max()), torch.float32)
+                out[(e, proj)] = quantize_w8a8(
+                    weights[(e, proj)], None, float(inp.min()), float(inp.max()), torch.float32
+                )
         return out
     return {k: quantize_w4a8(w, G, "0", False, torch.float32) for k, w in weights.items()}
 
 
-def build(qtype: str, tensors: dict[tuple[int, str], dict[str, torch.Tensor]], skip: tuple[int, str] | None = None,
-          version: str = "0", prefix: str = PREFIX) -> Any:
+def build(
+    qtype: str,
+    tensors: dict[tuple[int, str], dict[str, torch.Tensor]],
+    skip: tuple[int, str] | None = None,
+    version: str = "0",
+    prefix: str = PREFIX,
+) -> Any:
     from vllm.model_executor.layers.fused_moe.layer import FusedMoE
 
     entries: dict[str, Any] = {f"{prefix}.{e}.{p}.{s}": qtype for (e, p), ts in tensors.items() for s in ts}
     entries["group_size"] = G
     entries["version"] = version
     cfg = AscendQuantConfig(QuantDescription.from_mapping(entries))
-    layer = FusedMoE(num_experts=E, top_k=TOP_K, hidden_size=H, intermediate_size=INTER, params_dtype=torch.float32,
-                     renormalize=True, quant_config=cfg, prefix=prefix)
+    layer = FusedMoE(
+        num_experts=E,
+        top_k=TOP_K,
+        hidden_size=H,
+        intermediate_size=INTER,
+        params_dtype=torch.float32,
+        renormalize=True,
+        quant_config=cfg,
+        prefix=prefix,
+    )
     params = dict(layer.named_parameters())
     for (e, proj), ts in tensors.items():
         if (e, proj) == skip:
             continue
         for suffix, t in ts.items():
             name = ("w2_" if proj == "down_proj" else "w13_") + suffix
-            params[name].weight_loader(params[name], t, f"{prefix}.{e}.{proj}.{suffix}", shard_id=PROJ[proj], expert_id=e)
+            params[name].weight_loader(
+                params[name], t, f"{prefix}.{e}.{proj}.{suffix}", shard_id=PROJ[proj], expert_id=e
+            )
     return layer
 
 
@@ -83,7 +104,7 @@ def reference(x: torch.Tensor, logits: torch.Tensor, linear) -> torch.Tensor:
     for t in range(x.shape[0]):
         for j in range(TOP_K):
             e = int(ids[t, j])
-            h = F.silu(linear(x[t:t + 1], e, "gate_proj")) * linear(x[t:t + 1], e, "up_proj")
+            h = F.silu(linear(x[t : t + 1], e, "gate_proj")) * linear(x[t : t + 1], e, "up_proj")
             out[t] += w[t, j] * linear(h, e, "down_proj")[0]
     return out
 
@@ -145,17 +166,33 @@ def _poke(value: int) -> Any:
     return f
 
 
-@pytest.mark.parametrize("qtype, projs, suffix, change, message", [
-    ("W8A8_DYNAMIC", ("up_proj",), "weight_offset", _set(1.0), r"w13_weight_offset has non-zero values"),
-    ("W8A8_DYNAMIC", ("down_proj",), "weight_scale", _set(0.0), r"w2_weight_scale must be finite and > 0"),
-    ("W4A8_DYNAMIC", ("gate_proj",), "weight", _poke(9), r"w13_weight \(int4 values\) must hold values in \[-8, 7\]"),
-    ("W4A8_DYNAMIC", ("down_proj",), "weight_scale_second", _set(-1.0), r"w2_weight_scale / _second must be finite"),
-    ("W4A8_DYNAMIC", ("down_proj",), "weight_offset_second", _set(0.5), r"w2_weight_offset_second has non-zero"),
-    ("W8A8", ("gate_proj", "up_proj"), "input_scale", _set(0.0), r"w13_input_scale must be finite and > 0"),
-    ("W8A8", ("down_proj",), "deq_scale", _set(-1.0), r"w2_deq_scale must be finite and > 0"),
-])
-def test_bad_expert_values_are_refused_at_load(vllm_ctx: object, tp1_group: None, qtype: str, projs: tuple[str, ...],
-                                               suffix: str, change: Any, message: str) -> None:
+@pytest.mark.parametrize(
+    "qtype, projs, suffix, change, message",
+    [
+        ("W8A8_DYNAMIC", ("up_proj",), "weight_offset", _set(1.0), r"w13_weight_offset has non-zero values"),
+        ("W8A8_DYNAMIC", ("down_proj",), "weight_scale", _set(0.0), r"w2_weight_scale must be finite and > 0"),
+        (
+            "W4A8_DYNAMIC",
+            ("gate_proj",),
+            "weight",
+            _poke(9),
+            r"w13_weight \(int4 values\) must hold values in \[-8, 7\]",
+        ),
+        (
+            "W4A8_DYNAMIC",
+            ("down_proj",),
+            "weight_scale_second",
+            _set(-1.0),
+            r"w2_weight_scale / _second must be finite",
+        ),
+        ("W4A8_DYNAMIC", ("down_proj",), "weight_offset_second", _set(0.5), r"w2_weight_offset_second has non-zero"),
+        ("W8A8", ("gate_proj", "up_proj"), "input_scale", _set(0.0), r"w13_input_scale must be finite and > 0"),
+        ("W8A8", ("down_proj",), "deq_scale", _set(-1.0), r"w2_deq_scale must be finite and > 0"),
+    ],
+)
+def test_bad_expert_values_are_refused_at_load(
+    vllm_ctx: object, tp1_group: None, qtype: str, projs: tuple[str, ...], suffix: str, change: Any, message: str
+) -> None:
     tensors = quantized(qtype, float_experts())
     for proj in projs:  # gate_proj and up_proj share one input scale: change both
         tensors[(2, proj)][suffix] = change(tensors[(2, proj)][suffix])
@@ -170,8 +207,14 @@ def test_packed_w4a8_experts_equal_format_0(vllm_ctx: object, tp1_group: None) -
     weights = float_experts(seed=3)
     v0 = {k: quantize_w4a8(w, G, "0", False, torch.float32) for k, w in weights.items()}
     v1 = {k: quantize_w4a8(w, G, "1.0.0", k[1] == "down_proj", torch.float32) for k, w in weights.items()}
-    assert v1[(0, "gate_proj")]["weight"].shape == (INTER // 2, H) and v1[(0, "down_proj")]["scale_bias"].shape == (H, 16)
-    layers = [build("W4A8_DYNAMIC", v0), build("W4A8_DYNAMIC", v1, version="1.0.0", prefix="model.layers.1.mlp.experts")]
+    assert v1[(0, "gate_proj")]["weight"].shape == (INTER // 2, H) and v1[(0, "down_proj")]["scale_bias"].shape == (
+        H,
+        16,
+    )
+    layers = [
+        build("W4A8_DYNAMIC", v0),
+        build("W4A8_DYNAMIC", v1, version="1.0.0", prefix="model.layers.1.mlp.experts"),
+    ]
     assert layers[1].w13_weight.shape == (E, INTER, H) and layers[1].w2_weight.shape == (E, H // 2, INTER)
     for layer in layers:
         layer.quant_method.process_weights_after_loading(layer)
@@ -184,7 +227,6 @@ def test_packed_w4a8_experts_equal_format_0(vllm_ctx: object, tp1_group: None) -
     assert torch.equal(y0, y1)
     y_sim = reference(x, logits, sim_linear("W4A8_DYNAMIC", v0))
     assert float((y1 - y_sim).abs().max()) <= 1e-4 * float(y_sim.abs().max())
-
 
 
 def test_static_w8a8_gate_up_input_scales_must_agree(vllm_ctx: object, tp1_group: None) -> None:

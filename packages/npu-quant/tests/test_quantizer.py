@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
 """The quantizer (``vllm-npu quantize``): files, description contents, errors; and vLLM's checkpoint detection with a
 real ``ModelConfig``: our output is claimed as ``ascend``, float and FP8 checkpoints are not."""
 
@@ -35,8 +37,13 @@ def test_quantize_writes_a_modelslim_checkpoint(float_dir: Path, tmp_path: Path,
     assert set(desc.tensors) == set(state), "every tensor is described, and only those"
     assert desc.tensors["model.layers.0.self_attn.q_proj.weight"] == qtype
     assert desc.tensors["model.layers.1.mlp.down_proj.weight"] == qtype
-    for floaty in ("model.embed_tokens.weight", "lm_head.weight", "model.norm.weight",
-                   "model.layers.0.input_layernorm.weight", "model.layers.0.self_attn.q_proj.bias"):
+    for floaty in (
+        "model.embed_tokens.weight",
+        "lm_head.weight",
+        "model.norm.weight",
+        "model.layers.0.input_layernorm.weight",
+        "model.layers.0.self_attn.q_proj.bias",
+    ):
         assert desc.tensors[floaty] == "FLOAT", floaty
     assert state["model.layers.0.self_attn.q_proj.weight"].dtype == torch.int8
     assert json.loads((out / "config.json").read_text())["quantization_config"] == {"quant_method": "ascend"}
@@ -46,8 +53,21 @@ def test_quantize_writes_a_modelslim_checkpoint(float_dir: Path, tmp_path: Path,
 
 
 def test_w4a8_packed_format(float_dir: Path, tmp_path: Path) -> None:
-    assert main([str(float_dir), str(tmp_path / "q"), "--scheme", "W4A8_DYNAMIC", "--w4a8-version", "1.0.0",
-                 "--group-size", "32"]) == 0
+    assert (
+        main(
+            [
+                str(float_dir),
+                str(tmp_path / "q"),
+                "--scheme",
+                "W4A8_DYNAMIC",
+                "--w4a8-version",
+                "1.0.0",
+                "--group-size",
+                "32",
+            ]
+        )
+        == 0
+    )
     desc = QuantDescription.from_file(tmp_path / "q" / "quant_model_description.json")
     state = load_file(str(tmp_path / "q" / "quant_model_weights.safetensors"))
     assert desc.version == "1.0.0" and desc.group_size == 32

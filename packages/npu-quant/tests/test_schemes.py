@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
 """Each scheme's forward on real vLLM linear layers (reference kernels) against float maths and the independent
 simulation (:mod:`vllm_npu.quant.simulate`).
 
@@ -41,8 +43,15 @@ def _no_grad() -> Iterator[None]:
         yield
 
 
-def quantize(qtype: str, w: torch.Tensor, bias: torch.Tensor | None, x: torch.Tensor, row: bool,
-             dtype: torch.dtype, version: str = "0") -> dict[str, torch.Tensor]:
+def quantize(
+    qtype: str,
+    w: torch.Tensor,
+    bias: torch.Tensor | None,
+    x: torch.Tensor,
+    row: bool,
+    dtype: torch.dtype,
+    version: str = "0",
+) -> dict[str, torch.Tensor]:
     if qtype == "W8A8_DYNAMIC":
         return quantize_w8a8_dynamic(w, dtype)
     if qtype == "W8A8":
@@ -64,11 +73,16 @@ def build_qkv(qtype: str, dtype: torch.dtype = torch.float32, version: str = "0"
 
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(9, H, generator=g).to(dtype)
-    ws = {"q": torch.randn(NH * HEAD, H, generator=g) * 0.2, "k": torch.randn(NKV * HEAD, H, generator=g) * 0.2,
-          "v": torch.randn(NKV * HEAD, H, generator=g) * 0.2}
+    ws = {
+        "q": torch.randn(NH * HEAD, H, generator=g) * 0.2,
+        "k": torch.randn(NKV * HEAD, H, generator=g) * 0.2,
+        "v": torch.randn(NKV * HEAD, H, generator=g) * 0.2,
+    }
     bs = {s: torch.randn(w.shape[0], generator=g) * 0.05 for s, w in ws.items()}
-    shards = {f"model.layers.0.self_attn.{s}_proj": quantize(qtype, ws[s], bs[s], x.float(), False, dtype, version)
-              for s in ws}
+    shards = {
+        f"model.layers.0.self_attn.{s}_proj": quantize(qtype, ws[s], bs[s], x.float(), False, dtype, version)
+        for s in ws
+    }
     cfg = description(qtype, shards, version)
     layer = QKVParallelLinear(H, HEAD, NH, NKV, bias=True, params_dtype=dtype, quant_config=cfg, prefix=QKV)
     params = dict(layer.named_parameters())
@@ -79,8 +93,12 @@ def build_qkv(qtype: str, dtype: torch.dtype = torch.float32, version: str = "0"
     layer.quant_method.process_weights_after_loading(layer)
     w_f = torch.cat([ws["q"], ws["k"], ws["v"]])
     b_f = torch.cat([bs["q"], bs["k"], bs["v"]])
-    sims = [SimulatedQuantLinear(qtype, shards[f"model.layers.0.self_attn.{s}_proj"], bs[s],
-                                 {"group_size": 32, "version": version}) for s in ws]
+    sims = [
+        SimulatedQuantLinear(
+            qtype, shards[f"model.layers.0.self_attn.{s}_proj"], bs[s], {"group_size": 32, "version": version}
+        )
+        for s in ws
+    ]
     return layer, x, w_f, b_f, sims
 
 
@@ -106,8 +124,13 @@ def rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a.float() - b.float()).norm() / b.float().norm())
 
 
-CASES = [("W8A8_DYNAMIC", "0"), ("W8A8", "0"), ("W4A8_DYNAMIC", "0"), ("W4A8_DYNAMIC", "1.0.0"),
-         ("W4A4_FLATQUANT_DYNAMIC", "0")]
+CASES = [
+    ("W8A8_DYNAMIC", "0"),
+    ("W8A8", "0"),
+    ("W4A8_DYNAMIC", "0"),
+    ("W4A8_DYNAMIC", "1.0.0"),
+    ("W4A4_FLATQUANT_DYNAMIC", "0"),
+]
 
 
 @pytest.mark.parametrize("qtype, version", CASES)
@@ -197,7 +220,7 @@ def test_int64_scale_roundtrip_is_fp19() -> None:
     packed = K.trans_quant_param.reference(s)
     assert packed.dtype == torch.int64
     assert torch.equal(K.decode_scale(packed), K.fp19_truncate(s))
-    assert float(((K.fp19_truncate(s) - s) / s).abs().max()) < 2 ** -10
+    assert float(((K.fp19_truncate(s) - s) / s).abs().max()) < 2**-10
 
 
 def test_dynamic_quant_error_within_half_step() -> None:

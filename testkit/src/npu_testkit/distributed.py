@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
 """A one-rank vLLM process group, for tests that build real vLLM layers without an engine.
 
 :func:`single_rank_group` is the context manager; :func:`tp1_group` the per-test pytest fixture around it (a package's

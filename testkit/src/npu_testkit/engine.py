@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
 """Real-vLLM engines on the emulated device, for every test module and benchmark.
 
 The contract (keep it stable: every layer's e2e tests use it)::
@@ -185,7 +187,9 @@ def engine(model_dir: str | os.PathLike[str], env: Mapping[str, str], **kwargs: 
 # --- inputs and outputs -----------------------------------------------------------------------------------------
 
 
-def make_prompts(lengths: Sequence[int], *, vocab_size: int = 512, seed: int = 0, avoid: Sequence[int] = ()) -> list[list[int]]:
+def make_prompts(
+    lengths: Sequence[int], *, vocab_size: int = 512, seed: int = 0, avoid: Sequence[int] = ()
+) -> list[list[int]]:
     """Deterministic token-id prompts of the given lengths (ids in ``[3, vocab_size)``, special ids skipped)."""
     import random
 
@@ -250,9 +254,7 @@ def tiny_config(arch: str = "qwen2", **overrides: Any) -> Any:
     elif arch == "deepseek_v3":
         cfg = transformers.DeepseekV3Config(**{**DEEPSEEK_V3_TINY, **overrides})
     else:
-        raise ValueError(
-            f"tiny_config: unknown arch {arch!r}; expected 'qwen2', 'llama', 'qwen3_moe' or 'deepseek_v3'"
-        )
+        raise ValueError(f"tiny_config: unknown arch {arch!r}; expected 'qwen2', 'llama', 'qwen3_moe' or 'deepseek_v3'")
     return cfg
 
 

@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
 """Tiny Hugging Face checkpoints built on the fly (no hub downloads), and HF reference generation.
 
 ``build_tiny_model(path, config)`` saves random weights for any ``transformers`` config plus a small byte-level BPE
@@ -30,7 +32,11 @@ def build_tokenizer(vocab_size: int = 512):
 
 
 def _fingerprint(config_dict: dict[str, Any], seed: int, std: float, extra: str) -> str:
-    blob = json.dumps({"config": config_dict, "seed": seed, "std": std, "extra": extra, "tokenizer": "demo-bpe-v1"}, sort_keys=True, default=str)
+    blob = json.dumps(
+        {"config": config_dict, "seed": seed, "std": std, "extra": extra, "tokenizer": "demo-bpe-v1"},
+        sort_keys=True,
+        default=str,
+    )
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
@@ -109,7 +115,7 @@ def hf_greedy(
                 do_sample=False,
                 pad_token_id=model.config.pad_token_id,
             )
-            outputs.append(gen[0, len(ids):].tolist())
+            outputs.append(gen[0, len(ids) :].tolist())
     return outputs
 
 

@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
 """Shared end-to-end checks of the ``ascend`` quant method: one :class:`QuantCase` per scheme and model.
 
 A case quantizes a tiny float checkpoint with ``vllm-npu quantize`` and the test modules run it through real vLLM on
@@ -119,4 +121,6 @@ def check_logprobs(llm: Any, simulated: Any, float_dir: Path, case: QuantCase, p
         assert float((got - sim).abs().max()) <= 1e-3
         ref = hf_logprobs(float_dir, prompt)[-1]
         kl = float((ref.exp() * (ref - got)).sum())
-        assert kl <= case.kl_bound, f"KL(float || {case.id}) = {kl:.4f} > {case.kl_bound} for a {len(prompt)}-token prompt"
+        assert kl <= case.kl_bound, (
+            f"KL(float || {case.id}) = {kl:.4f} > {case.kl_bound} for a {len(prompt)}-token prompt"
+        )

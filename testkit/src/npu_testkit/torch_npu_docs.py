@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
 """torch_npu 2.8.0's documented op signatures, read from the wheel without importing torch_npu.
 
 Importing torch_npu on a host without CANN breaks ``import torch``, so this module only downloads the wheel once
@@ -101,8 +103,9 @@ class Signature:
             n += 1
         return n
 
-    def problems(self, n_positional: int, keywords: Sequence[str], *, star_args: bool = False,
-                 star_kwargs: bool = False) -> list[str]:
+    def problems(
+        self, n_positional: int, keywords: Sequence[str], *, star_args: bool = False, star_kwargs: bool = False
+    ) -> list[str]:
         """Why a call with ``n_positional`` positional arguments and ``keywords`` does not fit (empty = it fits).
 
         ``star_args``/``star_kwargs`` mark calls that spread ``*seq``/``**mapping``: their counts are unknown, so
@@ -219,7 +222,9 @@ def _signature_spans(doc: str, name: str) -> list[str]:
     until its parentheses balance (plus a ``-> ret`` on the same line). Only the first one counts, plus overloads
     that follow it on the very next lines; later mentions are usage examples (``torch_npu.op(x, y=y)``), not schemas.
     """
-    head = re.compile(r"^\s*(?:func:\s*)?(?:torch_npu\s*\.\s*(?:atb\s*\.\s*|npu\s*\.\s*)?)?" + re.escape(name) + r"\s*\(")
+    head = re.compile(
+        r"^\s*(?:func:\s*)?(?:torch_npu\s*\.\s*(?:atb\s*\.\s*|npu\s*\.\s*)?)?" + re.escape(name) + r"\s*\("
+    )
     lines = doc.splitlines()
     spans: list[str] = []
     i = 0
@@ -346,8 +351,16 @@ class TorchNPUDocs:
             return []
         return None
 
-    def check_call(self, namespace: str, name: str, n_positional: int, keywords: Sequence[str], *,
-                   star_args: bool = False, star_kwargs: bool = False) -> list[str]:
+    def check_call(
+        self,
+        namespace: str,
+        name: str,
+        n_positional: int,
+        keywords: Sequence[str],
+        *,
+        star_args: bool = False,
+        star_kwargs: bool = False,
+    ) -> list[str]:
         """Problems of one call (empty = fine). The call fits if it fits any documented overload."""
         qual = f"torch_npu.{namespace + '.' if namespace else ''}{name}"
         sigs = self.signatures(namespace, name)
@@ -410,8 +423,19 @@ def wheel_path(download: bool = True) -> Path:
     arch = "aarch64" if os.uname().machine in ("aarch64", "arm64") else "x86_64"
     errors = []
     for plat in _PLATFORMS[arch]:
-        cmd = [*_pip_command(), "download", "--no-deps", f"torch-npu=={TORCH_NPU_VERSION}", "--platform", plat,
-               "--python-version", "3.11", "--only-binary=:all:", "-d", str(dest)]
+        cmd = [
+            *_pip_command(),
+            "download",
+            "--no-deps",
+            f"torch-npu=={TORCH_NPU_VERSION}",
+            "--platform",
+            plat,
+            "--python-version",
+            "3.11",
+            "--only-binary=:all:",
+            "-d",
+            str(dest),
+        ]
         res = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
         found = sorted(dest.glob(pattern))
         if res.returncode == 0 and found:
@@ -496,7 +520,8 @@ def check_calls(calls: Iterable[NPUCall], docs: TorchNPUDocs) -> list[str]:
     """``path:line: problem`` for every call that does not fit torch_npu's documented contract."""
     out = []
     for c in calls:
-        for problem in docs.check_call(c.namespace, c.name, c.n_positional, c.keywords,
-                                       star_args=c.star_args, star_kwargs=c.star_kwargs):
+        for problem in docs.check_call(
+            c.namespace, c.name, c.n_positional, c.keywords, star_args=c.star_args, star_kwargs=c.star_kwargs
+        ):
             out.append(f"{c.where}: {problem}")
     return out

@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
 """Hooks of the attention component: register the MLA layer override with vLLM's CustomOp registry.
 
 ``on_load`` runs in every process where our platform is active, ``on_worker_init`` again in each worker; both are

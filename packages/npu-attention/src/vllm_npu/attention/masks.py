@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
 """Attention masks in the forms the Ascend attention kernels take, built once and cached per device.
 
 Three kinds (the NPU kernels read them; the reference kernels compute masks from positions and never need them):

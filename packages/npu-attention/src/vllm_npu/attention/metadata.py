@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
 """Per-step attention metadata of the GQA backend and the builder that makes it from vLLM's common metadata.
 
 The builder reads only vLLM's ``CommonAttentionMetadata``, the layer group's ``AttentionSpec`` and the

@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
 """Attention backend selection: which of our backends serves a layer, as a ``"module.Class"`` path.
 
 Import-light on purpose (no torch, no vLLM): ``NPUPlatform.get_attn_backend_cls`` calls :func:`select_backend` while

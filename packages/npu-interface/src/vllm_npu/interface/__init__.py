@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
 """vllm_npu.interface: the contracts every vllm-npu-plugin layer codes against.
 
 Importing this package costs nothing: every export is loaded on first access (PEP 562), because vLLM runs the

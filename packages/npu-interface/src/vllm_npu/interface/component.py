@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
 """The component protocol: how a layer (ops, attention, quant, models, patches) announces itself.
 
 A layer ships a module ``vllm_npu.<layer>._component`` that imports nothing but this package and defines::

@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
 """Configuration schema: the ``VLLM_NPU_*`` environment variables and the ``npu`` section of vLLM's
 ``--additional-config``. Both are validated with pydantic; every error names the bad key and what it accepts.
 
@@ -51,7 +53,9 @@ def _raise_config_error(model: type[BaseModel], exc: ValidationError, *, source:
         loc = tuple(err["loc"])
         key = naming(loc)
         if err["type"] == "extra_forbidden":
-            problems.append(f"{key} is not a known key; known keys: {', '.join(sorted(naming((k,)) for k in model.model_fields))}")
+            problems.append(
+                f"{key} is not a known key; known keys: {', '.join(sorted(naming((k,)) for k in model.model_fields))}"
+            )
         else:
             value = err.get("input")
             problems.append(f"{key}={value!r} is invalid ({err['msg']}); allowed: {_describe(model, loc)}")
@@ -93,13 +97,15 @@ class EnvConfig(BaseModel):
     def from_environ(cls, environ: Mapping[str, str] | None = None) -> EnvConfig:
         """Read every ``VLLM_NPU_*`` variable. Unknown ``VLLM_NPU_*`` names are errors, so typos never pass silently."""
         environ = os.environ if environ is None else environ
-        raw = {k[len(ENV_PREFIX):]: v for k, v in environ.items() if k.startswith(ENV_PREFIX)}
+        raw = {k[len(ENV_PREFIX) :]: v for k, v in environ.items() if k.startswith(ENV_PREFIX)}
         if "DEVICE" in raw:
             raw["DEVICE"] = read_device_setting(environ)
         try:
             return cls.model_validate(raw)
         except ValidationError as exc:
-            _raise_config_error(cls, exc, source="environment", naming=lambda loc: ENV_PREFIX + str(loc[0]) if loc else ENV_PREFIX)
+            _raise_config_error(
+                cls, exc, source="environment", naming=lambda loc: ENV_PREFIX + str(loc[0]) if loc else ENV_PREFIX
+            )
         raise AssertionError("unreachable")
 
 
@@ -132,6 +138,9 @@ class AdditionalConfig(BaseModel):
             return cls.model_validate(dict(section))
         except ValidationError as exc:
             _raise_config_error(
-                cls, exc, source="--additional-config", naming=lambda loc: f"{ADDITIONAL_CONFIG_KEY}.{loc[0]}" if loc else ADDITIONAL_CONFIG_KEY
+                cls,
+                exc,
+                source="--additional-config",
+                naming=lambda loc: f"{ADDITIONAL_CONFIG_KEY}.{loc[0]}" if loc else ADDITIONAL_CONFIG_KEY,
             )
         raise AssertionError("unreachable")

@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
 """Device and kernel-backend selection shared by every layer.
 
 The device mode is decided once per process from ``VLLM_NPU_DEVICE`` and a cheap probe that never imports

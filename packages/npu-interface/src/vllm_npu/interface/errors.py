@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
 """The errors every layer raises. Each one names the cause and the exact fix.
 
 Nothing here imports torch or vLLM: errors must be raisable from the import-light plugin hooks.

@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
 """Lazy public APIs: a package door (``__init__.py``) that names its exports without importing them.
 
 vLLM loads plugins in every process, and discovering a component imports its package, so a layer's

@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
 """Loggers under vLLM's ``vllm.`` namespace: only that logger has vLLM's handlers, so plugin lines elsewhere vanish."""
 
 from __future__ import annotations

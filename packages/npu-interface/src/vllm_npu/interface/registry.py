@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
 """The component registry: discovery, compatibility checks and hook execution.
 
 Discovery reads the ``vllm_npu.components`` entry-point group; loading one imports only the layer's tiny
@@ -71,7 +73,7 @@ def compatibility_problems(
         problems.append(
             f"{component.distribution} {component.version} needs interface {component.interface!r} but "
             f"npu-interface {distribution_version('npu-interface') or '?'} provides interface {interface_version}; "
-            f"install matching versions: pip install -U \"npu-platform[{component.name}]\" npu-interface"
+            f'install matching versions: pip install -U "npu-platform[{component.name}]" npu-interface'
             if component.name != "platform"
             else f"npu-platform {component.version} needs interface {component.interface!r} but npu-interface "
             f"provides interface {interface_version}; pip install -U npu-platform npu-interface"
@@ -104,9 +106,7 @@ def discover(group: str = ENTRY_POINT_GROUP) -> dict[str, ComponentReport]:
                 f"{previous.component.version} and {component.distribution} {component.version} "
                 f"({ep.value}); remove one",
             )
-        reports[component.name] = ComponentReport(
-            component.name, component, plugin_enabled(component), tuple(problems)
-        )
+        reports[component.name] = ComponentReport(component.name, component, plugin_enabled(component), tuple(problems))
     return dict(sorted(reports.items()))
 
 

@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
 """Names and allowed values of the plugin's settings, without pydantic.
 
 The platform's register hook reads ``VLLM_NPU_DEVICE`` on vLLM's start-up path, where every millisecond counts, so

@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
 """The interface version and the range checks every component goes through.
 
 ``INTERFACE_VERSION`` is the version of the *contract* in this package (component protocol, device selection, config

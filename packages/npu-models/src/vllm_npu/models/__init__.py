@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
 """vllm_npu.models: the public API of the models layer.
 
 Importing this package is cheap (exports load on first access): vLLM imports it in every process when it

@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
 """Hooks of the models component: register our model overrides with vLLM's ``ModelRegistry``.
 
 The load hook runs only where our platform is active (``registry.load_component`` checks that), in every process

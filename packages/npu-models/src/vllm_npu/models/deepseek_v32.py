@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
 """DeepSeek-V3.2 (sparse attention with a lightning indexer) on Ascend: an override of vLLM 0.11's model class.
 
 vLLM 0.11 serves the ``DeepseekV32ForCausalLM`` architecture with ``deepseek_v2.DeepseekV3ForCausalLM``; a config
@@ -179,7 +181,9 @@ class AscendIndexer(torch.nn.Module):
         if rotary_emb is not self.__dict__.get("_rotary_emb"):
             raise ConfigError(f"{self.prefix}: called with a rotary embedding other than the bound one")
         # One opaque op (like vLLM's sparse_attn_indexer): under graph capture its metadata reads stay at run time.
-        torch.ops.vllm.npu_dsa_lightning_indexer(hidden_states, qr, positions, self.topk_indices_buffer, self.k_cache.prefix)
+        torch.ops.vllm.npu_dsa_lightning_indexer(
+            hidden_states, qr, positions, self.topk_indices_buffer, self.k_cache.prefix
+        )
         return self.topk_indices_buffer
 
     def run(self, hidden_states: torch.Tensor, qr: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:

@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
 """Hooks of the ops component: register the CustomOp overrides with vLLM.
 
 ``on_load`` runs in every process where our platform is active (vLLM loads general plugins in the front-end,

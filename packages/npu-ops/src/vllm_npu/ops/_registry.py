@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
 """The ops layer's CustomOp override table and its idempotent registration with vLLM.
 
 ``OOT_OPS`` maps the name of a vLLM CustomOp class (``CustomOp.register_oot`` keys on the exact class name, so

@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
 """Activation overrides: ``npu_swiglu`` for SiluAndMul, ``npu_fast_gelu`` for QuickGELU.
 
 Contracts (torch_npu 2.8.0 docs):

@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
 """RMSNorm overrides: ``npu_rms_norm`` / ``npu_add_rms_norm`` on the NPU, pure-PyTorch twins on the emulated device.
 
 Contracts (torch_npu 2.8.0):
@@ -75,8 +77,14 @@ class NPURMSNorm(RMSNorm):
     in one kernel call. Layers the kernels cannot serve (``var_hidden_size`` != hidden size, or no weight) keep
     vLLM's ``forward_native``; the choice is made here, once."""
 
-    def __init__(self, hidden_size: int, eps: float = 1e-6, var_hidden_size: Optional[int] = None,
-                 has_weight: bool = True, dtype: Optional[torch.dtype] = None) -> None:
+    def __init__(
+        self,
+        hidden_size: int,
+        eps: float = 1e-6,
+        var_hidden_size: Optional[int] = None,
+        has_weight: bool = True,
+        dtype: Optional[torch.dtype] = None,
+    ) -> None:
         super().__init__(hidden_size, eps, var_hidden_size, has_weight, dtype)
         self._norm = RMS_NORM.select()
         self._add_norm = ADD_RMS_NORM.select()

@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
 """Linear layers: vLLM's parallel linear classes with an NPU unquantized method.
 
 The GEMM itself is ``torch.nn.functional.linear`` on both devices (torch_npu serves aten's matmul on the NPU). What

@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
 """Multimodal RoPE (Qwen2-VL / Qwen2.5-VL sections): ``npu_mrope`` where its contract fits, else the generic path.
 
 ``npu_mrope(positions, query, key, cos_sin_cache, head_size, *, mrope_section, rotary_mode) -> (q, k)``
@@ -27,12 +29,20 @@ from .rotary_embedding import _NPURopeMixin, build_partial_rotate, expand_cos_si
 _NO_SECTIONS = [0, 0, 0]
 
 
-def mrope_npu(positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor, cos_sin_cache: torch.Tensor,
-              head_size: int, mrope_section: list[int], rotary_mode: str) -> tuple[torch.Tensor, torch.Tensor]:
+def mrope_npu(
+    positions: torch.Tensor,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    cos_sin_cache: torch.Tensor,
+    head_size: int,
+    mrope_section: list[int],
+    rotary_mode: str,
+) -> tuple[torch.Tensor, torch.Tensor]:
     import torch_npu
 
-    return torch_npu.npu_mrope(positions, query, key, cos_sin_cache, head_size, mrope_section=mrope_section,
-                               rotary_mode=rotary_mode)
+    return torch_npu.npu_mrope(
+        positions, query, key, cos_sin_cache, head_size, mrope_section=mrope_section, rotary_mode=rotary_mode
+    )
 
 
 def merge_sections(cos_sin: torch.Tensor, sections: list[int]) -> torch.Tensor:
@@ -40,8 +50,15 @@ def merge_sections(cos_sin: torch.Tensor, sections: list[int]) -> torch.Tensor:
     return torch.cat([part[i] for i, part in enumerate(cos_sin.split(sections, dim=-1))], dim=-1)
 
 
-def mrope_reference(positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor, cos_sin_cache: torch.Tensor,
-                    head_size: int, mrope_section: list[int], rotary_mode: str) -> tuple[torch.Tensor, torch.Tensor]:
+def mrope_reference(
+    positions: torch.Tensor,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    cos_sin_cache: torch.Tensor,
+    head_size: int,
+    mrope_section: list[int],
+    rotary_mode: str,
+) -> tuple[torch.Tensor, torch.Tensor]:
     cos, sin = cos_sin_cache[positions].chunk(2, dim=-1)
     if positions.ndim == 2:
         cos, sin = merge_sections(cos, mrope_section), merge_sections(sin, mrope_section)
@@ -96,7 +113,14 @@ class NPUMRotaryEmbedding(_NPURopeMixin, MRotaryEmbedding):
         if self.uses_mrope_kernel:
             sections = self._sections if positions.ndim == 2 else _NO_SECTIONS
             self._match_cos_sin_cache_dtype(query)
-            q, k = self._mrope(positions, query.reshape(query.shape[0], -1), key.reshape(key.shape[0], -1),
-                               self.cos_sin_cache, self.head_size, sections, "half")
+            q, k = self._mrope(
+                positions,
+                query.reshape(query.shape[0], -1),
+                key.reshape(key.shape[0], -1),
+                self.cos_sin_cache,
+                self.head_size,
+                sections,
+                "half",
+            )
             return q.reshape(query.shape), k.reshape(key.shape)
         return self._rope_forward(positions, query, key)

@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
 """Rotary embedding overrides: ``npu_rotary_mul`` with cos/sin gathered once per forward.
 
 Kernel contract (torch_npu 2.8.0 docs), ``npu_rotary_mul(x, r1, r2, rotary_mode) -> y``:

@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
 """The ``npu_swiglu`` kernel and its reference twin, shared by ``SiluAndMul`` (:mod:`.activation`) and the MoE
 expert MLP (:mod:`.moe.experts`). Imports only torch, so the MoE kernel modules stay free of vLLM.
 

@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
 """Token embedding, LM head and logits: vLLM's classes with an eager masked lookup and an NPU GEMM method.
 
 - ``NPUVocabParallelEmbedding``: with TP > 1 each rank owns a slice of the vocabulary (plus added-vocab slots);
@@ -67,9 +69,14 @@ class NPUVocabParallelEmbedding(VocabParallelEmbedding):
         if self.tp_size == 1:
             return self.quant_method.embedding(self, input_.long())
         s = self.shard_indices
-        local, unowned = masked_vocab_input(input_, s.org_vocab_start_index, s.org_vocab_end_index,
-                                            s.num_org_vocab_padding, s.added_vocab_start_index,
-                                            s.added_vocab_end_index)
+        local, unowned = masked_vocab_input(
+            input_,
+            s.org_vocab_start_index,
+            s.org_vocab_end_index,
+            s.num_org_vocab_padding,
+            s.added_vocab_start_index,
+            s.added_vocab_end_index,
+        )
         out = self.quant_method.embedding(self, local.long())
         out.masked_fill_(unowned.unsqueeze(-1), 0)
         return tensor_model_parallel_all_reduce(out)

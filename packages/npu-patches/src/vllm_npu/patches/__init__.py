@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
 """vllm_npu.patches: the public API of the patches layer, THE way any vllm-npu layer monkey-patches vLLM.
 
     from vllm_npu.patches import Patch, register_patch

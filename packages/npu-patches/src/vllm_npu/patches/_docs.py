@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
 """Render the patch registry as docs/patches.md. Deterministic: depends on the declarations only, never on the
 environment, so a test can compare the committed file with the registry."""
 

@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
 """Errors of the patches layer. Each names the patch id, its target and the fix."""
 
 from __future__ import annotations

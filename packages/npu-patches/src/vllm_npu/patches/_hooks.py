@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
 """The patches layer's component hooks: platform patches at plugin load, worker patches at worker init."""
 
 from __future__ import annotations

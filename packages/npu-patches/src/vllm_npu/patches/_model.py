@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
 """The patch model: what one monkey-patch of vLLM declares, how its target is found and fingerprinted.
 
 A :class:`Patch` is pure data (strings), so declaring one imports nothing: the target and the replacement are
@@ -148,7 +150,9 @@ def resolve(path: str) -> Target:
             for attr in parts[cut:-1]:
                 obj = getattr(obj, attr)
         except AttributeError:
-            raise PatchError(f"cannot resolve {path}: {module_name} has no attribute path {'.'.join(parts[cut:-1])}") from None
+            raise PatchError(
+                f"cannot resolve {path}: {module_name} has no attribute path {'.'.join(parts[cut:-1])}"
+            ) from None
         if not hasattr(obj, parts[-1]):
             raise PatchError(f"cannot resolve {path}: {'.'.join(parts[:-1])} has no attribute {parts[-1]!r}")
         return Target(path, obj, parts[-1])
@@ -167,8 +171,12 @@ def _strip_docstrings(tree: ast.AST) -> ast.AST:
     for node in ast.walk(tree):
         if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
             body = node.body
-            if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) \
-                    and isinstance(body[0].value.value, str):
+            if (
+                body
+                and isinstance(body[0], ast.Expr)
+                and isinstance(body[0].value, ast.Constant)
+                and isinstance(body[0].value.value, str)
+            ):
                 node.body = body[1:] or [ast.Pass()]
     return tree
 

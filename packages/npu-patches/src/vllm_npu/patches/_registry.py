@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
 """The patch registry: THE way any vllm-npu layer monkey-patches vLLM.
 
 Rules it enforces (OTel ``BaseInstrumentor`` style, one state machine per patch):
@@ -167,8 +169,13 @@ class PatchRegistry:
 
     # -- evaluating --------------------------------------------------------------------------------------------
     def plan(
-        self, patch_id: str, *, disabled: frozenset[str] = frozenset(), sources: Mapping[str, str] | None = None,
-        vllm_version: str | None = None, check_fingerprints: bool = True,
+        self,
+        patch_id: str,
+        *,
+        disabled: frozenset[str] = frozenset(),
+        sources: Mapping[str, str] | None = None,
+        vllm_version: str | None = None,
+        check_fingerprints: bool = True,
     ) -> tuple[PatchStatus, str]:
         """What applying ``patch_id`` here would do, without changing anything: (status, reason).
 
@@ -216,7 +223,11 @@ class PatchRegistry:
 
     # -- applying ----------------------------------------------------------------------------------------------
     def apply(
-        self, scope: Scope | str, *, vllm_config: Any | None = None, environ: Mapping[str, str] | None = None,
+        self,
+        scope: Scope | str,
+        *,
+        vllm_config: Any | None = None,
+        environ: Mapping[str, str] | None = None,
         vllm_version: str | None = None,
     ) -> list[PatchRecord]:
         """Apply every registered patch of ``scope`` that is enabled and in range. Returns the scope's records.
@@ -276,7 +287,9 @@ class PatchRegistry:
             for rec in reversed(list(self._records.values())):
                 if rec.status is not PatchStatus.APPLIED:
                     continue
-                if (scope is not None and rec.patch.scope is not scope) or (wanted is not None and rec.id not in wanted):
+                if (scope is not None and rec.patch.scope is not scope) or (
+                    wanted is not None and rec.id not in wanted
+                ):
                     continue
                 self._revert_one(rec)
                 done.append(rec.id)
@@ -320,7 +333,9 @@ def _declared_patches() -> list[Patch]:
         try:
             declared = list(ep.load())
         except Exception as exc:  # a broken third-party declaration names itself, never hides the others
-            raise PatchError(f"entry point {ep.name!r} ({ep.value}) in {PATCH_ENTRY_POINT_GROUP} failed to load: {exc}") from exc
+            raise PatchError(
+                f"entry point {ep.name!r} ({ep.value}) in {PATCH_ENTRY_POINT_GROUP} failed to load: {exc}"
+            ) from exc
         found.extend(declared)
     return found
 

@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
 """``vllm-npu patches``: every patch with its scope, vLLM range, status here, upstream reference and removal plan.
 
     vllm-npu patches                 # table + details; status evaluated in this environment

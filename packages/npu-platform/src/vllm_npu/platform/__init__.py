@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
 """vllm_npu.platform: the Ascend NPU platform for vLLM.
 
 ``register`` is vLLM's ``vllm.platform_plugins`` hook (entry point ``npu``). vLLM calls it in every process, twice,

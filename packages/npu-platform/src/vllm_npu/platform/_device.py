@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
 """Device facts and runtime calls of the two device modes, behind one small interface.
 
 Everything above this module (platform, worker, model runner, communicator) is shared between the NPU and the

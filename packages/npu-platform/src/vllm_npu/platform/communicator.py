@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
 """NPUCommunicator: the device communicator of every vLLM process group on the NPU platform.
 
 vLLM builds each group's ``device_group`` with the platform's ``dist_backend``: HCCL on an NPU, gloo on the emulated
@@ -80,7 +82,9 @@ class NPUCommunicator(DeviceCommunicatorBase):
             dim += input_.dim()
         self._check_sizes(sizes, None, None, "reduce_scatterv")
         if sum(sizes) != input_.shape[dim]:
-            raise ValueError(f"reduce_scatterv: sizes {sizes} do not add up to dim {dim} of shape {tuple(input_.shape)}")
+            raise ValueError(
+                f"reduce_scatterv: sizes {sizes} do not add up to dim {dim} of shape {tuple(input_.shape)}"
+            )
         # Pad each rank's chunk to the largest, reduce_scatter the padded tensor, then drop the padding.
         x = input_.movedim(dim, 0)
         max_rows = max(sizes)
@@ -102,7 +106,9 @@ class NPUCommunicator(DeviceCommunicatorBase):
         """Exchange rows of ``input_`` (dim 0) between all ranks; see the module docstring for the contract."""
         if self.world_size == 1:
             if input_split_sizes is not None and list(input_split_sizes) != [input_.shape[0]]:
-                raise ValueError(f"all_to_all: input_split_sizes {input_split_sizes} do not cover {input_.shape[0]} rows")
+                raise ValueError(
+                    f"all_to_all: input_split_sizes {input_split_sizes} do not cover {input_.shape[0]} rows"
+                )
             return input_.clone()
         if input_split_sizes is None and output_split_sizes is not None:
             raise ValueError("all_to_all: output_split_sizes given without input_split_sizes")

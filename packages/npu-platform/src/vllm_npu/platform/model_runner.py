@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
 """NPUModelRunner: vLLM's ``GPUModelRunner`` with the device-specific calls mapped to the active device.
 
 Everything else (input preparation, the persistent batch, chunked prefill, prefix caching, async scheduling,

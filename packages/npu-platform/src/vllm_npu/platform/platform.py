@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
 """The vLLM platform classes: :class:`NPUPlatform` and its emulated twin :class:`EmulatedNPUPlatform`.
 
 One hierarchy: every hook is written once, in :class:`NPUPlatform`; the emulated class changes only device facts
@@ -85,7 +87,9 @@ class NPUPlatform(Platform):
         if parallel.worker_cls == "auto":
             parallel.worker_cls = WORKER_CLS
         elif parallel.worker_cls != WORKER_CLS:
-            logger.warning("worker_cls=%s was set explicitly; the NPU platform expects %s", parallel.worker_cls, WORKER_CLS)
+            logger.warning(
+                "worker_cls=%s was set explicitly; the NPU platform expects %s", parallel.worker_cls, WORKER_CLS
+            )
         # vLLM's custom all-reduce is CUDA IPC; HCCL/gloo all-reduce goes through NPUCommunicator.
         parallel.disable_custom_all_reduce = True
 
@@ -104,7 +108,9 @@ class NPUPlatform(Platform):
             ):
                 # vLLM's DeepSeek-V3.2 hook turns "auto" (and any fp8) into its CUDA-only fp8_ds_mla layout; the
                 # NPU backends store the MLA/indexer caches in the model dtype.
-                logger.warning("DeepSeek-V3.2: KV cache dtype fp8_ds_mla is not supported on NPUs; using the model dtype")
+                logger.warning(
+                    "DeepSeek-V3.2: KV cache dtype fp8_ds_mla is not supported on NPUs; using the model dtype"
+                )
                 cache.cache_dtype = "auto"
 
         if not cls.emulated and npu_config.emulated_kv_cache_gb is not None:

@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
 """NPUWorker: vLLM's GPU ``Worker`` on the NPU or the emulated device.
 
 Inherited unchanged: model loading, KV-cache spec, ``execute_model``, warm-up. Overridden where the base is CUDA:
@@ -99,7 +101,9 @@ class NPUWorker(Worker):
     ) -> None:
         mode = current_mode()
         if mode is None:
-            raise RuntimeError("NPUWorker runs only when the NPU platform is active (VLLM_NPU_DEVICE=npu|emulated|auto)")
+            raise RuntimeError(
+                "NPUWorker runs only when the NPU platform is active (VLLM_NPU_DEVICE=npu|emulated|auto)"
+            )
         npu_config = AdditionalConfig.from_vllm(vllm_config.additional_config)
         self.kernel_backend = configure_kernels(npu_config.kernels)
         self.components = init_worker(vllm_config, mode)
@@ -128,8 +132,10 @@ class NPUWorker(Worker):
             # The reference kernels run decode-sized tensors, where intra-op threads only add OpenMP spin-waits;
             # on a loaded host these cost 30x (measured: 11.7 vs 346 ms per decode step, benchmarks/
             # decode_throughput.py, 2 cores at load 13). OMP_NUM_THREADS set by the user wins.
-            logger.info("emulated device: torch intra-op threads %d -> 1 (set OMP_NUM_THREADS to choose)",
-                        torch.get_num_threads())
+            logger.info(
+                "emulated device: torch intra-op threads %d -> 1 (set OMP_NUM_THREADS to choose)",
+                torch.get_num_threads(),
+            )
             torch.set_num_threads(1)
         self.device = backend.torch_device(self.local_rank)
         current_platform.set_device(self.device)

@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
 """The quant component's hook (see ``_component.py``); idempotent. No worker hook: a worker's init runs this load
 hook too (``registry.init_worker``), so a worker never depends on plugin load order."""
 

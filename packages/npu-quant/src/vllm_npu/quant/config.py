@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
 """``AscendQuantConfig``: vLLM's quantization config for msModelSlim checkpoints, registered as ``ascend``.
 
 How a checkpoint gets here:
@@ -191,8 +193,9 @@ def register() -> None:
 
         if QUANT_METHOD in QUANTIZATION_METHODS:
             # Another plugin (vllm-ascend) owns the name in this process: never fight over it.
-            logger.warning("quantization method %r is already registered by another plugin; npu-quant leaves it",
-                           QUANT_METHOD)
+            logger.warning(
+                "quantization method %r is already registered by another plugin; npu-quant leaves it", QUANT_METHOD
+            )
             return
         register_quantization_config(QUANT_METHOD)(AscendQuantConfig)
 

@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
 """The msModelSlim quant description (``quant_model_description.json``): parsing and tolerant name resolution.
 
 The file is a flat JSON object. Tensor keys map a checkpoint tensor name to a quant type::
@@ -33,8 +35,15 @@ MOE_SCHEMES = ("W8A8", "W8A8_DYNAMIC", "W4A8_DYNAMIC")
 
 #: Keys that are settings, not tensor names.
 GLOBAL_KEYS = (
-    "group_size", "version", "kv_quant_type", "fa_quant_type", "model_quant_type", "quant_method",
-    "kv_cache_type", "reduce_quant_type", "metadata",
+    "group_size",
+    "version",
+    "kv_quant_type",
+    "fa_quant_type",
+    "model_quant_type",
+    "quant_method",
+    "kv_cache_type",
+    "reduce_quant_type",
+    "metadata",
 )
 
 DEFAULT_PACKED_MODULES: dict[str, list[str]] = {
@@ -54,8 +63,7 @@ def looks_like_description(cfg: Mapping[str, Any] | None) -> bool:
     if not isinstance(cfg, Mapping):
         return False
     return any(
-        isinstance(k, str) and k.endswith(".weight") and isinstance(v, str) and v in QUANT_TYPES
-        for k, v in cfg.items()
+        isinstance(k, str) and k.endswith(".weight") and isinstance(v, str) and v in QUANT_TYPES for k, v in cfg.items()
     )
 
 
@@ -85,18 +93,18 @@ def _variants(prefix: str) -> list[str]:
     stripped = prefix
     for head in ("model.language_model.", "language_model.model.", "language_model."):
         if prefix.startswith(head):
-            stripped = prefix[len(head):]
+            stripped = prefix[len(head) :]
             add(stripped)
             add("model." + stripped)
             add("language_model.model." + stripped)
             add("model.language_model." + stripped)
     for p in list(out):
         if p.startswith("model."):
-            add(p[len("model."):])
+            add(p[len("model.") :])
         else:
             add("model." + p)
     if prefix.startswith("model.") and not prefix.startswith("model.language_model."):
-        add("model.language_model." + prefix[len("model."):])
+        add("model.language_model." + prefix[len("model.") :])
         add("language_model." + prefix)
     return out
 
@@ -116,7 +124,9 @@ class QuantDescription:
     @classmethod
     def from_mapping(cls, raw: Mapping[str, Any], source: str = "<description>") -> QuantDescription:
         if not isinstance(raw, Mapping):
-            raise QuantDescriptionError(f"{source}: a quant description must be a JSON object, got {type(raw).__name__}")
+            raise QuantDescriptionError(
+                f"{source}: a quant description must be a JSON object, got {type(raw).__name__}"
+            )
         tensors: dict[str, str] = {}
         settings: dict[str, Any] = {}
         unknown: list[str] = []
@@ -198,7 +208,7 @@ class QuantDescription:
         return QuantDescriptionError(
             f"quant description {self.source} has no entry for layer {layer!r}: looked up "
             f"{', '.join(repr(k) for k in looked_up)}; {hint}. The checkpoint's module names differ from the "
-            "model's: re-export it with msModelSlim for this model, or add the entries (\"FLOAT\" for layers kept "
+            'model\'s: re-export it with msModelSlim for this model, or add the entries ("FLOAT" for layers kept '
             "in floating point)."
         )
 

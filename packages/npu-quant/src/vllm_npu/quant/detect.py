@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
 """Checkpoint detection and CLI wiring for the ``ascend`` quant method, for the platform to call.
 
 vLLM asks quant configs about a checkpoint only when ``config.json`` has a ``quantization_config``; new msModelSlim

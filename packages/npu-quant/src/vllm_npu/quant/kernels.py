@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
 """Quantization kernels: each torch_npu call beside its pure-PyTorch reference twin (same shapes, dtypes, layouts).
 
 Schemes pick a kernel once, when their layer is built (:meth:`vllm_npu.interface.Kernel.select`). The reference
@@ -260,12 +262,16 @@ def _weight_quant_bmm_ref(
     w = unpack_int4(weight).to(torch.float32)
     k, n = w.shape
     if x.shape[-1] != k:
-        raise KernelContractError(f"npu_weight_quant_batchmatmul: x {tuple(x.shape)} and weight [K={k}, N={n}] differ in K")
+        raise KernelContractError(
+            f"npu_weight_quant_batchmatmul: x {tuple(x.shape)} and weight [K={k}, N={n}] differ in K"
+        )
     s = antiquant_scale.to(torch.float32)
     if group_size:
         s = s.repeat_interleave(group_size, dim=0)[:k]
     if s.shape[-1] != n:
-        raise KernelContractError(f"npu_weight_quant_batchmatmul: antiquant_scale {tuple(antiquant_scale.shape)} vs N={n}")
+        raise KernelContractError(
+            f"npu_weight_quant_batchmatmul: antiquant_scale {tuple(antiquant_scale.shape)} vs N={n}"
+        )
     return (x.to(torch.float32) @ (w * s)).to(x.dtype)
 
 

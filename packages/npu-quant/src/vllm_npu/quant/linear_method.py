@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
 """vLLM's linear-method seam for msModelSlim schemes: tensors from the scheme, loading checked, forward delegated."""
 
 from __future__ import annotations

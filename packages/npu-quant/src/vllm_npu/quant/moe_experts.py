@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
 """Quantized expert MLPs for npu-ops' MoE forward, and the grouped-matmul kernels they run (each torch_npu call
 beside its reference twin).
 
@@ -48,19 +50,34 @@ def _group_rows(counts: torch.Tensor, num_rows: int, num_groups: int) -> list[tu
 
 
 def _grouped_qmm_npu(
-    xq: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, pertoken: torch.Tensor, counts: torch.Tensor,
+    xq: torch.Tensor,
+    weight: torch.Tensor,
+    scale: torch.Tensor,
+    pertoken: torch.Tensor,
+    counts: torch.Tensor,
     out_dtype: torch.dtype,
 ) -> torch.Tensor:
     import torch_npu
 
     return torch_npu.npu_grouped_matmul(
-        [xq], [weight], scale=[scale], per_token_scale=[pertoken], group_list=counts.to(torch.int64),
-        split_item=2, group_type=0, group_list_type=1, output_dtype=out_dtype,
+        [xq],
+        [weight],
+        scale=[scale],
+        per_token_scale=[pertoken],
+        group_list=counts.to(torch.int64),
+        split_item=2,
+        group_type=0,
+        group_list_type=1,
+        output_dtype=out_dtype,
     )[0]
 
 
 def _grouped_qmm_ref(
-    xq: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, pertoken: torch.Tensor, counts: torch.Tensor,
+    xq: torch.Tensor,
+    weight: torch.Tensor,
+    scale: torch.Tensor,
+    pertoken: torch.Tensor,
+    counts: torch.Tensor,
     out_dtype: torch.dtype,
 ) -> torch.Tensor:
     """xq int8 ``[N, K]`` (rows sorted by group), weight int8 ``[G, K, M]``, scale float32 ``[G, M]``, pertoken
@@ -96,7 +113,12 @@ def _grouped_w4_npu(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, 
     import torch_npu
 
     return torch_npu.npu_grouped_matmul(
-        [x], [weight], antiquant_scale=[scale], group_list=counts.to(torch.int64), split_item=2, group_type=0,
+        [x],
+        [weight],
+        antiquant_scale=[scale],
+        group_list=counts.to(torch.int64),
+        split_item=2,
+        group_type=0,
         group_list_type=1,
     )[0]
 
@@ -112,7 +134,9 @@ def _grouped_w4_ref(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, 
     return out
 
 
-grouped_w4_matmul = Kernel("npu_grouped_matmul[int4 antiquant,per-group]", npu=_grouped_w4_npu, reference=_grouped_w4_ref)
+grouped_w4_matmul = Kernel(
+    "npu_grouped_matmul[int4 antiquant,per-group]", npu=_grouped_w4_npu, reference=_grouped_w4_ref
+)
 
 
 class W4A8DynamicExperts:
@@ -144,8 +168,10 @@ def _quantize_rows_ref(x: torch.Tensor, inv_scale: torch.Tensor, offset: torch.T
     """x ``[N, K]`` float, inv_scale / offset ``[N]`` in x's dtype -> int8 ``[N, K]``:
     ``clamp(round(x * inv_scale[n] + offset[n]), -128, 127)`` (round half to even, as the per-tensor twin)."""
     if inv_scale.shape != (x.shape[0],) or offset.shape != (x.shape[0],):
-        raise ValueError(f"npu_quantize(axis=-2): scales {tuple(inv_scale.shape)} / offsets {tuple(offset.shape)} "
-                         f"must be [{x.shape[0]}] for x {tuple(x.shape)}")
+        raise ValueError(
+            f"npu_quantize(axis=-2): scales {tuple(inv_scale.shape)} / offsets {tuple(offset.shape)} "
+            f"must be [{x.shape[0]}] for x {tuple(x.shape)}"
+        )
     y = x.to(torch.float32) * inv_scale.to(torch.float32).unsqueeze(-1) + offset.to(torch.float32).unsqueeze(-1)
     return torch.clamp(torch.round(y), -128, 127).to(torch.int8)
 
@@ -154,19 +180,34 @@ quantize_rows = Kernel("npu_quantize[per-row,multiply]", npu=_quantize_rows_npu,
 
 
 def _grouped_static_npu(
-    xq: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor, counts: torch.Tensor,
+    xq: torch.Tensor,
+    weight: torch.Tensor,
+    scale: torch.Tensor,
+    bias: torch.Tensor,
+    counts: torch.Tensor,
     out_dtype: torch.dtype,
 ) -> torch.Tensor:
     import torch_npu
 
     return torch_npu.npu_grouped_matmul(
-        [xq], [weight], bias=[bias], scale=[scale], group_list=counts.to(torch.int64), split_item=2, group_type=0,
-        group_list_type=1, output_dtype=out_dtype,
+        [xq],
+        [weight],
+        bias=[bias],
+        scale=[scale],
+        group_list=counts.to(torch.int64),
+        split_item=2,
+        group_type=0,
+        group_list_type=1,
+        output_dtype=out_dtype,
     )[0]
 
 
 def _grouped_static_ref(
-    xq: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor, counts: torch.Tensor,
+    xq: torch.Tensor,
+    weight: torch.Tensor,
+    scale: torch.Tensor,
+    bias: torch.Tensor,
+    counts: torch.Tensor,
     out_dtype: torch.dtype,
 ) -> torch.Tensor:
     """The documented per-channel int8 mode: xq int8 ``[N, K]`` (rows sorted by group), weight int8 ``[G, K, M]``,
@@ -179,8 +220,9 @@ def _grouped_static_ref(
     return out
 
 
-grouped_static_matmul = Kernel("npu_grouped_matmul[int8,per-channel,int32 bias]", npu=_grouped_static_npu,
-                               reference=_grouped_static_ref)
+grouped_static_matmul = Kernel(
+    "npu_grouped_matmul[int8,per-channel,int32 bias]", npu=_grouped_static_npu, reference=_grouped_static_ref
+)
 
 
 class W8A8StaticExperts:

@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
 """Quantized FusedMoE experts (W8A8_DYNAMIC, W4A8_DYNAMIC, static W8A8), plugged into npu-ops' MoE forward
 (gate -> dispatch -> experts -> combine).
 
@@ -69,7 +71,9 @@ class AscendW8A8DynamicFusedMoEMethod(FusedMoEMethodBase):
         for name, shape, dtype, accept, attrs in self._specs(e, h, i):
             param = torch.nn.Parameter(torch.empty(shape, dtype=dtype), requires_grad=False)
             layer.register_parameter(name, param)
-            set_weight_attrs(param, {**extra_weight_attrs, **attrs, "weight_loader": self._wrap(name, accept, dtype, loader)})
+            set_weight_attrs(
+                param, {**extra_weight_attrs, **attrs, "weight_loader": self._wrap(name, accept, dtype, loader)}
+            )
 
     def _specs(self, e: int, h: int, i: int) -> list[_Spec]:
         return [
@@ -81,11 +85,20 @@ class AscendW8A8DynamicFusedMoEMethod(FusedMoEMethodBase):
             ("w2_weight_offset", (e, h, 1), torch.float32, FLOATS, _CHANNEL),
         ]
 
-    def _wrap(self, name: str, accept: tuple[torch.dtype, ...], dtype: torch.dtype, inner: Callable[..., Any]) -> Callable[..., Any]:
+    def _wrap(
+        self, name: str, accept: tuple[torch.dtype, ...], dtype: torch.dtype, inner: Callable[..., Any]
+    ) -> Callable[..., Any]:
         full = f"{self.prefix}.{name}"
 
-        def load(param: torch.nn.Parameter, loaded: torch.Tensor, weight_name: str, shard_id: str, expert_id: int,
-                 *args: Any, **kwargs: Any) -> Any:
+        def load(
+            param: torch.nn.Parameter,
+            loaded: torch.Tensor,
+            weight_name: str,
+            shard_id: str,
+            expert_id: int,
+            *args: Any,
+            **kwargs: Any,
+        ) -> Any:
             if loaded.dtype not in accept:
                 raise QuantLoadError(
                     f"checkpoint tensor {weight_name!r} (-> {full}, expert {expert_id}, {shard_id}) has dtype "
@@ -108,8 +121,11 @@ class AscendW8A8DynamicFusedMoEMethod(FusedMoEMethodBase):
     def _check_complete(self) -> None:
         e = self.num_local_experts
         need = {n: (2 * e if n.startswith("w13") else e) for n in self._required}
-        missing = [f"{self.prefix}.{n} ({len(self._loads.get(n, ()))}/{k} expert shards)" for n, k in need.items()
-                   if len(self._loads.get(n, ())) < k]
+        missing = [
+            f"{self.prefix}.{n} ({len(self._loads.get(n, ()))}/{k} expert shards)"
+            for n, k in need.items()
+            if len(self._loads.get(n, ())) < k
+        ]
         if missing:
             raise QuantLoadError(
                 f"the checkpoint does not provide all expert tensors that quant_model_description.json promises: "
@@ -155,24 +171,43 @@ class AscendW8A8DynamicFusedMoEMethod(FusedMoEMethodBase):
     def get_fused_moe_quant_config(self, layer: torch.nn.Module) -> None:
         return None  # our experts do not run through vLLM's modular kernels
 
-    def apply(self, layer: torch.nn.Module, x: torch.Tensor, router_logits: torch.Tensor, top_k: int,
-              renormalize: bool, *args: Any, **kwargs: Any) -> torch.Tensor:
+    def apply(
+        self,
+        layer: torch.nn.Module,
+        x: torch.Tensor,
+        router_logits: torch.Tensor,
+        top_k: int,
+        renormalize: bool,
+        *args: Any,
+        **kwargs: Any,
+    ) -> torch.Tensor:
         from vllm_npu.ops.moe.forward import moe_forward
 
         if self._plan is None or self._experts is None:
             raise RuntimeError(f"{self.prefix}: process_weights_after_loading has not run")
         if kwargs.get("enable_eplb"):
             raise NotImplementedError(f"EPLB is not supported with {type(self).__name__}")
-        return moe_forward(x, router_logits, plan=self._plan, experts=self._experts,
-                           e_score_correction_bias=kwargs.get("e_score_correction_bias"))
+        return moe_forward(
+            x,
+            router_logits,
+            plan=self._plan,
+            experts=self._experts,
+            e_score_correction_bias=kwargs.get("e_score_correction_bias"),
+        )
 
 
 class AscendW4A8DynamicFusedMoEMethod(AscendW8A8DynamicFusedMoEMethod):
     """W4A8_DYNAMIC experts (disk formats "0" and "1.0.0"), run weight-only through the per-group int4 grouped
     matmul."""
 
-    _required = ("w13_weight", "w2_weight", "w13_weight_scale", "w2_weight_scale", "w13_weight_scale_second",
-                 "w2_weight_scale_second")
+    _required = (
+        "w13_weight",
+        "w2_weight",
+        "w13_weight_scale",
+        "w2_weight_scale",
+        "w13_weight_scale_second",
+        "w2_weight_scale_second",
+    )
 
     def __init__(self, moe: Any, prefix: str, group_size: int, version: str) -> None:
         super().__init__(moe, prefix)
@@ -211,8 +246,10 @@ class AscendW4A8DynamicFusedMoEMethod(AscendW8A8DynamicFusedMoEMethod):
             return specs
         # version 1.0.0: two int4 values per int8 along the output dim (w13 [E, I, H] = 2I outputs, w2 [E, H/2, I]),
         # plus the scale_bias tensors (used by asymmetric-activation kernels; validated, not needed weight-only)
-        packed = {"w13_weight": ("w13_weight", (e, i, h), torch.int8, (torch.int8,), {}),
-                  "w2_weight": ("w2_weight", (e, h // 2, i), torch.int8, (torch.int8,), {})}
+        packed = {
+            "w13_weight": ("w13_weight", (e, i, h), torch.int8, (torch.int8,), {}),
+            "w2_weight": ("w2_weight", (e, h // 2, i), torch.int8, (torch.int8,), {}),
+        }
         return [packed.get(spec[0], spec) for spec in specs] + [
             ("w13_scale_bias", (e, 2 * i, 1), torch.float32, FLOATS, _CHANNEL),
             ("w2_scale_bias", (e, h, self._scale_bias_cols), torch.float32, FLOATS, _GROUP),
@@ -239,7 +276,10 @@ class AscendW4A8DynamicFusedMoEMethod(AscendW8A8DynamicFusedMoEMethod):
         for w in ("w13", "w2"):
             weight = getattr(layer, f"{w}_weight").data
             require_int_range(weight, -8, 7, f"{self.prefix}.{w}_weight (int4 values)")
-            s1, s2 = getattr(layer, f"{w}_weight_scale").data.float(), getattr(layer, f"{w}_weight_scale_second").data.float()
+            s1, s2 = (
+                getattr(layer, f"{w}_weight_scale").data.float(),
+                getattr(layer, f"{w}_weight_scale_second").data.float(),
+            )
             require_positive(s1 * s2, f"{self.prefix}.{w}_weight_scale / _second")
             # [E, N, K] int4 -> [E, K, N/8] int32 (the int4pack op is 2-D: one expert at a time)
             packed = torch.stack([pack(weight[e].t().contiguous().to(torch.int32)) for e in range(weight.shape[0])])
@@ -265,8 +305,18 @@ class AscendW8A8FusedMoEMethod(AscendW8A8DynamicFusedMoEMethod):
     tensor-parallel ranks (expert parallelism is fine): tp > 1 is refused at load with the fix named.
     """
 
-    _required = ("w13_weight", "w2_weight", "w13_deq_scale", "w2_deq_scale", "w13_input_scale", "w2_input_scale",
-                 "w13_input_offset", "w2_input_offset", "w13_quant_bias", "w2_quant_bias")
+    _required = (
+        "w13_weight",
+        "w2_weight",
+        "w13_deq_scale",
+        "w2_deq_scale",
+        "w13_input_scale",
+        "w2_input_scale",
+        "w13_input_offset",
+        "w2_input_offset",
+        "w13_quant_bias",
+        "w2_quant_bias",
+    )
     _per_expert = ("w13_input_scale", "w2_input_scale", "w13_input_offset", "w2_input_offset")
 
     def _specs(self, e: int, h: int, i: int) -> list[_Spec]:
@@ -282,13 +332,17 @@ class AscendW8A8FusedMoEMethod(AscendW8A8DynamicFusedMoEMethod):
             ("w2_quant_bias", (e, h), torch.int32, (torch.int32,), {}),
         ]
 
-    def _wrap(self, name: str, accept: tuple[torch.dtype, ...], dtype: torch.dtype, inner: Callable[..., Any]) -> Callable[..., Any]:
+    def _wrap(
+        self, name: str, accept: tuple[torch.dtype, ...], dtype: torch.dtype, inner: Callable[..., Any]
+    ) -> Callable[..., Any]:
         if name.endswith("_deq_scale"):
             # float32 (bf16 models) or the int64 npu_trans_quant_param form (fp16 models): kept as the int64 bits of
             # a float32 so both load exactly through the per-channel loader; decoded in process_weights_after_loading.
             base = super()._wrap(name, (torch.int64,), torch.int64, inner)
 
-            def to_bits(param: torch.nn.Parameter, loaded: torch.Tensor, weight_name: str, *args: Any, **kwargs: Any) -> Any:
+            def to_bits(
+                param: torch.nn.Parameter, loaded: torch.Tensor, weight_name: str, *args: Any, **kwargs: Any
+            ) -> Any:
                 if loaded.dtype not in accept:
                     return base(param, loaded, weight_name, *args, **kwargs)  # raises, naming the tensor and dtype
                 bits = loaded if loaded.dtype == torch.int64 else kernels.encode_scale(loaded)
@@ -306,15 +360,23 @@ class AscendW8A8FusedMoEMethod(AscendW8A8DynamicFusedMoEMethod):
         layer = getattr(inner, "__self__", None)
         seen: dict[int, torch.Tensor] = {}
 
-        def load(param: torch.nn.Parameter, loaded: torch.Tensor, weight_name: str, shard_id: str, expert_id: int,
-                 *args: Any, **kwargs: Any) -> Any:
+        def load(
+            param: torch.nn.Parameter,
+            loaded: torch.Tensor,
+            weight_name: str,
+            shard_id: str,
+            expert_id: int,
+            *args: Any,
+            **kwargs: Any,
+        ) -> Any:
             local = int(expert_id) if layer is None else layer._map_global_expert_id_to_local_expert_id(int(expert_id))
             if local == -1:
                 return False
             if name in self._per_expert:
                 if loaded.numel() != 1:
-                    raise QuantLoadError(f"checkpoint tensor {weight_name!r} must hold one value, got shape "
-                                         f"{tuple(loaded.shape)}")
+                    raise QuantLoadError(
+                        f"checkpoint tensor {weight_name!r} must hold one value, got shape {tuple(loaded.shape)}"
+                    )
                 value = loaded.reshape(1)
                 if local in seen and not torch.equal(seen[local], value):
                     raise QuantLoadError(
@@ -336,7 +398,7 @@ class AscendW8A8FusedMoEMethod(AscendW8A8DynamicFusedMoEMethod):
             if loaded.shape != (half * tp_size,):
                 raise RuntimeError(f"quant bias {tuple(loaded.shape)} vs [{half * tp_size}]")
             start = 0 if shard_id == "w1" else half
-            param.data[local, start:start + half].copy_(loaded.narrow(0, tp_rank * half, half))
+            param.data[local, start : start + half].copy_(loaded.narrow(0, tp_rank * half, half))
             return True
 
         return load

@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
 """Declared checkpoint tensors of a quantized layer: creation, load-time validation, completeness check.
 
 A scheme lists its tensors as :class:`TensorSpec` s. :func:`create_params` registers one parameter per spec and wraps
@@ -67,7 +69,9 @@ def _state(layer: torch.nn.Module) -> dict[str, Any]:
     return state
 
 
-def _wrap_loader(layer: torch.nn.Module, spec: TensorSpec, prefix: str, inner: Callable[..., Any]) -> Callable[..., Any]:
+def _wrap_loader(
+    layer: torch.nn.Module, spec: TensorSpec, prefix: str, inner: Callable[..., Any]
+) -> Callable[..., Any]:
     full = f"{prefix}.{spec.name}" if prefix else spec.name
 
     def load(param: torch.nn.Parameter, loaded: torch.Tensor, *args: Any, **kwargs: Any) -> Any:

@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
 """Per-layer quantization maths of the quantizer: float weights (+ calibration stats) -> msModelSlim tensors.
 
 Each function returns ``{suffix: tensor}`` for one linear layer ``W [N, K]``, with the suffixes msModelSlim writes

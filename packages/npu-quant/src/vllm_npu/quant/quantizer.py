@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
 """HF checkpoint -> msModelSlim-format checkpoint (safetensors + quant_model_description.json), without msModelSlim.
 
 What gets quantized: every ``nn.Linear`` inside the decoder layers with the chosen scheme, except MoE routers
@@ -34,8 +36,13 @@ from .quantize_math import (
 )
 from .schemes.w4a4_flatquant import decompose_dim
 
-SCHEMES = {"W8A8": "W8A8", "W8A8_DYNAMIC": "W8A8_DYNAMIC", "W4A8_DYNAMIC": "W4A8_DYNAMIC",
-           "W4A4_FLATQUANT": "W4A4_FLATQUANT_DYNAMIC", "W4A4_FLATQUANT_DYNAMIC": "W4A4_FLATQUANT_DYNAMIC"}
+SCHEMES = {
+    "W8A8": "W8A8",
+    "W8A8_DYNAMIC": "W8A8_DYNAMIC",
+    "W4A8_DYNAMIC": "W4A8_DYNAMIC",
+    "W4A4_FLATQUANT": "W4A4_FLATQUANT_DYNAMIC",
+    "W4A4_FLATQUANT_DYNAMIC": "W4A4_FLATQUANT_DYNAMIC",
+}
 MOE_SCHEME = "W8A8_DYNAMIC"
 WEIGHTS_FILE = "quant_model_weights.safetensors"
 
@@ -46,8 +53,17 @@ DEFAULT_CALIBRATION = [
     "0123456789 + - * / = ( ) [ ] { } < > ! ? , . ; :",
     "we had everything before us, we had nothing before us",
 ]
-_COPY_FILES = ("generation_config.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
-               "vocab.json", "merges.txt", "tokenizer.model", "added_tokens.json", "chat_template.jinja")
+_COPY_FILES = (
+    "generation_config.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "vocab.json",
+    "merges.txt",
+    "tokenizer.model",
+    "added_tokens.json",
+    "chat_template.jinja",
+)
 _ROUTER = re.compile(r"(\.gate|shared_expert_gate|router)$")
 _EXPERT = re.compile(r"\.experts\.\d+\.")
 _ROW_PARALLEL = re.compile(r"(o_proj|down_proj|dense|out_proj|w2)$")
@@ -59,7 +75,8 @@ class QuantizeError(ValueError):
 
 def _targets(model: torch.nn.Module) -> dict[str, torch.nn.Linear]:
     return {
-        name: mod for name, mod in model.named_modules()
+        name: mod
+        for name, mod in model.named_modules()
         if isinstance(mod, torch.nn.Linear) and ".layers." in f".{name}" and not _ROUTER.search(name)
     }
 
@@ -77,12 +94,14 @@ def _pick_group_size(ks: Sequence[int], requested: int | None) -> int:
 
 
 @torch.no_grad()
-def _calibrate(model: torch.nn.Module, tokenizer: Any, names: Sequence[str], prompts: Sequence[str],
-               optional: Sequence[str] = ()) -> dict[str, tuple[float, float]]:
+def _calibrate(
+    model: torch.nn.Module, tokenizer: Any, names: Sequence[str], prompts: Sequence[str], optional: Sequence[str] = ()
+) -> dict[str, tuple[float, float]]:
     stats: dict[str, list[float]] = {}
     handles = []
     modules = dict(model.named_modules())
     for name in [*names, *optional]:
+
         def hook(mod: torch.nn.Module, args: tuple[torch.Tensor, ...], name: str = name) -> None:
             x = args[0].detach().float()
             if not x.numel():  # an expert called with no routed rows
@@ -90,6 +109,7 @@ def _calibrate(model: torch.nn.Module, tokenizer: Any, names: Sequence[str], pro
             lo, hi = float(x.min()), float(x.max())
             cur = stats.get(name)
             stats[name] = [min(lo, cur[0]), max(hi, cur[1])] if cur else [lo, hi]
+
         handles.append(modules[name].register_forward_pre_hook(hook))
     try:
         for prompt in prompts:
@@ -108,6 +128,7 @@ def _expert_ranges(names: Sequence[str], stats: dict[str, tuple[float, float]]) 
     """Static input ranges for every expert linear: gate_proj and up_proj of one expert share one (the union; the
     MoE kernel quantizes their common input once); an expert no calibration token reached takes the union of the
     same projection over its layer's calibrated experts."""
+
     def union(rs: Sequence[tuple[float, float]]) -> tuple[float, float]:
         return min(r[0] for r in rs), max(r[1] for r in rs)
 
@@ -148,7 +169,9 @@ def quantize_checkpoint(
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     if scheme not in SCHEMES:
-        raise QuantizeError(f"unknown scheme {scheme!r}; choose one of {', '.join(sorted(set(SCHEMES) - {'W4A4_FLATQUANT_DYNAMIC'}))}")
+        raise QuantizeError(
+            f"unknown scheme {scheme!r}; choose one of {', '.join(sorted(set(SCHEMES) - {'W4A4_FLATQUANT_DYNAMIC'}))}"
+        )
     qtype = SCHEMES[scheme]
     if w4a8_version not in ("0", "1.0.0"):
         raise QuantizeError(f"W4A8 format version must be '0' or '1.0.0', got {w4a8_version!r}")
@@ -174,7 +197,9 @@ def quantize_checkpoint(
         for n, m in dense.items():
             nl, nr = decompose_dim(m.in_features)
             if m.in_features % 8 or nr % 8:
-                raise QuantizeError(f"{n}: input size {m.in_features} = {nl} x {nr}; W4A4_FLATQUANT needs K and R divisible by 8")
+                raise QuantizeError(
+                    f"{n}: input size {m.in_features} = {nl} x {nr}; W4A4_FLATQUANT needs K and R divisible by 8"
+                )
         if not 0 < clip_ratio <= 1:
             raise QuantizeError(f"clip ratio must lie in (0, 1], got {clip_ratio}")
     ranges: dict[str, tuple[float, float]] = {}

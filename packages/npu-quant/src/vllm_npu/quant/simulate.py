@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
 """Pure-torch simulation of a msModelSlim checkpoint inside a Hugging Face model (the independent reference).
 
 :func:`simulated_hf_model` builds the HF model of a quantized checkpoint directory and replaces every quantized
@@ -40,7 +42,9 @@ def _unpack_pairs(w: torch.Tensor) -> torch.Tensor:
 class SimulatedQuantLinear(torch.nn.Module):
     """A linear layer computing one msModelSlim scheme from checkpoint tensors (float32 maths)."""
 
-    def __init__(self, qtype: str, tensors: dict[str, torch.Tensor], bias: torch.Tensor | None, settings: dict[str, Any]):
+    def __init__(
+        self, qtype: str, tensors: dict[str, torch.Tensor], bias: torch.Tensor | None, settings: dict[str, Any]
+    ):
         super().__init__()
         self.qtype = qtype
         self.t = {k: v.clone() for k, v in tensors.items()}
@@ -104,16 +108,20 @@ def simulated_hf_model(quant_dir: str | Path, dtype: torch.dtype = torch.float32
         qtype = desc.tensors.get(f"{name}.weight")
         if qtype in (None, "FLOAT"):
             continue
-        tensors = {k[len(name) + 1:]: v for k, v in state.items() if k.startswith(name + ".") and k != f"{name}.bias"}
+        tensors = {k[len(name) + 1 :]: v for k, v in state.items() if k.startswith(name + ".") and k != f"{name}.bias"}
         bias = state.get(f"{name}.bias")
         parent_name, _, child = name.rpartition(".")
-        setattr(modules[parent_name] if parent_name else model, child,
-                SimulatedQuantLinear(qtype, tensors, bias, desc.settings))
+        setattr(
+            modules[parent_name] if parent_name else model,
+            child,
+            SimulatedQuantLinear(qtype, tensors, bias, desc.settings),
+        )
         for k in tensors:
             floats[f"{name}.{k}"] = None
     expected = model.state_dict()
-    missing, _ = model.load_state_dict({k: v for k, v in state.items() if k not in floats and k in expected},
-                                       strict=False)
+    missing, _ = model.load_state_dict(
+        {k: v for k, v in state.items() if k not in floats and k in expected}, strict=False
+    )
     missing = [m for m in missing if not (m == "lm_head.weight" and config.tie_word_embeddings)]
     if missing:
         raise ValueError(f"simulated model: float tensors missing from {quant_dir}: {missing[:5]}")
@@ -132,7 +140,7 @@ def greedy(model: torch.nn.Module, prompts: list[list[int]], max_new_tokens: int
         for _ in range(max_new_tokens):
             logits = model(torch.tensor([seq])).logits[0, -1]
             seq.append(int(torch.argmax(logits)))
-        outs.append(seq[len(ids):])
+        outs.append(seq[len(ids) :])
     return outs
 
 

@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
 """The Ascend attention backend for standard MHA / GQA / MQA decoder and encoder-only layers.
 
 Kernel per step (the metadata's :class:`~vllm_npu.attention.metadata.AscendAttentionState`):
@@ -103,9 +105,7 @@ class AscendAttentionImpl(AttentionImpl[AscendMetadata]):
         **unsupported: Any,
     ) -> None:
         if unsupported:
-            raise ConfigError(
-                f"the Ascend attention backend does not support the layer options {sorted(unsupported)}"
-            )
+            raise ConfigError(f"the Ascend attention backend does not support the layer options {sorted(unsupported)}")
         self.num_heads = num_heads
         self.head_size = head_size
         self.scale = float(scale)
@@ -121,9 +121,7 @@ class AscendAttentionImpl(AttentionImpl[AscendMetadata]):
         if alibi_slopes is not None:
             raise ConfigError("ALiBi attention is not supported by the Ascend GQA backend")
         if kv_cache_dtype != "auto":
-            raise ConfigError(
-                f"kv_cache_dtype={kv_cache_dtype!r} is not supported by the Ascend GQA backend; use auto"
-            )
+            raise ConfigError(f"kv_cache_dtype={kv_cache_dtype!r} is not supported by the Ascend GQA backend; use auto")
         if attn_type not in (AttentionType.DECODER, AttentionType.ENCODER_ONLY):
             raise ConfigError(
                 f"attention type {attn_type!r} (encoder / cross attention) is not supported by the Ascend GQA "
@@ -144,7 +142,7 @@ class AscendAttentionImpl(AttentionImpl[AscendMetadata]):
         if self.logits_soft_cap is not None:
             raise ConfigError(
                 "logits soft-capping (e.g. Gemma-2) has no torch_npu attention kernel; serve this model with "
-                "--additional-config '{\"npu\": {\"kernels\": \"reference\"}}' or without soft-capping"
+                '--additional-config \'{"npu": {"kernels": "reference"}}\' or without soft-capping'
             )
         if self.head_size % NPU_HEAD_ALIGN or self.head_size > NPU_MAX_HEAD_SIZE:
             raise ConfigError(
@@ -178,12 +176,25 @@ class AscendAttentionImpl(AttentionImpl[AscendMetadata]):
         if n < output.shape[0]:  # padded rows (graph-size padding): only the tail, the kernels write [:n]
             output[n:].zero_()
         q, out = query[:n], output[:n]
-        heads = {"num_heads": self.num_heads, "num_kv_heads": self.num_kv_heads, "scale": self.scale,
-                 "logits_soft_cap": self.logits_soft_cap}
+        heads = {
+            "num_heads": self.num_heads,
+            "num_kv_heads": self.num_kv_heads,
+            "scale": self.scale,
+            "logits_soft_cap": self.logits_soft_cap,
+        }
 
         if self.attn_type == AttentionType.ENCODER_ONLY or not md.causal:
-            self.encoder_attention(q, key[:n], value[:n], md.query_start_loc_list, md.max_query_len,
-                                   attn_mask=md.attn_mask, out=out, sliding_window=self.sliding_window, **heads)
+            self.encoder_attention(
+                q,
+                key[:n],
+                value[:n],
+                md.query_start_loc_list,
+                md.max_query_len,
+                attn_mask=md.attn_mask,
+                out=out,
+                sliding_window=self.sliding_window,
+                **heads,
+            )
             return output
 
         key_cache, value_cache = kv_cache.unbind(0)
@@ -193,12 +204,20 @@ class AscendAttentionImpl(AttentionImpl[AscendMetadata]):
 
         state = md.attn_state
         if self.sliding_window is None and fresh_kv and state is AscendAttentionState.PrefillNoCache:
-            self.prefill_no_cache(q, key[:n], value[:n], md.seq_lens_list, attn_mask=md.attn_mask, out=out,
-                                  **heads)
+            self.prefill_no_cache(q, key[:n], value[:n], md.seq_lens_list, attn_mask=md.attn_mask, out=out, **heads)
         elif self.sliding_window is None and state is AscendAttentionState.DecodeOnly:
             self.paged_decode(q, key_cache, value_cache, md.block_table, md.seq_lens_list, out=out, **heads)
         else:
-            self.paged_prefill(q, key_cache, value_cache, md.block_table, md.query_start_loc_list,
-                               md.seq_lens_list, attn_mask=md.splitfuse_mask, out=out,
-                               sliding_window=self.sliding_window, **heads)
+            self.paged_prefill(
+                q,
+                key_cache,
+                value_cache,
+                md.block_table,
+                md.query_start_loc_list,
+                md.seq_lens_list,
+                attn_mask=md.splitfuse_mask,
+                out=out,
+                sliding_window=self.sliding_window,
+                **heads,
+            )
         return output

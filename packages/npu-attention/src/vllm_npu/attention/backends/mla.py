@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
 """AscendMLABackend: Multi-head Latent Attention (DeepSeek-V2/V3) on the paged latent KV cache.
 
 Built on vLLM 0.11's MLA seams: the backend subclasses ``MLACommonBackend`` (cache shape, spec), the impl subclasses
@@ -231,7 +233,9 @@ class AscendMLAImpl(MLACommonBaseImpl[AscendMLAMetadata]):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         if self.kv_cache_dtype not in ("auto", None):
-            raise ConfigError(f"kv_cache_dtype={self.kv_cache_dtype!r} is not supported by AscendMLABackend; use 'auto'")
+            raise ConfigError(
+                f"kv_cache_dtype={self.kv_cache_dtype!r} is not supported by AscendMLABackend; use 'auto'"
+            )
         self._write = MLA_CACHE_WRITE.select()
         self._load = PAGED_CACHE_LOAD.select()
         self._decode = MLA_DECODE.select()

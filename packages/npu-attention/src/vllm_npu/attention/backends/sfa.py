@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
 """AscendSFABackend: DeepSeek-V3.2 sparse MLA attention, plus the indexer key cache and the lightning indexer.
 
 How vLLM 0.11 drives it (``vllm/model_executor/models/deepseek_v2.py``, ``vllm/model_executor/layers/mla.py``):
@@ -121,7 +123,9 @@ class AscendSFAImpl(MLACommonBaseImpl[AscendSFAMetadata]):
                 "indexer (with topk_indices_buffer); a dense MLA model should select AscendMLABackend"
             )
         if self.kv_cache_dtype not in ("auto", None):
-            raise ConfigError(f"kv_cache_dtype={self.kv_cache_dtype!r} is not supported by AscendSFABackend; use 'auto'")
+            raise ConfigError(
+                f"kv_cache_dtype={self.kv_cache_dtype!r} is not supported by AscendSFABackend; use 'auto'"
+            )
         self._write = MLA_CACHE_WRITE.select()
         self._sparse = SPARSE_MLA_ATTENTION.select()
 

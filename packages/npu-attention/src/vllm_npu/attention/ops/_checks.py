@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
 """Contract checks shared by the GQA attention kernel twins (:mod:`.flash_attention`, :mod:`.paged_attention`).
 
 Each raises :class:`~vllm_npu.interface.errors.KernelContractError` naming the kernel (``op``) and what is wrong.

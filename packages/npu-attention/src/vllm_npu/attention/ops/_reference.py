@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
 """Shared math of the reference attention kernels: fp32 softmax attention with GQA, masks from positions.
 
 Layouts follow vLLM: tokens ``[T, N, D]`` for queries, ``[T, Nkv, D]`` for keys/values, paged caches

@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
 """Attention over the batch's own keys/values (no cache read): first prefills and encoder-only (pooling) models.
 
 ``prefill_no_cache`` — every request is a first prefill (no cached context), causal:
@@ -103,8 +105,17 @@ def prefill_no_cache_reference(
     logits_soft_cap: float | None = None,
 ) -> None:
     _attend_packed(
-        "prefill_no_cache", query, key, value, list(accumulate(seq_lens, initial=0)), num_heads=num_heads,
-        num_kv_heads=num_kv_heads, scale=scale, out=out, causal=True, sliding_window=None,
+        "prefill_no_cache",
+        query,
+        key,
+        value,
+        list(accumulate(seq_lens, initial=0)),
+        num_heads=num_heads,
+        num_kv_heads=num_kv_heads,
+        scale=scale,
+        out=out,
+        causal=True,
+        sliding_window=None,
         logits_soft_cap=logits_soft_cap,
     )
 
@@ -168,11 +179,19 @@ def encoder_attention_reference(
     logits_soft_cap: float | None = None,
 ) -> None:
     _attend_packed(
-        "encoder_attention", query, key, value, query_start_loc, num_heads=num_heads, num_kv_heads=num_kv_heads,
-        scale=scale, out=out, causal=False, sliding_window=sliding_window, logits_soft_cap=logits_soft_cap,
+        "encoder_attention",
+        query,
+        key,
+        value,
+        query_start_loc,
+        num_heads=num_heads,
+        num_kv_heads=num_kv_heads,
+        scale=scale,
+        out=out,
+        causal=False,
+        sliding_window=sliding_window,
+        logits_soft_cap=logits_soft_cap,
     )
 
 
-ENCODER_ATTENTION = Kernel(
-    "encoder_attention", npu=encoder_attention_npu, reference=encoder_attention_reference
-)
+ENCODER_ATTENTION = Kernel("encoder_attention", npu=encoder_attention_npu, reference=encoder_attention_reference)

@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
 """KV-cache write ("reshape and cache"): new keys/values into the paged cache at their slots.
 
 Contract (both twins):
@@ -31,9 +33,7 @@ def reshape_and_cache_npu(
 ) -> None:
     import torch_npu
 
-    torch_npu.npu_scatter_pa_kv_cache(
-        key.contiguous(), value.contiguous(), key_cache, value_cache, slot_mapping
-    )
+    torch_npu.npu_scatter_pa_kv_cache(key.contiguous(), value.contiguous(), key_cache, value_cache, slot_mapping)
 
 
 def reshape_and_cache_reference(
@@ -61,8 +61,10 @@ def reshape_and_cache_reference(
     for src, cache in ((key, key_cache), (value, value_cache)):
         flat = cache.view(-1, nkv, d)
         src = src.to(cache.dtype)
-        anchor_row = torch.where(anchor_is_real.view(1, 1, 1), src.index_select(0, anchor),
-                                 flat.index_select(0, anchor_slot))  # [1, Nkv, D]
+        anchor_row = torch.where(
+            anchor_is_real.view(1, 1, 1), src.index_select(0, anchor), flat.index_select(0, anchor_slot)
+        )  # [1, Nkv, D]
         flat.index_copy_(0, idx, torch.where(row_keep, src, anchor_row))
+
 
 RESHAPE_AND_CACHE = Kernel("reshape_and_cache", npu=reshape_and_cache_npu, reference=reshape_and_cache_reference)

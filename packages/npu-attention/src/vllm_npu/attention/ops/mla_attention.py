@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
 """MLA attention kernels: absorbed decode over the paged latent cache, and ring prefill with a running LSE.
 
 Notation: ``N`` heads, ``L`` kv_lora_rank, ``R`` rope dim, ``P`` qk_nope_head_dim, ``V`` v_head_dim, ``bs`` block size.

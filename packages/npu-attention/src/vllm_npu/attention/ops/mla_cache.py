@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
 """The MLA latent KV cache: its layout, the per-token write, the fused k-norm + rope + write, and the paged load.
 
 Layout. vLLM allocates one buffer per MLA layer and views it as ``[num_blocks, block_size, L + R]``
@@ -41,7 +43,9 @@ def latent_cache_planes(kv_cache: torch.Tensor, kv_lora_rank: int, rope_dim: int
     return nope, rope
 
 
-def _check_write(kv_c: torch.Tensor, k_pe: torch.Tensor, nope: torch.Tensor, rope: torch.Tensor, slots: torch.Tensor) -> None:
+def _check_write(
+    kv_c: torch.Tensor, k_pe: torch.Tensor, nope: torch.Tensor, rope: torch.Tensor, slots: torch.Tensor
+) -> None:
     t = kv_c.shape[0]
     if kv_c.dim() != 2 or k_pe.dim() != 2 or k_pe.shape[0] != t or slots.shape != (t,):
         raise KernelContractError(
@@ -59,7 +63,11 @@ def _check_write(kv_c: torch.Tensor, k_pe: torch.Tensor, nope: torch.Tensor, rop
 
 
 def mla_cache_write_reference(
-    kv_c: torch.Tensor, k_pe: torch.Tensor, nope_cache: torch.Tensor, rope_cache: torch.Tensor, slot_mapping: torch.Tensor
+    kv_c: torch.Tensor,
+    k_pe: torch.Tensor,
+    nope_cache: torch.Tensor,
+    rope_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
 ) -> None:
     """Write ``kv_c [T, L]`` and ``k_pe [T, R]`` to ``nope_cache [nb, bs, 1, L]`` / ``rope_cache [nb, bs, 1, R]`` at
     ``slot_mapping [T]`` (int), in place. Slots < 0 are padding and skipped."""
@@ -71,7 +79,11 @@ def mla_cache_write_reference(
 
 
 def mla_cache_write_npu(
-    kv_c: torch.Tensor, k_pe: torch.Tensor, nope_cache: torch.Tensor, rope_cache: torch.Tensor, slot_mapping: torch.Tensor
+    kv_c: torch.Tensor,
+    k_pe: torch.Tensor,
+    nope_cache: torch.Tensor,
+    rope_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
 ) -> None:
     """NPU twin of :func:`mla_cache_write_reference` (``npu_scatter_nd_update_`` per plane)."""
     import torch_npu

@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
 """``MultiHeadLatentAttention`` override: the k-norm, k rope and latent-cache write in one fused kernel.
 
 vLLM's ``MultiHeadLatentAttention.forward_native`` normalises the latent (``kv_a_layernorm``), rotates ``k_pe`` and
@@ -36,7 +38,9 @@ def interleave_rope_npu(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -
     import torch_npu
 
     T, N, R = x.shape
-    out = torch_npu.npu_interleave_rope(x.reshape(T, N, 1, R).contiguous(), cos.reshape(T, 1, 1, R), sin.reshape(T, 1, 1, R))
+    out = torch_npu.npu_interleave_rope(
+        x.reshape(T, N, 1, R).contiguous(), cos.reshape(T, 1, 1, R), sin.reshape(T, 1, 1, R)
+    )
     return out.view(T, N, R)
 
 
@@ -95,7 +99,10 @@ class AscendMultiHeadLatentAttention(MultiHeadLatentAttention):
         half = self.rotary_emb.cos_sin_cache.index_select(0, positions.long()).to(q.dtype)
         cos, sin = half.chunk(2, dim=-1)
         cos, sin = torch.cat((cos, cos), dim=-1), torch.cat((sin, sin), dim=-1)  # [T, R] full width
-        q = torch.cat((q[..., : self.qk_nope_head_dim], self._rope(q[..., self.qk_nope_head_dim :], cos[:, None], sin[:, None])), dim=-1)
+        q = torch.cat(
+            (q[..., : self.qk_nope_head_dim], self._rope(q[..., self.qk_nope_head_dim :], cos[:, None], sin[:, None])),
+            dim=-1,
+        )
 
         n = meta.num_actual_tokens
         nope, rope = latent_cache_planes(

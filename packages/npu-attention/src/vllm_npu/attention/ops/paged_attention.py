@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
 """Attention of new query tokens over the paged KV cache (decode, chunked prefill, prefix hits, spec decode).
 
 Two kernels, each an NPU call beside its reference twin:
@@ -179,8 +181,20 @@ def paged_prefill_reference(
         raise KernelContractError("paged_prefill: a request has more new tokens than cached tokens (seq_lens)")
     short = [i for i in range(num_reqs) if 0 < q_lens[i] <= _SHORT_QUERY]
     if short:
-        _prefill_short(query, key_cache, value_cache, block_table, query_start_loc, q_lens, seq_lens, short,
-                       scale=scale, sliding_window=sliding_window, logits_soft_cap=logits_soft_cap, out=out)
+        _prefill_short(
+            query,
+            key_cache,
+            value_cache,
+            block_table,
+            query_start_loc,
+            q_lens,
+            seq_lens,
+            short,
+            scale=scale,
+            sliding_window=sliding_window,
+            logits_soft_cap=logits_soft_cap,
+            out=out,
+        )
     for i in range(num_reqs):
         if q_lens[i] <= _SHORT_QUERY:
             continue
@@ -188,7 +202,7 @@ def paged_prefill_reference(
         k = gather_sequence(key_cache, block_table[i], seq_len)
         v = gather_sequence(value_cache, block_table[i], seq_len)
         k_pos = torch.arange(seq_len, device=query.device)
-        allowed = window_allowed(k_pos[seq_len - q_lens[i]:], k_pos, causal=True, sliding_window=sliding_window)
+        allowed = window_allowed(k_pos[seq_len - q_lens[i] :], k_pos, causal=True, sliding_window=sliding_window)
         o = attend(query[start:end], k, v, allowed, scale, logits_soft_cap)
         out[start:end] = o.to(out.dtype)
 
@@ -224,8 +238,9 @@ def _attend_short_group(
     k_pos = torch.arange(k.shape[1], device=query.device)
     q_pos = (seq_lens - query_lens)[:, None] + torch.arange(q_max, device=query.device)[None, :]
     # Causality also hides every page slot past the request's own length: for a real row, q_pos < seq_len.
-    allowed = window_allowed(q_pos, k_pos[None, :].expand(q_pos.shape[0], -1), causal=True,
-                             sliding_window=sliding_window)
+    allowed = window_allowed(
+        q_pos, k_pos[None, :].expand(q_pos.shape[0], -1), causal=True, sliding_window=sliding_window
+    )
     return attend(query, k, v, allowed, scale, logits_soft_cap)
 
 

@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
 """DeepSeek-V3.2 sparse attention (SFA) kernels: the indexer key cache write, the lightning-indexer top-k, and
 sparse MLA attention over the selected tokens.
 
@@ -56,7 +58,9 @@ def token_request_positions(query_start_loc: Sequence[int], seq_lens: Sequence[i
 def indexer_cache_write_reference(k: torch.Tensor, cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
     """``k [T, D]`` into ``cache [nb, bs, D]`` at ``slot_mapping [T]``, in place; slots < 0 skipped."""
     if k.dim() != 2 or cache.dim() != 3 or k.shape[1] != cache.shape[2]:
-        raise KernelContractError(f"indexer cache write: k [T, D] into [nb, bs, D]; got {tuple(k.shape)}, {tuple(cache.shape)}")
+        raise KernelContractError(
+            f"indexer cache write: k [T, D] into [nb, bs, D]; got {tuple(k.shape)}, {tuple(cache.shape)}"
+        )
     valid = slot_mapping >= 0
     cache.view(-1, cache.shape[-1])[slot_mapping[valid].long()] = k[valid].to(cache.dtype)
 
@@ -69,7 +73,9 @@ def indexer_cache_write_npu(k: torch.Tensor, cache: torch.Tensor, slot_mapping: 
     torch_npu.npu_scatter_nd_update_(cache.view(-1, cache.shape[-1]), idx, k.to(cache.dtype))
 
 
-INDEXER_CACHE_WRITE = Kernel("indexer_cache_write", npu=indexer_cache_write_npu, reference=indexer_cache_write_reference)
+INDEXER_CACHE_WRITE = Kernel(
+    "indexer_cache_write", npu=indexer_cache_write_npu, reference=indexer_cache_write_reference
+)
 
 
 # --- lightning indexer ------------------------------------------------------------------------------------------

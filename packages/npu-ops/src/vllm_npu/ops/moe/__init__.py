@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
 # ruff: noqa: F401
 """vllm_npu.ops.moe: FusedMoE for Ascend NPUs (gating, token permutation, grouped matmul, expert parallelism).
 

@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
 """Token dispatchers: move routed rows to the experts that own them, run the experts, and combine.
 
 A dispatcher is ``dispatcher(hidden [T, H], topk_weights [T, k] f32, topk_ids [T, k] int, experts: ExpertsFn) -> [T, H]``.
@@ -99,7 +101,9 @@ def coordinator_all_to_all(coordinator: Any) -> AllToAll:
         params = inspect.signature(method).parameters
         if {"output_split_sizes", "input_split_sizes"} <= params.keys():
 
-            def all_to_all(x: torch.Tensor, output_split_sizes: list[int], input_split_sizes: list[int]) -> torch.Tensor:
+            def all_to_all(
+                x: torch.Tensor, output_split_sizes: list[int], input_split_sizes: list[int]
+            ) -> torch.Tensor:
                 return method(x, output_split_sizes=output_split_sizes, input_split_sizes=input_split_sizes)
 
             return all_to_all

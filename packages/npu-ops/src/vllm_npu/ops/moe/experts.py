@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
 """Expert MLPs over expert-sorted rows: grouped matmul -> gated activation -> grouped matmul.
 
 :func:`grouped_matmul_npu` / :func:`grouped_matmul_reference` (``npu_grouped_matmul`` with one x, one 3-D weight,

@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
 """The MoE forward as one function over pluggable parts: gate -> dispatch -> experts -> combine.
 
 :func:`build_moe_plan` chooses every kernel once (when a layer is built); :func:`moe_forward` runs a plan::

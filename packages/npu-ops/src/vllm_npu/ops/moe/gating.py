@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
 """MoE gating: router logits -> (top-k weights, top-k expert ids).
 
 Every gate built here has the one contract::
@@ -70,7 +72,9 @@ class RoutingConfig:
             if num_experts % g:
                 raise ConfigError(f"num_experts={num_experts} is not divisible by num_expert_group={g}")
             if self.has_correction_bias and num_experts // g < 2:
-                raise ConfigError("a correction bias scores each group by its top-2 experts: need >= 2 experts per group")
+                raise ConfigError(
+                    "a correction bias scores each group by its top-2 experts: need >= 2 experts per group"
+                )
             if self.top_k > kg * (num_experts // g):
                 raise ConfigError(
                     f"top_k={self.top_k} exceeds the experts left after keeping topk_group={kg} of {g} groups"

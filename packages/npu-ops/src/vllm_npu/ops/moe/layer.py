@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
 """AscendFusedMoE / AscendSharedFusedMoE: vLLM's FusedMoE layers with npu-ops' MoE forward.
 
 Registered (by name, through ``vllm_npu.ops._registry``) for vLLM's ``FusedMoE`` and ``SharedFusedMoE``, so every
@@ -70,7 +72,9 @@ def tokens_differ_per_ep_rank(layer: FusedMoE) -> bool:
     from vllm.distributed import get_tensor_model_parallel_world_size
 
     return bool(
-        layer.use_ep and layer.dp_size > 1 and get_tensor_model_parallel_world_size() == 1
+        layer.use_ep
+        and layer.dp_size > 1
+        and get_tensor_model_parallel_world_size() == 1
         and not layer.is_sequence_parallel
     )
 
@@ -151,7 +155,9 @@ class AscendUnquantizedFusedMoEMethod(UnquantizedFusedMoEMethod):
                 "build the layer through vLLM's FusedMoE with npu-ops registered"
             )
         experts = plan.unquantized_experts(layer.w13_weight, layer.w2_weight)
-        return moe_forward(x, router_logits, plan=plan, experts=experts, e_score_correction_bias=e_score_correction_bias)
+        return moe_forward(
+            x, router_logits, plan=plan, experts=experts, e_score_correction_bias=e_score_correction_bias
+        )
 
 
 class AscendFusedMoE(FusedMoE):
@@ -166,7 +172,9 @@ class AscendFusedMoE(FusedMoE):
             self.quant_method = AscendUnquantizedFusedMoEMethod(self.moe_config)
         # The all-to-all dispatcher lives in the plan, so it only helps a quant method that runs this plan
         # (``uses_layer_moe_plan = True``); other methods get the all-gather / reduce-scatter of forward_impl.
-        self.moe_plan = build_layer_plan(self, allow_all_to_all=getattr(self.quant_method, "uses_layer_moe_plan", False))
+        self.moe_plan = build_layer_plan(
+            self, allow_all_to_all=getattr(self.quant_method, "uses_layer_moe_plan", False)
+        )
         # Experts split over DP ranks that hold different tokens: rows must cross the DP ranks here, because
         # vLLM's DP dispatch/combine (forward_impl) goes through the device communicator's dispatch/combine,
         # which are no-ops on ours.
@@ -206,8 +214,9 @@ class AscendFusedMoE(FusedMoE):
         dp = get_dp_group()
         count = torch.tensor([hidden_states.shape[0]], dtype=torch.int64, device=hidden_states.device)
         sizes = [int(n) for n in dp.all_gather(count, dim=0).tolist()]
-        gathered = self._apply(dp.all_gatherv(hidden_states, dim=0, sizes=sizes),
-                               dp.all_gatherv(router_logits, dim=0, sizes=sizes))
+        gathered = self._apply(
+            dp.all_gatherv(hidden_states, dim=0, sizes=sizes), dp.all_gatherv(router_logits, dim=0, sizes=sizes)
+        )
         return dp.reduce_scatterv(gathered, dim=0, sizes=sizes)
 
     def _apply(self, hidden_states: torch.Tensor, router_logits: torch.Tensor) -> torch.Tensor:

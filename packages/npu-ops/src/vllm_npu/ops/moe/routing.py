@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
 """Token permutation for MoE: group the (token, slot) pairs by expert, and put them back.
 
 Notation: T tokens, k slots per token (top-k), H hidden size, E expert ids, ``flat = t * k + j`` the index of slot j

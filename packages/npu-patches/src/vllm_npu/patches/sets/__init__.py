@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
 """The built-in patch set for vLLM 0.11.0: pure declarations (strings only), so importing this module is cheap.
 
 Each patch states the behaviour that fails (or costs) without it, its upstream reference and its removal plan.
@@ -22,11 +24,15 @@ REPETITION_PENALTY_TORCH = Patch(
     fingerprint="8e6d3df2802ab01c9116a95dcdc18af975ce82468fbb76101cbeb48a9a2d787a",
     also_checks=(
         # looks the target up at call time: the rebinding reaches the sampler only while this stays so
-        ("vllm.model_executor.layers.utils.apply_penalties",
-         "f2be2317125fea56f62425aee25e2769f5ab9efb399514fa471e9cba8be0dbc7"),
+        (
+            "vllm.model_executor.layers.utils.apply_penalties",
+            "f2be2317125fea56f62425aee25e2769f5ab9efb399514fa471e9cba8be0dbc7",
+        ),
         # the implementation the replacement delegates to
-        ("vllm._custom_ops.apply_repetition_penalties_torch",
-         "24ae415a9d04fe3761253e4907f932840e4c8abd630daed8f24d633d398058d8"),
+        (
+            "vllm._custom_ops.apply_repetition_penalties_torch",
+            "24ae415a9d04fe3761253e4907f932840e4c8abd630daed8f24d633d398058d8",
+        ),
     ),
     upstream="none filed yet; the branch came with vllm#18437 (https://github.com/vllm-project/vllm/pull/18437). "
     "Fix to propose: dispatch on current_platform.is_cuda() / logits.device.type instead of Tensor.is_cuda",
@@ -46,8 +52,10 @@ ATTENTION_OUTPUT_EMPTY = Patch(
     fingerprint="c313406a30b0956a1619c26568c966dc8fe71bdd43e476439d62fe8ec39d2210",
     also_checks=(
         # the custom op the patched forward calls by name with the same arguments
-        ("vllm.attention.layer.unified_attention_with_output",
-         "8964f6d3b3101bb78fc898098d6b6b13d6c8fa5e2834ebfa9c9d826cdb7b280e"),
+        (
+            "vllm.attention.layer.unified_attention_with_output",
+            "8964f6d3b3101bb78fc898098d6b6b13d6c8fa5e2834ebfa9c9d826cdb7b280e",
+        ),
     ),
     upstream="https://github.com/vllm-project/vllm/pull/26680",
     reason="Attention.forward zero-fills its output buffer (torch.zeros) in every layer on every step: one extra "

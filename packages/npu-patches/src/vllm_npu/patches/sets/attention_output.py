@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
 """Patch ``attention-output-empty``: no zero-fill of the attention output buffer on every forward.
 
 vLLM 0.11.0's ``Attention.forward`` allocates the output of every attention layer with ``torch.zeros`` (vllm#19784
@@ -32,10 +34,15 @@ def make_replacement(original: Callable[..., Any]) -> Callable[..., Any]:
     """Build the ``Attention.forward`` that allocates its output with ``torch.empty`` for backends that fill it."""
     from vllm.forward_context import get_forward_context
 
-    def forward(self: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                output_shape: torch.Size | None = None) -> torch.Tensor:
-        if (not self.use_output or self.calculate_kv_scales or self.query_quant is not None
-                or not getattr(self.impl, FILLS_OUTPUT_BUFFER, False)):
+    def forward(
+        self: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, output_shape: torch.Size | None = None
+    ) -> torch.Tensor:
+        if (
+            not self.use_output
+            or self.calculate_kv_scales
+            or self.query_quant is not None
+            or not getattr(self.impl, FILLS_OUTPUT_BUFFER, False)
+        ):
             return original(self, query, key, value, output_shape)
         shape = output_shape if output_shape is not None else query.shape
         # The backend overwrites every element (its declared contract), so no fill is needed.

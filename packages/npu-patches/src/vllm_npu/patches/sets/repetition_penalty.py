@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
 """Patch ``repetition-penalty-torch``: vLLM's repetition penalty must never reach its CUDA-only ``_C`` kernel.
 
 vLLM 0.11.0 (``vllm/_custom_ops.py::apply_repetition_penalties``) picks its kernel with
@@ -23,9 +25,7 @@ def make_replacement(original: Callable[..., None]) -> Callable[..., None]:
     """Build the device-agnostic ``apply_repetition_penalties`` (``original`` is kept by the registry)."""
     from vllm._custom_ops import apply_repetition_penalties_torch
 
-    def apply_repetition_penalties(
-        logits: Any, prompt_mask: Any, output_mask: Any, repetition_penalties: Any
-    ) -> None:
+    def apply_repetition_penalties(logits: Any, prompt_mask: Any, output_mask: Any, repetition_penalties: Any) -> None:
         """In place on ``logits`` [num_seqs, vocab]: tokens seen in the prompt or output (bool masks, same shape)
         get positive logits divided and negative logits multiplied by ``repetition_penalties`` [num_seqs]."""
         apply_repetition_penalties_torch(logits, prompt_mask, output_mask, repetition_penalties)

@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
 """The ``vllm-npu`` command (console script ``vllm_npu.platform.cli:main``).
 
 Subcommands are a table of ``"module:function"`` strings (:data:`SUBCOMMANDS`): nothing is imported until one runs,
@@ -78,8 +80,10 @@ def _missing(name: str, sub: Subcommand) -> int:
     from vllm_npu.interface.versions import distribution_version
 
     if importlib.util.find_spec(f"vllm_npu.{sub.layer}") is None:
-        print(f"vllm-npu: {MissingComponentError(sub.layer, f'`vllm-npu {name}` needs the {sub.layer} layer')}",
-              file=sys.stderr)
+        print(
+            f"vllm-npu: {MissingComponentError(sub.layer, f'`vllm-npu {name}` needs the {sub.layer} layer')}",
+            file=sys.stderr,
+        )
     else:
         dist = LAYER_DISTRIBUTIONS.get(sub.layer, sub.layer)
         print(

@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
 """``python -m vllm_npu.platform.cli`` = ``vllm-npu``."""
 
 import sys

@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
 """Facts about the host, read without importing torch, torch_npu or vLLM.
 
 Importing torch where torch-npu is installed but CANN is not raises inside ``import torch`` itself: torch
@@ -58,7 +60,9 @@ def _parse_version_file(path: str) -> str | None:
     return None
 
 
-def find_cann(environ: Mapping[str, str] | None = None, default_homes: tuple[str, ...] = CANN_DEFAULT_HOMES) -> CannInstall:
+def find_cann(
+    environ: Mapping[str, str] | None = None, default_homes: tuple[str, ...] = CANN_DEFAULT_HOMES
+) -> CannInstall:
     """Locate CANN and its version from ``ASCEND_TOOLKIT_HOME`` / ``ASCEND_HOME_PATH`` or the default locations."""
     environ = os.environ if environ is None else environ
     candidates = [(environ[var], var) for var in CANN_HOME_VARS if environ.get(var)]
@@ -94,7 +98,13 @@ class TorchNPUState:
     def import_torch_breaks(self, cann: CannInstall) -> bool:
         """True when ``import torch`` would raise: torch_npu is auto-loaded but CANN is missing."""
         npu_backend = any(b.split("=", 1)[1].strip().startswith("torch_npu") for b in self.backends)
-        return self.torch is not None and self.torch_npu is not None and npu_backend and self.autoload and cann.home is None
+        return (
+            self.torch is not None
+            and self.torch_npu is not None
+            and npu_backend
+            and self.autoload
+            and cann.home is None
+        )
 
 
 def torch_state(environ: Mapping[str, str] | None = None) -> TorchNPUState:

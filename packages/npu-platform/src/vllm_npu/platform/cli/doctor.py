@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
 """``vllm-npu doctor``: what is installed, what would run, and what is wrong, without importing torch or vLLM.
 
 The report covers vLLM/torch/torch_npu/CANN versions (from metadata and CANN's version files), the device mode that
@@ -68,7 +70,7 @@ def _torch_pair(torch: TorchNPUState) -> str | None:
     if torch.torch.split("+")[0].split(".")[:2] != torch.torch_npu.split("+")[0].split(".")[:2]:
         return (
             f"torch-npu {torch.torch_npu} is built for torch {'.'.join(torch.torch_npu.split('.')[:2])}.* but torch "
-            f"{torch.torch} is installed: on Ascend hosts pip install \"npu-platform[ascend]\" installs the matching pair"
+            f'{torch.torch} is installed: on Ascend hosts pip install "npu-platform[ascend]" installs the matching pair'
         )
     return None
 
@@ -83,7 +85,9 @@ def _vllm_plugins(environ: Mapping[str, str], device_active: bool, components: d
         return section
     allowed = raw.split(",")
     known = {name for eps in groups.values() for name, _ in eps}
-    section["filtered_out"] = [f"{group}:{name}" for group, eps in groups.items() for name, _ in eps if name not in allowed]
+    section["filtered_out"] = [
+        f"{group}:{name}" for group, eps in groups.items() for name, _ in eps if name not in allowed
+    ]
     section["unknown_names"] = [name for name in allowed if name and name not in known]
     spaced = [name for name in allowed if name != name.strip()]
     if spaced:
@@ -95,7 +99,9 @@ def _vllm_plugins(environ: Mapping[str, str], device_active: bool, components: d
         section["notes"].append(note + (" although the device setting asks for it" if device_active else ""))
     for comp in components.values():
         if comp["installed"] and not comp["enabled"] and comp["name"] != "platform":
-            section["notes"].append(f"the installed {comp['name']} layer is disabled (its plugin {comp['plugin']!r} is not listed)")
+            section["notes"].append(
+                f"the installed {comp['name']} layer is disabled (its plugin {comp['plugin']!r} is not listed)"
+            )
     return section
 
 
@@ -124,7 +130,9 @@ def collect() -> dict[str, Any]:
     elif not in_range(vllm, SUPPORTED_VLLM, what="supported vLLM"):
         errors.append(f"vLLM {vllm} is installed but this plugin supports vLLM {SUPPORTED_VLLM}")
     if vllm is not None and torch.torch is None:
-        errors.append("vLLM is installed but torch is not (pip install vllm brings it; on Ascend hosts use \"npu-platform[ascend]\")")
+        errors.append(
+            'vLLM is installed but torch is not (pip install vllm brings it; on Ascend hosts use "npu-platform[ascend]")'
+        )
     finding = _torch_without_cann(torch, cann)
     if finding:
         (errors if finding[0] == "error" else warnings).append(finding[1])
@@ -161,7 +169,13 @@ def collect() -> dict[str, Any]:
         if decision.error:
             errors.append(decision.error)
     except ConfigError as exc:
-        device = {"requested": environ.get("VLLM_NPU_DEVICE"), "mode": None, "reason": str(exc), "error": str(exc), "probe": probe_facts}
+        device = {
+            "requested": environ.get("VLLM_NPU_DEVICE"),
+            "mode": None,
+            "reason": str(exc),
+            "error": str(exc),
+            "probe": probe_facts,
+        }
         if str(exc) not in " ".join(errors):
             errors.append(str(exc))
 
@@ -254,7 +268,11 @@ def render(report: dict[str, Any]) -> str:
         out.append(f"  CANN           {found} at {cann['home']} ({cann['home_source']})")
     out.append(f"  npu-interface  {_or(v['npu-interface'])} (interface {v['interface']})")
     if report["torch"]["backends"]:
-        state = "auto-loaded by `import torch`" if report["torch"]["autoload_backends"] else f"not auto-loaded ({AUTOLOAD_VAR})"
+        state = (
+            "auto-loaded by `import torch`"
+            if report["torch"]["autoload_backends"]
+            else f"not auto-loaded ({AUTOLOAD_VAR})"
+        )
         out.append(f"  torch backends {', '.join(report['torch']['backends'])}: {state}")
 
     out += ["", "Device"]
@@ -263,11 +281,15 @@ def render(report: dict[str, Any]) -> str:
     out.append(f"  why: {dev['reason']}")
     probe = dev["probe"]
     nodes = ", ".join(probe["device_nodes"]) or "none"
-    out.append(f"  probe: torch_npu {'found' if probe['torch_npu_installed'] else 'absent'}, "
-               f"CANN {'found' if probe['cann_found'] else 'absent'}, device nodes: {nodes}")
+    out.append(
+        f"  probe: torch_npu {'found' if probe['torch_npu_installed'] else 'absent'}, "
+        f"CANN {'found' if probe['cann_found'] else 'absent'}, device nodes: {nodes}"
+    )
 
     plugins = report["vllm_plugins"]
-    filt = "VLLM_PLUGINS unset: every plugin loads" if plugins["value"] is None else f"VLLM_PLUGINS={plugins['value']!r}"
+    filt = (
+        "VLLM_PLUGINS unset: every plugin loads" if plugins["value"] is None else f"VLLM_PLUGINS={plugins['value']!r}"
+    )
     out += ["", f"Components ({filt})"]
     for comp in report["components"].values():
         if not comp["installed"]:

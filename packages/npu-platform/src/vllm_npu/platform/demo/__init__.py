@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
 """``vllm-npu demo``: the README's main job.
 
 Runs real vLLM (``LLM.generate``) through the whole plugin stack on the emulated device with a small embedded model

@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
 """The demo's embedded model: a byte-level BPE tokenizer and a tiny Qwen2 trained on bundled public-domain text.
 
 Everything is built locally (no hub download) the first time and cached; later runs load the cache. Training is a

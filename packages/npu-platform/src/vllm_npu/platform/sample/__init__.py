@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
 """Samplers that replace vLLM's Triton-only sampling steps with device-neutral torch (NPU and emulated device).
 
 Import-light: the implementation lives in :mod:`.rejection_sampler` and is loaded on first attribute access.

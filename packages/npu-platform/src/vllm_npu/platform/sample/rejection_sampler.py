@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
 """NPURejectionSampler: vLLM 0.11's speculative-decoding ``RejectionSampler`` with its Triton kernels in plain torch.
 
 vLLM's ``vllm/v1/sample/rejection_sampler.py`` launches Triton kernels (``expand_kernel``,
@@ -119,7 +121,9 @@ def compute_probs(
         return logits
     num_tokens = logits.shape[0]
     temperature = sampling_metadata.temperature
-    temperature = expand_batch_to_tokens(temperature.masked_fill(_is_greedy(temperature), 1), cu_num_draft_tokens, num_tokens)
+    temperature = expand_batch_to_tokens(
+        temperature.masked_fill(_is_greedy(temperature), 1), cu_num_draft_tokens, num_tokens
+    )
     logits.div_(temperature.unsqueeze(-1))
     top_k = top_p = None
     if sampling_metadata.top_k is not None:

@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
 """Linear quant schemes, by msModelSlim quant type."""
 
 from __future__ import annotations
@@ -24,6 +26,12 @@ def make_linear_scheme(quant_type: str, desc: QuantDescription) -> LinearScheme:
 
 
 __all__ = [
-    "LinearScheme", "LinearShape", "W4A4FlatQuantScheme", "W4A8DynamicScheme", "W8A8DynamicScheme", "W8A8Scheme",
-    "decompose_dim", "make_linear_scheme",
+    "LinearScheme",
+    "LinearShape",
+    "W4A4FlatQuantScheme",
+    "W4A8DynamicScheme",
+    "W8A8DynamicScheme",
+    "W8A8Scheme",
+    "decompose_dim",
+    "make_linear_scheme",
 ]

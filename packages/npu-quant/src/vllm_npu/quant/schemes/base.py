@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
 """The contract of a linear quant scheme, and helpers shared by the schemes."""
 
 from __future__ import annotations

@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
 """W4A4_FLATQUANT_DYNAMIC: int4 weights and int4 per-token activations after a Kronecker (FlatQuant) transform.
 
 The input features K are factored as ``K = L * R`` (:func:`decompose_dim`: ``K = a² − b²``, ``L = a − b``,
@@ -85,8 +87,9 @@ class W4A4FlatQuantScheme(LinearScheme):
     def apply(self, layer: torch.nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         x2, lead = flat2d(x)
         t = x2.shape[0]
-        q, s = self._kq(x2.reshape(t, self.l, self.r), layer.left_trans.to(x.dtype), layer.right_trans.to(x.dtype),
-                        self.clip_ratio)
+        q, s = self._kq(
+            x2.reshape(t, self.l, self.r), layer.left_trans.to(x.dtype), layer.right_trans.to(x.dtype), self.clip_ratio
+        )
         out = self._qmm(q.reshape(t, -1), layer.weight.t(), layer.weight_scale, s.reshape(-1), None, x.dtype)
         if bias is not None:
             out = out + bias.to(out.dtype)

@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
 """W4A8_DYNAMIC for linear layers: int4 weights with two-level scales, run weight-only (as vllm-ascend does).
 
 Weights: ``W[n, k] ≈ W4[n, k] * weight_scale[n] * weight_scale_second[n, k // group_size]`` with W4 in [-8, 7]
@@ -37,7 +39,9 @@ class W4A8DynamicScheme(LinearScheme):
     def specs(self, shape: LinearShape) -> list[TensorSpec]:
         n, k, g = shape.n, shape.k, self.group_size
         if n % 8:
-            raise QuantLoadError(f"{shape.prefix}: W4A8_DYNAMIC packs 8 int4 values along the output dim; N={n} is not a multiple of 8")
+            raise QuantLoadError(
+                f"{shape.prefix}: W4A8_DYNAMIC packs 8 int4 values along the output dim; N={n} is not a multiple of 8"
+            )
         if g and k % g:
             raise QuantLoadError(
                 f"{shape.prefix}: input size {k} (per rank) is not a multiple of group_size {g}; use a smaller "
@@ -53,12 +57,27 @@ class W4A8DynamicScheme(LinearScheme):
         if g:
             specs += [
                 TensorSpec("weight_scale_second", (n, k // g), torch.float32, accept=FLOATS, output_dim=0, input_dim=1),
-                TensorSpec("weight_offset_second", (n, k // g), torch.float32, accept=FLOATS, output_dim=0, input_dim=1,
-                           required=False),
+                TensorSpec(
+                    "weight_offset_second",
+                    (n, k // g),
+                    torch.float32,
+                    accept=FLOATS,
+                    output_dim=0,
+                    input_dim=1,
+                    required=False,
+                ),
             ]
         if self.packed:
-            specs.append(TensorSpec("scale_bias", (n, 16 if shape.row_parallel else 1), torch.float32, accept=FLOATS,
-                                    output_dim=0, required=False))
+            specs.append(
+                TensorSpec(
+                    "scale_bias",
+                    (n, 16 if shape.row_parallel else 1),
+                    torch.float32,
+                    accept=FLOATS,
+                    output_dim=0,
+                    required=False,
+                )
+            )
         return specs
 
     def process(self, layer: torch.nn.Module, shape: LinearShape) -> None:

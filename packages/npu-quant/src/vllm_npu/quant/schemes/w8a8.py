@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
 """W8A8 (static): int8 weights, per-tensor static int8 activations with a zero point, int32 quant bias.
 
 Maths (msModelSlim export; ``s_x``/``o_x`` = input_scale/input_offset, ``s_w[n]`` = weight scale)::
@@ -38,8 +40,9 @@ class W8A8Scheme(LinearScheme):
             TensorSpec("input_scale", (1,), torch.float32, accept=FLOATS, shared=True),
             TensorSpec("input_offset", (1,), torch.float32, accept=(torch.int8, *FLOATS), shared=True, integral=True),
             TensorSpec("quant_bias", (n,), torch.int32, output_dim=0),
-            TensorSpec("deq_scale", (n,), torch.float32, accept=(*FLOATS, torch.int64), output_dim=0,
-                       convert=decode_scale),
+            TensorSpec(
+                "deq_scale", (n,), torch.float32, accept=(*FLOATS, torch.int64), output_dim=0, convert=decode_scale
+            ),
             TensorSpec("weight_scale", (n, 1), dt, accept=FLOATS, output_dim=0, required=False),
             TensorSpec("weight_offset", (n, 1), dt, accept=FLOATS, output_dim=0, required=False),
         ]
@@ -66,8 +69,10 @@ class W8A8Scheme(LinearScheme):
     def apply(self, layer: torch.nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         x2, lead = flat2d(x)
         out_dtype = layer.params_dtype if x.dtype == torch.int8 else x.dtype
-        xq = x2 if x2.dtype == torch.int8 else self._quantize(
-            x2, layer.aclnn_input_scale_reciprocal, layer.aclnn_input_offset
+        xq = (
+            x2
+            if x2.dtype == torch.int8
+            else self._quantize(x2, layer.aclnn_input_scale_reciprocal, layer.aclnn_input_offset)
         )
         qbias = layer.quant_bias if self._rank_adds_bias else None
         out = self._qmm(xq, layer.weight, layer.deq_scale, None, qbias, out_dtype)

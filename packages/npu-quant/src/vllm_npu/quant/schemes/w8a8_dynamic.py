@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
 """W8A8_DYNAMIC: int8 weights with a per-output-channel scale, int8 activations quantized per token at run time.
 
 Maths: ``x_q, s_t = dynamic_quant(x)`` (``s_t = max|x_t| / 127``); ``y[t, n] = (x_q[t] · W_q[n]) * s_w[n] * s_t
