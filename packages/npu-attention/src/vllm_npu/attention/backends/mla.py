@@ -310,7 +310,7 @@ class AscendMLAImpl(MLACommonBaseImpl[AscendMLAMetadata]):
             mask=self._mask(q),
         )  # fmt: skip
         for chunk in meta.context_chunks:
-            ctx_c, ctx_pe = self._load(nope, rope, meta.block_table, chunk.lens, chunk.starts)
+            ctx_c, ctx_pe = self._load(nope, rope, meta.block_table, chunk.lens, chunk.starts, chunk.total)
             ctx_nope, ctx_v = self._up_project(ctx_c)
             out, lse = self._ring(
                 q_nope, q_pe, ctx_nope, ctx_pe.unsqueeze(1), ctx_v, meta.query_lens, chunk.lens_list, self.scale,
