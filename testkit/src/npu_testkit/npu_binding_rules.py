@@ -187,7 +187,7 @@ def fia_paged_mask(mask: torch.Tensor, batch: int, block_table: torch.Tensor, bl
 GROUPED_MATMUL_PER_TOKEN = {torch.bfloat16: torch.bfloat16, torch.float32: torch.float16}
 # per-channel quantization (int8 x and weight, int32 bias): scale dtype -> y dtype
 GROUPED_MATMUL_PER_CHANNEL = {torch.int64: torch.int8, torch.bfloat16: torch.bfloat16, torch.float32: torch.float16}
-_GMM_TABLE = 'docs _op_plugin_docs.py:4490-4520 (npu_grouped_matmul, "group_list输入类型为torch.Tensor时" 表1)'
+_GMM_TABLE = 'docs _op_plugin_docs.py:4488-4520 (npu_grouped_matmul, "group_list输入类型为torch.Tensor时" 表1)'
 
 
 def grouped_matmul_quant_dtypes(
