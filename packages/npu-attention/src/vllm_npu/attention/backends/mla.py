@@ -46,6 +46,7 @@ from vllm_npu.interface.errors import ConfigError, KernelContractError
 from ..metadata import reject_decode_context_parallel
 from ..ops.mla_attention import MLA_DECODE, RING_MLA, ring_mla_mask
 from ..ops.mla_cache import MLA_CACHE_WRITE, PAGED_CACHE_LOAD, latent_cache_planes
+from ..ops.weight_format import kv_b_proj_to_nd
 
 
 class AscendMLABackend(MLACommonBackend):
@@ -244,6 +245,10 @@ class AscendMLAImpl(MLACommonBaseImpl[AscendMLAMetadata]):
         # True when the MLA layer writes the latent cache itself with the fused k-norm + rope + write kernel
         # (vllm_npu.attention.ops.mla_layer.AscendMultiHeadLatentAttention sets it once, at construction).
         self.layer_writes_cache = False
+
+    def process_weights_after_loading(self, act_dtype: torch.dtype) -> None:
+        kv_b_proj_to_nd(self.kv_b_proj)  # vLLM's split below reshapes the weight: it must be ND, not FRACTAL_NZ
+        super().process_weights_after_loading(act_dtype)
 
     def forward(
         self,
