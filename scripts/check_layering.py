@@ -240,7 +240,7 @@ def declared_graph_errors(workspace: Workspace, namespace: str = NAMESPACE) -> l
     declared = {name: targets & layered for name, targets in _declared(workspace).items() if name in layered}
     errors = []
     for owner, targets in sorted(declared.items()):
-        pyproject = f"packages/{workspace.members[owner].path.name}/pyproject.toml"
+        pyproject = (workspace.members[owner].path / "pyproject.toml").relative_to(workspace.root)
         if owner == INTERFACE and targets:
             errors.append(
                 f"{pyproject}: npu-interface is the bottom layer and requires no sibling; drop {sorted(targets)}"
