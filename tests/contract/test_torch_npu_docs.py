@@ -10,6 +10,7 @@ import pytest
 from npu_testkit.torch_npu_docs import (
     TorchNPUDocs,
     check_calls,
+    find_npu_call_sites,
     find_npu_calls,
     load_docs,
     parse_atb_api_list,
@@ -252,3 +253,27 @@ def test_binding_schemas_only_api_list_default_overloads() -> None:
     docs = TorchNPUDocs(bindings=sigs)
     assert docs.check_call("", "_npu_reshape_and_cache", 5, []) == []
     assert docs.signatures("atb", "_npu_reshape_and_cache") is None  # bound as torch_npu.<name>, not torch_npu.atb
+
+
+def test_call_sites_carry_their_enclosing_function() -> None:
+    src = textwrap.dedent(
+        """
+        import torch, torch_npu
+        torch_npu.npu_rms_norm(x, w)
+        def f(x):
+            torch.npu.synchronize()
+            return torch_npu.atb.npu_ring_mla(x)
+        class C:
+            def m(self, q):
+                def inner():
+                    return torch.ops.custom.npu_lightning_indexer(query=q)
+                return torch_npu.npu_format_cast(q, 2), torch.ops.aten.add(q, q)
+        """
+    )
+    got = [(s.function, s.op) for s in find_npu_call_sites(src, "z.py")]
+    assert got == [
+        ("", "torch_npu.npu_rms_norm"),
+        ("f", "torch_npu.atb.npu_ring_mla"),
+        ("C.m.inner", "torch.ops.custom.npu_lightning_indexer"),
+        ("C.m", "torch_npu.npu_format_cast"),
+    ]

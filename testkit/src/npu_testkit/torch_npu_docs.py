@@ -565,6 +565,52 @@ def find_npu_calls(source: str, path: str = "<string>") -> list[NPUCall]:
     return calls
 
 
+@dataclass(frozen=True)
+class CallSite:
+    """Where an NPU op is called: ``function`` is the enclosing ``Class.method`` / function (``""`` at module level),
+    ``op`` the callee as spelled (``torch_npu.npu_rms_norm``, ``torch_npu.atb.npu_ring_mla``,
+    ``torch.ops.custom.npu_lightning_indexer``)."""
+
+    path: str
+    function: str
+    op: str
+    line: int
+
+
+_NON_OP_NAMESPACES = ("npu", "_C", "utils", "contrib", "profiler", "dynamo")
+_CUSTOM_OP_PREFIXES = (("torch", "ops", "custom"), ("torch", "ops", "_C_ascend"), ("torch", "ops", "atb"))
+
+
+def _npu_op_name(chain: list[str] | None) -> str | None:
+    if not chain or len(chain) < 2:
+        return None
+    if chain[0] == "torch_npu" and chain[1] not in _NON_OP_NAMESPACES and not (chain[1] == "atb" and len(chain) < 3):
+        return ".".join(chain)
+    if len(chain) >= 4 and tuple(chain[:3]) in _CUSTOM_OP_PREFIXES:
+        return ".".join(chain)
+    return None
+
+
+def find_npu_call_sites(source: str, path: str = "<string>") -> list[CallSite]:
+    """Every call of a torch_npu op (the calls :func:`find_npu_calls` checks) or of a ``torch.ops.custom`` /
+    ``torch.ops._C_ascend`` / ``torch.ops.atb`` op, with its enclosing function."""
+    sites: list[CallSite] = []
+
+    def visit(node: ast.AST, scope: tuple[str, ...]) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                visit(child, (*scope, child.name))
+                continue
+            if isinstance(child, ast.Call):
+                op = _npu_op_name(_attr_chain(child.func))
+                if op is not None:
+                    sites.append(CallSite(path, ".".join(scope), op, child.lineno))
+            visit(child, scope)
+
+    visit(ast.parse(source, filename=path), ())
+    return sites
+
+
 def check_calls(calls: Iterable[NPUCall], docs: TorchNPUDocs) -> list[str]:
     """``path:line: problem`` for every call that does not fit torch_npu's documented contract."""
     out = []
