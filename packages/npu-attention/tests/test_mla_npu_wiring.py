@@ -115,8 +115,10 @@ class FakeATB:
 @pytest.fixture
 def atb(monkeypatch) -> FakeATB:
     fake = FakeATB()
-    module = types.ModuleType("torch_npu")
-    module.atb = fake
+    module = types.ModuleType("torch_npu")  # both ops behind their documented 2.8.0 signatures
+    module.atb = types.SimpleNamespace(
+        **{op.__name__: rules.documented(op, namespace="atb") for op in (fake.npu_ring_mla, fake.npu_paged_cache_load)}
+    )
     monkeypatch.setitem(sys.modules, "torch_npu", module)
     return fake
 

@@ -74,9 +74,8 @@ def _npu_paged_attention_v2(
     out,
 ):
     CALLS.append("_npu_paged_attention_v2")
-    bs = key_cache.shape[1]
-    assert mask is None and mask_type == 0 and bs % 16 == 0 and bs <= 128 and block_table.dtype == torch.int32
-    assert isinstance(context_lens, list) and len(context_lens) == query.shape[0]
+    rules.paged_attention_v2_call(query, key_cache, value_cache, block_table, context_lens, mask_type, out)
+    assert mask is None and mask_type == 0 and isinstance(context_lens, list)
     for b, length in enumerate(context_lens):
         k, v = _pages(key_cache, block_table[b], length), _pages(value_cache, block_table[b], length)
         allowed = torch.ones(1, length, dtype=torch.bool)
@@ -119,7 +118,8 @@ def npu_fused_infer_attention_score(
             rules.fia_paged_mask(atten_mask, len(ends), block_table, block_size)
         mode = "qs1+mask" if user_mask else "qs1"
     else:
-        assert input_layout == "TND" and block_size % 128 == 0
+        assert input_layout == "TND"
+        rules.fia_paged_tnd(block_size, query)
         assert atten_mask.shape == (2048, 2048) and atten_mask.dtype in (torch.int8, torch.bool, torch.uint8)
         assert bool((atten_mask.bool() == torch.ones(2048, 2048, dtype=torch.bool).triu(1)).all())
         mode = f"sparse_mode={sparse_mode}"
@@ -150,7 +150,7 @@ def npu_fused_infer_attention_score(
 
 def _npu_flash_attention_v2(query, key, value, seq_len, *, mask, mask_type, scale_value, num_heads, num_kv_heads, out):
     CALLS.append("_npu_flash_attention_v2")
-    assert mask_type == 1 and mask.dtype == query.dtype and mask.shape[0] >= max(seq_len)
+    rules.flash_attention_v2_call(query, mask, mask_type, seq_len, out)
     start = 0
     for length in seq_len:
         allowed = mask[:length, :length] == 0
@@ -195,13 +195,14 @@ def npu_fusion_attention(
 
 @pytest.fixture
 def fake_npu(monkeypatch):
-    fake = types.ModuleType("torch_npu")
-    fake.npu_scatter_pa_kv_cache = npu_scatter_pa_kv_cache
-    fake._npu_reshape_and_cache = _npu_reshape_and_cache
-    fake.npu_fused_infer_attention_score = npu_fused_infer_attention_score
-    fake.npu_fusion_attention = npu_fusion_attention
+    fake = types.ModuleType("torch_npu")  # every op behind its documented 2.8.0 signature
+    for op in (npu_scatter_pa_kv_cache, _npu_reshape_and_cache, npu_fused_infer_attention_score, npu_fusion_attention):
+        setattr(fake, op.__name__, rules.documented(op))
     fake.atb = types.SimpleNamespace(
-        _npu_paged_attention_v2=_npu_paged_attention_v2, _npu_flash_attention_v2=_npu_flash_attention_v2
+        **{
+            op.__name__: rules.documented(op, namespace="atb")
+            for op in (_npu_paged_attention_v2, _npu_flash_attention_v2)
+        }
     )
     monkeypatch.setitem(sys.modules, "torch_npu", fake)
     monkeypatch.setattr(gqa_mod, "kernel_backend", lambda: "npu")

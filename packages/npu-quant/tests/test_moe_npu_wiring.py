@@ -45,8 +45,8 @@ def _fake_torch_npu(calls: list[str]) -> types.ModuleType:
             start += n
         return [out.to(output_dtype)]
 
-    m.npu_dynamic_quant = npu_dynamic_quant
-    m.npu_grouped_matmul = npu_grouped_matmul
+    m.npu_dynamic_quant = rules.documented(npu_dynamic_quant)
+    m.npu_grouped_matmul = rules.documented(npu_grouped_matmul)
     return m
 
 

@@ -18,10 +18,14 @@ source. Sources, all pinned:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import functools
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 from torch.overrides import TorchFunctionMode
+
+from .torch_npu_docs import load_docs
 
 ACL_FORMAT_ND = 2
 ACL_FORMAT_FRACTAL_NZ = 29
@@ -34,6 +38,21 @@ class BindingRuleError(AssertionError):
 def _require(ok: bool, rule: str, source: str) -> None:
     if not ok:
         raise BindingRuleError(f"{rule} [source: {source}]")
+
+
+def documented(fn: Callable[..., Any], name: str | None = None, namespace: str = "") -> Callable[..., Any]:
+    """``fn`` (a fake op) behind the documented-signature check of ``torch_npu.[atb.]<name>``: positional count,
+    keyword names and required parameters as the torch_npu 2.8.0 wheel documents them (``torch_npu_docs``)."""
+    op = name or fn.__name__
+    docs = load_docs()
+
+    @functools.wraps(fn)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        problems = docs.check_call(namespace, op, len(args), list(kwargs))
+        _require(not problems, "; ".join(problems), "torch_npu 2.8.0 wheel docs / binding schemas")
+        return fn(*args, **kwargs)
+
+    return call
 
 
 # --- KV-cache writes ----------------------------------------------------------------------------------------------
@@ -105,6 +124,77 @@ def reshape_and_cache(
 
 
 # --- attention ----------------------------------------------------------------------------------------------------
+
+
+def paged_attention_v2_call(
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor | None,
+    block_table: torch.Tensor,
+    context_lens: Sequence[int],
+    mask_type: int,
+    out: torch.Tensor,
+) -> None:
+    """``torch_npu.atb._npu_paged_attention_v2``: the binding wires only UNDEFINED (0) and ALIBI (2) masks, passes
+    ``value_cache`` as an input, makes ``context_lens`` an int32 tensor; the output must be contiguous."""
+    src = "op-plugin@7.2.0 op_plugin/ops/atb/PagedAttentionAtbV2.cpp:56-73"
+    _require(mask_type in (0, 2), f"_npu_paged_attention_v2: mask_type {mask_type} not wired (0 or 2)", src)
+    _require(value_cache is not None, "_npu_paged_attention_v2: value_cache must be given", src)
+    _require(
+        out.is_contiguous(),
+        "_npu_paged_attention_v2: out must be contiguous",
+        "op-plugin@7.2.0 op_plugin/utils/custom_functions/atb/AtbCommon.cpp:29",
+    )
+    bs, head = key_cache.shape[1], key_cache.shape[-1]
+    docs = "docs _atb_api_docs.py _npu_paged_attention_v2 (规格约束)"
+    _require(
+        bs % 16 == 0 and bs <= 128 and 0 < head <= 256,
+        f"_npu_paged_attention_v2: block_size {bs} must be a multiple of 16 and <= 128, head_size {head} <= 256",
+        docs,
+    )
+    _require(
+        block_table.dtype == torch.int32 and block_table.shape[0] == query.shape[0] == len(context_lens),
+        "_npu_paged_attention_v2: int32 block_table and context_lens, one per query token",
+        docs,
+    )
+    used = torch.cat([block_table[b, : -(-n // bs)] for b, n in enumerate(context_lens)])
+    _require(
+        bool(((used >= 0) & (used < key_cache.shape[0])).all()),
+        "_npu_paged_attention_v2: block ids must be in [0, num_blocks)",
+        docs,
+    )
+
+
+def flash_attention_v2_call(
+    query: torch.Tensor, mask: torch.Tensor | None, mask_type: int, seq_len: Sequence[int], out: torch.Tensor
+) -> None:
+    """``torch_npu.atb._npu_flash_attention_v2`` (ATB SelfAttention, PA_ENCODER) with MASK_TYPE_NORM."""
+    _require(
+        out.is_contiguous(),
+        "_npu_flash_attention_v2: out must be contiguous",
+        "op-plugin@7.2.0 op_plugin/utils/custom_functions/atb/AtbCommon.cpp:29",
+    )
+    _require(
+        sum(seq_len) == query.shape[0],
+        "_npu_flash_attention_v2: seq_len must add up to the packed tokens",
+        "op-plugin@7.2.0 op_plugin/ops/atb/SelfAttentionAtbV2.cpp (seq_len -> int32 tensor)",
+    )
+    _require(
+        mask_type == 1 and mask is not None and mask.dtype == query.dtype and mask.shape[0] >= max(seq_len),
+        "_npu_flash_attention_v2: MASK_TYPE_NORM (1) takes a [maxS, maxS] mask in the query's dtype",
+        "docs _atb_api_docs.py _npu_flash_attention_v2",
+    )
+
+
+def fia_paged_tnd(block_size: int, query: torch.Tensor) -> None:
+    """``npu_fused_infer_attention_score`` with Q_S > 1 over a paged cache: block size a multiple of 128, <= 512."""
+    _require(
+        block_size % 128 == 0 and 128 <= block_size <= 512 and query.dtype in (torch.float16, torch.bfloat16),
+        f"npu_fused_infer_attention_score: paged Q_S > 1 needs block_size in 128..512 (multiple of 128), got "
+        f"{block_size}; query float16/bfloat16",
+        "docs _op_plugin_docs.py:6616 (block_size最小为128, 最大为512, 且要求是128的倍数)",
+    )
+
 
 RING_MLA_MODES = {
     "kernel_type": ("kernel_type_default", "kernel_type_high_precision"),
