@@ -191,13 +191,19 @@ def test_mrope_on_npu_kernel(fake_npu) -> None:
     assert fake_npu.calls == ["npu_mrope", "npu_mrope"]
 
 
-def _mla_impl(kv_b_proj, n: int, lora: int, nope: int, rope: int, v: int):
-    from vllm_npu.attention.backends.mla import AscendMLAImpl
+def _mla_impl(kv_b_proj, n: int, lora: int, nope: int, rope: int, v: int, kind: str = "mla"):
+    from types import SimpleNamespace
 
-    return AscendMLAImpl(
+    from vllm_npu.attention.backends.mla import AscendMLAImpl
+    from vllm_npu.attention.backends.sfa import AscendSFAImpl
+
+    extra = (
+        {"indexer": SimpleNamespace(topk_indices_buffer=torch.zeros(4, 2, dtype=torch.int32))} if kind == "sfa" else {}
+    )
+    return (AscendSFAImpl if kind == "sfa" else AscendMLAImpl)(
         n, lora + rope, 0.1, 1, None, None, "auto", None, "decoder", None,
         q_lora_rank=None, kv_lora_rank=lora, qk_nope_head_dim=nope, qk_rope_head_dim=rope,
-        qk_head_dim=nope + rope, v_head_dim=v, kv_b_proj=kv_b_proj,
+        qk_head_dim=nope + rope, v_head_dim=v, kv_b_proj=kv_b_proj, **extra,
     )  # fmt: skip
 
 
@@ -226,7 +232,8 @@ def test_mla_kv_b_proj_is_split_from_an_nd_weight(fake_npu, tp1_group) -> None:
     _close(kv_b_proj(x)[0], x @ w.T, tol=1e-2)
 
 
-def test_mla_impl_reverts_an_nz_kv_b_proj_to_nd_before_the_split(fake_npu) -> None:
+@pytest.mark.parametrize("kind", ["mla", "sfa"])
+def test_mla_impl_reverts_an_nz_kv_b_proj_to_nd_before_the_split(fake_npu, kind: str) -> None:
     """Whatever left ``kv_b_proj.weight`` in FRACTAL_NZ (a quant method, ``allow_internal_format`` set elsewhere),
     the impl casts it back to ND before vLLM reshapes it, as vllm-ascend v0.11.0 does."""
     from vllm.model_executor.layers.linear import UnquantizedLinearMethod
@@ -236,7 +243,7 @@ def test_mla_impl_reverts_an_nz_kv_b_proj_to_nd_before_the_split(fake_npu) -> No
     kv_b_proj = torch.nn.Module()
     kv_b_proj.weight = torch.nn.Parameter(fake_npu.formats.cast(w, ACL_FORMAT_FRACTAL_NZ), requires_grad=False)
     kv_b_proj.quant_method = UnquantizedLinearMethod()
-    impl = _mla_impl(kv_b_proj, n, lora, nope, rope, v)
+    impl = _mla_impl(kv_b_proj, n, lora, nope, rope, v, kind)
     impl.process_weights_after_loading(torch.float32)
     uk_t, uv = _expected_split(w, n, lora, nope, v)
     assert torch.equal(impl.W_UK_T, uk_t) and torch.equal(impl.W_UV, uv)
