@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from .device import DeviceMode
@@ -65,7 +65,6 @@ class Component:
     summary: str = ""
     on_load: str | None = None
     on_worker_init: str | None = None
-    provides: tuple[str, ...] = field(default=())
 
     @property
     def plugin_name(self) -> str:
