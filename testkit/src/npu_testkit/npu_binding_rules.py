@@ -57,6 +57,13 @@ def documented(fn: Callable[..., Any], name: str | None = None, namespace: str =
 
 # --- KV-cache writes ----------------------------------------------------------------------------------------------
 
+# Ops whose torch_npu 2.8.0 binding fixes a mode that no ND-layout caller can use: a source call is an error
+# (tests/contract). Name -> why, with the source.
+UNUSABLE_IN_2_8_0 = {
+    "npu_scatter_pa_kv_cache": "its binding hard-codes cacheMode PA_NZ (op-plugin@7.2.0 ScatterPaKvCacheNpuOpApi.cpp:33,56); "
+    "write ND caches with torch_npu._npu_reshape_and_cache",
+}
+
 
 def scatter_pa_kv_cache_nz_shapes(
     key: torch.Tensor, key_cache: torch.Tensor, value: torch.Tensor, value_cache: torch.Tensor
@@ -65,7 +72,8 @@ def scatter_pa_kv_cache_nz_shapes(
     require NZ-shaped caches ``[nb, Nkv * D / last, bs, last]`` with ``last = 32 / sizeof(dtype)``."""
     src = (
         'op-plugin@7.2.0 op_plugin/ops/opapi/ScatterPaKvCacheNpuOpApi.cpp:33,56 (cache_mode = "PA_NZ", no argument to '
-        "change it); ops-transformer scatter_pa_kv_cache_tiling.cpp CheckInputDimUpdate (TEMPLATE_NZ dim checks)"
+        "change it; the 2.8.0 wheel's libtorch_npu.so holds the literal beside aclnnScatterPaKvCache); "
+        "ops-transformer scatter_pa_kv_cache_tiling.cpp CheckInputDimUpdate (TEMPLATE_NZ dim checks)"
     )
     for name, x, cache in (("key", key, key_cache), ("value", value, value_cache)):
         last = 32 // cache.element_size()
