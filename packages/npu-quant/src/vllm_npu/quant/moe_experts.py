@@ -116,7 +116,6 @@ class W8A8DynamicExperts:
         self.activation = activation
         self._dq = kernels.dynamic_quant.select()
         self._gqmm = grouped_quant_matmul.select()
-
         self._scales: dict[tuple[str, torch.dtype], torch.Tensor] = {}
 
     def _scale(self, name: str, out_dtype: torch.dtype) -> torch.Tensor:
