@@ -24,6 +24,7 @@ from vllm_npu.interface.device import kernel_backend
 from vllm_npu.interface.errors import ConfigError
 
 from .masks import AttentionMaskBuilder
+from .ops.paged_attention import DecodePlan
 
 # TND layout of npu_fused_infer_attention_score: a "decode" request may carry at most 16 query tokens.
 MAX_DECODE_THRESHOLD = 16
@@ -90,7 +91,9 @@ class AscendMetadata:
     query_start_loc: torch.Tensor  # [num_reqs + 1] int32, cumulative
     seq_lens: torch.Tensor  # [num_reqs] int32, cached + new tokens per request
     block_table: torch.Tensor  # [num_reqs, max_blocks] int32
-    slot_mapping: torch.Tensor  # [>= num_actual_tokens] int64, -1 past num_actual_tokens
+    # [>= num_actual_tokens] int64. NPU backend: vLLM's, -1 past num_actual_tokens (the kernel skips them). Reference
+    # backend: never negative, the padding redirected to slot 0 of vLLM's null block (see the builder).
+    slot_mapping: torch.Tensor
     # host copies, the SymInt[] arguments of the NPU kernels
     query_start_loc_list: list[int]  # num_reqs + 1 entries
     seq_lens_list: list[int]
@@ -101,6 +104,8 @@ class AscendMetadata:
     # window kernel builds a per-request mask).
     attn_mask: torch.Tensor | None = None
     splitfuse_mask: torch.Tensor | None = None
+    # Reference backend, DecodeOnly steps: the decode twins' per-step lengths/mask/pages, built once for all layers.
+    decode_plan: DecodePlan | None = None
 
     @property
     def actual_seq_lengths_q(self) -> list[int]:
@@ -138,6 +143,9 @@ class AscendAttentionMetadataBuilder(AttentionMetadataBuilder[AscendMetadata]):
                 f"use --block-size {NPU_BLOCK_SIZE}"
             )
         self.masks = AttentionMaskBuilder(device)
+        # Reference backend only: a persistent int64 buffer for the padding-free slot mapping (persistent, so a
+        # captured graph that read it at capture sees every later step's slots).
+        self._slots: torch.Tensor | None = None
 
     def reorder_batch(self, input_batch: Any, scheduler_output: Any) -> bool:
         # vLLM's model runner already reorders by reorder_batch_threshold (decodes first); nothing else to do.
@@ -155,6 +163,7 @@ class AscendAttentionMetadataBuilder(AttentionMetadataBuilder[AscendMetadata]):
         query_lens = qsl_cpu[1:] - qsl_cpu[:-1]
         seq_lens_cpu = cm.seq_lens_cpu[:num_reqs]
         state = classify_batch(query_lens, seq_lens_cpu, self.decode_threshold)
+        seq_lens_list = seq_lens_cpu.tolist()  # one list object: the decode plan is matched to it by identity
         num_decodes, num_prefills, num_decode_tokens, _ = split_decodes_and_prefills(
             cm, decode_threshold=self.decode_threshold
         )
@@ -171,12 +180,33 @@ class AscendAttentionMetadataBuilder(AttentionMetadataBuilder[AscendMetadata]):
             query_start_loc=cm.query_start_loc[: num_reqs + 1],
             seq_lens=cm.seq_lens[:num_reqs],
             block_table=cm.block_table_tensor[:num_reqs],
-            slot_mapping=cm.slot_mapping,
+            slot_mapping=cm.slot_mapping if self.npu_masks else self._reference_slots(cm.slot_mapping),
             query_start_loc_list=qsl_cpu.tolist(),
-            seq_lens_list=seq_lens_cpu.tolist(),
+            seq_lens_list=seq_lens_list,
             attn_mask=self._mask_for(state, cm),
             splitfuse_mask=self.masks.splitfuse_mask() if self.npu_masks else None,
+            decode_plan=(
+                DecodePlan.build(seq_lens_list, self.block_size, self.device)
+                if not self.npu_masks and state is AscendAttentionState.DecodeOnly and num_reqs
+                else None
+            ),
         )
+
+    def _reference_slots(self, slot_mapping: torch.Tensor) -> torch.Tensor:
+        """``slot_mapping`` with every negative (padding) slot replaced by 0, in the builder's persistent buffer.
+
+        The guarantee the reference KV write relies on (:mod:`.ops.kv_cache`): it writes every row with one
+        ``index_copy_`` instead of skipping padding rows as the NPU kernel does. Slot 0 lies in block 0, which vLLM's
+        block pool reserves as its null block (``BlockPool.null_block``, never handed to a request), so a padding
+        row's K/V lands where no request's attention reads. Every slot a real token writes is unchanged."""
+        m = slot_mapping.shape[0]
+        if self._slots is None or self._slots.shape[0] < m:
+            scheduler = getattr(self.vllm_config, "scheduler_config", None)
+            size = max(m, int(getattr(scheduler, "max_num_batched_tokens", 0) or 0))
+            self._slots = torch.zeros(size, dtype=torch.long, device=slot_mapping.device)
+        out = self._slots[:m]
+        torch.clamp(slot_mapping, min=0, out=out)
+        return out
 
     def _mask_for(self, state: AscendAttentionState, cm: CommonAttentionMetadata) -> torch.Tensor | None:
         """The mask the state's NPU kernel takes; the reference kernels derive theirs from positions."""

@@ -52,6 +52,47 @@ def rotary_mul_reference(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, 
 ROTARY_MUL = Kernel("rotary_mul", npu=rotary_mul_npu, reference=rotary_mul_reference)
 
 
+# ``rotary_mul_qk(q, k, cos, sin, mode) -> (q', k')``: ``rotary_mul`` of ``q [1, T, N, R]`` and ``k [1, T, Nkv, R]``
+# with the same cos/sin ``[1, T, 1, R]``. On the NPU two kernel calls. The reference rotates both in one pass over
+# ``[1, T, N + Nkv, R]`` (element-wise maths: the same bits as two ``rotary_mul_reference`` calls): when k directly
+# follows q in memory (q/k are adjacent column slices of the fused qkv projection's output) that is a view of both,
+# otherwise a concatenation. q'/k' are views into one new tensor.
+
+
+def rotary_mul_qk_npu(
+    q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mode: str
+) -> tuple[torch.Tensor, torch.Tensor]:
+    import torch_npu
+
+    return torch_npu.npu_rotary_mul(q, cos, sin, rotary_mode=mode), torch_npu.npu_rotary_mul(
+        k, cos, sin, rotary_mode=mode
+    )
+
+
+def _qk_view(q: torch.Tensor, k: torch.Tensor) -> Optional[torch.Tensor]:
+    """``[1, T, N + Nkv, R]`` viewing q's and k's storage, or None when k does not directly follow q there."""
+    if _is_compiling() or q.dtype != k.dtype or q.stride() != k.stride() or q.stride(-1) != 1:
+        return None
+    n, r = q.shape[2], q.shape[3]
+    if q.stride(2) != r or k.data_ptr() != q.data_ptr() + n * r * q.element_size():
+        return None
+    return q.as_strided((1, q.shape[1], n + k.shape[2], r), q.stride())
+
+
+def rotary_mul_qk_reference(
+    q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mode: str
+) -> tuple[torch.Tensor, torch.Tensor]:
+    qk = _qk_view(q, k)
+    if qk is None:
+        qk = torch.cat((q, k), dim=2)
+    out = rotary_mul_reference(qk, cos, sin, mode)
+    n = q.shape[2]
+    return out[:, :, :n], out[:, :, n:]
+
+
+ROTARY_MUL_QK = Kernel("rotary_mul_qk", npu=rotary_mul_qk_npu, reference=rotary_mul_qk_reference)
+
+
 # --- cos/sin once per forward ---------------------------------------------------------------------------------
 
 
@@ -152,19 +193,27 @@ class _NPURopeMixin:
         if self.rotary_dim % 2 or self.rotary_dim > self.head_size:
             raise ValueError(f"rotary_dim={self.rotary_dim} must be even and <= head_size={self.head_size}")
         self._mode = "half" if self.is_neox_style else "interleave"
-        self._bind_rotary_kernel(ROTARY_MUL.select())
+        self._bind_rotary_kernel(ROTARY_MUL.select(), ROTARY_MUL_QK.select())
         self._cos_sin = PerForwardCosSin(self._compute_cos_sin)  # bound once: the subclass's override, if any
         self._tables_src: Optional[torch.Tensor] = None
         self._tables: tuple[torch.Tensor, torch.Tensor] = (torch.empty(0), torch.empty(0))
 
-    def _bind_rotary_kernel(self, kernel: Callable[..., torch.Tensor]) -> None:
-        """Bind the ``rotary_mul`` kernel everywhere the forward reads it (benchmarks rebind a counting wrapper)."""
+    def _bind_rotary_kernel(
+        self, kernel: Callable[..., torch.Tensor], kernel_qk: Optional[Callable[..., Any]] = None
+    ) -> None:
+        """Bind the ``rotary_mul`` kernel (and ``rotary_mul_qk``, by default two ``kernel`` calls) everywhere the
+        forward reads them (benchmarks rebind a counting wrapper)."""
         self._rotary_mul = kernel
+        if kernel_qk is None:
+
+            def kernel_qk(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mode: str) -> Any:
+                return kernel(q, cos, sin, mode), kernel(k, cos, sin, mode)
+
         full = self.rotary_dim == self.head_size
         # Full rotary's constants in one attribute (None for partial rotary): each attribute read of an nn.Module
         # is a visible cost on the per-layer path.
-        self._full_rotary: Optional[tuple[Callable[..., torch.Tensor], str, int]] = (
-            (kernel, self._mode, self.head_size) if full else None
+        self._full_rotary: Optional[tuple[Callable[..., torch.Tensor], Callable[..., Any], str, int]] = (
+            (kernel, kernel_qk, self._mode, self.head_size) if full else None
         )
         self._rotate_partial: Optional[RotateFn] = (
             None if full else build_partial_rotate(kernel, self._mode, self.head_size, self.rotary_dim)
@@ -199,11 +248,11 @@ class _NPURopeMixin:
         if full is not None:
             # [T, N*D] or [T, N, D] -> [1, T, N, D] only prepends a 1 and splits the last dimension, which a view
             # can always express, whatever the strides (q/k are column slices of the fused qkv output).
-            mul, mode, d = full
-            return (
-                mul(query.view(1, t, -1, d), cos, sin, mode).view_as(query),
-                None if key is None else mul(key.view(1, t, -1, d), cos, sin, mode).view_as(key),
-            )
+            mul, mul_qk, mode, d = full
+            if key is None:
+                return mul(query.view(1, t, -1, d), cos, sin, mode).view_as(query), None
+            q, k = mul_qk(query.view(1, t, -1, d), key.view(1, t, -1, d), cos, sin, mode)
+            return q.view_as(query), k.view_as(key)
         rotate = self._rotate_partial
         assert rotate is not None
         return rotate(query, cos, sin), (None if key is None else rotate(key, cos, sin))

@@ -33,11 +33,10 @@ def swiglu_npu(x: torch.Tensor) -> torch.Tensor:
 
 
 def swiglu_reference(x: torch.Tensor) -> torch.Tensor:
-    d, odd = divmod(x.shape[-1], 2)
-    if odd:
+    if x.shape[-1] % 2:
         raise _odd_width(x)
-    xf = x.float()
-    return (F.silu(xf[..., :d]) * xf[..., d:]).to(x.dtype)
+    gate, up = x.float().chunk(2, dim=-1)
+    return F.silu(gate).mul_(up).to(x.dtype)  # in place on silu's fresh output: same values, one allocation less
 
 
 SWIGLU = Kernel("swiglu", npu=swiglu_npu, reference=swiglu_reference)

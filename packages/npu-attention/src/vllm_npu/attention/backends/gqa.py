@@ -208,7 +208,9 @@ class AscendAttentionImpl(AttentionImpl[AscendMetadata]):
         if self.sliding_window is None and fresh_kv and state is AscendAttentionState.PrefillNoCache:
             self.prefill_no_cache(q, key[:n], value[:n], md.seq_lens_list, attn_mask=md.attn_mask, out=out, **heads)
         elif self.sliding_window is None and state is AscendAttentionState.DecodeOnly:
-            self.paged_decode(q, key_cache, value_cache, md.block_table, md.seq_lens_list, out=out, **heads)
+            self.paged_decode(
+                q, key_cache, value_cache, md.block_table, md.seq_lens_list, out=out, plan=md.decode_plan, **heads
+            )
         elif state is AscendAttentionState.DecodeOnly:
             self.paged_decode_window(
                 q,
@@ -219,6 +221,7 @@ class AscendAttentionImpl(AttentionImpl[AscendMetadata]):
                 md.seq_lens_list,
                 sliding_window=self.sliding_window,
                 out=out,
+                plan=md.decode_plan,
                 **heads,
             )
         else:

@@ -23,24 +23,39 @@ def attend(
     allowed: torch.Tensor | None,
     scale: float,
     logits_soft_cap: float | None = None,
+    *,
+    masked: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``softmax(scale * q k^T [soft-capped], masked) v`` in fp32.
 
     query ``[*B, Sq, N, D]``, key/value ``[*B, Sk, Nkv, D]`` (any float dtype), ``allowed`` a bool mask
-    ``[*B, Sq, Sk]`` (True = attend) or None. Returns fp32 ``[*B, Sq, N, D]``. ``N`` must be a multiple of ``Nkv``.
+    ``[*B, Sq, Sk]`` (True = attend) or None; or instead ``masked``, its complement already shaped for the scores
+    ``[*B, Nkv, G, Sq, Sk]`` (broadcastable, True = hidden: what a metadata builder prepares once per step).
+    Returns fp32 ``[*B, Sq, N, D]``. ``N`` must be a multiple of ``Nkv``.
+
+    Two batched matmuls over ``[*B, Nkv, G * Sq, D]`` (the GQA group folded into the rows, no K/V copy per query
+    head): the same GEMMs ``torch.einsum`` dispatches to for this contraction, so the bits are einsum's.
     """
     *batch, sq, n, d = query.shape
     nkv = key.shape[-2]
     if n % nkv:
         raise ValueError(f"num_heads={n} is not a multiple of num_kv_heads={nkv}")
-    q = query.float().reshape(*batch, sq, nkv, n // nkv, d)
-    scores = torch.einsum("...qhgd,...khd->...hgqk", q, key.float()) * scale
+    g = n // nkv
+    q = query.float().reshape(*batch, sq, nkv, g, d)
+    if sq > 1:
+        q = q.movedim(-4, -2)  # [*B, Nkv, G, Sq, D]
+    q = q.reshape(*batch, nkv, g * sq, d)
+    scores = torch.matmul(q, key.float().movedim(-3, -1)).view(*batch, nkv, g, sq, -1) * scale
     if logits_soft_cap:
         scores = torch.tanh(scores / logits_soft_cap) * logits_soft_cap
-    if allowed is not None:
-        scores = scores.masked_fill(~allowed[..., None, None, :, :], _MASKED)
-    probs = torch.softmax(scores, dim=-1)
-    out = torch.einsum("...hgqk,...khd->...qhgd", probs, value.float())
+    if masked is None and allowed is not None:
+        masked = ~allowed[..., None, None, :, :]
+    if masked is not None:
+        scores = scores.masked_fill(masked, _MASKED)
+    probs = torch.softmax(scores, dim=-1).view(*batch, nkv, g * sq, -1)
+    out = torch.matmul(probs, value.float().movedim(-3, -2)).view(*batch, nkv, g, sq, d)
+    if sq > 1:
+        out = out.movedim(-2, -4)  # [*B, Sq, Nkv, G, D]
     return out.reshape(*batch, sq, n, d)
 
 

@@ -9,9 +9,13 @@ Contract (both twins):
     ``key_cache.view(-1, Nkv, D)[slot_mapping[t]] = key[t]`` (same for value).
 
 Padding slots (``-1``, vLLM's ``PAD_SLOT_ID``): vLLM pads ``slot_mapping`` only past ``num_actual_tokens`` (decode
-context parallelism, which interleaves ``-1`` among real tokens, is rejected by the metadata builder), so the NPU path
-never receives one after the caller's slice. The reference path skips any negative slot wherever it is, without
-reading device values back to the host (no data-dependent branch or shape).
+context parallelism, which interleaves ``-1`` among real tokens, is rejected by the metadata builder); inside a
+captured graph padded rows do reach the kernel. The NPU kernel skips negative slots. The reference twin takes only
+slots >= 0 and writes every row (one ``index_copy_`` per cache, no data-dependent branch or shape, no host read): on
+the reference backend the GQA metadata builder guarantees it by redirecting each padding slot to slot 0, inside
+vLLM's null block 0, which no request reads; so both write the same bits to every slot attention ever reads. A
+negative slot given to the reference twin is a :class:`~vllm_npu.interface.errors.KernelContractError`. Several rows
+on one slot (only padding rows, on the null slot) leave one of them there, unspecified which.
 
 NPU: ``torch_npu._npu_reshape_and_cache`` (ATB ReshapeAndCacheOperation), the write vllm-ascend v0.11.0 runs on A2/A3
 (``attention/attention_v1.py:635-640``). Its binding picks the kernel's ND configuration for ND caches
@@ -26,6 +30,7 @@ from __future__ import annotations
 
 import torch
 from vllm_npu.interface.device import Kernel
+from vllm_npu.interface.errors import KernelContractError
 
 
 def reshape_and_cache_npu(
@@ -52,27 +57,15 @@ def reshape_and_cache_reference(
     slot_mapping: torch.Tensor,
 ) -> None:
     nkv, d = key_cache.shape[-2:]
-    slots = slot_mapping.long()
-    if slots.numel() == 0:
-        return
-    # No data-dependent branch or shape (those read device values back to the host, a sync per layer on an NPU):
-    # every row is written, and each padding row is redirected to an "anchor" — the slot of a real row, rewritten
-    # with that row's own key/value, or slot 0 rewritten with its current contents when the batch has no real row.
-    # Duplicate indices in index_copy_ then all carry identical bits, so the result is deterministic and padding
-    # changes nothing.
-    keep = slots >= 0
-    anchor = keep.to(torch.uint8).argmax(dim=0, keepdim=True)  # [1]: first real row (row 0 if none is real)
-    anchor_is_real = keep.index_select(0, anchor)  # [1]
-    anchor_slot = slots.index_select(0, anchor).clamp_min(0)  # [1]: its slot, or 0
-    idx = torch.where(keep, slots, anchor_slot)
-    row_keep = keep.view(-1, 1, 1)
-    for src, cache in ((key, key_cache), (value, value_cache)):
-        flat = cache.view(-1, nkv, d)
-        src = src.to(cache.dtype)
-        anchor_row = torch.where(
-            anchor_is_real.view(1, 1, 1), src.index_select(0, anchor), flat.index_select(0, anchor_slot)
-        )  # [1, Nkv, D]
-        flat.index_copy_(0, idx, torch.where(row_keep, src, anchor_row))
+    slots = slot_mapping if slot_mapping.dtype == torch.long else slot_mapping.long()
+    try:
+        key_cache.view(-1, nkv, d).index_copy_(0, slots, key.to(key_cache.dtype))
+        value_cache.view(-1, nkv, d).index_copy_(0, slots, value.to(value_cache.dtype))
+    except IndexError as e:  # a negative or too-large slot (rows before it may already be written)
+        raise KernelContractError(
+            f"reshape_and_cache: {e}. The reference KV write takes only slots in [0, num_blocks * block_size): "
+            "padding (-1) must be redirected to the null block first (the GQA metadata builder does)"
+        ) from e
 
 
 RESHAPE_AND_CACHE = Kernel("reshape_and_cache", npu=reshape_and_cache_npu, reference=reshape_and_cache_reference)

@@ -29,11 +29,18 @@ Two kernels, each an NPU call beside its reference twin:
     or ``sparse_mode=4`` (band, right-down origin) with ``pre_tokens = W - 1, next_tokens = 0`` for a sliding window.
     FIA needs block_size a multiple of 128 (<= 512) for query lengths > 1 and fp16/bf16.
 
+The decode twins take an optional ``plan`` (:class:`DecodePlan`): the reference twin's per-step work (lengths tensor,
+padding mask, pages to gather) that the metadata builder makes once per step instead of once per layer. The NPU
+twins ignore it (the kernels derive everything from ``context_lens``); the reference twin uses it only when it was
+built for this very ``context_lens`` list and otherwise builds its own, so a plan never changes a result.
+
 Logits soft-capping has no torch_npu kernel: the NPU twins reject it (the backend refuses such layers up front on
 the NPU); the reference twins apply ``cap * tanh(scores / cap)`` to the scaled scores (vLLM/flash-attn semantics).
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 from vllm_npu.interface.device import Kernel
@@ -50,6 +57,62 @@ _SHORT_QUERY = 16
 # --- paged decode ------------------------------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class DecodePlan:
+    """What the reference decode twins derive from one step's ``context_lens``, shared by every layer of the step.
+
+    ``context_lens`` is the host list it was built for (checked by identity); ``lens [B]`` int64 the same values on
+    the device; ``num_blocks`` the pages gathered per request (``ceil(max(context_lens) / block_size)``);
+    ``positions [S]`` the gathered token positions ``0..S-1`` (``S = num_blocks * block_size``); ``masked
+    [B, 1, 1, 1, S]`` True where a position is past the request's length (the scores' padding mask).
+    """
+
+    context_lens: list[int]
+    block_size: int
+    num_blocks: int
+    lens: torch.Tensor
+    positions: torch.Tensor
+    masked: torch.Tensor
+
+    @staticmethod
+    def build(context_lens: list[int], block_size: int, device: torch.device) -> DecodePlan:
+        num_blocks = max(1, -(-max(context_lens, default=1) // block_size))
+        lens = torch.tensor(context_lens, dtype=torch.long, device=device)
+        positions = torch.arange(num_blocks * block_size, device=device)
+        masked = (positions >= lens[:, None]).view(len(context_lens), 1, 1, 1, -1)
+        return DecodePlan(context_lens, block_size, num_blocks, lens, positions, masked)
+
+
+def _plan_for(plan: DecodePlan | None, context_lens: list[int], key_cache: torch.Tensor) -> DecodePlan:
+    block_size = key_cache.shape[1]
+    if plan is not None and plan.context_lens is context_lens and plan.block_size == block_size:
+        return plan
+    if len(context_lens) == 0 or min(context_lens) < 1:
+        raise KernelContractError(f"paged_decode: context_lens must be >= 1 per request, got {context_lens[:8]}")
+    return DecodePlan.build(context_lens, block_size, key_cache.device)
+
+
+def _decode(
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    plan: DecodePlan,
+    masked: torch.Tensor,
+    scale: float,
+    logits_soft_cap: float | None,
+    out: torch.Tensor,
+) -> None:
+    """One query token per request over its gathered pages: one gather per cache, two matmuls, one softmax."""
+    batch = query.shape[0]
+    pages = block_table[:, : plan.num_blocks].reshape(-1)
+    shape = (batch, plan.num_blocks * plan.block_size, *key_cache.shape[2:])
+    k = key_cache.index_select(0, pages).view(shape)
+    v = value_cache.index_select(0, pages).view(shape)
+    o = attend(query[:, None], k, v, None, scale, logits_soft_cap, masked=masked)
+    out.copy_(o.view_as(out))
+
+
 def paged_decode_npu(
     query: torch.Tensor,
     key_cache: torch.Tensor,
@@ -62,6 +125,7 @@ def paged_decode_npu(
     scale: float,
     out: torch.Tensor,
     logits_soft_cap: float | None = None,
+    plan: DecodePlan | None = None,
 ) -> None:
     no_soft_cap(logits_soft_cap, "paged_decode")
     import torch_npu
@@ -92,22 +156,11 @@ def paged_decode_reference(
     scale: float,
     out: torch.Tensor,
     logits_soft_cap: float | None = None,
+    plan: DecodePlan | None = None,
 ) -> None:
     check_heads(query, key_cache, num_heads, num_kv_heads, "paged_decode")
-    lens = torch.tensor(context_lens, dtype=torch.long, device=query.device)
-    o = _attend_short_group(
-        query[:, None],
-        key_cache,
-        value_cache,
-        block_table,
-        seq_lens=lens,
-        query_lens=torch.ones_like(lens),
-        max_seq_len=max(context_lens),
-        scale=scale,
-        sliding_window=None,
-        logits_soft_cap=logits_soft_cap,
-    )
-    out.copy_(o[:, 0].to(out.dtype))
+    plan = _plan_for(plan, context_lens, key_cache)
+    _decode(query, key_cache, value_cache, block_table, plan, plan.masked, scale, logits_soft_cap, out)
 
 
 PAGED_DECODE = Kernel("paged_decode", npu=paged_decode_npu, reference=paged_decode_reference)
@@ -130,6 +183,7 @@ def paged_decode_window_npu(
     sliding_window: int,
     out: torch.Tensor,
     logits_soft_cap: float | None = None,
+    plan: DecodePlan | None = None,
 ) -> None:
     no_soft_cap(logits_soft_cap, "paged_decode_window")
     import torch_npu
@@ -175,22 +229,14 @@ def paged_decode_window_reference(
     sliding_window: int,
     out: torch.Tensor,
     logits_soft_cap: float | None = None,
+    plan: DecodePlan | None = None,
 ) -> None:
     check_heads(query, key_cache, num_heads, num_kv_heads, "paged_decode_window")
-    lens = torch.tensor(context_lens, dtype=torch.long, device=query.device)
-    o = _attend_short_group(
-        query[:, None],
-        key_cache,
-        value_cache,
-        block_table,
-        seq_lens=lens,
-        query_lens=torch.ones_like(lens),
-        max_seq_len=max(context_lens),
-        scale=scale,
-        sliding_window=sliding_window,
-        logits_soft_cap=logits_soft_cap,
-    )
-    out.copy_(o[:, 0].to(out.dtype))
+    plan = _plan_for(plan, context_lens, key_cache)
+    # The window is the layer's own: positions at or before len - 1 - W are hidden too.
+    first = (plan.lens - sliding_window).view(-1, 1, 1, 1, 1)
+    masked = plan.masked | (plan.positions < first)
+    _decode(query, key_cache, value_cache, block_table, plan, masked, scale, logits_soft_cap, out)
 
 
 PAGED_DECODE_WINDOW = Kernel(
