@@ -6,8 +6,9 @@ Model: tiny Qwen2 built on the fly (hidden 256, 4 layers, 8 query / 2 KV heads, 
 in-process engine core (no IPC in the numbers). Prompts: 8 x 32 tokens. Reports:
 
 - tokens/s over the timed ``generate`` (best of ``--repeats`` runs after one warm-up run);
-- a split of the time per engine step: model forward (of which attention), sampler, input preparation, the rest of
-  ``execute_model`` and everything outside it (scheduler, detokenizer, output processing).
+- a split of the time per engine step: model forward (of which attention, and inside the forward the per-layer phases:
+  KV write and paged decode kernels, RoPE, RMSNorm, SiluAndMul, linear layers, the embedding), sampler, input
+  preparation, the rest of ``execute_model`` and everything outside it (scheduler, detokenizer, output processing).
 
 The split wraps the runner's methods with wall-clock timers (in this process: the engine core is in-process), so it
 adds a few microseconds per wrapped call. Wall time on a shared machine includes other processes' load.
@@ -59,6 +60,32 @@ class Timers:
         self.calls.clear()
 
 
+# Per-layer phases inside the model forward (each wrapped module's forward, or the attention impl's kernel).
+PHASES = ("kv_write", "paged_decode", "rope", "norm", "act", "linear", "embed")
+
+
+def wrap_layers(timers: Timers, model: Any) -> None:
+    """Wrap the forward of every RoPE, RMSNorm, SiluAndMul, linear and embedding module of ``model``."""
+    from vllm.model_executor.layers.activation import SiluAndMul
+    from vllm.model_executor.layers.layernorm import RMSNorm
+    from vllm.model_executor.layers.linear import LinearBase
+    from vllm.model_executor.layers.rotary_embedding import RotaryEmbedding
+    from vllm.model_executor.layers.vocab_parallel_embedding import VocabParallelEmbedding
+
+    kinds = (
+        (RotaryEmbedding, "rope"),
+        (RMSNorm, "norm"),
+        (SiluAndMul, "act"),
+        (LinearBase, "linear"),
+        (VocabParallelEmbedding, "embed"),
+    )
+    for module in model.modules():
+        for cls, name in kinds:
+            if isinstance(module, cls):
+                timers.wrap(module, "forward", name)
+                break
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--prompts", type=int, default=8)
@@ -86,6 +113,10 @@ def main() -> None:
 
         for layer in get_layers_from_vllm_config(worker.vllm_config, Attention).values():
             timers.wrap(layer.impl, "forward", "attention")
+            for attr, name in (("reshape_and_cache", "kv_write"), ("paged_decode", "paged_decode")):
+                if hasattr(layer.impl, attr):
+                    timers.wrap(layer.impl, attr, name)
+        wrap_layers(timers, runner.model)
 
         greedy(llm, prompts, args.tokens)  # warm-up
         best = None
@@ -107,6 +138,7 @@ def main() -> None:
     split = {
         "model_forward_ms": ms(total.get("model_forward", 0.0)),
         "attention_ms (inside forward)": ms(total.get("attention", 0.0)),
+        **{f"{name}_ms (inside forward)": ms(total.get(name, 0.0)) for name in PHASES},
         "sampler_ms": ms(total.get("sampler", 0.0)),
         "prepare_inputs_ms": ms(total.get("prepare_inputs", 0.0)),
         "rest_of_execute_model_ms": ms(
@@ -133,7 +165,7 @@ def main() -> None:
         f"{steps} steps, {result['step_ms']:.2f} ms/step)"
     )
     for k, v in split.items():
-        print(f"  {k:32s} {v:7.3f}")
+        print(f"  {k:40s} {v:7.3f}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=2)

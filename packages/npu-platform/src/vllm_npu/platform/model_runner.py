@@ -27,6 +27,7 @@ from typing import Any, Optional
 
 import torch
 from vllm.config import VllmConfig
+from vllm.distributed.parallel_state import get_pp_group
 from vllm.model_executor.models.utils import extract_layer_index
 from vllm.platforms import current_platform
 from vllm.v1.kv_cache_interface import KVCacheConfig
@@ -37,6 +38,9 @@ from vllm_npu.interface.log import get_logger
 from ._device import DeviceBackend, EmulatedDevice, cuda_stream_api_as
 
 logger = get_logger(__name__)
+
+# Smallest emulated profile run (tokens): a few prefill chunks' worth, enough to run every kernel path of a batch.
+EMULATED_PROFILE_MIN_TOKENS = 256
 
 
 def device_backend() -> type[DeviceBackend]:
@@ -65,6 +69,32 @@ class NPUModelRunner(GPUModelRunner):
 
     def _sync_device(self) -> None:
         self.device_backend.synchronize(self.device)
+
+    def emulated_profile_tokens(self) -> int:
+        """Tokens of the emulated device's profile run: every request slot (``max_num_seqs``, so the sampler runs
+        at its full batch) and at least :data:`EMULATED_PROFILE_MIN_TOKENS`, capped at ``max_num_batched_tokens``."""
+        return min(self.max_num_tokens, max(self.max_num_reqs, EMULATED_PROFILE_MIN_TOKENS))
+
+    def profile_run(self) -> None:
+        """vLLM's profile run on the NPU. On the emulated device a smaller one, without the full collection.
+
+        On an NPU the profile run is a measurement: one forward of ``max_num_batched_tokens`` tokens (vLLM's
+        8192 for the offline ``LLM``) whose allocator peak sizes the KV cache, then ``gc.collect()``. The emulated
+        device's KV budget is fixed (``VLLM_NPU_EMULATED_KV_CACHE_GB``) and no peak is read, so the run only proves
+        that a forward and the sampler work on an engine-shaped batch before serving; its size buys nothing but
+        host time (an 8192-token forward of the reference kernels, then a ~0.5 s collection). vLLM's CPU backend
+        skips the profile run entirely and warms up with ``max(16, max_num_seqs)`` tokens; the emulated run keeps
+        every request slot (:meth:`emulated_profile_tokens`). Multimodal models keep vLLM's run, which also runs the vision
+        encoder on its largest batch."""
+        if self.device_backend.type == "npu" or self.supports_mm_inputs:
+            return super().profile_run()
+        hidden_states, last_hidden_states = self._dummy_run(self.emulated_profile_tokens(), is_profile=True)
+        if get_pp_group().is_last_rank:
+            if self.is_pooling_model:
+                self._dummy_pooler_run(hidden_states)
+            else:
+                self._dummy_sampler_run(last_hidden_states)
+        self._sync_device()
 
     def execute_model(self, scheduler_output: Any, intermediate_tensors: Optional[Any] = None) -> Any:
         with cuda_stream_api_as(self.device_backend):
