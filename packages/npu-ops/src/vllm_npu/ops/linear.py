@@ -13,7 +13,7 @@ collectives stay vLLM's. Quantized layers (``quant_config`` given) are left to t
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 import torch
 from vllm.model_executor.layers.linear import (
@@ -53,7 +53,7 @@ class NPUUnquantizedLinearMethod(UnquantizedLinearMethod):
         weight = layer.weight
         weight.data = self._layout(weight.data)
 
-    def apply(self, layer: torch.nn.Module, x: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+    def apply(self, layer: torch.nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         return torch.nn.functional.linear(x, layer.weight, bias)
 
 

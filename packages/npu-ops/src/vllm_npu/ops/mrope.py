@@ -18,7 +18,7 @@ per forward and applied with ``npu_rotary_mul`` like the base RoPE.
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 import torch
 from vllm.model_executor.layers.rotary_embedding.mrope import MRotaryEmbedding, apply_interleaved_rope
@@ -101,9 +101,9 @@ class NPUMRotaryEmbedding(_NPURopeMixin, MRotaryEmbedding):
         self,
         positions: torch.Tensor,
         query: torch.Tensor,
-        key: Optional[torch.Tensor] = None,
-        offsets: Optional[torch.Tensor] = None,
-    ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+        key: torch.Tensor | None = None,
+        offsets: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         if positions.ndim not in (1, 2) or key is None:
             raise ValueError("MRotaryEmbedding needs positions [T] or [3, T] and a key tensor")
         if offsets is not None:

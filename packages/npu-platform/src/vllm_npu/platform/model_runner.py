@@ -23,7 +23,7 @@ sampling and logprobs, KV-cache allocation) is vLLM's own code. The overrides:
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 import torch
 from vllm.config import VllmConfig
@@ -66,7 +66,7 @@ class NPUModelRunner(GPUModelRunner):
     def _sync_device(self) -> None:
         self.device_backend.synchronize(self.device)
 
-    def execute_model(self, scheduler_output: Any, intermediate_tensors: Optional[Any] = None) -> Any:
+    def execute_model(self, scheduler_output: Any, intermediate_tensors: Any | None = None) -> Any:
         with cuda_stream_api_as(self.device_backend):
             return super().execute_model(scheduler_output, intermediate_tensors)
 

@@ -13,7 +13,7 @@ which is why the mode is fixed by ``register()`` before ``current_platform`` is 
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, Any, ClassVar, Optional
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 from vllm.platforms.interface import Platform, PlatformEnum
@@ -183,7 +183,7 @@ class NPUPlatform(Platform):
         selected_backend: Any,
         head_size: int,
         dtype: torch.dtype,
-        kv_cache_dtype: Optional[str],
+        kv_cache_dtype: str | None,
         block_size: int,
         use_v1: bool,
         use_mla: bool,
@@ -284,7 +284,7 @@ class NPUPlatform(Platform):
         return cls.device_backend.mem_get_info(device)
 
     @classmethod
-    def get_current_memory_usage(cls, device: Optional[torch.types.Device] = None) -> float:
+    def get_current_memory_usage(cls, device: torch.types.Device | None = None) -> float:
         """Bytes in use on the device now (NPU: allocator peak after a reset; emulated: process RSS)."""
         return float(cls.device_backend.current_memory_usage(device))
 

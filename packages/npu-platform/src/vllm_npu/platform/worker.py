@@ -21,7 +21,7 @@ import contextlib
 import gc
 import os
 from collections.abc import Iterable
-from typing import Any, Optional
+from typing import Any
 
 import torch
 from vllm.model_executor import set_random_seed
@@ -43,7 +43,7 @@ GiB = 1 << 30
 SLEEP_TAGS = ("weights", "kv_cache")
 
 
-def emulated_kv_cache_bytes(additional_config: Any, environ: Optional[dict[str, str]] = None) -> int:
+def emulated_kv_cache_bytes(additional_config: Any, environ: dict[str, str] | None = None) -> int:
     """The emulated device's KV budget in bytes: ``npu.emulated_kv_cache_gb`` if set, else
     ``VLLM_NPU_EMULATED_KV_CACHE_GB`` (both validated: a float in (0, 1024] GiB), checked against the host's
     available memory."""
@@ -85,7 +85,7 @@ def _class_path(cls: type) -> str:
     return f"{cls.__module__}.{cls.__qualname__}"
 
 
-def _qualname(obj: Any) -> Optional[str]:
+def _qualname(obj: Any) -> str | None:
     """The class path of ``obj``'s type, or None for None."""
     return None if obj is None else _class_path(type(obj))
 
@@ -254,7 +254,7 @@ class NPUWorker(Worker):
             (total - free_after) / GiB,
         )
 
-    def wake_up(self, tags: Optional[list[str]] = None) -> None:
+    def wake_up(self, tags: list[str] | None = None) -> None:
         """Re-allocate the released memory of ``tags`` (default: all): KV cache zeroed, weights restored."""
         for tag in tags or list(SLEEP_TAGS):
             if tag not in SLEEP_TAGS:

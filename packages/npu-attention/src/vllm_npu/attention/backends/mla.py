@@ -24,7 +24,7 @@ Kernels are chosen once per impl (``Kernel.select()``): torch_npu on an NPU, the
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Optional
+from typing import Any, ClassVar
 
 import torch
 from vllm.attention.backends.abstract import AttentionLayer
@@ -127,7 +127,7 @@ class AscendMLAPrefillMetadata:
 class AscendMLAMetadata(MLACommonMetadata[AscendMLADecodeMetadata]):
     """vLLM's MLA metadata with our decode/prefill parts. ``head_dim`` stays None: vLLM's check only knows 576."""
 
-    prefill: Optional[AscendMLAPrefillMetadata] = None  # type: ignore[assignment]
+    prefill: AscendMLAPrefillMetadata | None = None  # type: ignore[assignment]
 
 
 class AscendMLAMetadataBuilder(AttentionMetadataBuilder[AscendMLAMetadata]):
@@ -253,9 +253,9 @@ class AscendMLAImpl(MLACommonBaseImpl[AscendMLAMetadata]):
         k_pe: torch.Tensor,
         kv_cache: torch.Tensor,
         attn_metadata: AscendMLAMetadata,
-        output: Optional[torch.Tensor] = None,
-        output_scale: Optional[torch.Tensor] = None,
-        output_block_scale: Optional[torch.Tensor] = None,
+        output: torch.Tensor | None = None,
+        output_scale: torch.Tensor | None = None,
+        output_block_scale: torch.Tensor | None = None,
     ) -> torch.Tensor:
         if output is None:
             raise KernelContractError("AscendMLAImpl.forward needs the output buffer (accept_output_buffer=True)")

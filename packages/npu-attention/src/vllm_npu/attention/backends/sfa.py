@@ -26,7 +26,7 @@ instead of ``Indexer.forward``. This module provides those pieces; it never reac
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar, Optional
+from typing import Any, ClassVar
 
 import torch
 from vllm.attention.backends.abstract import AttentionBackend, AttentionLayer
@@ -60,7 +60,7 @@ class AscendSFAMetadataBuilder(AttentionMetadataBuilder[AscendSFAMetadata]):
     """No decode/prefill split: sparse attention treats every token alike (top-k keys each)."""
 
     cudagraph_support: ClassVar[AttentionCGSupport] = AttentionCGSupport.NEVER
-    reorder_batch_threshold: ClassVar[Optional[int]] = None
+    reorder_batch_threshold: ClassVar[int | None] = None
 
     def __init__(self, kv_cache_spec: AttentionSpec, layer_names: list[str], vllm_config: Any, device: torch.device):
         super().__init__(kv_cache_spec, layer_names, vllm_config, device)
@@ -137,9 +137,9 @@ class AscendSFAImpl(MLACommonBaseImpl[AscendSFAMetadata]):
         k_pe: torch.Tensor,
         kv_cache: torch.Tensor,
         attn_metadata: AscendSFAMetadata,
-        output: Optional[torch.Tensor] = None,
-        output_scale: Optional[torch.Tensor] = None,
-        output_block_scale: Optional[torch.Tensor] = None,
+        output: torch.Tensor | None = None,
+        output_scale: torch.Tensor | None = None,
+        output_block_scale: torch.Tensor | None = None,
     ) -> torch.Tensor:
         if output is None:
             raise KernelContractError("AscendSFAImpl.forward needs the output buffer (accept_output_buffer=True)")
@@ -225,7 +225,7 @@ class AscendLightningIndexer:
         k: torch.Tensor,
         weights: torch.Tensor,
         kv_cache: torch.Tensor,
-        attn_metadata: Optional[AscendSFAMetadata],
+        attn_metadata: AscendSFAMetadata | None,
         topk_indices_buffer: torch.Tensor,
     ) -> torch.Tensor:
         if attn_metadata is None:

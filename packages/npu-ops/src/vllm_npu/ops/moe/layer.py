@@ -24,7 +24,7 @@ all-reduce) is vLLM's.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Optional, Union
+from typing import Any
 
 import torch
 from vllm.model_executor.layers.fused_moe.layer import FusedMoE, UnquantizedFusedMoEMethod, determine_expert_map
@@ -79,9 +79,7 @@ def tokens_differ_per_ep_rank(layer: FusedMoE) -> bool:
     )
 
 
-def build_layer_plan(
-    layer: FusedMoE, *, all_to_all: Optional[AllToAll] = None, allow_all_to_all: bool = True
-) -> MoEPlan:
+def build_layer_plan(layer: FusedMoE, *, all_to_all: AllToAll | None = None, allow_all_to_all: bool = True) -> MoEPlan:
     """The :class:`MoEPlan` of a built vLLM ``FusedMoE`` layer (any quant method); see the module docstring.
 
     ``all_to_all`` overrides the EP group's exchange (tests); by default it is used only when
@@ -135,20 +133,20 @@ class AscendUnquantizedFusedMoEMethod(UnquantizedFusedMoEMethod):
         top_k: int,
         renormalize: bool,
         use_grouped_topk: bool = False,
-        topk_group: Optional[int] = None,
-        num_expert_group: Optional[int] = None,
+        topk_group: int | None = None,
+        num_expert_group: int | None = None,
         global_num_experts: int = -1,
-        expert_map: Optional[torch.Tensor] = None,
-        custom_routing_function: Optional[Callable] = None,
+        expert_map: torch.Tensor | None = None,
+        custom_routing_function: Callable | None = None,
         scoring_func: str = "softmax",
         routed_scaling_factor: float = 1.0,
-        e_score_correction_bias: Optional[torch.Tensor] = None,
+        e_score_correction_bias: torch.Tensor | None = None,
         apply_router_weight_on_input: bool = False,
         activation: str = "silu",
         enable_eplb: bool = False,
         **_: Any,
     ) -> torch.Tensor:
-        plan: Optional[MoEPlan] = getattr(layer, "moe_plan", None)
+        plan: MoEPlan | None = getattr(layer, "moe_plan", None)
         if plan is None:
             raise RuntimeError(
                 "AscendUnquantizedFusedMoEMethod.apply needs layer.moe_plan (built by AscendFusedMoE); "
@@ -187,7 +185,7 @@ class AscendFusedMoE(FusedMoE):
 
     def forward_impl(
         self, hidden_states: torch.Tensor, router_logits: torch.Tensor
-    ) -> Union[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         if not self._moe_across_dp:
             return super().forward_impl(hidden_states, router_logits)
         self.ensure_moe_quant_config()

@@ -29,8 +29,6 @@ upstream by vllm-project/vllm#27077, which made the marker 0). Here a request is
 
 from __future__ import annotations
 
-from typing import Optional
-
 import torch
 from vllm.v1.sample.metadata import SamplingMetadata
 from vllm.v1.sample.ops.topk_topp_sampler import apply_top_k_top_p
@@ -50,7 +48,7 @@ class NPURejectionSampler(RejectionSampler):
     def forward(
         self,
         metadata: SpecDecodeMetadata,
-        draft_probs: Optional[torch.Tensor],
+        draft_probs: torch.Tensor | None,
         target_logits: torch.Tensor,
         bonus_token_ids: torch.Tensor,
         sampling_metadata: SamplingMetadata,
@@ -142,7 +140,7 @@ def rejection_sample(
     num_draft_tokens: list[int],
     max_spec_len: int,
     cu_num_draft_tokens: torch.Tensor,
-    draft_probs: Optional[torch.Tensor],
+    draft_probs: torch.Tensor | None,
     target_probs: torch.Tensor,
     bonus_token_ids: torch.Tensor,
     sampling_metadata: SamplingMetadata,
@@ -233,7 +231,7 @@ def sample_recovered_tokens(
     num_draft_tokens: list[int],
     cu_num_draft_tokens: torch.Tensor,
     draft_token_ids: torch.Tensor,
-    draft_probs: Optional[torch.Tensor],
+    draft_probs: torch.Tensor | None,
     target_probs: torch.Tensor,
     sampling_metadata: SamplingMetadata,
     device: torch.device,
