@@ -94,6 +94,7 @@ class NPURMSNorm(RMSNorm):
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         # _parameters["weight"] skips nn.Module.__getattr__'s slow path (a measurable part of a decode-size call)
         weight = self._parameters["weight"]
+        assert weight is not None  # layers without a weight take forward_native (see __init__)
         if residual is None:
             return self._norm(x, weight, self.variance_epsilon)[0]
         y, _, summed = self._add_norm(x, residual, weight, self.variance_epsilon)

@@ -51,10 +51,13 @@ class NPUUnquantizedLinearMethod(UnquantizedLinearMethod):
 
     def process_weights_after_loading(self, layer: torch.nn.Module) -> None:
         weight = layer.weight
+        assert isinstance(weight, torch.Tensor)  # the parameter create_weights registered
         weight.data = self._layout(weight.data)
 
     def apply(self, layer: torch.nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-        return torch.nn.functional.linear(x, layer.weight, bias)
+        weight = layer.weight
+        assert isinstance(weight, torch.Tensor)
+        return torch.nn.functional.linear(x, weight, bias)
 
 
 def _use_npu_method(layer: Any) -> None:

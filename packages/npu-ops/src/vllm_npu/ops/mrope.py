@@ -90,11 +90,13 @@ class NPUMRotaryEmbedding(_NPURopeMixin, MRotaryEmbedding):
     def _compute_cos_sin(self, positions: torch.Tensor, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         self._match_cos_sin_cache_dtype(like)
         cos, sin = self.cos_sin_cache[positions].chunk(2, dim=-1)
-        if positions.ndim == 2:  # forward_oot checked that the layer has sections
+        if positions.ndim == 2:
+            sections = self._sections
+            assert sections is not None  # forward_oot rejects 3-D positions on a layer without sections
             if self.mrope_interleaved:
-                cos, sin = apply_interleaved_rope(cos, self._sections), apply_interleaved_rope(sin, self._sections)
+                cos, sin = apply_interleaved_rope(cos, sections), apply_interleaved_rope(sin, sections)
             else:
-                cos, sin = merge_sections(cos, self._sections), merge_sections(sin, self._sections)
+                cos, sin = merge_sections(cos, sections), merge_sections(sin, sections)
         return expand_cos_sin(cos, sin, self.is_neox_style)
 
     def forward_oot(
@@ -111,7 +113,7 @@ class NPUMRotaryEmbedding(_NPURopeMixin, MRotaryEmbedding):
         if positions.ndim == 2 and not self._sections:  # the one check for both paths below
             raise ValueError("3-D (T/H/W) positions need mrope_section; this MRotaryEmbedding has none")
         if self.uses_mrope_kernel:
-            sections = self._sections if positions.ndim == 2 else _NO_SECTIONS
+            sections = self._sections if positions.ndim == 2 and self._sections else _NO_SECTIONS
             self._match_cos_sin_cache_dtype(query)
             q, k = self._mrope(
                 positions,

@@ -178,7 +178,8 @@ class _NPURopeMixin:
             return expand_cos_sin(cos, sin, self.is_neox_style)
         if self._tables_src is not self.cos_sin_cache:  # first use, or the cache moved to another device/dtype
             # Full-width [P, R] tables, so a forward gathers each of cos and sin with one index_select.
-            self._tables = full_width(*self.cos_sin_cache.chunk(2, dim=-1), self.is_neox_style)
+            cos_half, sin_half = self.cos_sin_cache.chunk(2, dim=-1)
+            self._tables = full_width(cos_half, sin_half, self.is_neox_style)
             self._tables_src = self.cos_sin_cache
         flat = positions.flatten()
         t = flat.shape[0]

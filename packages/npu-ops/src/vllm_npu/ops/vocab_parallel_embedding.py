@@ -47,10 +47,14 @@ class NPUUnquantizedEmbeddingMethod(UnquantizedEmbeddingMethod):
         return None
 
     def apply(self, layer: torch.nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-        return torch.nn.functional.linear(x, layer.weight, bias)
+        weight = layer.weight
+        assert isinstance(weight, torch.Tensor)  # the parameter create_weights registered
+        return torch.nn.functional.linear(x, weight, bias)
 
     def embedding(self, layer: torch.nn.Module, input_: torch.Tensor) -> torch.Tensor:
-        return torch.nn.functional.embedding(input_, layer.weight)
+        weight = layer.weight
+        assert isinstance(weight, torch.Tensor)
+        return torch.nn.functional.embedding(input_, weight)
 
 
 def _use_npu_method(layer: Any) -> None:

@@ -26,6 +26,7 @@ plain torch that runs the same on the NPU and on the emulated device. The choice
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -263,14 +264,16 @@ def build_gate(cfg: RoutingConfig, num_experts: int, backend: KernelBackend | No
     if path == "topk_softmax":
         topk_softmax = TOPK_SOFTMAX.select(backend)
 
-        def gate(hidden_states: torch.Tensor, router_logits: torch.Tensor, bias: torch.Tensor | None) -> GateOutput:
+        def softmax_gate(
+            hidden_states: torch.Tensor, router_logits: torch.Tensor, bias: torch.Tensor | None
+        ) -> GateOutput:
             return topk_softmax(router_logits, cfg.top_k, cfg.renormalize)
 
-        return gate
+        return softmax_gate
     if path == "grouped_topk":
-        grouped = GROUPED_TOPK.select(backend)
         assert cfg.num_expert_group is not None and cfg.topk_group is not None
-        kwargs = dict(
+        grouped = functools.partial(
+            GROUPED_TOPK.select(backend),
             top_k=cfg.top_k,
             num_expert_group=cfg.num_expert_group,
             topk_group=cfg.topk_group,
@@ -278,12 +281,14 @@ def build_gate(cfg: RoutingConfig, num_experts: int, backend: KernelBackend | No
             routed_scaling_factor=cfg.routed_scaling_factor,
         )
 
-        def gate(hidden_states: torch.Tensor, router_logits: torch.Tensor, bias: torch.Tensor | None) -> GateOutput:
+        def grouped_gate(
+            hidden_states: torch.Tensor, router_logits: torch.Tensor, bias: torch.Tensor | None
+        ) -> GateOutput:
             if cfg.has_correction_bias and bias is None:
                 raise ValueError("this MoE layer was built with a correction bias but none was passed")
-            return grouped(router_logits, bias, **kwargs)
+            return grouped(router_logits, bias)
 
-        return gate
+        return grouped_gate
 
     def gate(hidden_states: torch.Tensor, router_logits: torch.Tensor, bias: torch.Tensor | None) -> GateOutput:
         return select_experts_native(hidden_states, router_logits, bias, cfg)

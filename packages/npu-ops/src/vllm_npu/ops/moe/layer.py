@@ -152,7 +152,9 @@ class AscendUnquantizedFusedMoEMethod(UnquantizedFusedMoEMethod):
                 "AscendUnquantizedFusedMoEMethod.apply needs layer.moe_plan (built by AscendFusedMoE); "
                 "build the layer through vLLM's FusedMoE with npu-ops registered"
             )
-        experts = plan.unquantized_experts(layer.w13_weight, layer.w2_weight)
+        w13, w2 = layer.w13_weight, layer.w2_weight
+        assert isinstance(w13, torch.Tensor) and isinstance(w2, torch.Tensor)  # FusedMoE's registered parameters
+        experts = plan.unquantized_experts(w13, w2)
         return moe_forward(
             x, router_logits, plan=plan, experts=experts, e_score_correction_bias=e_score_correction_bias
         )
@@ -191,7 +193,7 @@ class AscendFusedMoE(FusedMoE):
         self.ensure_moe_quant_config()
         shared = self.shared_experts(hidden_states) if self.shared_experts is not None else None
         if self.moe_plan.all_to_all:
-            routed = self._apply(hidden_states, router_logits)  # complete on this rank
+            routed = self._run_quant_method(hidden_states, router_logits)  # complete on this rank
         else:
             routed = self._gathered_apply(hidden_states, router_logits)  # partial over the TP group's experts
         # As vLLM's forward_impl: sum the attention-TP ranks' partial outputs (a no-op when TP is 1).
@@ -212,13 +214,14 @@ class AscendFusedMoE(FusedMoE):
         dp = get_dp_group()
         count = torch.tensor([hidden_states.shape[0]], dtype=torch.int64, device=hidden_states.device)
         sizes = [int(n) for n in dp.all_gather(count, dim=0).tolist()]
-        gathered = self._apply(
+        gathered = self._run_quant_method(
             dp.all_gatherv(hidden_states, dim=0, sizes=sizes), dp.all_gatherv(router_logits, dim=0, sizes=sizes)
         )
         return dp.reduce_scatterv(gathered, dim=0, sizes=sizes)
 
-    def _apply(self, hidden_states: torch.Tensor, router_logits: torch.Tensor) -> torch.Tensor:
-        return self.quant_method.apply(
+    # Not named _apply: that is nn.Module's hook behind .to()/.float()/.cuda(), which reaches every child module.
+    def _run_quant_method(self, hidden_states: torch.Tensor, router_logits: torch.Tensor) -> torch.Tensor:
+        out = self.quant_method.apply(
             layer=self,
             x=hidden_states,
             router_logits=router_logits,
@@ -240,6 +243,12 @@ class AscendFusedMoE(FusedMoE):
             logical_to_physical_map=self.logical_to_physical_map,
             logical_replica_count=self.logical_replica_count,
         )
+        if not isinstance(out, torch.Tensor):  # vLLM's type allows (shared, routed); shared experts run in forward
+            raise TypeError(
+                f"{type(self.quant_method).__name__}.apply returned {type(out).__name__}: AscendFusedMoE needs the "
+                "routed experts' output tensor (it runs shared experts itself)"
+            )
+        return out
 
 
 class AscendSharedFusedMoE(SharedFusedMoE, AscendFusedMoE):
