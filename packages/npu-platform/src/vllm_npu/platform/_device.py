@@ -29,7 +29,7 @@ def _torch_npu() -> Any:
     """``torch.npu`` after importing ``torch_npu`` (which registers the ``npu`` device with torch)."""
     import torch_npu  # noqa: F401  (registers torch.npu)
 
-    return torch.npu
+    return torch.npu  # type: ignore[attr-defined]  # registered at runtime by torch_npu
 
 
 class _NoopEvent:

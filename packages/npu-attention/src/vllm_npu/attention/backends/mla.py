@@ -55,12 +55,14 @@ class AscendMLABackend(MLACommonBackend):
     def get_name() -> str:
         return "ASCEND_MLA"
 
+    # vLLM types these with v0's AttentionMetadata marker class, which no v1 metadata class subclasses (its own FlashAttentionMetadata and MLACommonMetadata included).
     @staticmethod
-    def get_metadata_cls() -> type[AscendMLAMetadata]:
+    def get_metadata_cls() -> type[AscendMLAMetadata]:  # type: ignore[override]
         return AscendMLAMetadata
 
+    # MLACommonBackend is our base for its latent-cache layout and head sizes; its CUDA metadata builder is not ours.
     @staticmethod
-    def get_builder_cls() -> type[AscendMLAMetadataBuilder]:
+    def get_builder_cls() -> type[AscendMLAMetadataBuilder]:  # type: ignore[override]
         return AscendMLAMetadataBuilder
 
     @staticmethod
@@ -124,7 +126,8 @@ class AscendMLAPrefillMetadata:
 
 
 @dataclass
-class AscendMLAMetadata(MLACommonMetadata[AscendMLADecodeMetadata]):
+# Our decode part replaces vLLM's CUDA one (other fields), which the type parameter's bound names.
+class AscendMLAMetadata(MLACommonMetadata[AscendMLADecodeMetadata]):  # type: ignore[type-var]
     """vLLM's MLA metadata with our decode/prefill parts. ``head_dim`` stays None: vLLM's check only knows 576."""
 
     prefill: AscendMLAPrefillMetadata | None = None  # type: ignore[assignment]
@@ -252,7 +255,7 @@ class AscendMLAImpl(MLACommonBaseImpl[AscendMLAMetadata]):
         k_c_normed: torch.Tensor,
         k_pe: torch.Tensor,
         kv_cache: torch.Tensor,
-        attn_metadata: AscendMLAMetadata,
+        attn_metadata: AscendMLAMetadata | None,  # None on vLLM's profile run
         output: torch.Tensor | None = None,
         output_scale: torch.Tensor | None = None,
         output_block_scale: torch.Tensor | None = None,
