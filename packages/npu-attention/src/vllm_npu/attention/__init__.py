@@ -25,10 +25,16 @@ _EXPORTS: dict[str, str] = {
     "AscendAttentionState": ".metadata:AscendAttentionState",
     "AscendMetadata": ".metadata:AscendMetadata",
     "AttentionMaskBuilder": ".masks:AttentionMaskBuilder",
+    # The sparse-attention (DeepSeek-V3.2) pieces npu-models' model override builds on.
+    "AscendSFAImpl": ".backends.sfa:AscendSFAImpl",
+    "AscendSFAIndexerBackend": ".backends.sfa:AscendSFAIndexerBackend",
+    "AscendLightningIndexer": ".backends.sfa:AscendLightningIndexer",
+    "ascend_indexer_forward": ".backends.sfa:ascend_indexer_forward",
 }
 
 if TYPE_CHECKING:
     from .backends.gqa import AscendAttentionBackend, AscendAttentionImpl
+    from .backends.sfa import AscendLightningIndexer, AscendSFAImpl, AscendSFAIndexerBackend, ascend_indexer_forward
     from .masks import AttentionMaskBuilder
     from .metadata import AscendAttentionMetadataBuilder, AscendAttentionState, AscendMetadata
     from .selector import GQA_BACKEND, MLA_BACKEND, SFA_BACKEND, select_backend
@@ -45,8 +51,12 @@ __all__ = [
     "AscendAttentionImpl",
     "AscendAttentionMetadataBuilder",
     "AscendAttentionState",
+    "AscendLightningIndexer",
     "AscendMetadata",
+    "AscendSFAImpl",
+    "AscendSFAIndexerBackend",
     "AttentionMaskBuilder",
     "__version__",
+    "ascend_indexer_forward",
     "select_backend",
 ]

@@ -43,6 +43,10 @@ _EXPORTS = {
     "NPUPluginError": ".errors:NPUPluginError",
     "install_command": ".errors:install_command",
     "get_logger": ".log:get_logger",
+    "LayerMoEPlanRunner": ".protocols:LayerMoEPlanRunner",
+    "OutputBufferFiller": ".protocols:OutputBufferFiller",
+    "fills_output_buffer": ".protocols:fills_output_buffer",
+    "runs_layer_moe_plan": ".protocols:runs_layer_moe_plan",
     "ENTRY_POINT_GROUP": ".registry:ENTRY_POINT_GROUP",
     "ComponentReport": ".registry:ComponentReport",
     "check_installed_set": ".registry:check_installed_set",
@@ -57,7 +61,6 @@ _EXPORTS = {
     "SUPPORTED_VLLM": ".versions:SUPPORTED_VLLM",
     "distribution_version": ".versions:distribution_version",
     "in_range": ".versions:in_range",
-    "lazy_exports": ".lazy:lazy_exports",
 }
 
 if TYPE_CHECKING:
@@ -86,8 +89,8 @@ if TYPE_CHECKING:
         NPUPluginError,
         install_command,
     )
-    from .lazy import lazy_exports
     from .log import get_logger
+    from .protocols import LayerMoEPlanRunner, OutputBufferFiller, fills_output_buffer, runs_layer_moe_plan
     from .registry import (
         ENTRY_POINT_GROUP,
         ComponentReport,
@@ -126,9 +129,11 @@ __all__ = [
     "Kernel",
     "KernelBackend",
     "KernelContractError",
+    "LayerMoEPlanRunner",
     "MissingComponentError",
     "NPUPluginError",
     "NPUProbe",
+    "OutputBufferFiller",
     "Scope",
     "__version__",
     "check_installed_set",
@@ -139,17 +144,18 @@ __all__ = [
     "decide_device",
     "discover",
     "distribution_version",
+    "fills_output_buffer",
     "get_logger",
     "in_range",
     "init_worker",
     "install_command",
     "is_available",
     "kernel_backend",
-    "lazy_exports",
     "load_component",
     "once",
     "probe_npu",
     "read_device_setting",
     "require",
     "reset_device_selection",
+    "runs_layer_moe_plan",
 ]

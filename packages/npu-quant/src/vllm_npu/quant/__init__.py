@@ -18,7 +18,6 @@ _EXPORTS: dict[str, str] = {
     "AscendQuantConfig": ".config:AscendQuantConfig",
     "register": ".config:register",
     "QUANT_METHOD": ".detect:QUANT_METHOD",
-    "add_cli_choice": ".detect:add_cli_choice",
     "claim_checkpoint": ".detect:claim_checkpoint",
     "QuantDescription": ".description:QuantDescription",
     "QuantDescriptionError": ".description:QuantDescriptionError",
@@ -29,7 +28,7 @@ _EXPORTS: dict[str, str] = {
 if TYPE_CHECKING:
     from .config import AscendQuantConfig, register
     from .description import QuantDescription, QuantDescriptionError
-    from .detect import QUANT_METHOD, add_cli_choice, claim_checkpoint
+    from .detect import QUANT_METHOD, claim_checkpoint
     from .params import QuantLoadError
     from .quantizer import quantize_checkpoint
 else:
@@ -44,7 +43,6 @@ __all__ = [
     "QuantDescriptionError",
     "QuantLoadError",
     "__version__",
-    "add_cli_choice",
     "claim_checkpoint",
     "quantize_checkpoint",
     "register",
