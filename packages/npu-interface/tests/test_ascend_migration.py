@@ -52,6 +52,12 @@ def test_a_semantic_variable_is_an_error_naming_our_equivalent() -> None:
     )
 
 
+def test_an_error_whose_replacement_is_already_in_place_is_only_a_warning() -> None:
+    [(severity, message)] = messages(environ={"USE_OPTIMIZED_MODEL": "0", "VLLM_PLUGINS": "npu,npu_ops,npu_attention"})
+    assert severity == "warning"
+    assert message.endswith("npu_quant,npu_patches): done, you can unset it")
+
+
 @pytest.mark.parametrize(
     ("additional_config", "environ"),
     [

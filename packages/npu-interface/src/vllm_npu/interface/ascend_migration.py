@@ -59,10 +59,17 @@ class AscendSetting:
     here: str
     #: vllm-ascend's default: a setting left at it (or at another "off" value) is only a warning.
     default: Any = None
+    #: Whether the environment already does what ``here`` asks (then only a warning), or None.
+    done: Callable[[Mapping[str, str]], bool] | None = None
 
 
 def _s(name: str, severity: Severity, did: str, here: str, default: Any = None) -> AscendSetting:
     return AscendSetting(name, severity, did, here, default)
+
+
+def _models_layer_filtered_out(environ: Mapping[str, str]) -> bool:
+    """VLLM_PLUGINS is set and leaves npu_models out (vLLM splits it on "," without stripping)."""
+    return "VLLM_PLUGINS" in environ and "npu_models" not in environ["VLLM_PLUGINS"].split(",")
 
 
 #: vllm-ascend v0.11.0's top-level ``--additional-config`` keys.
@@ -205,12 +212,13 @@ ENVIRONMENT: dict[str, AscendSetting] = {
             "0",
         ),
         _s("VLLM_ENABLE_FUSED_EXPERTS_ALLGATHER_EP", "warning", "fused all-gather expert parallelism", _PERF, "0"),
-        _s(
+        AscendSetting(
             "USE_OPTIMIZED_MODEL",
             "error",
             "0 runs vLLM's own model classes instead of vllm-ascend's; RLHF weight sync relies on them",
             "leave npu_models out of VLLM_PLUGINS (VLLM_PLUGINS=npu,npu_ops,npu_attention,npu_quant,npu_patches)",
             "1",
+            done=_models_layer_filtered_out,
         ),
     )
 }
@@ -244,14 +252,16 @@ def _is_default(value: Any, default: Any) -> bool:
     return _normal(value) == _normal(default)
 
 
-def _finding(setting: AscendSetting, value: Any, where: str) -> Finding:
-    severity: Severity = "warning" if _is_default(value, setting.default) else setting.severity
+def _finding(setting: AscendSetting, value: Any, where: str, environ: Mapping[str, str]) -> Finding:
+    done = setting.done is not None and setting.done(environ)
+    severity: Severity = "warning" if done or _is_default(value, setting.default) else setting.severity
     verdict = "cannot be ignored" if severity == "error" else "is ignored"
+    here = f"{setting.here}: done, you can unset it" if done else setting.here
     return Finding(
         setting.name,
         severity,
         f"{where} {setting.name}={value!r} is a vllm-ascend setting ({setting.did}) and {verdict} by "
-        f"vllm-npu-plugin; here: {setting.here}",
+        f"vllm-npu-plugin; here: {here}",
     )
 
 
@@ -260,9 +270,11 @@ def find_ascend_settings(additional_config: Mapping[str, Any] | None, environ: M
     unknown ``VLLM_ASCEND_*`` names become one warning."""
     config = additional_config or {}
     found = [
-        _finding(s, config[name], "--additional-config") for name, s in ADDITIONAL_CONFIG.items() if name in config
+        _finding(s, config[name], "--additional-config", environ)
+        for name, s in ADDITIONAL_CONFIG.items()
+        if name in config
     ]
-    found += [_finding(s, environ[name], "environment") for name, s in ENVIRONMENT.items() if name in environ]
+    found += [_finding(s, environ[name], "environment", environ) for name, s in ENVIRONMENT.items() if name in environ]
     unknown = sorted(k for k in environ if k.startswith(ENV_PREFIX) and k not in ENVIRONMENT)
     if unknown:
         found.append(
