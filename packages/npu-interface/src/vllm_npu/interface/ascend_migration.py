@@ -1,8 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
 """vllm-ascend settings users bring along: its top-level ``--additional-config`` keys and ``VLLM_ASCEND_*``
-environment variables (the lists of vllm-ascend v0.11.0's ``ascend_config.py`` and ``envs.py``, plus the older
-names its docs still mention). vLLM hands every ``--additional-config`` key to the platform and never reads the
+environment variables (the lists of vllm-ascend v0.11.0's ``ascend_config.py`` and ``envs.py``, with the two
+unprefixed runtime switches of ``envs.py`` and the older names its docs still mention; not its build variables). vLLM hands every ``--additional-config`` key to the platform and never reads the
 variables, so without this check they would be ignored without a word.
 
 Each known setting maps to our equivalent (only settings that exist in this plugin today) or to "not supported yet by
