@@ -24,7 +24,7 @@ def test_a_performance_key_is_a_warning_naming_our_equivalent() -> None:
     assert message.startswith(
         "--additional-config torchair_graph_config={'enabled': True, 'graph_batch_sizes': [1, 2]} is a vllm-ascend "
         "setting (TorchAir (GE) graph mode and its capture options) and is ignored by vllm-npu-plugin; here: our "
-        'graph mode is --additional-config \'{"npu": {"graph_mode": "piecewise"}}\''
+        "graph mode is --additional-config '{\"npu\": {\"graph_mode\": <mode>}}' with <mode> one of 'auto'"
     )
 
 

@@ -30,15 +30,15 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from .errors import ConfigError
-from .settings import ADDITIONAL_CONFIG_KEY
+from .settings import ADDITIONAL_CONFIG_KEY, GRAPH_MODES
 
 Severity = Literal["warning", "error"]
 ENV_PREFIX = "VLLM_ASCEND_"
 NOT_SUPPORTED = "not supported yet by vllm-npu-plugin"
 
 _GRAPH = (
-    f'our graph mode is --additional-config \'{{"{ADDITIONAL_CONFIG_KEY}": {{"graph_mode": "piecewise"}}}}\' '
-    '(Dynamo piecewise graphs, the default on an NPU; no static-graph replay yet) or "eager"'
+    f'our graph mode is --additional-config \'{{"{ADDITIONAL_CONFIG_KEY}": {{"graph_mode": <mode>}}}}\' with <mode> one '
+    f"of {', '.join(repr(m) for m in GRAPH_MODES)}"
 )
 _SCHEDULER = (
     "vLLM's own scheduler runs; its options are vLLM's flags (--enable-chunked-prefill / "
