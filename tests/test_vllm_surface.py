@@ -48,7 +48,8 @@ def _is_vllm(module: str) -> bool:
 def _module_names() -> list[tuple[str, pathlib.Path]]:
     out = []
     for path in sorted(ROOT.glob("packages/*/src/vllm_npu/**/*.py")):
-        parts = list(path.relative_to(path.parents[len(path.relative_to(ROOT).parts) - 4]).with_suffix("").parts)
+        src = ROOT.joinpath(*path.relative_to(ROOT).parts[:3])  # packages/<dist>/src
+        parts = list(path.relative_to(src).with_suffix("").parts)
         if parts[-1] == "__main__":
             continue  # runs the CLI on import
         if parts[-1] == "__init__":
