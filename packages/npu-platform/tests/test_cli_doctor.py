@@ -313,3 +313,29 @@ def test_vllm_surface_check_reports_drift(monkeypatch: pytest.MonkeyPatch) -> No
     assert not report["ok"]
     assert any(e.startswith("vLLM ") and "no longer has GPUModelRunner._sync_gpu" in e for e in report["errors"])
     assert "1 vLLM names of platform: 1 drifted" in render(report)
+
+
+@pytest.mark.parametrize(
+    "layout",
+    ["toolkit_var", "home_var", "opp_var_only", "var_names_a_missing_dir", "nothing"],
+)
+def test_doctor_and_device_probe_agree_on_cann(layout: str, tmp_path: Path) -> None:
+    """The doctor's CANN report and the probe that activates the NPU use one detector: they never disagree."""
+    from vllm_npu.interface.device import probe_npu
+
+    home = tmp_path / "cann"
+    (home / "opp").mkdir(parents=True)
+    env = {
+        "toolkit_var": {"ASCEND_TOOLKIT_HOME": str(home)},
+        "home_var": {"ASCEND_HOME_PATH": str(home)},
+        "opp_var_only": {"ASCEND_OPP_PATH": str(home / "opp")},
+        "var_names_a_missing_dir": {"ASCEND_HOME_PATH": str(tmp_path / "gone")},
+        "nothing": {},
+    }[layout]
+    doctor_home = find_cann(env).home
+    assert probe_npu(env).cann_found is (doctor_home is not None)
+    if layout in ("toolkit_var", "home_var", "opp_var_only"):
+        assert doctor_home == str(home)
+    rc, report = doctor_json(extra_env=env)
+    assert report["device"]["probe"]["cann_found"] is (report["cann"]["home"] is not None)
+    assert report["cann"]["home"] == doctor_home

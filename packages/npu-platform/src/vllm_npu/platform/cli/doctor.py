@@ -23,6 +23,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from vllm_npu.interface.ascend_migration import find_ascend_settings
+from vllm_npu.interface.cann import CANN_HOME_VARS, CANN_OPP_VAR
 from vllm_npu.interface.config import EnvConfig
 from vllm_npu.interface.device import decide_device, probe_npu
 from vllm_npu.interface.errors import LAYER_DISTRIBUTIONS, ConfigError, install_command
@@ -32,7 +33,6 @@ from vllm_npu.interface.versions import INTERFACE_VERSION, SUPPORTED_VLLM, distr
 from .._version import __version__
 from ._host import (
     AUTOLOAD_VAR,
-    CANN_HOME_VARS,
     CannInstall,
     TorchNPUState,
     find_cann,
@@ -158,7 +158,7 @@ def collect(*, vllm_surface: bool = False) -> dict[str, Any]:
     pair = _torch_pair(torch)
     if pair:
         errors.append(pair)
-    for var in CANN_HOME_VARS:
+    for var in (*CANN_HOME_VARS, CANN_OPP_VAR):
         if environ.get(var) and not os.path.isdir(environ[var]):
             warnings.append(f"{var}={environ[var]!r} is not a directory")
 
