@@ -7,7 +7,7 @@ Nothing here imports torch or vLLM: errors must be raisable from the import-ligh
 
 from __future__ import annotations
 
-# Layer name -> (distribution, extra of npu-platform). The single source for install commands.
+# Layer name -> its distribution. The single source for install commands.
 LAYER_DISTRIBUTIONS: dict[str, str] = {
     "interface": "npu-interface",
     "platform": "npu-platform",

@@ -6,8 +6,6 @@
 subclasses with other names keep vLLM's class) to the ``"module:Class"`` that replaces it. Nothing is imported
 until :func:`register_oot_ops` runs (from the ops layer's hooks). Every registration goes through
 ``registry.once`` because vLLM asserts on duplicate names.
-
-The MoE rows point at ``vllm_npu.ops.moe`` (written separately); they are registered only when that module imports.
 """
 
 from __future__ import annotations

@@ -4,13 +4,14 @@
 
 How a checkpoint gets here:
 
-- ``--quantization ascend`` (the platform adds the choice to the CLI, see :func:`vllm_npu.quant.detect.add_cli_choice`);
-  vLLM then reads ``quant_model_description.json`` through :meth:`get_config_filenames`;
+- ``--quantization ascend``: vLLM 0.11 declares ``--quantization`` without argparse choices and validates it in
+  ``ModelConfig`` against ``QUANTIZATION_METHODS``, which :func:`register` extends; vLLM then reads
+  ``quant_model_description.json`` through :meth:`get_config_filenames`;
 - automatically, ONLY when the checkpoint carries a msModelSlim description: either ``config.json``'s
   ``quantization_config`` is one (old msModelSlim, or ``{"quant_method": "ascend"}`` written by our quantizer) —
   :meth:`override_quantization_method` — or ``quant_model_description.json`` sits next to ``config.json`` —
   :func:`vllm_npu.quant.detect.claim_checkpoint`, called by the platform. FP8, AWQ, GPTQ, compressed-tensors
-  checkpoints are never claimed (vllm-ascend claims every checkpoint on an NPU host).
+  checkpoints are never claimed.
 """
 
 from __future__ import annotations

@@ -1,15 +1,11 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
-"""Checkpoint detection and CLI wiring for the ``ascend`` quant method, for the platform to call.
+"""Checkpoint detection for the ``ascend`` quant method, for the platform to call.
 
 vLLM asks quant configs about a checkpoint only when ``config.json`` has a ``quantization_config``; new msModelSlim
-exports drop it and ship ``quant_model_description.json`` instead. vLLM's ``--quantization`` choices are a fixed
-``Literal`` that a platform extends in ``pre_register_and_update(parser)``. Both seams belong to the platform; the
-functions here do the quant-specific part:
-
-- :func:`add_cli_choice` (from ``NPUPlatform.pre_register_and_update``);
-- :func:`claim_checkpoint` (from ``NPUPlatform.check_and_update_config``, which vLLM calls after it built the quant
-  config): selects ``ascend`` when the model directory has a description and the user chose nothing else.
+exports drop it and ship ``quant_model_description.json`` instead. :func:`claim_checkpoint` covers them: the
+platform calls it from ``NPUPlatform.check_and_update_config`` (which vLLM calls after it built the quant config),
+and it selects ``ascend`` when the model directory has a description and the user chose no method.
 """
 
 from __future__ import annotations
