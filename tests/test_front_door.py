@@ -71,3 +71,26 @@ def test_every_wheel_declares_the_repository_license(package: Path) -> None:
     assert project["license-files"] == ["LICENSE"]
     # PEP 639 license files live beside the pyproject: each package holds a copy of the root LICENSE.
     assert (package / "LICENSE").read_bytes() == (REPO / "LICENSE").read_bytes(), f"cp LICENSE {package.name}/"
+
+
+def _ci_workflow() -> dict:
+    yaml = pytest.importorskip("yaml")
+    return yaml.safe_load((REPO / ".github" / "workflows" / "ci.yml").read_text())
+
+
+def test_ci_unit_matrix_covers_every_supported_python() -> None:
+    from packaging.specifiers import SpecifierSet
+
+    supported = SpecifierSet(tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["requires-python"])
+    minors = [f"3.{m}" for m in range(8, 20) if f"3.{m}.0" in supported]
+    unit = _ci_workflow()["jobs"]["unit"]
+    assert unit["strategy"]["matrix"]["python"] == minors
+    run = "\n".join(step.get("run", "") for step in unit["steps"])
+    assert '-m "not engine and not selective_install"' in run and "--frozen" in run
+
+
+def test_ci_lint_runs_the_locked_ruff_for_check_and_format() -> None:
+    lock = tomllib.loads((REPO / "uv.lock").read_text())
+    (ruff,) = [p["version"] for p in lock["package"] if p["name"] == "ruff"]
+    lint = "\n".join(step.get("run", "") for step in _ci_workflow()["jobs"]["lint"]["steps"])
+    assert f"uvx ruff@{ruff} check ." in lint and f"uvx ruff@{ruff} format --check ." in lint
