@@ -94,3 +94,15 @@ def test_ci_lint_runs_the_locked_ruff_for_check_and_format() -> None:
     (ruff,) = [p["version"] for p in lock["package"] if p["name"] == "ruff"]
     lint = "\n".join(step.get("run", "") for step in _ci_workflow()["jobs"]["lint"]["steps"])
     assert f"uvx ruff@{ruff} check ." in lint and f"uvx ruff@{ruff} format --check ." in lint
+
+
+def test_relative_links_in_the_docs_resolve() -> None:
+    import re
+
+    docs = [REPO / "README.md", REPO / "CONTRIBUTING.md", *REPO.glob("docs/*.md"), *REPO.glob("packages/*/README.md")]
+    broken = []
+    for doc in docs:
+        for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", doc.read_text()):
+            if "://" not in target and not (doc.parent / target).exists():
+                broken.append(f"{doc.relative_to(REPO)} -> {target}")
+    assert broken == []
