@@ -4,9 +4,8 @@
 
 How a checkpoint gets here:
 
-- ``--quantization ascend``: vLLM 0.11 declares ``--quantization`` without argparse choices and validates it in
-  ``ModelConfig`` against ``QUANTIZATION_METHODS``, which :func:`register` extends; vLLM then reads
-  ``quant_model_description.json`` through :meth:`get_config_filenames`;
+- ``--quantization ascend`` (vLLM's option has no argparse choices; it validates against the registered methods);
+  vLLM then reads ``quant_model_description.json`` through :meth:`get_config_filenames`;
 - automatically, ONLY when the checkpoint carries a msModelSlim description: either ``config.json``'s
   ``quantization_config`` is one (old msModelSlim, or ``{"quant_method": "ascend"}`` written by our quantizer) —
   :meth:`override_quantization_method` — or ``quant_model_description.json`` sits next to ``config.json`` —
