@@ -6,5 +6,7 @@
 - :mod:`.models`: tiny Hugging Face checkpoints built on the fly, and HF reference generation;
 - :mod:`.distributed`: a one-rank vLLM process group for layer tests without an engine;
 - :mod:`.quant_e2e`: the shared end-to-end checks of the ``ascend`` quant method;
-- :mod:`.torch_npu_docs`: torch_npu 2.8.0's documented op signatures, read from the wheel without importing it.
+- :mod:`.torch_npu_docs`: torch_npu 2.8.0's documented op signatures, read from the wheel without importing it;
+- :mod:`.npu_binding_rules`: what torch_npu 2.8.0's bindings and kernels impose beyond those signatures, for the
+  stand-in torch_npu of the NPU-wiring tests.
 """
