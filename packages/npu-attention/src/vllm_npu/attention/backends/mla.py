@@ -5,8 +5,8 @@
 Built on vLLM 0.11's MLA seams: the backend subclasses ``MLACommonBackend`` (cache shape, spec), the impl subclasses
 ``MLACommonBaseImpl`` (its ``process_weights_after_loading`` splits ``kv_b_proj`` into ``W_UK_T [N, P, L]`` and
 ``W_UV [N, L, V]``) and overrides the attention itself with our kernels; the metadata builder reads only
-``CommonAttentionMetadata`` and the vLLM config, never the model (vllm-ascend's builder read the model's rotary caches
-and broke users, vllm-ascend#5385).
+``CommonAttentionMetadata`` and the vLLM config, never the model (a builder that reads the model's rotary caches
+fails on MLA models whose rotary embedding has none, vllm-ascend#5385).
 
 Per step (decodes first: ``reorder_batch_threshold = 1``):
 
