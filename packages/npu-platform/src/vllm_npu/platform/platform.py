@@ -76,6 +76,7 @@ class NPUPlatform(Platform):
     def check_and_update_config(cls, vllm_config: VllmConfig) -> None:
         from vllm.config import CompilationLevel, CUDAGraphMode
         from vllm.config.compilation import CompilationConfig
+        from vllm_npu.interface.ascend_migration import check_ascend_settings
         from vllm_npu.interface.config import AdditionalConfig, EnvConfig
         from vllm_npu.interface.errors import ConfigError
         from vllm_npu.interface.registry import check_installed_set
@@ -85,6 +86,8 @@ class NPUPlatform(Platform):
         if not isinstance(extra, Mapping):
             raise ConfigError(f"--additional-config must be a JSON object, got a {type(extra).__name__}")
         npu_config = AdditionalConfig.from_vllm(extra)
+        # vllm-ascend's --additional-config keys and VLLM_ASCEND_* variables: a message each, instead of silence.
+        check_ascend_settings(extra, os.environ, warn=logger.warning)
         check_installed_set()
         cls._claim_quantized_checkpoint(vllm_config)
 
