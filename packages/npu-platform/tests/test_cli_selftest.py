@@ -167,19 +167,24 @@ def test_a_kernel_pair_without_a_case_is_a_failing_row(tmp_path, monkeypatch) ->
             """
         )
     )
+    broken = tmp_path / "vllm_npu" / "brokenlayer"
+    broken.mkdir()
+    (broken / "__init__.py").write_text("def selftest_cases():\n    raise ImportError('no torch here')\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     installed = kc.layer_source_dir
     monkeypatch.setattr(kc, "layer_source_dir", lambda layer: None if layer == "models" else installed(layer))
-    rows = kc.run("reference", "cpu", layers=("fakelayer", "models"))
+    rows = kc.run("reference", "cpu", layers=("fakelayer", "brokenlayer", "models"))
     by_op = {r.op: r for r in rows}
     assert by_op["forgotten"].status == kc.FAIL and "no selftest case" in by_op["forgotten"].detail
     assert "fakelayer/k.py:7" in by_op["forgotten"].detail
     assert by_op["covered"].status == kc.PASS
     assert by_op["compares nothing"].status == kc.FAIL and "compares no output" in by_op["compares nothing"].detail
+    (broken_row,) = [r for r in rows if r.layer == "brokenlayer"]
+    assert broken_row.status == kc.FAIL and broken_row.detail == "selftest_cases() raised ImportError: no torch here"
     missing = [r for r in rows if r.layer == "models"]
     assert [r.status for r in missing] == [kc.SKIP]
     assert missing[0].detail == 'skipped: layer not installed (pip install "npu-platform[models]")'
-    for name in [m for m in sys.modules if m.startswith("vllm_npu.fakelayer")]:
+    for name in [m for m in sys.modules if m.startswith(("vllm_npu.fakelayer", "vllm_npu.brokenlayer"))]:
         monkeypatch.delitem(sys.modules, name)
 
 

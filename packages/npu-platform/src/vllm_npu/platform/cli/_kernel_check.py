@@ -134,44 +134,23 @@ def collect(
         in_source = {k.name: k.where for k in found if k.name is not None}
         names.update(in_source)
         layer_cases: list[Any] = []
-        door = importlib.import_module(f"vllm_npu.{layer}")
         try:
-            get_cases = door.selftest_cases
-        except AttributeError:
-            get_cases = None
-        if get_cases is not None:
-            try:
-                layer_cases = list(get_cases())
-            except Exception as exc:  # one broken layer must not hide the others' results
-                rows.append(
-                    Row(layer, "*", "", "", FAIL, detail=f"selftest_cases() raised {type(exc).__name__}: {exc}")
-                )
-        elif in_source:
+            get_cases = getattr(importlib.import_module(f"vllm_npu.{layer}"), "selftest_cases", None)
+            layer_cases = list(get_cases()) if get_cases is not None else []
+        except Exception as exc:  # one broken layer (or a missing torch) must not hide the others' results
+            detail = f"selftest_cases() raised {type(exc).__name__}: {exc}"
+            rows.append(Row(layer, "*", "", "", FAIL, detail=detail))
+            continue
+        if get_cases is None and in_source:
             dist = LAYER_DISTRIBUTIONS[layer]
-            rows.append(
-                Row(
-                    layer,
-                    "*",
-                    "",
-                    "",
-                    FAIL,
-                    detail=f"{dist} has kernel pairs but no selftest_cases; pip install -U {dist}",
-                )
-            )
+            detail = f"{dist} has kernel pairs but no selftest_cases; pip install -U {dist}"
+            rows.append(Row(layer, "*", "", "", FAIL, detail=detail))
         covered = {case.kernel.name for case in layer_cases}
         names.update(covered)
         for name, where in sorted(in_source.items()):
             if name not in covered and _matches(name, patterns):
-                rows.append(
-                    Row(
-                        layer,
-                        name,
-                        "",
-                        "",
-                        FAIL,
-                        detail=f"no selftest case for the kernel pair at {where}; add one to vllm_npu.{layer}.selftest",
-                    )  # fmt: skip
-                )
+                detail = f"no selftest case for the kernel pair at {where}; add one to vllm_npu.{layer}.selftest"
+                rows.append(Row(layer, name, "", "", FAIL, detail=detail))
         cases += [(layer, case) for case in layer_cases if _matches(case.kernel.name, patterns)]
     return cases, rows, names
 
