@@ -233,6 +233,8 @@ def test_npu_path_reports_a_wrong_kernel_as_a_failure(device_env, capfd) -> None
     device_env.setitem(sys.modules, "torch_npu", _FakeTorchNPU())
     device_env.setattr(selftest, "decide_device", lambda: DeviceDecision("npu", DeviceMode.NPU, "fake NPU"))
     device_env.setattr(selftest, "npu_device", lambda: torch.device("cpu"))  # the stand-in computes on the CPU
+    released = []
+    device_env.setattr(selftest, "release_npu", lambda: released.append(True))
     rc, out, _ = _run(capfd, "--op", "rms_norm", "--op", "swiglu", "--op", "fast_gelu", "--json")
     assert rc == selftest.EXIT_FAILED
     report = _report(out)
@@ -245,6 +247,7 @@ def test_npu_path_reports_a_wrong_kernel_as_a_failure(device_env, capfd) -> None
     gelu = [r for (op, _, _), r in status.items() if op == "fast_gelu"]
     assert gelu and all(r["status"] == "FAIL" and "EZ1001" in r["detail"] for r in gelu)
     assert report["summary"]["fail"] == len(norms) + len(gelu)
+    assert released == [True]
 
 
 # --- end-to-end comparison (fake legs; the real engine run is tests/e2e/test_selftest.py) ---------------------------
@@ -272,3 +275,29 @@ def test_e2e_token_mismatch_fails_the_selftest(device_env, capfd, same) -> None:
     if not same:
         (mismatch,) = report["e2e"]["mismatches"]
         assert mismatch["prompt"] == selftest.E2E_PROMPTS[0] and mismatch["first_diff"] == 2
+
+
+def test_e2e_on_an_npu_compares_the_device_run_with_the_reference_kernel_run(device_env, capfd) -> None:
+    kc.collect()  # import the layers while the device is the emulated one (see the NPU path test)
+    calls = []
+
+    def leg(model, mode, kernels, dtype, max_tokens):
+        calls.append((mode, kernels, dtype))
+        ids = [[1, 2, 3]] * len(selftest.E2E_PROMPTS) if kernels == "auto" else [[1, 2, 4]] * len(selftest.E2E_PROMPTS)
+        return {"kernels": kernels, "token_ids": ids, "texts": ["x"] * len(ids)}
+
+    def hf_leg(model, max_tokens):
+        raise AssertionError("on an NPU the baseline is the reference-kernel run, not HF")
+
+    device_env.setattr(selftest, "decide_device", lambda: DeviceDecision("npu", DeviceMode.NPU, "fake NPU"))
+    device_env.setattr(selftest, "npu_device", lambda: torch.device("cpu"))
+    device_env.setattr(selftest, "release_npu", lambda: None)
+    device_env.setattr("vllm_npu.platform.demo.checkpoint.ensure_demo_model", lambda: (Path("/nowhere"), False))
+    device_env.setattr(selftest, "_leg", leg)
+    device_env.setattr(selftest, "_hf_leg", hf_leg)
+    device_env.setattr(kc, "run", lambda *a, **k: [])
+    rc, out, _ = _run(capfd, "--max-tokens", "3")
+    assert rc == selftest.EXIT_FAILED
+    assert calls == [(DeviceMode.NPU, "auto", "bfloat16"), (DeviceMode.NPU, "reference", "bfloat16")]
+    assert "FAIL: 'Four score and seven years ago' differs from token 2: [3] vs [4]" in out
+    assert "Result: FAIL" in out

@@ -3,7 +3,7 @@
 """One leg of ``vllm-npu selftest``'s end-to-end check, run in its own process.
 
 ``python -m vllm_npu.platform.cli._selftest_e2e MODEL_DIR OUT.json --kernels {auto,npu,reference} --dtype D
---max-tokens N --prompt P ...`` starts ``vllm.LLM`` on the device ``VLLM_NPU_DEVICE`` names, with the ``npu.kernels``
+--max-tokens N --prompt P ... [--gpu-memory-utilization F]`` starts ``vllm.LLM`` on the device ``VLLM_NPU_DEVICE`` names, with the ``npu.kernels``
 setting given, generates greedily and writes ``{"token_ids", "texts", "workers", "seconds"}`` to ``OUT.json``.
 The kernel backend is fixed once per process, so each leg needs its own.
 """
@@ -25,6 +25,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dtype", default="float32")
     p.add_argument("--max-tokens", type=int, default=16)
     p.add_argument("--prompt", action="append", dest="prompts", required=True)
+    p.add_argument("--gpu-memory-utilization", type=float, default=None)
     args = p.parse_args(argv)
     os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -32,12 +33,14 @@ def main(argv: list[str] | None = None) -> int:
     from vllm import LLM, SamplingParams
 
     t0 = time.perf_counter()
+    extra = {} if args.gpu_memory_utilization is None else {"gpu_memory_utilization": args.gpu_memory_utilization}
     llm = LLM(
         model=args.model,
         dtype=args.dtype,
         max_model_len=256,
         seed=0,
         additional_config={"npu": {"kernels": args.kernels}},
+        **extra,
     )
     params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens, ignore_eos=True)
     outputs = llm.generate(args.prompts, params, use_tqdm=False)
