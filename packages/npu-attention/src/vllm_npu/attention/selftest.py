@@ -77,8 +77,13 @@ def _gqa_cases() -> list[KernelCase]:
                 t = slots.numel()
                 # one (2, nb, bs, Nkv, D) buffer unbound into K and V, as the GQA backend does; untouched slots stay
                 k_cache, v_cache = randn(31, 2, nb, bs, nkv, d, dtype=_dt(dt), device=device).unbind(0)
-                k, v = randn(33, t, nkv, d, dtype=_dt(dt), device=device), randn(34, t, nkv, d, dtype=_dt(dt), device=device)  # fmt: skip
-                return KernelCall((k, v, k_cache, v_cache, slots), {}, lambda r, a, kw: {"key_cache": a[2], "value_cache": a[3]})  # fmt: skip
+                k, v = (
+                    randn(33, t, nkv, d, dtype=_dt(dt), device=device),
+                    randn(34, t, nkv, d, dtype=_dt(dt), device=device),
+                )
+                return KernelCall(
+                    (k, v, k_cache, v_cache, slots), {}, lambda r, a, kw: {"key_cache": a[2], "value_cache": a[3]}
+                )
 
             cases.append(
                 KernelCase(
@@ -87,7 +92,7 @@ def _gqa_cases() -> list[KernelCase]:
                     dtype,
                     write,
                     note="audit #1",
-                )  # fmt: skip
+                )
             )
 
     for n, nkv, d in ((32, 8, 128), (8, 2, 64)):
@@ -108,16 +113,27 @@ def _gqa_cases() -> list[KernelCase]:
                     dtype,
                     prefill,
                     note="audit #2, #7",
-                )  # fmt: skip
+                )
             )
             for window in (None, 8):
 
-                def encoder(device: Any, n: int = n, nkv: int = nkv, d: int = d, dt: str = dtype, w: int | None = window):  # fmt: skip
+                def encoder(
+                    device: Any, n: int = n, nkv: int = nkv, d: int = d, dt: str = dtype, w: int | None = window
+                ):
                     seq_lens = [4, 21, 9]
                     t = sum(seq_lens)
-                    q, k, v = (randn(38 + i, t, h, d, dtype=_dt(dt), device=device) for i, h in enumerate((n, nkv, nkv)))  # fmt: skip
+                    q, k, v = (
+                        randn(38 + i, t, h, d, dtype=_dt(dt), device=device) for i, h in enumerate((n, nkv, nkv))
+                    )
                     mask = AttentionMaskBuilder(device).pooling_mask()
-                    kw = dict(num_heads=n, num_kv_heads=nkv, scale=d**-0.5, attn_mask=mask, out=torch.zeros_like(q), sliding_window=w)  # fmt: skip
+                    kw = dict(
+                        num_heads=n,
+                        num_kv_heads=nkv,
+                        scale=d**-0.5,
+                        attn_mask=mask,
+                        out=torch.zeros_like(q),
+                        sliding_window=w,
+                    )
                     return KernelCall((q, k, v, list(accumulate(seq_lens, initial=0)), max(seq_lens)), kw, _out)
 
                 label = f"q [34, {n}, {d}] kv heads {nkv}, seqs [4, 21, 9]" + (f", window {window}" if window else "")
@@ -126,10 +142,15 @@ def _gqa_cases() -> list[KernelCase]:
     for n, nkv, d, bs in ((32, 8, 128, 128), (8, 1, 64, 16)):
         for dtype in HALVES:
 
-            def decode(device: Any, n: int = n, nkv: int = nkv, d: int = d, bs: int = bs, dt: str = dtype) -> KernelCall:  # fmt: skip
+            def decode(
+                device: Any, n: int = n, nkv: int = nkv, d: int = d, bs: int = bs, dt: str = dtype
+            ) -> KernelCall:
                 context = [1, 37, 300, 129]
                 table, nb = _block_table(41, context, bs, device)
-                kc, vc = randn(42, nb, bs, nkv, d, dtype=_dt(dt), device=device), randn(43, nb, bs, nkv, d, dtype=_dt(dt), device=device)  # fmt: skip
+                kc, vc = (
+                    randn(42, nb, bs, nkv, d, dtype=_dt(dt), device=device),
+                    randn(43, nb, bs, nkv, d, dtype=_dt(dt), device=device),
+                )
                 q = randn(44, len(context), n, d, dtype=_dt(dt), device=device)
                 kw = dict(num_heads=n, num_kv_heads=nkv, scale=d**-0.5, out=torch.zeros_like(q))
                 return KernelCall((q, kc, vc, table, context), kw, _out)
@@ -141,7 +162,7 @@ def _gqa_cases() -> list[KernelCase]:
                     dtype,
                     decode,
                     note="audit #4",
-                )  # fmt: skip
+                )
             )
 
     batches = {
@@ -156,18 +177,38 @@ def _gqa_cases() -> list[KernelCase]:
     ):
         for dtype in HALVES:
 
-            def prefill_paged(device: Any, n: int = n, nkv: int = nkv, d: int = d, w: int | None = window, batch: str = batch, dt: str = dtype):  # fmt: skip
+            def prefill_paged(
+                device: Any,
+                n: int = n,
+                nkv: int = nkv,
+                d: int = d,
+                w: int | None = window,
+                batch: str = batch,
+                dt: str = dtype,
+            ):
                 q_lens, seq_lens = batches[batch]
                 bs = 128
                 table, nb = _block_table(45, seq_lens, bs, device)
-                kc, vc = randn(46, nb, bs, nkv, d, dtype=_dt(dt), device=device), randn(47, nb, bs, nkv, d, dtype=_dt(dt), device=device)  # fmt: skip
+                kc, vc = (
+                    randn(46, nb, bs, nkv, d, dtype=_dt(dt), device=device),
+                    randn(47, nb, bs, nkv, d, dtype=_dt(dt), device=device),
+                )
                 q = randn(48, sum(q_lens), n, d, dtype=_dt(dt), device=device)
                 mask = AttentionMaskBuilder(device).splitfuse_mask()
-                kw = dict(num_heads=n, num_kv_heads=nkv, scale=d**-0.5, attn_mask=mask, out=torch.zeros_like(q), sliding_window=w)  # fmt: skip
+                kw = dict(
+                    num_heads=n,
+                    num_kv_heads=nkv,
+                    scale=d**-0.5,
+                    attn_mask=mask,
+                    out=torch.zeros_like(q),
+                    sliding_window=w,
+                )
                 return KernelCall((q, kc, vc, table, list(accumulate(q_lens, initial=0)), seq_lens), kw, _out)
 
             q_lens, seq_lens = batches[batch]
-            label = f"{batch} q_lens {q_lens} seq_lens {seq_lens}, heads {n}/{nkv} x {d}" + (f", window {window}" if window else "")  # fmt: skip
+            label = f"{batch} q_lens {q_lens} seq_lens {seq_lens}, heads {n}/{nkv} x {d}" + (
+                f", window {window}" if window else ""
+            )
             note = "audit #5" + (
                 ", #6 (window on decode)" if window and batch == "decode-only" else ", #6" if window else ""
             )
@@ -196,7 +237,9 @@ def _planes_out(nope_at: int, rope_at: int):
 def _cos_sin(seed: int, t: int, device: Any, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
     theta = randn(seed, t, R // 2, dtype=torch.float32, device="cpu", scale=3.0)
     cos, sin = theta.cos(), theta.sin()
-    return torch.cat((cos, cos), -1).to(device=device, dtype=dtype), torch.cat((sin, sin), -1).to(device=device, dtype=dtype)  # fmt: skip
+    return torch.cat((cos, cos), -1).to(device=device, dtype=dtype), torch.cat((sin, sin), -1).to(
+        device=device, dtype=dtype
+    )
 
 
 def _mla_cases() -> list[KernelCase]:
@@ -220,7 +263,7 @@ def _mla_cases() -> list[KernelCase]:
                     dtype,
                     decode,
                     note="audit #9, #15",
-                )  # fmt: skip
+                )
             )
 
     for n in (16, 32):
@@ -265,10 +308,10 @@ def _mla_cases() -> list[KernelCase]:
             cases += [
                 KernelCase(
                     RING_MLA, f"first ring, causal, q=kv [5, 70, 1], heads {n}", dtype, first_ring, note="audit #10"
-                ),  # fmt: skip
+                ),
                 KernelCase(
                     RING_MLA, f"context ring + merge, q [5, 70, 1] kv [128, 300, 0], heads {n}", dtype, context_ring
-                ),  # fmt: skip
+                ),
             ]
 
     for bs in (128, 16):
@@ -281,7 +324,13 @@ def _mla_cases() -> list[KernelCase]:
                 slots = torch.cat((slots, torch.tensor([-1]))).to(device)  # one padding slot
                 nope, rope = _latent_planes(67, nb, bs, _dt(dt), device)
                 t = slots.numel()
-                args = (randn(68, t, L, dtype=_dt(dt), device=device), randn(69, t, R, dtype=_dt(dt), device=device), nope, rope, slots)  # fmt: skip
+                args = (
+                    randn(68, t, L, dtype=_dt(dt), device=device),
+                    randn(69, t, R, dtype=_dt(dt), device=device),
+                    nope,
+                    rope,
+                    slots,
+                )
                 return KernelCall(args, {}, _planes_out(2, 3))
 
             def fused_write(device: Any, bs: int = bs, dt: str = dtype) -> KernelCall:
@@ -310,13 +359,13 @@ def _mla_cases() -> list[KernelCase]:
                     dtype,
                     cache_write,
                     note="audit #14, #15",
-                ),  # fmt: skip
+                ),
                 KernelCase(
                     KV_RMSNORM_ROPE_CACHE, f"kv [7, {L}+{R}] -> block {bs}", dtype, fused_write, note="audit #12"
-                ),  # fmt: skip
+                ),
                 KernelCase(
                     PAGED_CACHE_LOAD, f"block {bs}, chunks [128@128, 5@0, 1@128]", dtype, load, note="audit #11"
-                ),  # fmt: skip
+                ),
             ]
 
     for n in (16, 128):
@@ -352,7 +401,11 @@ def _sfa_cases() -> list[KernelCase]:
             slots = _slots(table, _new_token_positions(q_lens, seq_lens), bs)
             slots = torch.cat((slots, torch.tensor([-1]))).to(device)
             cache = randn(81, nb, bs, d, dtype=_dt(dt), device=device)
-            return KernelCall((randn(82, slots.numel(), d, dtype=_dt(dt), device=device), cache, slots), {}, lambda r, a, kw: {"cache[1:]": a[1][1:]})  # fmt: skip
+            return KernelCall(
+                (randn(82, slots.numel(), d, dtype=_dt(dt), device=device), cache, slots),
+                {},
+                lambda r, a, kw: {"cache[1:]": a[1][1:]},
+            )
 
         def indexer(device: Any, dt: str = dtype) -> KernelCall:
             table, nb = _block_table(83, seq_lens, bs, device)
@@ -377,17 +430,17 @@ def _sfa_cases() -> list[KernelCase]:
         cases += [
             KernelCase(
                 INDEXER_CACHE_WRITE, f"k [11, {d}] (1 pad) -> [nb, {bs}, {d}]", dtype, index_write, note="audit #16"
-            ),  # fmt: skip
+            ),
             KernelCase(
                 LIGHTNING_INDEXER, f"q [10, {heads}, {d}] seqs {seq_lens} top{topk}", dtype, indexer, note="audit #17"
-            ),  # fmt: skip
+            ),
             KernelCase(
                 SPARSE_MLA_ATTENTION,
                 f"ql_nope [10, 32, {L}] 64 of top{topk}, seqs {seq_lens}",
                 dtype,
                 sparse,
                 note="audit #18",
-            ),  # fmt: skip
+            ),
         ]
     return cases
 

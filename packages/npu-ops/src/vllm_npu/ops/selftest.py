@@ -40,7 +40,14 @@ def _norm_cases() -> list[KernelCase]:
         for dtype in FLOATS:
 
             def norm(device: Any, t: int = tokens, h: int = hidden, d: str = dtype) -> KernelCall:
-                return KernelCall((randn(1, t, h, dtype=_dt(d), device=device), randn(2, h, dtype=_dt(d), device=device, scale=0.2) + 1, _EPS), {})  # fmt: skip
+                return KernelCall(
+                    (
+                        randn(1, t, h, dtype=_dt(d), device=device),
+                        randn(2, h, dtype=_dt(d), device=device, scale=0.2) + 1,
+                        _EPS,
+                    ),
+                    {},
+                )
 
             def add_norm(device: Any, t: int = tokens, h: int = hidden, d: str = dtype) -> KernelCall:
                 x1, x2 = randn(3, t, h, dtype=_dt(d), device=device), randn(4, t, h, dtype=_dt(d), device=device)
@@ -48,7 +55,14 @@ def _norm_cases() -> list[KernelCase]:
 
             def gemma(device: Any, t: int = tokens, h: int = hidden, d: str = dtype) -> KernelCall:
                 # Gemma stores gamma - 1: small values around 0
-                return KernelCall((randn(6, t, h, dtype=_dt(d), device=device), randn(7, h, dtype=_dt(d), device=device, scale=0.2), _EPS), {})  # fmt: skip
+                return KernelCall(
+                    (
+                        randn(6, t, h, dtype=_dt(d), device=device),
+                        randn(7, h, dtype=_dt(d), device=device, scale=0.2),
+                        _EPS,
+                    ),
+                    {},
+                )
 
             shape = f"x [{tokens}, {hidden}]"
             cases += [
@@ -123,7 +137,9 @@ def _layout_cases() -> list[KernelCase]:
                 weight = randn(16, o, i, dtype=_dt(d), device=device, scale=0.05)
                 x = randn(17, 5, i, dtype=_dt(d), device=device)
                 # the layout must not change the values, and a matmul on the cast weight must give x @ W^T
-                return KernelCall((weight,), {}, lambda w, a, k: {"weight": w, "x @ W^T": torch.nn.functional.linear(x, w)})  # fmt: skip
+                return KernelCall(
+                    (weight,), {}, lambda w, a, k: {"weight": w, "x @ W^T": torch.nn.functional.linear(x, w)}
+                )
 
             cases.append(KernelCase(WEIGHT_LAYOUT, f"W [{out_f}, {in_f}], x [5, {in_f}]", dtype, layout))
     return cases
@@ -186,7 +202,11 @@ def _moe_cases() -> list[KernelCase]:
         for expert_range in ((0, 16), (4, 12)):
 
             def routing(device: Any, d: str = dtype, er: tuple[int, int] = expert_range) -> KernelCall:
-                return KernelCall((randn(24, 9, 128, dtype=_dt(d), device=device), _routing_ids(device, 9, 4, 16), 16, er), {}, _valid_routing)  # fmt: skip
+                return KernelCall(
+                    (randn(24, 9, 128, dtype=_dt(d), device=device), _routing_ids(device, 9, 4, 16), 16, er),
+                    {},
+                    _valid_routing,
+                )
 
             cases.append(
                 KernelCase(INIT_ROUTING, f"hidden [9, 128], ids [9, 4] of 16, range {expert_range}", dtype, routing)

@@ -40,7 +40,9 @@ def _int8(seed: int, *shape: int, device: Any) -> torch.Tensor:
 
 def _scale(seed: int, *shape: int, device: Any, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """Positive scales around 1e-2 (what a dequant or weight scale looks like)."""
-    return (randn(seed, *shape, dtype=torch.float32, device="cpu", scale=0.3).exp() * 1e-2).to(dtype=dtype, device=device)  # fmt: skip
+    return (randn(seed, *shape, dtype=torch.float32, device="cpu", scale=0.3).exp() * 1e-2).to(
+        dtype=dtype, device=device
+    )
 
 
 def _unpacked(result: Any, args: tuple, kwargs: dict) -> dict[str, torch.Tensor]:
@@ -85,10 +87,8 @@ def _scalar_cases() -> list[KernelCase]:
                 quantize,
                 int_atol=1,
                 note="audit #33",
-            ),  # fmt: skip
-            KernelCase(
-                kernels.dynamic_quant, "x [9, 4096] (one zero row)", dtype, dyn, int_atol=1, note="audit #35"
-            ),  # fmt: skip
+            ),
+            KernelCase(kernels.dynamic_quant, "x [9, 4096] (one zero row)", dtype, dyn, int_atol=1, note="audit #35"),
             KernelCase(
                 quantize_rows,
                 f"x [{sum(COUNTS)}, 1024], per-row scale/offset",
@@ -96,7 +96,7 @@ def _scalar_cases() -> list[KernelCase]:
                 rows,
                 int_atol=1,
                 note="audit #44",
-            ),  # fmt: skip
+            ),
         ]
     return cases
 
@@ -117,7 +117,9 @@ def _matmul_cases() -> list[KernelCase]:
         def dynamic(device: Any, dt: str = dtype) -> KernelCall:
             w = _int8(114, n, k, device=device).t()
             pertoken = _scale(115, m, device=device)
-            return KernelCall((_int8(116, m, k, device=device), w, _scale(117, n, device=device), pertoken, None, _dt(dt)), {})  # fmt: skip
+            return KernelCall(
+                (_int8(116, m, k, device=device), w, _scale(117, n, device=device), pertoken, None, _dt(dt)), {}
+            )
 
         def w4a4(device: Any, dt: str = dtype) -> KernelCall:
             x = kernels.pack_int4(_ints(118, m, k, low=-8, high=7, device="cpu")).to(device)
@@ -135,8 +137,12 @@ def _matmul_cases() -> list[KernelCase]:
 
         def kron(device: Any, dt: str = dtype) -> KernelCall:
             rows, cols = 32, 128  # a 4096 hidden size as 32 x 128
-            p1 = torch.linalg.qr(randn(126, rows, rows, dtype=torch.float32, device="cpu"))[0].to(device=device, dtype=_dt(dt))  # fmt: skip
-            p2 = torch.linalg.qr(randn(127, cols, cols, dtype=torch.float32, device="cpu"))[0].to(device=device, dtype=_dt(dt))  # fmt: skip
+            p1 = torch.linalg.qr(randn(126, rows, rows, dtype=torch.float32, device="cpu"))[0].to(
+                device=device, dtype=_dt(dt)
+            )
+            p2 = torch.linalg.qr(randn(127, cols, cols, dtype=torch.float32, device="cpu"))[0].to(
+                device=device, dtype=_dt(dt)
+            )
             return KernelCall((randn(128, 5, rows, cols, dtype=_dt(dt), device=device), p1, p2, 0.9), {}, _unpacked)
 
         scale_form = "int64 scale" if dtype == "float16" else "fp32 scale"
@@ -147,28 +153,28 @@ def _matmul_cases() -> list[KernelCase]:
                 dtype,
                 static,
                 note="audit #36",
-            ),  # fmt: skip
+            ),
             KernelCase(
                 kernels.quant_matmul,
                 f"W8A8_DYNAMIC x [{m}, {k}] W [{k}, {n}], per-token",
                 dtype,
                 dynamic,
                 note="audit #37",
-            ),  # fmt: skip
+            ),
             KernelCase(
                 kernels.quant_matmul,
                 f"W4A4 x [{m}, {k}/8] W [{k}/8, {n}] int32, per-token",
                 dtype,
                 w4a4,
                 note="audit #38",
-            ),  # fmt: skip
+            ),
             KernelCase(
                 kernels.weight_quant_batchmatmul,
                 f"W4A8 x [{m}, {k}] W int4 [{k}, {n}/8], group 128",
                 dtype,
                 w4a8,
                 note="audit #40",
-            ),  # fmt: skip
+            ),
             KernelCase(kernels.kronecker_quant, "x [5, 32, 128], clip 0.9", dtype, kron, int_atol=1, note="audit #41"),
         ]
         if dtype == "bfloat16":
@@ -187,7 +193,14 @@ def _grouped_cases() -> list[KernelCase]:
 
         def per_token(device: Any, dt: str = dtype, sd: torch.dtype = scale_dtype) -> KernelCall:
             w = _int8(130, g, n, k, device=device).transpose(1, 2)  # [G, K, N] view of [G, N, K]
-            args = (_int8(131, rows, k, device=device), w, _scale(132, g, n, device=device, dtype=sd), _scale(133, rows, device=device), counts.to(device), _dt(dt))  # fmt: skip
+            args = (
+                _int8(131, rows, k, device=device),
+                w,
+                _scale(132, g, n, device=device, dtype=sd),
+                _scale(133, rows, device=device),
+                counts.to(device),
+                _dt(dt),
+            )
             return KernelCall(args, {})
 
         def w4(device: Any, dt: str = dtype) -> KernelCall:
@@ -200,7 +213,14 @@ def _grouped_cases() -> list[KernelCase]:
         def static(device: Any, dt: str = dtype, sd: torch.dtype = scale_dtype) -> KernelCall:
             w = _int8(142, g, n, k, device=device).transpose(1, 2)
             bias = _ints(143, g, n, low=-5000, high=5000, device=device).to(torch.int32)
-            args = (_int8(144, rows, k, device=device), w, _scale(145, g, n, device=device, dtype=sd), bias, counts.to(device), _dt(dt))  # fmt: skip
+            args = (
+                _int8(144, rows, k, device=device),
+                w,
+                _scale(145, g, n, device=device, dtype=sd),
+                bias,
+                counts.to(device),
+                _dt(dt),
+            )
             return KernelCall(args, {})
 
         sd_name = str(scale_dtype).removeprefix("torch.")
@@ -211,17 +231,17 @@ def _grouped_cases() -> list[KernelCase]:
                 dtype,
                 per_token,
                 note="audit #42",
-            ),  # fmt: skip
+            ),
             KernelCase(
                 grouped_w4_matmul, f"x [{rows}, {k}] W int4 [{g}, {k}, {n}/8] group 128", dtype, w4, note="audit #43"
-            ),  # fmt: skip
+            ),
             KernelCase(
                 grouped_static_matmul,
                 f"xq [{rows}, {k}] W [{g}, {k}, {n}], {sd_name} scale, int32 bias",
                 dtype,
                 static,
                 note="audit #45",
-            ),  # fmt: skip
+            ),
         ]
     return cases
 

@@ -174,7 +174,9 @@ def _mismatches(got: list[list[int]], want: list[list[int]]) -> list[dict[str, A
     for i, (a, b) in enumerate(zip(got, want, strict=True)):
         if a != b:
             pos = next((j for j, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
-            out.append({"prompt": E2E_PROMPTS[i], "first_diff": pos, "device": a[pos : pos + 4], "baseline": b[pos : pos + 4]})  # fmt: skip
+            out.append(
+                {"prompt": E2E_PROMPTS[i], "first_diff": pos, "device": a[pos : pos + 4], "baseline": b[pos : pos + 4]}
+            )
     return out
 
 
@@ -239,7 +241,10 @@ def render(report: dict[str, Any]) -> str:
         out += [f"  {r['status']} {r['layer']}/{r['op']} {r['shape']} {r['dtype']}: {r['detail']}" for r in problems]
     e2e = report["e2e"]
     if e2e is not None:
-        out += ["", f"end to end ({e2e['model']}, {e2e['dtype']}, {e2e['max_tokens']} tokens x {len(E2E_PROMPTS)} prompts)"]  # fmt: skip
+        out += [
+            "",
+            f"end to end ({e2e['model']}, {e2e['dtype']}, {e2e['max_tokens']} tokens x {len(E2E_PROMPTS)} prompts)",
+        ]
         if e2e.get("device"):
             base = e2e.get("baseline", {})
             out.append(f"  device run: kernels={e2e['device']['kernels']}  baseline: {base.get('kernels')}")
@@ -248,11 +253,18 @@ def render(report: dict[str, Any]) -> str:
         if e2e["error"]:
             out.append(f"  FAIL: {e2e['error']}")
         elif e2e["mismatches"]:
-            out += [f"  FAIL: {m['prompt']!r} differs from token {m['first_diff']}: {m['device']} vs {m['baseline']}" for m in e2e["mismatches"]]  # fmt: skip
+            out += [
+                f"  FAIL: {m['prompt']!r} differs from token {m['first_diff']}: {m['device']} vs {m['baseline']}"
+                for m in e2e["mismatches"]
+            ]
         else:
             out.append("  pass: identical tokens")
     s = report["summary"]
-    out += ["", f"{s['pass']} passed, {s['fail']} failed, {s['skip']} skipped" + ("" if e2e is None else f"; end to end {'pass' if e2e['ok'] else 'FAIL'}")]  # fmt: skip
+    out += [
+        "",
+        f"{s['pass']} passed, {s['fail']} failed, {s['skip']} skipped"
+        + ("" if e2e is None else f"; end to end {'pass' if e2e['ok'] else 'FAIL'}"),
+    ]
     out.append("Result: PASS" if report["ok"] else "Result: FAIL")
     return "\n".join(out)
 
@@ -288,7 +300,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if mode is DeviceMode.NPU:
         release_npu()
     e2e = None if (args.no_e2e or args.ops) else run_e2e(mode, args.dtype, args.max_tokens)
-    summary = {key: sum(r["status"] == status for r in rows) for key, status in (("pass", kc.PASS), ("fail", kc.FAIL), ("skip", kc.SKIP))}  # fmt: skip
+    summary = {
+        key: sum(r["status"] == status for r in rows)
+        for key, status in (("pass", kc.PASS), ("fail", kc.FAIL), ("skip", kc.SKIP))
+    }
     report = {
         "ok": summary["fail"] == 0 and (e2e is None or e2e["ok"]),
         "versions": _versions(),
