@@ -274,6 +274,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     mode, reason, refusal = resolve_device()
     if refusal is not None:
         print(f"vllm-npu selftest: {refusal}", file=sys.stderr)
+        if args.json:  # the bug report still gets a document: what was asked, why it cannot run, the versions
+            print(
+                json.dumps(
+                    {
+                        "ok": False,
+                        "error": refusal,
+                        "device": {"mode": None, "reason": reason},
+                        "versions": _versions(),
+                    },
+                    indent=2,
+                )
+            )
         return EXIT_CANNOT_RUN
     assert mode is not None
     # Layers and child processes read the decision from the environment: fix it to what is tested.
