@@ -24,8 +24,9 @@ from .ops.kv_cache import RESHAPE_AND_CACHE
 from .ops.mla_attention import MLA_DECODE, RING_MLA, ring_mla_mask
 from .ops.mla_cache import KV_RMSNORM_ROPE_CACHE, MLA_CACHE_WRITE, PAGED_CACHE_LOAD, latent_cache_planes
 from .ops.mla_layer import INTERLEAVE_ROPE
-from .ops.paged_attention import PAGED_DECODE, PAGED_PREFILL
+from .ops.paged_attention import PAGED_DECODE, PAGED_DECODE_WINDOW, PAGED_PREFILL
 from .ops.sfa_kernels import INDEXER_CACHE_WRITE, LIGHTNING_INDEXER, SPARSE_MLA_ATTENTION
+from .ops.weight_format import WEIGHT_TO_ND
 
 HALVES = ("bfloat16", "float16")
 L, R, P, V = 512, 64, 128, 128  # DeepSeek MLA: kv_lora_rank, rope, qk_nope_head_dim, v_head_dim
@@ -165,6 +166,31 @@ def _gqa_cases() -> list[KernelCase]:
                 )
             )
 
+    for n, nkv, window in ((32, 8, 16), (16, 2, 100)):
+        for dtype in HALVES:
+
+            def decode_window(device: Any, n: int = n, nkv: int = nkv, w: int = window, dt: str = dtype) -> KernelCall:
+                d, bs, context = 128, 128, [1, 37, 300, 129]
+                table, nb = _block_table(49, context, bs, device)
+                kc, vc = (
+                    randn(42, nb, bs, nkv, d, dtype=_dt(dt), device=device),
+                    randn(43, nb, bs, nkv, d, dtype=_dt(dt), device=device),
+                )
+                q = randn(44, len(context), n, d, dtype=_dt(dt), device=device)
+                lens = torch.tensor(context, dtype=torch.int32, device=device)
+                kw = dict(num_heads=n, num_kv_heads=nkv, scale=d**-0.5, sliding_window=w, out=torch.zeros_like(q))
+                return KernelCall((q, kc, vc, table, lens, context), kw, _out)
+
+            cases.append(
+                KernelCase(
+                    PAGED_DECODE_WINDOW,
+                    f"q [4, {n}, 128] kv heads {nkv}, block 128, ctx [1, 37, 300, 129], window {window}",
+                    dtype,
+                    decode_window,
+                    note="audit #6 (decode)",
+                ),
+            )
+
     batches = {
         "mixed": ([1, 7, 40, 2], [33, 7, 300, 129]),  # decode, first prefill, chunked prefill, spec-decode
         "decode-only": ([1, 1, 1], [5, 260, 41]),
@@ -244,6 +270,26 @@ def _cos_sin(seed: int, t: int, device: Any, dtype: torch.dtype) -> tuple[torch.
 
 def _mla_cases() -> list[KernelCase]:
     cases = []
+    for heads in (16, 128):
+        for dtype in HALVES:
+
+            def to_nd(device: Any, n: int = heads, dt: str = dtype) -> KernelCall:
+                weight = randn(92, n * (P + V), L, dtype=_dt(dt), device=device, scale=0.05)  # kv_b_proj [N(P+V), L]
+                x = randn(93, 3, L, dtype=_dt(dt), device=device)
+                # the values must not change, and the split vLLM makes of the weight must read the same numbers
+                return KernelCall(
+                    (weight,),
+                    {},
+                    lambda w, a, k: {
+                        "weight": w,
+                        "W_UK | W_UV": w.T.reshape(L, n, P + V).contiguous(),
+                        "x @ W^T": torch.nn.functional.linear(x, w),
+                    },
+                )
+
+            cases.append(
+                KernelCase(WEIGHT_TO_ND, f"kv_b_proj [{heads}*({P}+{V}), {L}]", dtype, to_nd, note="audit #27")
+            )
     for n, bs in ((32, 128), (128, 16), (64, 128)):
         for dtype in HALVES:
 
@@ -350,7 +396,9 @@ def _mla_cases() -> list[KernelCase]:
                 nope, rope = _latent_planes(76, nb, bs, _dt(dt), device)
                 lens = torch.tensor([128, 5, 1], dtype=torch.int32, device=device)
                 starts = torch.tensor([128, 0, 128], dtype=torch.int32, device=device)
-                return KernelCall((nope, rope, table, lens, starts), {})
+                return KernelCall(
+                    (nope, rope, table, lens, starts), {"total": 134}
+                )  # host-known, as the backend passes
 
             cases += [
                 KernelCase(

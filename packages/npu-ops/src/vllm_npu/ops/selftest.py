@@ -17,7 +17,6 @@ from vllm_npu.interface.selftest import KernelCall, KernelCase, randn, randperm
 
 from .activation import FAST_GELU
 from .layernorm import ADD_RMS_NORM, GEMMA_RMS_NORM, RMS_NORM
-from .linear import WEIGHT_LAYOUT
 from .moe.experts import GROUPED_MATMUL
 from .moe.gating import GROUPED_TOPK, TOPK_SOFTMAX
 from .moe.routing import INIT_ROUTING, UNPERMUTE
@@ -128,23 +127,6 @@ def _rope_cases() -> list[KernelCase]:
     return cases
 
 
-def _layout_cases() -> list[KernelCase]:
-    cases = []
-    for out_f, in_f in ((256, 512), (1536, 7168)):
-        for dtype in HALVES:
-
-            def layout(device: Any, o: int = out_f, i: int = in_f, d: str = dtype) -> KernelCall:
-                weight = randn(16, o, i, dtype=_dt(d), device=device, scale=0.05)
-                x = randn(17, 5, i, dtype=_dt(d), device=device)
-                # the layout must not change the values, and a matmul on the cast weight must give x @ W^T
-                return KernelCall(
-                    (weight,), {}, lambda w, a, k: {"weight": w, "x @ W^T": torch.nn.functional.linear(x, w)}
-                )
-
-            cases.append(KernelCase(WEIGHT_LAYOUT, f"W [{out_f}, {in_f}], x [5, {in_f}]", dtype, layout))
-    return cases
-
-
 def _sorted_topk(result: Any, args: tuple, kwargs: dict) -> dict[str, torch.Tensor]:
     """Top-k (weights, ids) with each row ordered by id: the order of the k entries is not part of the contract."""
     weights, ids = result
@@ -228,7 +210,6 @@ def selftest_cases() -> list[KernelCase]:
         *_norm_cases(),
         *_activation_cases(),
         *_rope_cases(),
-        *_layout_cases(),
         *_gating_cases(),
         *_moe_cases(),
     ]
