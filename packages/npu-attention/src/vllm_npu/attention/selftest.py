@@ -7,7 +7,7 @@ null block and never handed out), slot mappings inside them, sequence lengths wi
 decode requests in one batch, and the masks of :mod:`.masks`. The MLA/SFA cases use the sizes the NPU kernels
 require (DeepSeek-V2/V3: kv_lora_rank 512, rope 64, qk_nope 128, v_head 128; 32/64/128 local heads; block size 16 or
 128); GQA cases use head size 128 and 64 with 8:1 and 4:1 grouping, block size 128 (FIA) and 16/128 (paged decode).
-A case's note (``audit #n``) is the audit number in the status column of ``docs/npu-calls.md`` whose call it checks.
+A case's note ``audit #n`` points at the call marked ``#n`` in the status column of ``docs/npu-calls.md``.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ per-token float32 activation scales, int4 packed 8 per int32 (with the reference
 ``npu_convert_weight_to_int4pack`` is its own row), group size 128 for W4A8, and the documented scale/output dtype
 pairings of ``npu_grouped_matmul`` (bfloat16 output with a bfloat16 scale, float16 output with a float32 scale).
 Quantizer outputs may differ by one step (``int_atol=1``): the docs do not state the rounding of exact ties.
-A case's note (``audit #n``) is the audit number in the status column of ``docs/npu-calls.md`` whose call it checks.
+A case's note ``audit #n`` points at the call marked ``#n`` in the status column of ``docs/npu-calls.md``.
 """
 
 from __future__ import annotations
