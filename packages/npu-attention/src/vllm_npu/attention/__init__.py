@@ -15,6 +15,7 @@ from ._version import __version__
 # Lazy exports (PEP 562): name -> ".module:attr", imported on first access. The TYPE_CHECKING block and
 # __all__ mirror the table for type checkers and IDEs; tests/test_doors.py checks that the three agree.
 _EXPORTS: dict[str, str] = {
+    "selftest_cases": ".selftest:selftest_cases",
     "select_backend": ".selector:select_backend",
     "GQA_BACKEND": ".selector:GQA_BACKEND",
     "MLA_BACKEND": ".selector:MLA_BACKEND",
@@ -38,6 +39,7 @@ if TYPE_CHECKING:
     from .masks import AttentionMaskBuilder
     from .metadata import AscendAttentionMetadataBuilder, AscendAttentionState, AscendMetadata
     from .selector import GQA_BACKEND, MLA_BACKEND, SFA_BACKEND, select_backend
+    from .selftest import selftest_cases
 else:
     from vllm_npu.interface.lazy import lazy_exports
 
@@ -59,4 +61,5 @@ __all__ = [
     "__version__",
     "ascend_indexer_forward",
     "select_backend",
+    "selftest_cases",
 ]

@@ -15,6 +15,7 @@ from ._version import __version__
 # Lazy exports (PEP 562): name -> ".module:attr", imported on first access. The TYPE_CHECKING block and
 # __all__ mirror the table for type checkers and IDEs; tests/test_doors.py checks that the three agree.
 _EXPORTS: dict[str, str] = {
+    "selftest_cases": ".selftest:selftest_cases",
     "AscendQuantConfig": ".config:AscendQuantConfig",
     "register": ".config:register",
     "QUANT_METHOD": ".detect:QUANT_METHOD",
@@ -31,6 +32,7 @@ if TYPE_CHECKING:
     from .detect import QUANT_METHOD, claim_checkpoint
     from .params import QuantLoadError
     from .quantizer import quantize_checkpoint
+    from .selftest import selftest_cases
 else:
     from vllm_npu.interface.lazy import lazy_exports
 
@@ -46,4 +48,5 @@ __all__ = [
     "claim_checkpoint",
     "quantize_checkpoint",
     "register",
+    "selftest_cases",
 ]
