@@ -70,7 +70,8 @@ class Patch:
         if not _ID.match(self.id):
             raise PatchError(f"{where}: an id must be kebab-case ([a-z0-9] words joined by '-')")
         if not isinstance(self.scope, Scope):
-            object.__setattr__(self, "scope", _scope(self.scope, where))
+            # the string form ("worker") from untyped callers, e.g. entry-point patch sets
+            object.__setattr__(self, "scope", _scope(self.scope, where))  # type: ignore[unreachable]
         if self.target.count(".") < 1 or not all(part.isidentifier() for part in self.target.split(".")):
             raise PatchError(f"{where}: target {self.target!r} must be a dotted path like vllm.<module>.<attr>")
         if ":" not in self.replacement:
@@ -181,13 +182,23 @@ def _strip_docstrings(tree: ast.AST) -> ast.AST:
     return tree
 
 
+def _drop_empty_type_params(tree: ast.AST) -> ast.AST:
+    """Python 3.12 added ``type_params`` (PEP 695) to function and class nodes, which ``ast.dump`` prints even when
+    empty; without it the same source would fingerprint differently on 3.12 than on 3.10/3.11. Dropping the empty
+    field gives every supported Python the 3.10 dump (a non-empty one is real code and stays)."""
+    for node in ast.walk(tree):
+        if getattr(node, "type_params", None) == []:
+            delattr(node, "type_params")  # not in the 3.10 AST that mypy checks against
+    return tree
+
+
 def fingerprint_of(obj: Any) -> str:
     """sha256 of the normalised source of ``obj`` (see the module docstring). Stable across formatting, comment and
-    docstring changes; any change to the code itself changes it."""
+    docstring changes and across Python 3.10-3.12; any change to the code itself changes it."""
     obj = _unwrap(obj)
     try:
         source = textwrap.dedent(inspect.getsource(obj))
-        tree = _strip_docstrings(ast.parse(source))
+        tree = _drop_empty_type_params(_strip_docstrings(ast.parse(source)))
         text = ast.dump(tree, annotate_fields=True, include_attributes=False)
     except (OSError, TypeError, SyntaxError):
         text = f"repr:{obj!r}"
