@@ -61,7 +61,7 @@ class MissingQuantLayerConfig(QuantizationConfig):
         self.hf_quant_cfg = hf_quant_cfg
 
     @classmethod
-    def get_name(cls) -> str:
+    def get_name(cls) -> str:  # type: ignore[override]  # vLLM's Literal lists only its built-in methods
         return QUANT_METHOD
 
     @classmethod
@@ -87,7 +87,9 @@ class MissingQuantLayerConfig(QuantizationConfig):
         return cls(config)
 
     @classmethod
-    def override_quantization_method(cls, hf_quant_cfg: Any, user_quant: str | None) -> str | None:
+    def override_quantization_method(  # type: ignore[override]  # the same Literal, see get_name
+        cls, hf_quant_cfg: Any, user_quant: str | None
+    ) -> str | None:
         # The same checkpoints npu-quant's config claims, so an old-style description in config.json (no
         # quant_method) is refused instead of loading as float weights.
         if user_quant in (None, QUANT_METHOD) and is_msmodelslim_quant_config(hf_quant_cfg):
