@@ -44,7 +44,7 @@ from vllm.v1.worker.utils import bind_kv_cache
 from vllm_npu.interface.log import get_logger
 
 from ._device import DeviceBackend, EmulatedDevice, cuda_stream_api_as
-from .graphs.wrapper import NPUGraphWrapper
+from .graphs.wrapper import GRAPH_STATS, NPUGraphWrapper
 
 logger = get_logger(__name__)
 
@@ -57,6 +57,9 @@ def device_backend() -> type[DeviceBackend]:
 class NPUModelRunner(GPUModelRunner):
     def __init__(self, vllm_config: VllmConfig, device: torch.device) -> None:
         self.device_backend = device_backend()
+        # Graph counts of this engine: vLLM's capture counter is process-wide, so remember where it stood.
+        GRAPH_STATS.reset()
+        self.cudagraph_captured_before = compilation_counter.num_cudagraph_captured
         with cuda_stream_api_as(self.device_backend):
             super().__init__(vllm_config, device)
         if hasattr(self, "rejection_sampler"):
@@ -123,7 +126,7 @@ class NPUModelRunner(GPUModelRunner):
         self.graph_memory_bytes = taken
         logger.info(
             "captured %d static graphs (%s) in %.2f s, %.3f GiB",
-            compilation_counter.num_cudagraph_captured,
+            compilation_counter.num_cudagraph_captured - self.cudagraph_captured_before,
             mode.name,
             self.graph_capture_seconds,
             taken / (1 << 30),

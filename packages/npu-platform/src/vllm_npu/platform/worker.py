@@ -284,6 +284,8 @@ class NPUWorker(Worker):
         from vllm.config import get_layers_from_vllm_config
         from vllm.distributed.parallel_state import get_tp_group
 
+        from .graphs.wrapper import GRAPH_STATS
+
         runner = self.model_runner
         attn_layers = get_layers_from_vllm_config(self.vllm_config, Attention)
         backends = sorted({_class_path(layer.attn_backend) for layer in attn_layers.values()})
@@ -314,6 +316,12 @@ class NPUWorker(Worker):
             "rank": self.rank,
             "compilation_level": self.vllm_config.compilation_config.level,
             "piecewise_graphs_seen": compilation_counter.num_piecewise_graphs_seen,
+            "cudagraph_mode": self.vllm_config.compilation_config.cudagraph_mode.name,
+            "capture_sizes": sorted(self.vllm_config.compilation_config.cudagraph_capture_sizes or []),
+            # Static graphs of this engine: vLLM's own capture counter (process-wide, so counted from the runner's
+            # start), and our per-mode captures/replays and in-graph tasks.
+            "cudagraph_captured": compilation_counter.num_cudagraph_captured - runner.cudagraph_captured_before,
+            "graphs": GRAPH_STATS.snapshot(),
             "tp_communicator": type(get_tp_group().device_communicator).__qualname__,
             "tp_backend": str(torch.distributed.get_backend(get_tp_group().device_group)),
             # Bytes released by sleep() and not yet woken up, per tag.

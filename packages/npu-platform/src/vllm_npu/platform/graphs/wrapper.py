@@ -46,10 +46,16 @@ class GraphStats:
     replays: Counter[str] = field(default_factory=Counter)  # runtime mode name -> graph replays
     tasks: int = 0  # updatable kernels captured inside graphs
 
+    def reset(self) -> None:
+        self.captures.clear()
+        self.replays.clear()
+        self.tasks = 0
+
     def snapshot(self) -> dict[str, Any]:
         return {"captures": dict(self.captures), "replays": dict(self.replays), "tasks": self.tasks}
 
 
+#: This process's counts since its model runner was built (the runner resets them: one engine per process).
 GRAPH_STATS = GraphStats()
 
 
