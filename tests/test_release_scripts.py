@@ -246,6 +246,14 @@ def test_dependents(ws: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert capsys.readouterr().out.strip() == 'packages=["npu-impl", "npu-plat", "npu-vision"]'
 
 
+def test_graph_cli_prints_the_declared_sideways_edges(capsys: pytest.CaptureFixture[str]) -> None:
+    assert release.main(["graph"]) == 0
+    lines = set(capsys.readouterr().out.splitlines())
+    assert "npu-quant -> npu-interface, npu-ops" in lines  # the extra `moe`
+    assert "npu-models -> npu-attention, npu-interface" in lines
+    assert "npu-interface -> (none)" in lines
+
+
 def test_this_workspace_graph() -> None:
     workspace = Workspace()
     assert release.dependents("npu-interface", workspace) == [
@@ -259,6 +267,17 @@ def test_this_workspace_graph() -> None:
     assert release.affected(["packages/npu-quant/src/vllm_npu/quant/__init__.py"], workspace) == [
         "npu-platform",
         "npu-quant",
+    ]
+    # the sideways edges the sources import (tests/test_layering.py checks that every import edge is declared)
+    assert release.affected(["packages/npu-ops/src/vllm_npu/ops/moe/layer.py"], workspace) == [
+        "npu-ops",
+        "npu-platform",
+        "npu-quant",
+    ]
+    assert release.affected(["packages/npu-attention/src/vllm_npu/attention/backends/sfa.py"], workspace) == [
+        "npu-attention",
+        "npu-models",
+        "npu-platform",
     ]
     for name, m in workspace.members.items():
         if not m.private:
@@ -362,6 +381,7 @@ def test_ci_workflow_runs_lint_and_the_readme_command() -> None:
     assert "pull_request" in wf["on"]
     runs = {name: "\n".join(s.get("run", "") for s in job["steps"]) for name, job in wf["jobs"].items()}
     assert "ruff" in runs["lint"] and "check_workspace_ranges.py" in runs["lint"]
+    assert "scripts/check_layering.py" in runs["lint"]  # the layering, also run by tests/test_layering.py
     assert runs["test"].strip() == "bash .ci/run"
     assert "scripts/release.py affected --base" in runs["changes"]
 

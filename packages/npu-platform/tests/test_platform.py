@@ -97,11 +97,11 @@ def test_emulated_config_hook(env):
 @pytest.mark.parametrize("quant_available", [True, False])
 def test_config_hook_lets_the_quant_layer_claim_a_description_only_checkpoint(env, quant_available):
     import vllm_npu.interface.registry as registry
-    import vllm_npu.quant.detect as detect
+    import vllm_npu.quant as quant
 
     claimed = []
     env.setattr(registry, "is_available", lambda layer: quant_available if layer == "quant" else True)
-    env.setattr(detect, "claim_checkpoint", claimed.append)
+    env.setattr(quant, "claim_checkpoint", claimed.append)  # the platform imports it through the quant door
     cfg = fake_vllm_config()
     EmulatedNPUPlatform.check_and_update_config(cfg)
     assert claimed == ([cfg] if quant_available else [])

@@ -270,3 +270,19 @@ def test_grouped_matmul_twins_match_per_row_maths_with_empty_groups() -> None:
         assert torch.allclose(y4[r], x[r] @ (w4[e].float() * s4[e].repeat_interleave(8, 0)), atol=1e-5)
     with pytest.raises(ValueError, match=r"counts \[2, 0, 2\] do not fit 5 rows / 3 groups"):
         grouped_quant_matmul.reference(xq, w8, scale, tok, torch.tensor([2, 0, 2]), torch.float32)
+
+
+def test_every_moe_method_runs_the_layer_plan() -> None:
+    """They declare npu-interface's LayerMoEPlanRunner (apply runs ``layer.moe_plan``), so npu-ops' layer may give
+    the plan its all-to-all dispatcher under data-parallel attention, as for unquantised experts."""
+    from vllm_npu.interface.protocols import runs_layer_moe_plan
+    from vllm_npu.ops.moe import AscendUnquantizedFusedMoEMethod
+    from vllm_npu.quant.moe_method import (
+        AscendW4A8DynamicFusedMoEMethod,
+        AscendW8A8DynamicFusedMoEMethod,
+        AscendW8A8FusedMoEMethod,
+    )
+
+    for cls in (AscendW8A8DynamicFusedMoEMethod, AscendW4A8DynamicFusedMoEMethod, AscendW8A8FusedMoEMethod):
+        assert runs_layer_moe_plan(cls), cls
+    assert runs_layer_moe_plan(AscendUnquantizedFusedMoEMethod)

@@ -21,6 +21,11 @@ _EXPORTS: dict[str, str] = {
     "AscendAttentionState": ".metadata:AscendAttentionState",
     "AscendMetadata": ".metadata:AscendMetadata",
     "AttentionMaskBuilder": ".masks:AttentionMaskBuilder",
+    # The sparse-attention (DeepSeek-V3.2) pieces npu-models' model override builds on.
+    "AscendSFAImpl": ".backends.sfa:AscendSFAImpl",
+    "AscendSFAIndexerBackend": ".backends.sfa:AscendSFAIndexerBackend",
+    "AscendLightningIndexer": ".backends.sfa:AscendLightningIndexer",
+    "ascend_indexer_forward": ".backends.sfa:ascend_indexer_forward",
 }
 
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

@@ -43,6 +43,7 @@ if TYPE_CHECKING:
         install_command,
     )
     from .log import get_logger
+    from .protocols import LayerMoEPlanRunner, OutputBufferFiller, fills_output_buffer, runs_layer_moe_plan
     from .registry import (
         ENTRY_POINT_GROUP,
         ComponentReport,
@@ -87,6 +88,10 @@ _EXPORTS = {
     "NPUPluginError": ".errors:NPUPluginError",
     "install_command": ".errors:install_command",
     "get_logger": ".log:get_logger",
+    "LayerMoEPlanRunner": ".protocols:LayerMoEPlanRunner",
+    "OutputBufferFiller": ".protocols:OutputBufferFiller",
+    "fills_output_buffer": ".protocols:fills_output_buffer",
+    "runs_layer_moe_plan": ".protocols:runs_layer_moe_plan",
     "ENTRY_POINT_GROUP": ".registry:ENTRY_POINT_GROUP",
     "ComponentReport": ".registry:ComponentReport",
     "check_installed_set": ".registry:check_installed_set",

@@ -26,7 +26,6 @@ KV-cache dtype: vLLM's config hook for this architecture (``vllm/model_executor/
 
 from __future__ import annotations
 
-import importlib
 import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -37,23 +36,14 @@ from torch.overrides import TorchFunctionMode
 from vllm.config import VllmConfig
 from vllm.model_executor.models.deepseek_v2 import DeepseekV3ForCausalLM, DeepseekV32IndexerCache, Indexer
 from vllm.model_executor.models.utils import PPMissingLayer
-from vllm_npu.interface.errors import ConfigError, MissingComponentError
+
+# npu-attention is a declared dependency of npu-models (see its pyproject: this override reuses the SFA
+# implementation, which is not a contract the interface could hold), so a plain import through attention's door.
+from vllm_npu.attention import AscendLightningIndexer, AscendSFAImpl, AscendSFAIndexerBackend, ascend_indexer_forward
+from vllm_npu.interface.errors import ConfigError
 from vllm_npu.interface.log import get_logger
 
 logger = get_logger(__name__)
-
-
-def _sfa() -> Any:
-    """npu-attention's SFA module, or :class:`MissingComponentError` with the pip command."""
-    try:
-        sfa = importlib.import_module("vllm_npu.attention.backends.sfa")
-    except ImportError as e:
-        raise MissingComponentError(
-            "attention",
-            "DeepSeek-V3.2 (DeepseekV32ForCausalLM) needs the sparse attention backend and lightning indexer of "
-            "npu-attention",
-        ) from e
-    return sfa
 
 
 class _RedirectCudaAllocations(TorchFunctionMode):
@@ -95,7 +85,7 @@ class AscendIndexerKeyCache(DeepseekV32IndexerCache):
     """
 
     def get_attn_backend(self) -> type:
-        return _sfa().AscendSFAIndexerBackend
+        return AscendSFAIndexerBackend
 
 
 class AscendIndexer(torch.nn.Module):
@@ -127,7 +117,6 @@ class AscendIndexer(torch.nn.Module):
         cache_config: Any,
     ) -> None:
         super().__init__()
-        sfa = _sfa()
         if topk_indices_buffer is None or topk_indices_buffer.shape[1] != topk_tokens:
             raise ConfigError(
                 f"{prefix}: topk_indices_buffer must be [max_num_batched_tokens, index_topk={topk_tokens}], got "
@@ -143,8 +132,7 @@ class AscendIndexer(torch.nn.Module):
             head_dim=head_dim, dtype=dtype, prefix=f"{prefix}.k_cache", cache_config=cache_config
         )
         self.k_cache.__dict__["_owner"] = weakref.ref(self)  # not a child module: the cache layer stays a leaf
-        self.lightning = sfa.AscendLightningIndexer(topk_tokens)
-        self._forward = sfa.ascend_indexer_forward
+        self.lightning = AscendLightningIndexer(topk_tokens)
 
     @classmethod
     def from_vllm(cls, indexer: Indexer, vllm_config: VllmConfig) -> AscendIndexer:
@@ -188,7 +176,7 @@ class AscendIndexer(torch.nn.Module):
 
     def run(self, hidden_states: torch.Tensor, qr: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """The indexer step itself (eager): npu-attention's ``ascend_indexer_forward``."""
-        return self._forward(self, hidden_states, qr, positions, self.__dict__["_rotary_emb"], self.lightning)
+        return ascend_indexer_forward(self, hidden_states, qr, positions, self.__dict__["_rotary_emb"], self.lightning)
 
 
 def _lightning_indexer_op(
@@ -240,7 +228,6 @@ class AscendDeepseekV32ForCausalLM(DeepseekV3ForCausalLM):
     """vLLM's DeepSeek-V3.2 model (``DeepseekV3ForCausalLM`` with ``index_topk``) on Ascend; see the module doc."""
 
     def __init__(self, *, vllm_config: VllmConfig, prefix: str = "") -> None:
-        sfa = _sfa()
         config = vllm_config.model_config.hf_config
         if not hasattr(config, "index_topk"):
             raise ConfigError(
@@ -261,7 +248,7 @@ class AscendDeepseekV32ForCausalLM(DeepseekV3ForCausalLM):
             if not isinstance(attn.indexer, Indexer):
                 raise ConfigError(f"{attn.indexer!r}: expected vLLM's Indexer in a DeepSeek-V3.2 attention layer")
             impl = attn.mla_attn.mla_attn.impl
-            if not isinstance(impl, sfa.AscendSFAImpl):
+            if not isinstance(impl, AscendSFAImpl):
                 raise ConfigError(
                     f"DeepSeek-V3.2 sparse attention runs on AscendSFABackend; layer {attn.indexer.prefix} got "
                     f"{type(impl).__name__} (check that the platform selects the NPU attention backends)"

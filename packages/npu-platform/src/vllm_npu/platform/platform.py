@@ -149,7 +149,7 @@ class NPUPlatform(Platform):
 
         if not is_available("quant"):
             return
-        from vllm_npu.quant.detect import claim_checkpoint
+        from vllm_npu.quant import claim_checkpoint
 
         claim_checkpoint(vllm_config)
 
@@ -169,7 +169,7 @@ class NPUPlatform(Platform):
         from vllm_npu.interface.registry import require
 
         require("attention", "the NPU platform runs attention through the npu-attention layer")
-        from vllm_npu.attention.selector import select_backend
+        from vllm_npu.attention import select_backend
 
         if selected_backend is not None:
             logger.warning("attention backend %s was requested; the NPU platform selects its own", selected_backend)

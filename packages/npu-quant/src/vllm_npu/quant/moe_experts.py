@@ -3,7 +3,7 @@
 """Quantized expert MLPs for npu-ops' MoE forward, and the grouped-matmul kernels they run (each torch_npu call
 beside its reference twin).
 
-Each class is an :data:`vllm_npu.ops.moe.experts.ExpertsFn` ``(rows [N, H] sorted by expert, group_counts [E_local])
+Each class is an :data:`vllm_npu.ops.moe.ExpertsFn` ``(rows [N, H] sorted by expert, group_counts [E_local])
 -> [N, H]`` over the weights that :mod:`vllm_npu.quant.moe_method` processed at load. Maths for the rows routed to
 expert e:
 
@@ -93,7 +93,7 @@ grouped_quant_matmul = Kernel("npu_grouped_matmul[int8,per-token]", npu=_grouped
 
 
 class W8A8DynamicExperts:
-    """The :data:`vllm_npu.ops.moe.experts.ExpertsFn` over processed weights (w13 [E, H, 2I], w2 [E, I, H])."""
+    """The :data:`vllm_npu.ops.moe.ExpertsFn` over processed weights (w13 [E, H, 2I], w2 [E, I, H])."""
 
     def __init__(self, layer: torch.nn.Module, activation: Callable[[torch.Tensor], torch.Tensor]) -> None:
         self.layer = layer

@@ -14,16 +14,21 @@ W4A8_DYNAMIC experts (disk format "0": int4 values in int8, ``*_weight_scale [E,
 ``w2_weight [E, H/2, I]``, plus ``w13_scale_bias [E, 2I, 1]`` / ``w2_scale_bias [E, H, 16/tp]``, unpacked at load
 into the format-0 layout) run weight-only.
 
-Gating, token permutation and expert-parallel dispatch are npu-ops' (:func:`vllm_npu.ops.moe.forward.moe_forward`);
+Gating, token permutation and expert-parallel dispatch are npu-ops' (:func:`vllm_npu.ops.moe.moe_forward`);
 this module checks and processes the expert tensors and supplies the quantized ``experts`` function of
-:mod:`vllm_npu.quant.moe_experts` (expert maths and kernels there). Load-time processing: transposes to
+:mod:`vllm_npu.quant.moe_experts` (expert maths and kernels there). npu-ops is npu-quant's declared optional
+dependency (extra ``moe`` in its pyproject): the import happens when a MoE layer is built, through the
+``vllm_npu.ops.moe`` door, and a missing npu-ops is a :class:`~vllm_npu.interface.MissingComponentError` with the
+install command. Every method here runs the layer's own plan and says so
+(:class:`~vllm_npu.interface.protocols.LayerMoEPlanRunner`), so npu-ops' layer may give the plan its all-to-all
+dispatcher under data-parallel attention. Load-time processing: transposes to
 ``[E, H, 2I]`` / ``[E, I, H]`` and flattening of the scales, in :meth:`process_weights_after_loading`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from vllm.model_executor.layers.fused_moe.layer import FusedMoEMethodBase, FusedMoeWeightScaleSupported
@@ -45,6 +50,8 @@ class AscendW8A8DynamicFusedMoEMethod(FusedMoEMethodBase):
     """W8A8_DYNAMIC experts for vLLM's ``FusedMoE`` (and npu-ops' override of it)."""
 
     _required = ("w13_weight", "w2_weight", "w13_weight_scale", "w2_weight_scale")
+    #: apply() runs ``layer.moe_plan`` (see :meth:`_build`): the LayerMoEPlanRunner contract of npu-interface.
+    uses_layer_moe_plan: ClassVar[bool] = True
 
     def __init__(self, moe: Any, prefix: str) -> None:
         super().__init__(moe)
@@ -156,9 +163,9 @@ class AscendW8A8DynamicFusedMoEMethod(FusedMoEMethodBase):
         plan = getattr(layer, "moe_plan", None)
         if plan is None:
             try:
-                from vllm_npu.ops.moe.layer import build_layer_plan
+                from vllm_npu.ops.moe import build_layer_plan
             except ImportError:
-                require("ops", "W8A8_DYNAMIC MoE experts run inside npu-ops' MoE forward")
+                require("ops", "quantized MoE experts run inside npu-ops' MoE forward")
                 raise
             plan = build_layer_plan(layer)
         self._plan = plan
@@ -181,7 +188,7 @@ class AscendW8A8DynamicFusedMoEMethod(FusedMoEMethodBase):
         *args: Any,
         **kwargs: Any,
     ) -> torch.Tensor:
-        from vllm_npu.ops.moe.forward import moe_forward
+        from vllm_npu.ops.moe import moe_forward  # importable: _build succeeded
 
         if self._plan is None or self._experts is None:
             raise RuntimeError(f"{self.prefix}: process_weights_after_loading has not run")

@@ -18,7 +18,7 @@ on the emulated device.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from vllm.attention.backends.abstract import AttentionBackend, AttentionImpl, AttentionLayer, AttentionType
@@ -100,9 +100,9 @@ class AscendAttentionImpl(AttentionImpl[AscendMetadata]):
 
     Writes every element of ``output`` on every call (zeros on the profile run and in the padded rows past
     ``num_actual_tokens``), so vLLM's attention layer may hand it an uninitialised buffer (npu-patches'
-    ``attention-output-empty`` reads ``fills_output_buffer``)."""
+    ``attention-output-empty`` reads it: the :class:`~vllm_npu.interface.protocols.OutputBufferFiller` contract)."""
 
-    fills_output_buffer: bool = True
+    fills_output_buffer: ClassVar[bool] = True
 
     def __init__(
         self,

@@ -226,9 +226,9 @@ class AscendMLAImpl(MLACommonBaseImpl[AscendMLAMetadata]):
 
     Writes every element of ``output`` on every call (zeros on the profile run and in the padded rows past
     ``num_actual_tokens``), so vLLM's attention layer may hand it an uninitialised buffer (npu-patches'
-    ``attention-output-empty`` reads ``fills_output_buffer``)."""
+    ``attention-output-empty`` reads it: the :class:`~vllm_npu.interface.protocols.OutputBufferFiller` contract)."""
 
-    fills_output_buffer: bool = True
+    fills_output_buffer: ClassVar[bool] = True
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

@@ -110,10 +110,10 @@ class AscendSFAImpl(MLACommonBaseImpl[AscendSFAMetadata]):
 
     Writes every element of ``output`` on every call (zeros on the profile run and in the padded rows past
     ``num_actual_tokens``), so vLLM's attention layer may hand it an uninitialised buffer (npu-patches'
-    ``attention-output-empty`` reads ``fills_output_buffer``).
+    ``attention-output-empty`` reads it: the :class:`~vllm_npu.interface.protocols.OutputBufferFiller` contract).
     """
 
-    fills_output_buffer: bool = True
+    fills_output_buffer: ClassVar[bool] = True
 
     def __init__(self, *args: Any, indexer: Any = None, **kwargs: Any) -> None:
         super().__init__(*args, indexer=indexer, **kwargs)

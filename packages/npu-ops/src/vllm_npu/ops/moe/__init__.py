@@ -8,9 +8,11 @@ in ``.layer`` and import vLLM; the kernel modules import only torch.
 
 For quantised MoE methods: build nothing yourself; the layer carries ``layer.moe_plan`` (a :class:`MoEPlan`), and
 ``moe_forward(x, router_logits, plan=layer.moe_plan, experts=<your ExpertsFn>, e_score_correction_bias=...)`` runs
-gating, permutation, expert-parallel exchange and the weighted combine around your expert MLP. Set the class
-attribute ``uses_layer_moe_plan = True`` on the method so the layer may give the plan its all-to-all dispatcher
-under DP attention. ``build_layer_plan(layer)`` builds a plan for a vLLM ``FusedMoE`` that is not ours.
+gating, permutation, expert-parallel exchange and the weighted combine around your expert MLP. Declare
+npu-interface's ``LayerMoEPlanRunner`` on the method (class attribute ``uses_layer_moe_plan = True``) so the layer
+may give the plan its all-to-all dispatcher under DP attention. ``build_layer_plan(layer)`` builds a plan for a
+vLLM ``FusedMoE`` that is not ours. A wheel that imports this door declares npu-ops in its pyproject (npu-quant: its
+``moe`` extra).
 """
 
 from __future__ import annotations

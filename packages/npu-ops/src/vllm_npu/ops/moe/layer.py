@@ -8,9 +8,10 @@ model that builds those gets these classes. What changes against vLLM:
 - At build, the layer chooses its kernels and token dispatcher once: ``layer.moe_plan`` (:class:`MoEPlan`).
 - An unquantised layer gets :class:`AscendUnquantizedFusedMoEMethod`, whose ``apply`` is :func:`moe_forward` over
   vLLM-layout float weights. Quantised methods (npu-quant) call :func:`moe_forward` with ``layer.moe_plan`` and
-  their own experts function: the quant-method seam of vLLM (``layer.quant_method.apply``) is kept. A method sets
-  the class attribute ``uses_layer_moe_plan = True`` to say it runs ``layer.moe_plan``; only then may the layer
-  use the all-to-all mode below.
+  their own experts function: the quant-method seam of vLLM (``layer.quant_method.apply``) is kept. A method
+  declares npu-interface's :class:`~vllm_npu.interface.protocols.LayerMoEPlanRunner` (class attribute
+  ``uses_layer_moe_plan = True``) to say it runs ``layer.moe_plan``; only then may the layer use the all-to-all
+  mode below. The contract is the interface's because npu-ops reads it and must not know which wheel declares it.
 - Expert parallelism: with replicated tokens (vLLM's default EP, data parallel size 1) each rank runs its experts
   and vLLM's usual all-reduce sums the ranks. With data-parallel attention (DP > 1) rows cross the DP ranks in
   ``forward_impl`` (vLLM's own DP dispatch/combine is a no-op on our device communicator): by all-to-all through
@@ -24,12 +25,13 @@ all-reduce) is vLLM's.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Optional, Union
+from typing import Any, ClassVar, Optional, Union
 
 import torch
 from vllm.model_executor.layers.fused_moe.layer import FusedMoE, UnquantizedFusedMoEMethod, determine_expert_map
 from vllm.model_executor.layers.shared_fused_moe.shared_fused_moe import SharedFusedMoE
 from vllm_npu.interface import ConfigError, get_logger
+from vllm_npu.interface.protocols import runs_layer_moe_plan
 
 from .comm import AllToAll, coordinator_all_to_all
 from .forward import MoEPlan, build_moe_plan, moe_forward
@@ -120,8 +122,9 @@ def build_layer_plan(
 class AscendUnquantizedFusedMoEMethod(UnquantizedFusedMoEMethod):
     """Float experts through :func:`moe_forward`; weights stay in vLLM's layout (w13 [E, 2I, H], w2 [E, H, I])."""
 
-    #: This method runs ``layer.moe_plan`` (so the layer may give it the all-to-all dispatcher under DP attention).
-    uses_layer_moe_plan = True
+    #: This method runs ``layer.moe_plan`` (npu-interface's LayerMoEPlanRunner: the layer may give the plan the
+    #: all-to-all dispatcher under DP attention).
+    uses_layer_moe_plan: ClassVar[bool] = True
 
     def process_weights_after_loading(self, layer: torch.nn.Module) -> None:
         # vLLM's version repacks weights for ROCm/CPU/XPU kernels; none of those run here, so nothing to do.
@@ -171,10 +174,8 @@ class AscendFusedMoE(FusedMoE):
             # Same create_weights (already run by vLLM); only apply/process_weights_after_loading differ.
             self.quant_method = AscendUnquantizedFusedMoEMethod(self.moe_config)
         # The all-to-all dispatcher lives in the plan, so it only helps a quant method that runs this plan
-        # (``uses_layer_moe_plan = True``); other methods get the all-gather / reduce-scatter of forward_impl.
-        self.moe_plan = build_layer_plan(
-            self, allow_all_to_all=getattr(self.quant_method, "uses_layer_moe_plan", False)
-        )
+        # (LayerMoEPlanRunner); other methods get the all-gather / reduce-scatter of forward_impl.
+        self.moe_plan = build_layer_plan(self, allow_all_to_all=runs_layer_moe_plan(self.quant_method))
         # Experts split over DP ranks that hold different tokens: rows must cross the DP ranks here, because
         # vLLM's DP dispatch/combine (forward_impl) goes through the device communicator's dispatch/combine,
         # which are no-ops on ours.

@@ -8,9 +8,11 @@ unwritten). On an NPU the zero-fill is one extra kernel launch per layer per ste
 it cannot be removed (an allocation can). vllm#26680 returns to ``torch.empty`` upstream.
 
 ``empty`` is only safe when the backend writes every element of the buffer. So the patched forward uses ``empty``
-only for layers whose ``impl`` declares ``fills_output_buffer = True`` (the contract: ``impl.forward`` writes every
-element of ``output`` on every call, including the profile run with ``attn_metadata is None`` and padded token rows),
-and calls vLLM's original forward, zero-fill included, for every other layer and for the paths it does not own
+only for layers whose ``impl`` declares ``fills_output_buffer = True``: npu-interface's
+:class:`~vllm_npu.interface.protocols.OutputBufferFiller` (``impl.forward`` writes every element of ``output`` on
+every call, including the profile run with ``attn_metadata is None`` and padded token rows). The contract lives in
+the interface because npu-attention declares it and this patch reads it, and neither wheel depends on the other. It
+calls vLLM's original forward, zero-fill included, for every other layer and for the paths it does not own
 (``calculate_kv_scales``, fp8 ``query_quant``, ``use_output=False``).
 """
 
@@ -20,9 +22,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
-
-#: The class attribute an attention impl sets to True to declare that it writes its whole output buffer.
-FILLS_OUTPUT_BUFFER = "fills_output_buffer"
+from vllm_npu.interface.protocols import fills_output_buffer
 
 
 def new_output(shape: Sequence[int], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
@@ -41,7 +41,7 @@ def make_replacement(original: Callable[..., Any]) -> Callable[..., Any]:
             not self.use_output
             or self.calculate_kv_scales
             or self.query_quant is not None
-            or not getattr(self.impl, FILLS_OUTPUT_BUFFER, False)
+            or not fills_output_buffer(self.impl)
         ):
             return original(self, query, key, value, output_shape)
         shape = output_shape if output_shape is not None else query.shape

@@ -1,0 +1,53 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
+"""Capabilities that one layer wheel declares on its objects and another layer wheel reads.
+
+Two wheels that neither depend on each other nor should (npu-attention and npu-patches; npu-quant's MoE methods and
+npu-ops' MoE layer) still have to agree on an attribute. The agreement lives here, once: each capability is a
+:class:`typing.Protocol` (the contract, for type checkers and readers) plus one reader function (what the consuming
+wheel calls, so the attribute name is spelled only in this module). A declaring class writes the attribute as a
+``ClassVar[bool]`` set to ``True``; anything that does not declare it, or declares anything but ``True``, lacks the
+capability: the safe default of every reader.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar, Protocol
+
+__all__ = ["LayerMoEPlanRunner", "OutputBufferFiller", "fills_output_buffer", "runs_layer_moe_plan"]
+
+
+class OutputBufferFiller(Protocol):
+    """An attention impl (``AttentionImpl`` subclass) whose ``forward(..., output=...)`` writes every element of
+    ``output`` on every call: the profile run (``attn_metadata is None``) and padded token rows included.
+
+    Declared by npu-attention's GQA, MLA and SFA impls; read by npu-patches' ``attention-output-empty`` patch, which
+    then allocates the buffer with ``torch.empty`` instead of vLLM's ``torch.zeros`` (one kernel launch less per
+    layer per step). Declaring it for an impl that leaves an element unwritten is a silent wrong answer: the
+    declaring backend's tests poison the buffer to prove the contract.
+    """
+
+    fills_output_buffer: ClassVar[bool]
+
+
+def fills_output_buffer(impl: object) -> bool:
+    """Whether ``impl`` (an attention impl instance or class) declares :class:`OutputBufferFiller`."""
+    return getattr(impl, "fills_output_buffer", False) is True
+
+
+class LayerMoEPlanRunner(Protocol):
+    """A FusedMoE quant method (``FusedMoEMethodBase`` subclass) whose ``apply`` runs the layer's own MoE plan:
+    ``layer.moe_plan``, built by npu-ops' ``AscendFusedMoE``, through npu-ops' ``moe_forward``.
+
+    Declared by npu-ops' unquantised method and npu-quant's MoE methods; read by ``AscendFusedMoE`` when it builds
+    the plan. Only for a declaring method may the plan carry the all-to-all token dispatcher (data-parallel
+    attention with attention TP 1), because only such a method runs that dispatcher; any other method (vLLM's own)
+    gets the all-gather / reduce-scatter path of ``AscendFusedMoE.forward_impl``.
+    """
+
+    uses_layer_moe_plan: ClassVar[bool]
+
+
+def runs_layer_moe_plan(method: object) -> bool:
+    """Whether ``method`` (a FusedMoE quant method instance or class) declares :class:`LayerMoEPlanRunner`."""
+    return getattr(method, "uses_layer_moe_plan", False) is True
