@@ -91,6 +91,25 @@ class NPUModelRunner(GPUModelRunner):
             # vLLM wraps the model for full graphs with its CUDA wrapper directly (not the platform's class).
             self.model = NPUGraphWrapper(self.model.unwrap(), self.vllm_config, runtime_mode=CUDAGraphMode.FULL)
 
+    def estimate_graph_memory(self) -> int:
+        """Device bytes the graph pool will hold once every size is captured, to keep out of the KV budget.
+
+        Graphs are captured largest first into one shared pool and smaller graphs reuse its blocks, so the pool
+        holds about one forward's activations at the largest capture size: measured here as the allocator peak of
+        an eager dummy forward at that size (before the KV cache exists, so without attention metadata; attention
+        outputs are a small part of a forward's activations). 0 when no graphs are captured."""
+        mode = self.compilation_config.cudagraph_mode
+        sizes = self.compilation_config.cudagraph_capture_sizes or []
+        if mode in (None, CUDAGraphMode.NONE) or not sizes:
+            return 0
+        backend = self.device_backend
+        backend.synchronize(self.device)
+        backend.reset_peak_memory_stats(self.device)
+        base = backend.memory_allocated(self.device)
+        self._dummy_run(max(sizes), cudagraph_runtime_mode=CUDAGraphMode.NONE, skip_eplb=True)
+        backend.synchronize(self.device)
+        return max(0, backend.peak_memory_allocated(self.device) - base)
+
     def capture_model(self) -> int:
         """Capture every configured graph; returns the device memory the graphs took (bytes, as vLLM's)."""
         mode = self.compilation_config.cudagraph_mode
