@@ -31,7 +31,7 @@ Further modes (torchair) plug in as another entry of :data:`GRAPH_MODES`.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from vllm_npu.interface.errors import ConfigError
 from vllm_npu.interface.log import get_logger
@@ -180,7 +180,3 @@ def configure_graphs(vllm_config: VllmConfig, graph_mode: str, emulated: bool) -
     compilation.cudagraph_capture_sizes = None
     compilation.init_with_cudagraph_sizes(kept)
     return GraphPlan(mode, tuple(sorted(kept)), reason)
-
-
-def describe(plan: GraphPlan) -> dict[str, Any]:
-    return {"mode": plan.mode, "capture_sizes": list(plan.capture_sizes), "reason": plan.reason}
