@@ -92,6 +92,26 @@ def test_builder_thresholds_and_host_lists() -> None:
     assert md.attn_mask is None and md.splitfuse_mask is None  # reference backend: no kernel masks built
 
 
+def test_reference_builder_slots_and_decode_plan() -> None:
+    # The reference KV write's guarantee: no negative slot, vLLM's padding (-1) on slot 0 (null block 0), real
+    # slots unchanged, in one persistent buffer whose tail past a shorter step holds 0 too (captured graphs read it).
+    b = make_builder(16, 2, 32, torch.float32)
+    big = make_batch([1, 1, 1], [4, 9, 20], num_heads=4, num_kv_heads=2, head_size=16, block_size=16, num_pad=3)
+    md = b.build(0, big.common)
+    vllm_slots = big.common.slot_mapping
+    assert (vllm_slots[3:] == -1).all()
+    assert torch.equal(md.slot_mapping[:3], vllm_slots[:3]) and (md.slot_mapping[3:] == 0).all()
+    assert md.decode_plan is not None and md.decode_plan.context_lens is md.seq_lens_list
+    assert md.decode_plan.masked.shape == (3, 1, 1, 1, 32) and md.decode_plan.num_blocks == 2
+    first = md.slot_mapping
+    small = make_batch([1], [5], num_heads=4, num_kv_heads=2, head_size=16, block_size=16)
+    md2 = b.build(0, small.common)
+    assert md2.slot_mapping.data_ptr() == first.data_ptr()  # the same persistent buffer
+    assert torch.equal(md2.slot_mapping, small.common.slot_mapping) and (first[1:] == 0).all()
+    prefill = make_batch([4], [0], num_heads=4, num_kv_heads=2, head_size=16, block_size=16)
+    assert b.build(0, prefill.common).decode_plan is None  # only DecodeOnly steps get a plan
+
+
 def test_builder_for_graph_capture_builds_a_decode_batch() -> None:
     from vllm.v1.attention.backends.utils import AttentionCGSupport
 

@@ -200,7 +200,8 @@ class AscendAttentionMetadataBuilder(AttentionMetadataBuilder[AscendMetadata]):
         The guarantee the reference KV write relies on (:mod:`.ops.kv_cache`): it writes every row with one
         ``index_copy_`` instead of skipping padding rows as the NPU kernel does. Slot 0 lies in block 0, which vLLM's
         block pool reserves as its null block (``BlockPool.null_block``, never handed to a request), so a padding
-        row's K/V lands where no request's attention reads. Every slot a real token writes is unchanged."""
+        row's K/V lands where no request's attention reads. Every slot a real token writes is unchanged. Past
+        ``slot_mapping``'s length the buffer holds 0 as well."""
         m = slot_mapping.shape[0]
         if self._slots is None or self._slots.shape[0] < m:
             scheduler = getattr(self.vllm_config, "scheduler_config", None)
@@ -208,6 +209,9 @@ class AscendAttentionMetadataBuilder(AttentionMetadataBuilder[AscendMetadata]):
             self._slots = torch.zeros(size, dtype=torch.long, device=slot_mapping.device)
         out = self._slots[:m]
         torch.clamp(slot_mapping, min=0, out=out)
+        # The tail too: a graph captured at a larger padded batch reads past this step's m, where vLLM's own buffer
+        # holds -1 (padding); here it must hold the null slot, not an earlier step's real slot.
+        self._slots[m:].zero_()
         return out
 
     def build_for_cudagraph_capture(self, common_attn_metadata: CommonAttentionMetadata) -> AscendMetadata:
