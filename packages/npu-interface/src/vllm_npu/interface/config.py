@@ -32,7 +32,7 @@ from .errors import ConfigError
 from .settings import ADDITIONAL_CONFIG_KEY, ENV_PREFIX, read_device_setting
 
 DeviceSetting = Literal["auto", "npu", "emulated", "off"]
-GraphMode = Literal["auto", "eager", "piecewise"]
+GraphMode = Literal["auto", "eager", "piecewise", "full_decode_only"]
 KernelSetting = Literal["auto", "npu", "reference"]
 
 
@@ -115,7 +115,9 @@ class AdditionalConfig(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     graph_mode: GraphMode = Field(
-        "auto", description="auto | eager | piecewise; auto = eager on the emulated device, piecewise graphs on NPU"
+        "auto",
+        description="auto | eager | piecewise | full_decode_only; auto follows vLLM's cudagraph_mode (PIECEWISE "
+        "by default on an NPU, eager on the emulated device)",
     )
     kernels: KernelSetting = Field(
         "auto", description="auto | npu | reference; reference runs the pure-PyTorch twins (debugging on NPU)"

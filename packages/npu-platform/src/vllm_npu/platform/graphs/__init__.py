@@ -1,0 +1,6 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
+"""Static graphs: vLLM's graph wrapper for the NPU (:mod:`.wrapper`), ACL graphs (:mod:`._npu`), the emulated
+device's twin (:mod:`._twin`) and the capture-size limits (:mod:`.sizes`)."""
+
+WRAPPER_CLS = "vllm_npu.platform.graphs.wrapper.NPUGraphWrapper"
