@@ -32,7 +32,7 @@ from .errors import ConfigError
 from .settings import ADDITIONAL_CONFIG_KEY, ENV_PREFIX, read_device_setting
 
 DeviceSetting = Literal["auto", "npu", "emulated", "off"]
-GraphMode = Literal["auto", "eager", "piecewise", "full_decode_only"]
+GraphMode = Literal["auto", "eager", "piecewise", "full_decode_only", "torchair"]
 KernelSetting = Literal["auto", "npu", "reference"]
 
 
@@ -116,8 +116,9 @@ class AdditionalConfig(BaseModel):
 
     graph_mode: GraphMode = Field(
         "auto",
-        description="auto | eager | piecewise | full_decode_only; auto follows vLLM's cudagraph_mode (PIECEWISE "
-        "by default on an NPU, eager on the emulated device)",
+        description="auto | eager | piecewise | full_decode_only | torchair; auto follows vLLM's cudagraph_mode "
+        "(PIECEWISE by default on an NPU, eager on the emulated device); torchair compiles the decode forward per "
+        "padded batch size",
     )
     kernels: KernelSetting = Field(
         "auto", description="auto | npu | reference; reference runs the pure-PyTorch twins (debugging on NPU)"
@@ -126,6 +127,14 @@ class AdditionalConfig(BaseModel):
         None, gt=0, le=1024, description="a float in (0, 1024] GiB; overrides VLLM_NPU_EMULATED_KV_CACHE_GB"
     )
     disabled_patches: tuple[str, ...] = Field((), description="a list of patch ids to skip")
+    torchair_cache: bool = Field(
+        True, description="true | false; graph_mode torchair: keep compiled decode graphs in torchair_cache_dir"
+    )
+    torchair_cache_dir: str | None = Field(
+        None,
+        min_length=1,
+        description="a directory (default <VLLM_NPU_CACHE_DIR>/torchair); graph_mode torchair: the compile cache",
+    )
 
     @classmethod
     def from_vllm(cls, additional_config: Mapping[str, Any] | None) -> AdditionalConfig:
@@ -137,7 +146,7 @@ class AdditionalConfig(BaseModel):
                 f'{{"{ADDITIONAL_CONFIG_KEY}": {{"graph_mode": "eager"}}}}, got {type(section).__name__}'
             )
         try:
-            return cls.model_validate(dict(section))
+            config = cls.model_validate(dict(section))
         except ValidationError as exc:
             _raise_config_error(
                 cls,
@@ -145,4 +154,11 @@ class AdditionalConfig(BaseModel):
                 source="--additional-config",
                 naming=lambda loc: f"{ADDITIONAL_CONFIG_KEY}.{loc[0]}" if loc else ADDITIONAL_CONFIG_KEY,
             )
-        raise AssertionError("unreachable")
+        stray = sorted(k for k in config.model_fields_set if k.startswith("torchair_"))
+        if stray and config.graph_mode != "torchair":
+            raise ConfigError(
+                f"bad --additional-config: {ADDITIONAL_CONFIG_KEY}.{stray[0]} applies only to "
+                f"{ADDITIONAL_CONFIG_KEY}.graph_mode='torchair' (graph_mode is {config.graph_mode!r}); set "
+                f"graph_mode to 'torchair' or drop {', '.join(stray)}"
+            )
+        return config

@@ -17,7 +17,9 @@ sampling and logprobs, KV-cache allocation) is vLLM's own code. The overrides:
 - static graphs (:mod:`.graphs`): ``load_model`` puts :class:`.graphs.wrapper.NPUGraphWrapper` around the model
   where vLLM put its CUDA wrapper (FULL_DECODE_ONLY); ``capture_model`` is vLLM's capture loop (warm-up and capture
   per size, largest first, so smaller graphs reuse the pool) with memory, streams and sync from the device backend,
-  and without vLLM's ``graph_capture`` context (it asserts a CUDA communicator under tensor parallelism).
+  and without vLLM's ``graph_capture`` context (it asserts a CUDA communicator under tensor parallelism). With
+  ``npu.graph_mode='torchair'`` the wrapper is :class:`.graphs.torchair.TorchairWrapper`, and the same loop compiles
+  each decode size instead of capturing it.
 - ``initialize_kv_cache_tensors``: when several cache layers share a decoder-layer index (DeepSeek-V3.2: the MLA
   latent cache ``...self_attn.attn`` and the indexer key cache ``...self_attn.indexer.k_cache``), vLLM 0.11's
   ``bind_kv_cache`` raises ``NotImplementedError`` on every platform but CUDA/XPU. The override binds them the
@@ -44,6 +46,7 @@ from vllm.v1.worker.utils import bind_kv_cache
 from vllm_npu.interface.log import get_logger
 
 from ._device import DeviceBackend, EmulatedDevice, cuda_stream_api_as
+from .graphs.torchair import TorchairWrapper, torchair_enabled
 from .graphs.wrapper import NPUGraphWrapper
 
 logger = get_logger(__name__)
@@ -84,9 +87,10 @@ class NPUModelRunner(GPUModelRunner):
 
     def load_model(self, eep_scale_up: bool = False) -> None:
         super().load_model(eep_scale_up)
-        if isinstance(self.model, CUDAGraphWrapper) and not isinstance(self.model, NPUGraphWrapper):
+        wrapper = TorchairWrapper if torchair_enabled(self.vllm_config) else NPUGraphWrapper
+        if isinstance(self.model, CUDAGraphWrapper) and not isinstance(self.model, wrapper):
             # vLLM wraps the model for full graphs with its CUDA wrapper directly (not the platform's class).
-            self.model = NPUGraphWrapper(self.model.unwrap(), self.vllm_config, runtime_mode=CUDAGraphMode.FULL)
+            self.model = wrapper(self.model.unwrap(), self.vllm_config, runtime_mode=CUDAGraphMode.FULL)
 
     def capture_model(self) -> int:
         """Capture every configured graph; returns the device memory the graphs took (bytes, as vLLM's)."""

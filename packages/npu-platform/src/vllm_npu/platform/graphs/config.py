@@ -25,7 +25,8 @@ slow every engine start of the test suite; everything else is the same code path
 
 ``npu.graph_mode``: ``auto`` follows the above; ``eager`` / ``piecewise`` / ``full_decode_only`` set the mode (an
 explicit, different ``cudagraph_mode`` is a conflict). ``--enforce-eager`` with a graph mode is a conflict.
-Further modes (torchair) plug in as another entry of :data:`GRAPH_MODES`.
+``torchair`` uses FULL_DECODE_ONLY's dispatch and compiles each decode size instead of capturing it
+(:mod:`.torchair`).
 """
 
 from __future__ import annotations
@@ -49,6 +50,9 @@ GRAPH_MODES: dict[str, str | None] = {
     "eager": "NONE",
     "piecewise": "PIECEWISE",
     "full_decode_only": "FULL_DECODE_ONLY",
+    # FULL_DECODE_ONLY's dispatch (padded pure-decode batches, the rest eager); the model runner compiles instead
+    # of capturing (.torchair).
+    "torchair": "FULL_DECODE_ONLY",
 }
 
 
