@@ -47,7 +47,7 @@ from vllm_npu.interface.log import get_logger
 
 from ._device import DeviceBackend, EmulatedDevice, cuda_stream_api_as
 from .graphs.torchair import TorchairWrapper, torchair_enabled
-from .graphs.wrapper import NPUGraphWrapper
+from .graphs.wrapper import GRAPH_STATS, NPUGraphWrapper
 
 logger = get_logger(__name__)
 
@@ -60,6 +60,9 @@ def device_backend() -> type[DeviceBackend]:
 class NPUModelRunner(GPUModelRunner):
     def __init__(self, vllm_config: VllmConfig, device: torch.device) -> None:
         self.device_backend = device_backend()
+        # Graph counts of this engine: vLLM's capture counter is process-wide, so remember where it stood.
+        GRAPH_STATS.reset()
+        self.cudagraph_captured_before = compilation_counter.num_cudagraph_captured
         with cuda_stream_api_as(self.device_backend):
             super().__init__(vllm_config, device)
         if hasattr(self, "rejection_sampler"):
@@ -91,6 +94,25 @@ class NPUModelRunner(GPUModelRunner):
         if isinstance(self.model, CUDAGraphWrapper) and not isinstance(self.model, wrapper):
             # vLLM wraps the model for full graphs with its CUDA wrapper directly (not the platform's class).
             self.model = wrapper(self.model.unwrap(), self.vllm_config, runtime_mode=CUDAGraphMode.FULL)
+
+    def estimate_graph_memory(self) -> int:
+        """Device bytes the graph pool will hold once every size is captured, to keep out of the KV budget.
+
+        Graphs are captured largest first into one shared pool and smaller graphs reuse its blocks, so the pool
+        holds about one forward's activations at the largest capture size: measured here as the allocator peak of
+        an eager dummy forward at that size (before the KV cache exists, so without attention metadata; attention
+        outputs are a small part of a forward's activations). 0 when no graphs are captured."""
+        mode = self.compilation_config.cudagraph_mode
+        sizes = self.compilation_config.cudagraph_capture_sizes or []
+        if mode in (None, CUDAGraphMode.NONE) or not sizes:
+            return 0
+        backend = self.device_backend
+        backend.synchronize(self.device)
+        backend.reset_peak_memory_stats(self.device)
+        base = backend.memory_allocated(self.device)
+        self._dummy_run(max(sizes), cudagraph_runtime_mode=CUDAGraphMode.NONE, skip_eplb=True)
+        backend.synchronize(self.device)
+        return max(0, backend.peak_memory_allocated(self.device) - base)
 
     def capture_model(self) -> int:
         """Capture every configured graph; returns the device memory the graphs took (bytes, as vLLM's)."""
@@ -127,7 +149,7 @@ class NPUModelRunner(GPUModelRunner):
         self.graph_memory_bytes = taken
         logger.info(
             "captured %d static graphs (%s) in %.2f s, %.3f GiB",
-            compilation_counter.num_cudagraph_captured,
+            compilation_counter.num_cudagraph_captured - self.cudagraph_captured_before,
             mode.name,
             self.graph_capture_seconds,
             taken / (1 << 30),

@@ -22,6 +22,7 @@ Captures are counted in vLLM's ``compilation_counter.num_cudagraph_captured`` (a
 from __future__ import annotations
 
 import contextlib
+import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -45,11 +46,28 @@ class GraphStats:
     captures: Counter[str] = field(default_factory=Counter)  # runtime mode name -> graphs captured
     replays: Counter[str] = field(default_factory=Counter)  # runtime mode name -> graph replays
     tasks: int = 0  # updatable kernels captured inside graphs
+    # per captured batch size (tokens): seconds spent capturing, device memory taken (free-memory delta, bytes)
+    capture_seconds: Counter[int] = field(default_factory=Counter)
+    capture_bytes: Counter[int] = field(default_factory=Counter)
+
+    def reset(self) -> None:
+        self.captures.clear()
+        self.replays.clear()
+        self.tasks = 0
+        self.capture_seconds.clear()
+        self.capture_bytes.clear()
 
     def snapshot(self) -> dict[str, Any]:
-        return {"captures": dict(self.captures), "replays": dict(self.replays), "tasks": self.tasks}
+        return {
+            "captures": dict(self.captures),
+            "replays": dict(self.replays),
+            "tasks": self.tasks,
+            "capture_seconds": dict(self.capture_seconds),
+            "capture_bytes": dict(self.capture_bytes),
+        }
 
 
+#: This process's counts since its model runner was built (the runner resets them: one engine per process).
 GRAPH_STATS = GraphStats()
 
 
@@ -91,8 +109,13 @@ class NPUGraphWrapper(CUDAGraphWrapper):
             validate_cudagraph_capturing_enabled()
             if self.cudagraph_options.debug_log_enable:
                 logger.debug("capturing a static graph for (%s, %s)", self.runtime_mode.name, key)
+            free_before = self.device_backend.mem_get_info()[0]
+            start = time.perf_counter()
             with self._capture_context():
                 graph = self.device_backend.capture_graph(self.runnable, args, kwargs, self.graph_pool, None)
+            size = getattr(key, "num_tokens", 0)
+            GRAPH_STATS.capture_seconds[size] += time.perf_counter() - start
+            GRAPH_STATS.capture_bytes[size] += max(0, free_before - self.device_backend.mem_get_info()[0])
             output = graph.output
             if self.device_backend.type == "npu":
                 graph.weaken_output()  # the graph pool owns the output memory (as in vLLM's CUDA wrapper)
