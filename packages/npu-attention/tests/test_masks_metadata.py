@@ -87,7 +87,7 @@ def test_builder_thresholds_and_host_lists() -> None:
     assert md.attn_state is AscendAttentionState.ChunkedPrefill
     assert (md.num_decodes, md.num_decode_tokens, md.num_prefills) == (2, 3, 1)
     assert md.query_start_loc_list == [0, 2, 3, 12] and md.actual_seq_lengths_q == [2, 3, 12]
-    assert md.seq_lens_list == [5, 8, 9] and md.query_lens_list == [2, 1, 9]
+    assert md.seq_lens_list == [5, 8, 9]
     assert md.num_actual_tokens == 12 and md.slot_mapping.shape[0] == 14
     assert md.attn_mask is None and md.splitfuse_mask is None  # reference backend: no kernel masks built
 

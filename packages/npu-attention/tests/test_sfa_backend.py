@@ -142,7 +142,7 @@ def test_ascend_indexer_forward_follows_vllm_indexer_math() -> None:
     softmax_scale / sqrt(H)) in the model dtype, then the lightning indexer; checked against a hand-written loop."""
     from vllm.forward_context import ForwardContext, override_forward_context
     from vllm.model_executor.layers.rotary_embedding.common import apply_rotary_emb_torch
-    from vllm_npu.attention.backends.sfa import AscendIndexerCache, ascend_indexer_forward
+    from vllm_npu.attention.backends.sfa import ascend_indexer_forward
 
     torch.manual_seed(5)
     hidden, q_lora, H, D, rope_dim, bs = 24, 12, 2, 8, 4, 16
@@ -157,9 +157,8 @@ def test_ascend_indexer_forward_follows_vllm_indexer_math() -> None:
         f = positions.float()[:, None] * inv_freq[None, :]
         return apply_rotary_emb_torch(q, f.cos(), f.sin(), False), apply_rotary_emb_torch(k, f.cos(), f.sin(), False)
 
-    cache_layer = AscendIndexerCache.__new__(AscendIndexerCache)  # no vLLM config here: fill the fields directly
-    torch.nn.Module.__init__(cache_layer)
-    cache_layer.prefix, cache_layer.kv_cache = "layers.0.indexer.k_cache", [torch.zeros(4, bs, D)]
+    # the two fields of the key cache layer (npu-models' AscendIndexerKeyCache) that the forward reads
+    cache_layer = SimpleNamespace(prefix="layers.0.indexer.k_cache", kv_cache=[torch.zeros(4, bs, D)])
     indexer = SimpleNamespace(
         wq_b=Lin(q_lora, H * D, bias=False), wk=Lin(hidden, D, bias=False), k_norm=torch.nn.LayerNorm(D),
         weights_proj=Lin(hidden, H, bias=False), n_head=H, head_dim=D, rope_dim=rope_dim, softmax_scale=D**-0.5,

@@ -4,8 +4,11 @@
 
 from __future__ import annotations
 
+from typing import get_args
+
 import pytest
 from vllm_npu.interface import ADDITIONAL_CONFIG_KEY, AdditionalConfig, ConfigError, EnvConfig
+from vllm_npu.interface.settings import ADDITIONAL_CONFIG_SETTINGS, ENV_PREFIX, ENV_SETTINGS, Setting, setting
 
 
 def test_env_defaults() -> None:
@@ -124,3 +127,32 @@ def test_additional_config_bad_value(key: str, value: object, allowed: list[str]
 def test_additional_config_section_must_be_an_object() -> None:
     with pytest.raises(ConfigError, match=r"'npu' must be an object like .*graph_mode.*got str"):
         AdditionalConfig.from_vllm({"npu": "eager"})
+
+
+@pytest.mark.parametrize(
+    ("model", "settings"), [(EnvConfig, ENV_SETTINGS), (AdditionalConfig, ADDITIONAL_CONFIG_SETTINGS)]
+)
+def test_the_schema_is_built_from_the_settings_list(model: type, settings: tuple[Setting, ...]) -> None:
+    """One list of the settings: every schema field is a listed setting (and back), with its default, description
+    and choices."""
+    assert list(model.model_fields) == [s.key for s in settings]
+    for item in settings:
+        field = model.model_fields[item.key]
+        assert (field.default, field.description) == (item.default, item.allowed), item.name
+        choices = get_args(field.annotation)
+        if item.choices:
+            assert choices == item.choices, item.name
+        else:
+            assert not (choices and all(isinstance(c, str) for c in choices)), f"{item.name} has unlisted choices"
+        assert "`" not in item.allowed  # error messages quote it
+
+
+def test_setting_names_match_what_the_errors_print() -> None:
+    assert [s.name for s in ENV_SETTINGS] == [ENV_PREFIX + key for key in EnvConfig.model_fields]
+    assert [s.name for s in ADDITIONAL_CONFIG_SETTINGS] == [
+        f"{ADDITIONAL_CONFIG_KEY}.{key}" for key in AdditionalConfig.model_fields
+    ]
+    with pytest.raises(ConfigError, match="npu.kernls is not a known key; known keys: npu.disabled_patches"):
+        AdditionalConfig.from_vllm({ADDITIONAL_CONFIG_KEY: {"kernls": "npu"}})
+    with pytest.raises(KeyError, match="no setting 'VLLM_NPU_NOPE'"):
+        setting("VLLM_NPU_NOPE")

@@ -114,13 +114,15 @@ def test_probe_reads_env_dev_nodes_and_module_presence(tmp_path: Path, monkeypat
     (site / "torch_npu" / "__init__.py").write_text("raise RuntimeError('torch_npu must not be imported')\n")
     monkeypatch.syspath_prepend(str(site))
 
-    probe = probe_npu({"ASCEND_HOME_PATH": "/opt/cann"}, dev_glob=str(dev / "davinci[0-9]*"))
+    cann = tmp_path / "cann"
+    cann.mkdir()
+    probe = probe_npu({"ASCEND_HOME_PATH": str(cann)}, dev_glob=str(dev / "davinci[0-9]*"))
     assert probe == NPUProbe(True, True, (str(dev / "davinci0"), str(dev / "davinci1")), None)
     assert probe.available
     assert "torch_npu" not in sys.modules
 
     hidden = probe_npu(
-        {"ASCEND_TOOLKIT_HOME": "/x", "ASCEND_RT_VISIBLE_DEVICES": ""}, dev_glob=str(dev / "davinci[0-9]*")
+        {"ASCEND_TOOLKIT_HOME": str(cann), "ASCEND_RT_VISIBLE_DEVICES": ""}, dev_glob=str(dev / "davinci[0-9]*")
     )
     assert not hidden.available and "ASCEND_RT_VISIBLE_DEVICES" in hidden.reason
 

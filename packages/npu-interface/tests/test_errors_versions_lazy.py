@@ -5,8 +5,10 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import vllm_npu.interface as interface
@@ -24,6 +26,7 @@ from vllm_npu.interface import (
     lazy_exports,
 )
 from vllm_npu.interface.errors import LAYER_DISTRIBUTIONS
+from vllm_npu.interface.targets import import_target
 from vllm_npu.interface.versions import RangeCheck, parse_range
 
 
@@ -48,8 +51,7 @@ def test_install_commands() -> None:
 
 
 def test_every_layer_maps_to_a_workspace_distribution() -> None:
-    for layer, dist in LAYER_DISTRIBUTIONS.items():
-        assert dist == f"npu-{layer}"
+    for dist in LAYER_DISTRIBUTIONS.values():
         assert distribution_version(dist) is not None, f"{dist} is not installed in the dev env"
 
 
@@ -116,6 +118,34 @@ def test_lazy_exports_import_on_first_access() -> None:
     assert dir_() == ["Decoder", "dumps"]
     with pytest.raises(AttributeError, match="module 'json' has no attribute 'nope'"):
         getattr_("nope")
+
+
+def test_import_target_resolves_module_attr_strings() -> None:
+    assert import_target("json:dumps") is json.dumps
+    assert import_target(".decoder:JSONDecoder", package="json") is json.JSONDecoder
+    assert import_target("json:JSONDecoder.decode") is json.JSONDecoder.decode
+
+
+@pytest.mark.parametrize("bad", ["json", "json:", ":dumps", "json:a:b", "json:du mps"])
+def test_import_target_refuses_a_malformed_string(bad: str) -> None:
+    with pytest.raises(ValueError, match=f"^hook {re.escape(repr(bad))} must look like 'package.module:attr'$"):
+        import_target(bad, what="hook")
+
+
+def test_import_target_names_the_missing_module_or_attribute() -> None:
+    with pytest.raises(ModuleNotFoundError, match=r"^hook 'json\.nope:x': no module named 'json\.nope' \(is the"):
+        import_target("json.nope:x", what="hook")
+    with pytest.raises(AttributeError, match=r"^hook 'json:JSONDecoder\.nope': json\.JSONDecoder has no attribute"):
+        import_target("json:JSONDecoder.nope", what="hook")
+
+
+def test_import_target_keeps_a_broken_modules_own_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A module that exists but fails to import is a bug to surface as it is, not a "missing target"."""
+    (tmp_path / "npu_broken_target.py").write_text("import npu_no_such_dependency\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(ModuleNotFoundError) as info:
+        import_target("npu_broken_target:x")
+    assert info.value.name == "npu_no_such_dependency" and "npu_broken_target" not in str(info.value)
 
 
 def test_every_interface_export_resolves() -> None:

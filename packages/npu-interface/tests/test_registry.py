@@ -5,6 +5,8 @@
 from __future__ import annotations
 
 import importlib.metadata
+import sys
+import types
 from collections.abc import Callable
 from pathlib import Path
 
@@ -201,7 +203,6 @@ def test_hooks_run_once_per_process(fake_dist: Callable[..., Path], monkeypatch:
         ("load", DeviceMode.EMULATED, Scope.PLATFORM, None),
         ("worker", DeviceMode.EMULATED, Scope.WORKER, "cfg"),
     ]
-    assert ("hooked", Scope.PLATFORM) in list(registry.loaded_hooks())
     no_hooks = Component("plain", "npu-plain", "1", ">=1.0", ">=0")
     assert not registry.run_hook(no_hooks, Scope.PLATFORM, DeviceMode.EMULATED)
 
@@ -230,7 +231,7 @@ def test_failed_hook_runs_again(fake_dist: Callable[..., Path]) -> None:
 
 
 def test_bad_hook_path() -> None:
-    with pytest.raises(ValueError, match="must look like 'package.module:function'"):
+    with pytest.raises(ValueError, match="hook 'no_colon_here' must look like 'package.module:attr'"):
         registry.resolve_hook("no_colon_here")
 
 
@@ -327,3 +328,33 @@ def test_vllm_npu_is_a_namespace_package() -> None:
 
     assert getattr(vllm_npu, "__file__", None) is None  # PEP 420: no vllm_npu/__init__.py anywhere
     assert len(list(vllm_npu.__path__)) >= 2  # one portion per installed member
+
+
+def test_register_custom_ops_registers_once_and_refuses_a_foreign_override() -> None:
+    from vllm.model_executor.custom_op import CustomOp
+
+    class Mine(CustomOp):
+        pass
+
+    class Other:
+        pass
+
+    mine, theirs = "NPUInterfaceTestOp", "NPUInterfaceTestTaken"
+    sys.modules["npu_iface_test_ops"] = types.SimpleNamespace(Mine=Mine)  # type: ignore[assignment]
+    CustomOp.op_registry_oot[theirs] = Other
+    try:
+        table = {mine: "npu_iface_test_ops:Mine"}
+        assert registry.register_custom_ops(table, owner="npu_iface_test") == [mine]
+        assert CustomOp.op_registry_oot[mine] is Mine
+        assert registry.register_custom_ops(table, owner="npu_iface_test") == []  # once per process
+        with pytest.raises(RuntimeError) as info:
+            registry.register_custom_ops({theirs: "npu_iface_test_ops:Mine"}, owner="npu_iface_test")
+        assert str(info.value) == (
+            f"vLLM CustomOp {theirs!r} is already overridden by {Other.__module__}.{Other.__qualname__}; "
+            "npu_iface_test wants npu_iface_test_ops:Mine. Two out-of-tree plugins override the same op: uninstall one"
+        )
+        assert CustomOp.op_registry_oot[theirs] is Other
+    finally:
+        CustomOp.op_registry_oot.pop(mine, None)
+        CustomOp.op_registry_oot.pop(theirs, None)
+        sys.modules.pop("npu_iface_test_ops", None)

@@ -278,3 +278,29 @@ def test_platform_filtered_out_while_device_requested() -> None:
     assert rc == 1
     assert "vllm.platform_plugins:npu" in report["vllm_plugins"]["filtered_out"]
     assert any("leaves out the platform plugin 'npu'" in e for e in report["errors"])
+
+
+@pytest.mark.parametrize(
+    "layout",
+    ["toolkit_var", "home_var", "opp_var_only", "var_names_a_missing_dir", "nothing"],
+)
+def test_doctor_and_device_probe_agree_on_cann(layout: str, tmp_path: Path) -> None:
+    """The doctor's CANN report and the probe that activates the NPU use one detector: they never disagree."""
+    from vllm_npu.interface.device import probe_npu
+
+    home = tmp_path / "cann"
+    (home / "opp").mkdir(parents=True)
+    env = {
+        "toolkit_var": {"ASCEND_TOOLKIT_HOME": str(home)},
+        "home_var": {"ASCEND_HOME_PATH": str(home)},
+        "opp_var_only": {"ASCEND_OPP_PATH": str(home / "opp")},
+        "var_names_a_missing_dir": {"ASCEND_HOME_PATH": str(tmp_path / "gone")},
+        "nothing": {},
+    }[layout]
+    doctor_home = find_cann(env).home
+    assert probe_npu(env).cann_found is (doctor_home is not None)
+    if layout in ("toolkit_var", "home_var", "opp_var_only"):
+        assert doctor_home == str(home)
+    rc, report = doctor_json(extra_env=env)
+    assert report["device"]["probe"]["cann_found"] is (report["cann"]["home"] is not None)
+    assert report["cann"]["home"] == doctor_home

@@ -3,6 +3,7 @@
 """The attention layer's component declaration. Imports nothing but npu-interface: discovery must stay cheap."""
 
 from vllm_npu.interface import Component
+from vllm_npu.interface.versions import SUPPORTED_VLLM
 
 from ._version import __version__
 
@@ -11,10 +12,9 @@ COMPONENT = Component(
     distribution="npu-attention",
     version=__version__,
     interface=">=1.0,<2",
-    vllm=">=0.11.0,<0.12",
+    vllm=SUPPORTED_VLLM,
     summary="attention backends (Ascend GQA, MLA, SFA), metadata builders, masks, KV-cache ops",
     on_load="vllm_npu.attention._hooks:on_load",
-    on_worker_init="vllm_npu.attention._hooks:on_worker_init",
 )
 
 # What vLLM's `vllm.general_plugins` loader calls (entry point `npu_attention`).

@@ -94,7 +94,6 @@ class AscendMetadata:
     # host copies, the SymInt[] arguments of the NPU kernels
     query_start_loc_list: list[int]  # num_reqs + 1 entries
     seq_lens_list: list[int]
-    query_lens_list: list[int]
     # NPU kernel masks (None on the reference backend, whose kernels derive masks from positions):
     # attn_mask is the state's own (float causal for PrefillNoCache, bool pooling mask for encoder-only, the int8
     # splitfuse mask for cache-reading prefill states, None for DecodeOnly); splitfuse_mask is the 2048 int8 mask
@@ -176,7 +175,6 @@ class AscendAttentionMetadataBuilder(AttentionMetadataBuilder[AscendMetadata]):
             slot_mapping=cm.slot_mapping,
             query_start_loc_list=qsl_cpu.tolist(),
             seq_lens_list=seq_lens_cpu.tolist(),
-            query_lens_list=query_lens.tolist(),
             attn_mask=self._mask_for(state, cm),
             splitfuse_mask=self.masks.splitfuse_mask() if self.npu_masks else None,
         )

@@ -106,7 +106,6 @@ _EXPORTS = {
     "SUPPORTED_VLLM": ".versions:SUPPORTED_VLLM",
     "distribution_version": ".versions:distribution_version",
     "in_range": ".versions:in_range",
-    "lazy_exports": ".lazy:lazy_exports",
 }
 
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

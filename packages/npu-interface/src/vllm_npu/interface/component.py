@@ -6,9 +6,9 @@ A layer ships a module ``vllm_npu.<layer>._component`` that imports nothing but 
 
     COMPONENT = Component(
         name="ops", distribution="npu-ops", version=__version__,
-        interface=">=1.0,<2", vllm=">=0.11.0,<0.12",
-        on_load="vllm_npu.ops._hooks:on_load",            # every process, when vLLM loads general plugins
-        on_worker_init="vllm_npu.ops._hooks:on_worker_init",  # every worker process, at NPUWorker init
+        interface=">=1.0,<2", vllm=SUPPORTED_VLLM,
+        on_load="vllm_npu.ops._hooks:on_load",  # every process, when vLLM loads general plugins (and each worker)
+        on_worker_init=None,                    # or a hook that needs the worker's VllmConfig, at NPUWorker init
     )
     load_plugin = COMPONENT.plugin_entry()
 
@@ -20,13 +20,18 @@ and two entry points in its pyproject::
 Hooks are ``"module:function"`` strings, imported only when they run, so discovering components stays cheap.
 A hook takes one :class:`HookContext` and must be idempotent; the registry also runs each hook at most once per
 process.
+
+``vllm`` is the plugin line's :data:`~vllm_npu.interface.versions.SUPPORTED_VLLM`. ``interface`` stays a literal
+in each layer: it is the contract that layer was written against, and deriving it from the installed
+npu-interface would make the skew check pass for any pairing (a layer forced in with ``--no-deps`` from another
+interface major would no longer be refused).
 """
 
 from __future__ import annotations
 
 import enum
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from .device import DeviceMode
@@ -60,7 +65,6 @@ class Component:
     summary: str = ""
     on_load: str | None = None
     on_worker_init: str | None = None
-    provides: tuple[str, ...] = field(default=())
 
     @property
     def plugin_name(self) -> str:

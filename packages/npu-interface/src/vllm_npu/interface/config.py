@@ -3,37 +3,39 @@
 """Configuration schema: the ``VLLM_NPU_*`` environment variables and the ``npu`` section of vLLM's
 ``--additional-config``. Both are validated with pydantic; every error names the bad key and what it accepts.
 
-Environment variables (all optional):
-
-============================== ======================================= ==============================================
-variable                       values                                  meaning
-============================== ======================================= ==============================================
-``VLLM_NPU_DEVICE``            ``auto`` | ``npu`` | ``emulated`` |     which device the platform drives; ``auto``
-                               ``off`` (default ``auto``)              activates only where an Ascend NPU is visible
-``VLLM_NPU_EMULATED_KV_CACHE_GB`` float > 0 (default ``0.5``)          KV-cache budget of the emulated device, in GiB
-``VLLM_NPU_PATCHES``           ``all`` (default) | ``none`` |          which patches of npu-patches apply:
-                               ``-<id>[,-<id>...]``                    ``-<id>`` disables one patch
-``VLLM_NPU_CACHE_DIR``         a directory (default                    where the plugin caches what it builds (the
-                               ``~/.cache/vllm-npu``)                  demo model)
-============================== ======================================= ==============================================
-
-``--additional-config '{"npu": {...}}'`` keys: see :class:`AdditionalConfig`.
+The settings themselves (names, allowed values, defaults, meanings) are listed once, in
+:mod:`vllm_npu.interface.settings`; the models here take their types, defaults and descriptions from there, and the
+README's tables are rendered from the same lists.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from .errors import ConfigError
-from .settings import ADDITIONAL_CONFIG_KEY, ENV_PREFIX, read_device_setting
+from .settings import (
+    ADDITIONAL_CONFIG_KEY,
+    ENV_CACHE_DIR,
+    ENV_DEVICE,
+    ENV_EMULATED_KV_CACHE_GB,
+    ENV_PATCHES,
+    ENV_PREFIX,
+    DeviceSetting,
+    GraphMode,
+    KernelSetting,
+    read_device_setting,
+    setting,
+)
 
-DeviceSetting = Literal["auto", "npu", "emulated", "off"]
-GraphMode = Literal["auto", "eager", "piecewise", "full_decode_only", "torchair"]
-KernelSetting = Literal["auto", "npu", "reference"]
+
+def _field(name: str, **constraints: Any) -> Any:
+    """A pydantic field with the default and description that :mod:`.settings` lists for ``name``."""
+    item = setting(name)
+    return Field(item.default, description=item.allowed, **constraints)
 
 
 def _describe(model: type[BaseModel], loc: tuple[Any, ...]) -> str:
@@ -67,10 +69,10 @@ class EnvConfig(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    DEVICE: DeviceSetting = Field("auto", description="auto | npu | emulated | off")
-    EMULATED_KV_CACHE_GB: float = Field(0.5, gt=0, le=1024, description="a float in (0, 1024], in GiB")
-    PATCHES: str = Field("all", description="all | none | -<patch-id>[,-<patch-id>...]")
-    CACHE_DIR: str | None = Field(None, description="a directory path (default ~/.cache/vllm-npu)")
+    DEVICE: DeviceSetting = _field(ENV_DEVICE)
+    EMULATED_KV_CACHE_GB: float = _field(ENV_EMULATED_KV_CACHE_GB, gt=0, le=1024)
+    PATCHES: str = _field(ENV_PATCHES)
+    CACHE_DIR: str | None = _field(ENV_CACHE_DIR)
 
     @field_validator("PATCHES")
     @classmethod
@@ -114,27 +116,12 @@ class AdditionalConfig(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    graph_mode: GraphMode = Field(
-        "auto",
-        description="auto | eager | piecewise | full_decode_only | torchair; auto follows vLLM's cudagraph_mode "
-        "(PIECEWISE by default on an NPU, eager on the emulated device); torchair compiles the decode forward per "
-        "padded batch size",
-    )
-    kernels: KernelSetting = Field(
-        "auto", description="auto | npu | reference; reference runs the pure-PyTorch twins (debugging on NPU)"
-    )
-    emulated_kv_cache_gb: float | None = Field(
-        None, gt=0, le=1024, description="a float in (0, 1024] GiB; overrides VLLM_NPU_EMULATED_KV_CACHE_GB"
-    )
-    disabled_patches: tuple[str, ...] = Field((), description="a list of patch ids to skip")
-    torchair_cache: bool = Field(
-        True, description="true | false; graph_mode torchair: keep compiled decode graphs in torchair_cache_dir"
-    )
-    torchair_cache_dir: str | None = Field(
-        None,
-        min_length=1,
-        description="a directory (default <VLLM_NPU_CACHE_DIR>/torchair); graph_mode torchair: the compile cache",
-    )
+    graph_mode: GraphMode = _field(f"{ADDITIONAL_CONFIG_KEY}.graph_mode")
+    kernels: KernelSetting = _field(f"{ADDITIONAL_CONFIG_KEY}.kernels")
+    emulated_kv_cache_gb: float | None = _field(f"{ADDITIONAL_CONFIG_KEY}.emulated_kv_cache_gb", gt=0, le=1024)
+    disabled_patches: tuple[str, ...] = _field(f"{ADDITIONAL_CONFIG_KEY}.disabled_patches")
+    torchair_cache: bool = _field(f"{ADDITIONAL_CONFIG_KEY}.torchair_cache")
+    torchair_cache_dir: str | None = _field(f"{ADDITIONAL_CONFIG_KEY}.torchair_cache_dir", min_length=1)
 
     @classmethod
     def from_vllm(cls, additional_config: Mapping[str, Any] | None) -> AdditionalConfig:

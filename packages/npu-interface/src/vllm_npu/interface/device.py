@@ -22,15 +22,11 @@ import os
 from collections.abc import Callable, Mapping
 from typing import Generic, Literal, NamedTuple, TypeVar
 
+from .cann import CANN_HOME_VARS, CANN_OPP_VAR, find_cann_home
 from .errors import ConfigError, DeviceUnavailableError
 from .settings import KERNEL_SETTINGS, read_device_setting
 
 KernelBackend = Literal["npu", "reference"]
-
-# Where CANN's set_env.sh points; any one of them marks a CANN install.
-_CANN_ENV_VARS = ("ASCEND_HOME_PATH", "ASCEND_TOOLKIT_HOME", "ASCEND_OPP_PATH")
-# Default install locations: the toolkit layout up to CANN 8.3, and the 8.5 layout.
-_CANN_DEFAULT_DIRS = ("/usr/local/Ascend/ascend-toolkit", "/usr/local/Ascend/cann")
 
 
 class DeviceMode(str, enum.Enum):
@@ -60,8 +56,9 @@ class NPUProbe(NamedTuple):
             return 'torch_npu is not installed (on an Ascend host: pip install "npu-platform[ascend]")'
         if not self.cann_found:
             return (
-                "torch_npu is installed but CANN is not (no ASCEND_HOME_PATH / ASCEND_TOOLKIT_HOME and no "
-                f"{' or '.join(_CANN_DEFAULT_DIRS)}); source CANN's set_env.sh, or uninstall torch-npu on hosts without CANN"
+                f"torch_npu is installed but CANN is not (no directory named by {' / '.join(CANN_HOME_VARS)} / "
+                f"{CANN_OPP_VAR} and none at the default locations); source CANN's set_env.sh, or uninstall "
+                "torch-npu on hosts without CANN"
             )
         if not self.device_nodes:
             return "no Ascend device node (/dev/davinci<N>) is visible"
@@ -73,10 +70,9 @@ class NPUProbe(NamedTuple):
 def probe_npu(environ: Mapping[str, str] | None = None, dev_glob: str = "/dev/davinci[0-9]*") -> NPUProbe:
     """Look for an Ascend NPU without importing torch_npu (importing it without CANN breaks ``import torch``)."""
     environ = os.environ if environ is None else environ
-    cann = any(environ.get(v) for v in _CANN_ENV_VARS) or any(os.path.isdir(d) for d in _CANN_DEFAULT_DIRS)
     return NPUProbe(
         torch_npu_installed=importlib.util.find_spec("torch_npu") is not None,
-        cann_found=cann,
+        cann_found=find_cann_home(environ).home is not None,
         device_nodes=tuple(sorted(glob.glob(dev_glob))),
         visible_devices=environ.get("ASCEND_RT_VISIBLE_DEVICES"),
     )

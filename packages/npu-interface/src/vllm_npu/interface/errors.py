@@ -7,16 +7,9 @@ Nothing here imports torch or vLLM: errors must be raisable from the import-ligh
 
 from __future__ import annotations
 
-# Layer name -> (distribution, extra of npu-platform). The single source for install commands.
-LAYER_DISTRIBUTIONS: dict[str, str] = {
-    "interface": "npu-interface",
-    "platform": "npu-platform",
-    "ops": "npu-ops",
-    "attention": "npu-attention",
-    "quant": "npu-quant",
-    "models": "npu-models",
-    "patches": "npu-patches",
-}
+#: Every layer of the plugin; layer ``x`` ships as the distribution ``npu-x`` (the single source for install commands).
+LAYERS: tuple[str, ...] = ("interface", "platform", "ops", "attention", "quant", "models", "patches")
+LAYER_DISTRIBUTIONS: dict[str, str] = {layer: f"npu-{layer}" for layer in LAYERS}
 
 
 def install_command(layer: str) -> str:

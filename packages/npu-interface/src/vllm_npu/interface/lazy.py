@@ -9,9 +9,10 @@ vLLM loads plugins in every process, and discovering a component imports its pac
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable, Mapping
 from typing import Any
+
+from .targets import import_target
 
 
 def lazy_exports(package: str, exports: Mapping[str, str]) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
@@ -21,9 +22,7 @@ def lazy_exports(package: str, exports: Mapping[str, str]) -> tuple[Callable[[st
         target = exports.get(name)
         if target is None:
             raise AttributeError(f"module {package!r} has no attribute {name!r}")
-        module, _, attr = target.partition(":")
-        value = getattr(importlib.import_module(module, package), attr or name)
-        return value
+        return import_target(target, package=package, what=f"lazy export {name!r} of {package}")
 
     def __dir__() -> list[str]:
         return sorted(exports)

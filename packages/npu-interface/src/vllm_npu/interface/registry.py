@@ -9,11 +9,10 @@ several times (it does: the platform hook twice, general plugins once in every p
 
 from __future__ import annotations
 
-import importlib
 import importlib.metadata
 import os
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,6 +20,7 @@ from .component import Component, HookContext, Scope
 from .device import DeviceMode, current_mode
 from .errors import ComponentSkewError, MissingComponentError
 from .log import get_logger
+from .targets import import_target
 from .versions import INTERFACE_VERSION, RangeCheck, distribution_version, in_range
 
 ENTRY_POINT_GROUP = "vllm_npu.components"
@@ -142,10 +142,8 @@ def require(layer: str, reason: str) -> None:
 
 def resolve_hook(path: str) -> Callable[[HookContext], Any]:
     """Import a ``"module:function"`` hook."""
-    module, _, attr = path.partition(":")
-    if not module or not attr:
-        raise ValueError(f"hook {path!r} must look like 'package.module:function'")
-    return getattr(importlib.import_module(module), attr)
+    hook: Callable[[HookContext], Any] = import_target(path, what="hook")
+    return hook
 
 
 def run_hook(component: Component, scope: Scope, mode: DeviceMode, vllm_config: Any | None = None) -> bool:
@@ -205,7 +203,33 @@ def once(key: str, fn: Callable[[], Any]) -> bool:
         return True
 
 
-def loaded_hooks() -> Iterable[tuple[str, Scope]]:
-    """The (component, scope) hooks that ran in this process, for diagnostics."""
-    with _lock:
-        return sorted(_ran, key=lambda item: (item[0], item[1].value))
+def register_custom_ops(table: Mapping[str, str], *, owner: str) -> list[str]:
+    """Register ``table`` (vLLM CustomOp class name -> ``"module:Class"`` of the override) with vLLM, once per process.
+
+    ``CustomOp.register_oot`` keys on the exact class name (subclasses under other names keep vLLM's class) and
+    asserts on a duplicate name, so each name goes through :func:`once`. A name that another out-of-tree plugin
+    already overrides is an error naming both classes, never a silent replacement. ``owner`` (e.g.
+    ``"vllm_npu.ops"``) names the layer in that error and keys the ``once`` guard. Imports vLLM and each override
+    only here. Returns the names registered by this call.
+    """
+    from vllm.model_executor.custom_op import CustomOp
+
+    done = []
+    for name, target in table.items():
+
+        def _register(name: str = name, target: str = target) -> None:
+            cls = import_target(target, what=f"{owner} override of vLLM CustomOp {name!r}")
+            existing = CustomOp.op_registry_oot.get(name)
+            if existing is not None and existing is not cls:
+                raise RuntimeError(
+                    f"vLLM CustomOp {name!r} is already overridden by {existing.__module__}.{existing.__qualname__}; "
+                    f"{owner} wants {target}. Two out-of-tree plugins override the same op: uninstall one"
+                )
+            if existing is None:
+                CustomOp.register_oot(_decorated_op_cls=cls, name=name)
+
+        if once(f"{owner}.register_oot:{name}", _register):
+            done.append(name)
+    if done:
+        logger.debug("%s registered CustomOp overrides: %s", owner, ", ".join(done))
+    return done

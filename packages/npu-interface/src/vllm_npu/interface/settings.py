@@ -1,16 +1,19 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
-"""Names and allowed values of the plugin's settings, without pydantic.
+"""The plugin's settings, listed once: names, allowed values, defaults and meanings. No pydantic here.
 
 The platform's register hook reads ``VLLM_NPU_DEVICE`` on vLLM's start-up path, where every millisecond counts, so
-this module stays dependency-free; :mod:`vllm_npu.interface.config` builds the full pydantic schema on the same
-constants.
+this module stays dependency-free. :mod:`vllm_npu.interface.config` builds the pydantic schema from it (the
+``Literal`` types below, and each field's default and description from :data:`ENV_SETTINGS` /
+:data:`ADDITIONAL_CONFIG_SETTINGS`); the README's tables are :func:`markdown_rows` of the same lists (a test
+compares them).
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
+from typing import Literal, NamedTuple, get_args
 
 from .errors import ConfigError
 
@@ -18,13 +21,128 @@ ENV_PREFIX = "VLLM_NPU_"
 ENV_DEVICE = "VLLM_NPU_DEVICE"
 ENV_EMULATED_KV_CACHE_GB = "VLLM_NPU_EMULATED_KV_CACHE_GB"
 ENV_PATCHES = "VLLM_NPU_PATCHES"
+ENV_CACHE_DIR = "VLLM_NPU_CACHE_DIR"
 
-DEVICE_SETTINGS = ("auto", "npu", "emulated", "off")
-GRAPH_MODES = ("auto", "eager", "piecewise")
-KERNEL_SETTINGS = ("auto", "npu", "reference")
+DeviceSetting = Literal["auto", "npu", "emulated", "off"]
+GraphMode = Literal["auto", "eager", "piecewise", "full_decode_only", "torchair"]
+KernelSetting = Literal["auto", "npu", "reference"]
+DEVICE_SETTINGS: tuple[str, ...] = get_args(DeviceSetting)
+GRAPH_MODES: tuple[str, ...] = get_args(GraphMode)
+KERNEL_SETTINGS: tuple[str, ...] = get_args(KernelSetting)
 
 #: The key of the plugin's section inside vLLM's ``--additional-config``.
 ADDITIONAL_CONFIG_KEY = "npu"
+
+
+class Setting(NamedTuple):
+    """One setting. ``key`` is its schema field (``DEVICE`` for ``VLLM_NPU_DEVICE``, ``graph_mode`` for
+    ``npu.graph_mode``); ``choices`` lists a closed set of values, ``values`` says in words what an open one
+    accepts (Markdown: the README prints it); ``default`` is the schema's default (None or ``()``: unset)."""
+
+    name: str
+    key: str
+    default: object
+    meaning: str
+    choices: tuple[str, ...] = ()
+    values: str = ""
+
+    @property
+    def allowed(self) -> str:
+        """The allowed values in words (no Markdown): the schema field's description, quoted by error messages."""
+        return " | ".join(self.choices) if self.choices else self.values.replace("`", "")
+
+
+def _env(name: str, default: object, meaning: str, choices: tuple[str, ...] = (), values: str = "") -> Setting:
+    return Setting(name, name[len(ENV_PREFIX) :], default, meaning, choices, values)
+
+
+def _key(key: str, default: object, meaning: str, choices: tuple[str, ...] = (), values: str = "") -> Setting:
+    return Setting(f"{ADDITIONAL_CONFIG_KEY}.{key}", key, default, meaning, choices, values)
+
+
+ENV_SETTINGS: tuple[Setting, ...] = (
+    _env(
+        ENV_DEVICE,
+        "auto",
+        "`auto` activates only where torch_npu, CANN and an NPU are present (never on a CUDA host); `npu` on a host "
+        "without an NPU is a clear error",
+        choices=DEVICE_SETTINGS,
+    ),
+    _env(
+        ENV_EMULATED_KV_CACHE_GB,
+        0.5,
+        "KV-cache budget of the emulated device, in GiB",
+        values="a float in (0, 1024]",
+    ),
+    _env(
+        ENV_PATCHES,
+        "all",
+        "which of npu-patches' patches apply (`vllm-npu patches` lists them)",
+        values="`all`, `none`, or `-<patch-id>[,-<patch-id>...]`",
+    ),
+    _env(
+        ENV_CACHE_DIR,
+        None,
+        "where the plugin caches what it builds (the demo model)",
+        values="a directory (default `$XDG_CACHE_HOME/vllm-npu`, i.e. `~/.cache/vllm-npu`)",
+    ),
+)
+
+ADDITIONAL_CONFIG_SETTINGS: tuple[Setting, ...] = (
+    _key(
+        "graph_mode",
+        "auto",
+        "`auto` follows vLLM's `cudagraph_mode` (PIECEWISE graphs by default on the NPU, eager on the emulated "
+        "device); `torchair` compiles the decode forward per padded batch size (prefill and mixed steps eager)",
+        choices=GRAPH_MODES,
+    ),
+    _key(
+        "kernels",
+        "auto",
+        "`reference` runs the pure-PyTorch twins (debugging on the NPU); `npu` needs an NPU",
+        choices=KERNEL_SETTINGS,
+    ),
+    _key(
+        "emulated_kv_cache_gb",
+        None,
+        f"overrides `{ENV_EMULATED_KV_CACHE_GB}`",
+        values="a float in (0, 1024], in GiB",
+    ),
+    _key("disabled_patches", (), f"patches to skip, as `-<id>` in `{ENV_PATCHES}` does", values="a list of patch ids"),
+    _key(
+        "torchair_cache",
+        True,
+        "`graph_mode` `torchair`: keep the compiled decode graphs in `torchair_cache_dir`, one directory per key "
+        "(model, dtype, parallel ranks, versions, plugin sources), reused across restarts",
+        values="`true` or `false`",
+    ),
+    _key(
+        "torchair_cache_dir",
+        None,
+        "`graph_mode` `torchair`: the compile cache's root",
+        values=f"a directory (default `${ENV_CACHE_DIR}/torchair`)",
+    ),
+)
+
+
+def setting(name: str) -> Setting:
+    """The :class:`Setting` called ``name`` (``"VLLM_NPU_DEVICE"``, ``"npu.graph_mode"``)."""
+    for item in (*ENV_SETTINGS, *ADDITIONAL_CONFIG_SETTINGS):
+        if item.name == name:
+            return item
+    raise KeyError(f"no setting {name!r}")
+
+
+def markdown_rows(settings: Iterable[Setting]) -> list[str]:
+    """``| `name` | values | meaning |`` for each setting, as the README's tables print them."""
+    rows = []
+    for item in settings:
+        if item.choices:
+            values = ", ".join(f"`{c}`" + (" (default)" if c == item.default else "") for c in item.choices)
+        else:
+            values = item.values + (f" (default `{item.default}`)" if item.default not in (None, ()) else "")
+        rows.append(f"| `{item.name}` | {values} | {item.meaning} |")
+    return rows
 
 
 def read_device_setting(environ: Mapping[str, str] | None = None) -> str:

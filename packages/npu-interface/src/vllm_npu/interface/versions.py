@@ -11,18 +11,24 @@ from __future__ import annotations
 
 import importlib.metadata
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from packaging.specifiers import InvalidSpecifier, SpecifierSet
-from packaging.version import InvalidVersion, Version
+if TYPE_CHECKING:
+    from packaging.specifiers import SpecifierSet
+
+# packaging is imported by the functions below, not here: every layer's ``_component`` reads SUPPORTED_VLLM, and
+# vLLM imports those modules in every process (also on hosts where our platform stays inactive).
 
 INTERFACE_VERSION = "1.0"
 
-#: The vLLM releases this plugin line is written for.
+#: The vLLM releases this plugin line is written for: the ``vllm`` range of every component of the line.
 SUPPORTED_VLLM = ">=0.11.0,<0.12"
 
 
 def parse_range(spec: str, *, what: str) -> SpecifierSet:
     """Parse a PEP 440 range, naming ``what`` it belongs to when it is malformed."""
+    from packaging.specifiers import InvalidSpecifier, SpecifierSet
+
     try:
         return SpecifierSet(spec)
     except InvalidSpecifier as exc:
@@ -31,6 +37,8 @@ def parse_range(spec: str, *, what: str) -> SpecifierSet:
 
 def in_range(version: str, spec: str, *, what: str) -> bool:
     """Whether ``version`` lies in ``spec``. Pre-releases and local versions (``0.11.0+cpu``) count as their release."""
+    from packaging.version import InvalidVersion, Version
+
     try:
         v = Version(version)
     except InvalidVersion:

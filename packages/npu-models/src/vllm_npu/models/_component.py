@@ -3,6 +3,7 @@
 """The models layer's component declaration. Imports nothing but npu-interface: discovery must stay cheap."""
 
 from vllm_npu.interface import Component
+from vllm_npu.interface.versions import SUPPORTED_VLLM
 
 from ._version import __version__
 
@@ -11,7 +12,7 @@ COMPONENT = Component(
     distribution="npu-models",
     version=__version__,
     interface=">=1.0,<2",
-    vllm=">=0.11.0,<0.12",
+    vllm=SUPPORTED_VLLM,
     summary="model overrides (Qwen2/2.5-VL, Qwen3-VL(-MoE), DeepSeek-V3.2, PanguProMoE)",
     on_load="vllm_npu.models._hooks:on_load",
 )

@@ -3,6 +3,7 @@
 """The ops layer's component declaration. Imports nothing but npu-interface: discovery must stay cheap."""
 
 from vllm_npu.interface import Component
+from vllm_npu.interface.versions import SUPPORTED_VLLM
 
 from ._version import __version__
 
@@ -11,10 +12,9 @@ COMPONENT = Component(
     distribution="npu-ops",
     version=__version__,
     interface=">=1.0,<2",
-    vllm=">=0.11.0,<0.12",
+    vllm=SUPPORTED_VLLM,
     summary="CustomOp overrides (norms, RoPE, activations, linear, embedding, FusedMoE)",
     on_load="vllm_npu.ops._hooks:on_load",
-    on_worker_init="vllm_npu.ops._hooks:on_worker_init",
 )
 
 # What vLLM's `vllm.general_plugins` loader calls (entry point `npu_ops`).

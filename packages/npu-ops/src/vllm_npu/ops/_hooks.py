@@ -1,10 +1,10 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
-"""Hooks of the ops component: register the CustomOp overrides with vLLM.
+"""Hook of the ops component: register the CustomOp overrides with vLLM.
 
 ``on_load`` runs in every process where our platform is active (vLLM loads general plugins in the front-end,
-the engine core and each worker); ``on_worker_init`` runs again in each worker at NPUWorker init so a worker never
-depends on plugin load order. Both are idempotent (``registry.once``).
+the engine core and each worker), and the registry runs it again in each worker at NPUWorker init
+(``registry.init_worker``), so a worker never depends on plugin load order. Idempotent (``registry.once``).
 """
 
 from __future__ import annotations
@@ -15,8 +15,4 @@ from ._registry import register_oot_ops
 
 
 def on_load(ctx: HookContext) -> None:
-    register_oot_ops()
-
-
-def on_worker_init(ctx: HookContext) -> None:
     register_oot_ops()

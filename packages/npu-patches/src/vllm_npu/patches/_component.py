@@ -3,6 +3,7 @@
 """The patches layer's component declaration. Imports nothing but npu-interface: discovery must stay cheap."""
 
 from vllm_npu.interface import Component
+from vllm_npu.interface.versions import SUPPORTED_VLLM
 
 from ._version import __version__
 
@@ -11,7 +12,7 @@ COMPONENT = Component(
     distribution="npu-patches",
     version=__version__,
     interface=">=1.0,<2",
-    vllm=">=0.11.0,<0.12",
+    vllm=SUPPORTED_VLLM,
     summary="the monkey-patch sets vLLM still needs, with vLLM ranges and removal plans",
     on_load="vllm_npu.patches._hooks:on_load",
     on_worker_init="vllm_npu.patches._hooks:on_worker_init",

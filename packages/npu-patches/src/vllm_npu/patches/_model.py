@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from vllm_npu.interface.component import Scope
+from vllm_npu.interface.targets import import_target
 from vllm_npu.interface.versions import parse_range
 
 from ._errors import PatchError
@@ -94,8 +95,7 @@ class Patch:
 
     def make_replacement(self, original: Any) -> Any:
         """Build the object that replaces ``original`` (imports the replacement module)."""
-        module, _, attr = self.replacement.partition(":")
-        factory: Callable[[Any], Any] = getattr(importlib.import_module(module), attr)
+        factory: Callable[[Any], Any] = import_target(self.replacement, what=f"replacement factory of patch {self.id}")
         return factory(original)
 
 

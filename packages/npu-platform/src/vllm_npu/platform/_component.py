@@ -3,6 +3,7 @@
 """The platform layer's component declaration. Imports nothing but npu-interface: discovery must stay cheap."""
 
 from vllm_npu.interface import Component
+from vllm_npu.interface.versions import SUPPORTED_VLLM
 
 from ._version import __version__
 
@@ -11,6 +12,6 @@ COMPONENT = Component(
     distribution="npu-platform",
     version=__version__,
     interface=">=1.0,<2",
-    vllm=">=0.11.0,<0.12",
+    vllm=SUPPORTED_VLLM,
     summary="NPUPlatform, worker, model runner, communicator, emulated device, the vllm-npu CLI",
 )

@@ -239,7 +239,6 @@ class NPUWorker(Worker):
             return
         backend = device_backend()
         free_before, _ = backend.mem_get_info(self.device)
-        self._sleep_level = level
         for tag in SLEEP_TAGS:
             storages = _unique_storages(self._tensors_of(tag))
             if tag == "weights" and level == 1:

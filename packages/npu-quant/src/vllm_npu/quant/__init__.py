@@ -14,7 +14,6 @@ _EXPORTS: dict[str, str] = {
     "AscendQuantConfig": ".config:AscendQuantConfig",
     "register": ".config:register",
     "QUANT_METHOD": ".detect:QUANT_METHOD",
-    "add_cli_choice": ".detect:add_cli_choice",
     "claim_checkpoint": ".detect:claim_checkpoint",
     "QuantDescription": ".description:QuantDescription",
     "QuantDescriptionError": ".description:QuantDescriptionError",

@@ -4,7 +4,7 @@
 
 How a checkpoint gets here:
 
-- ``--quantization ascend`` (the platform adds the choice to the CLI, see :func:`vllm_npu.quant.detect.add_cli_choice`);
+- ``--quantization ascend`` (vLLM's option has no argparse choices; it validates against the registered methods);
   vLLM then reads ``quant_model_description.json`` through :meth:`get_config_filenames`;
 - automatically, ONLY when the checkpoint carries a msModelSlim description: either ``config.json``'s
   ``quantization_config`` is one (old msModelSlim, or ``{"quant_method": "ascend"}`` written by our quantizer) —

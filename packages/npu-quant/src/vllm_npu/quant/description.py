@@ -268,7 +268,3 @@ class QuantDescription:
                 "one grouped matmul and must share one type"
             )
         return types[0]
-
-    def has_any(self, prefix: str) -> bool:
-        """Whether any tensor key lives under ``prefix`` (in any spelling)."""
-        return any(k.startswith(v + ".") for v in _variants(prefix) for k in self.tensors)

@@ -1,20 +1,16 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
-"""Checkpoint detection and CLI wiring for the ``ascend`` quant method, for the platform to call.
+"""Checkpoint detection for the ``ascend`` quant method, for the platform to call.
 
 vLLM asks quant configs about a checkpoint only when ``config.json`` has a ``quantization_config``; new msModelSlim
-exports drop it and ship ``quant_model_description.json`` instead. vLLM's ``--quantization`` choices are a fixed
-``Literal`` that a platform extends in ``pre_register_and_update(parser)``. Both seams belong to the platform; the
-functions here do the quant-specific part:
-
-- :func:`add_cli_choice` (from ``NPUPlatform.pre_register_and_update``);
-- :func:`claim_checkpoint` (from ``NPUPlatform.check_and_update_config``, which vLLM calls after it built the quant
-  config): selects ``ascend`` when the model directory has a description and the user chose nothing else.
+exports drop it and ship ``quant_model_description.json`` instead. :func:`claim_checkpoint` (from
+``NPUPlatform.check_and_update_config``, which vLLM calls after it built the quant config) selects ``ascend`` when
+the model directory has a description and the user chose nothing else. (``--quantization ascend`` needs no CLI
+wiring: vLLM 0.11's option has no argparse choices and validates against the registered methods.)
 """
 
 from __future__ import annotations
 
-import argparse
 from typing import Any
 
 from vllm_npu.interface import get_logger
@@ -24,26 +20,6 @@ from .description import DESCRIPTION_FILENAME, find_description_file
 QUANT_METHOD = "ascend"
 
 logger = get_logger(__name__)
-
-
-def add_cli_choice(parser: argparse.ArgumentParser | None) -> bool:
-    """Add ``ascend`` to the choices of ``--quantization``/``-q`` in ``parser`` (and its subparsers). Idempotent.
-
-    Returns True if an option was found."""
-    if parser is None:
-        return False
-    found = False
-    stack = [parser]
-    while stack:
-        p = stack.pop()
-        for action in getattr(p, "_actions", []):
-            if "--quantization" in getattr(action, "option_strings", ()):
-                found = True
-                if action.choices is not None and QUANT_METHOD not in action.choices:
-                    action.choices = [*action.choices, QUANT_METHOD]
-            if isinstance(action, argparse._SubParsersAction):
-                stack.extend(action.choices.values())
-    return found
 
 
 def claim_checkpoint(vllm_config: Any) -> bool:

@@ -18,7 +18,7 @@ How vLLM 0.11 drives it (``vllm/model_executor/models/deepseek_v2.py``, ``vllm/m
 vLLM's own indexer path is CUDA-only (fp8 keys, DeepGEMM logits, ``topk_indices_buffer`` allocated on "cuda",
 ``DeepseekV32IndexerBackend``'s builder queries CUDA device properties). On Ascend the indexer keys stay in the model
 dtype, so a DeepSeek-V3.2 model override (npu-models) must: allocate ``topk_indices_buffer`` on the current device,
-give each ``Indexer`` an :class:`AscendIndexerCache` (a ``[nb, bs, index_head_dim]`` model-dtype spec served by
+give each ``Indexer`` a key cache layer in the model dtype (``[nb, bs, index_head_dim]``, served by
 :class:`AscendSFAIndexerBackend`) and run :func:`ascend_indexer_forward` (ending in :class:`AscendLightningIndexer`)
 instead of ``Indexer.forward``. This module provides those pieces; it never reaches into the model itself.
 """
@@ -30,7 +30,6 @@ from typing import Any, ClassVar, Optional
 
 import torch
 from vllm.attention.backends.abstract import AttentionBackend, AttentionLayer
-from vllm.model_executor.layers.attention_layer_base import AttentionLayerBase
 from vllm.v1.attention.backends.mla.common import MLACommonBaseImpl
 from vllm.v1.attention.backends.utils import AttentionCGSupport, AttentionMetadataBuilder, CommonAttentionMetadata
 from vllm.v1.kv_cache_interface import AttentionSpec
@@ -62,6 +61,7 @@ class AscendSFAMetadataBuilder(AttentionMetadataBuilder[AscendSFAMetadata]):
     cudagraph_support: ClassVar[AttentionCGSupport] = AttentionCGSupport.NEVER
     reorder_batch_threshold: ClassVar[Optional[int]] = None
 
+    # Not a no-op: vLLM declares AttentionMetadataBuilder.__init__ abstract, so a builder must define its own.
     def __init__(self, kv_cache_spec: AttentionSpec, layer_names: list[str], vllm_config: Any, device: torch.device):
         super().__init__(kv_cache_spec, layer_names, vllm_config, device)
 
@@ -246,38 +246,6 @@ class AscendLightningIndexer:
 # --- model-side pieces for a DeepSeek-V3.2 override (npu-models wires them in; see the module docstring) ----------
 
 
-class AscendIndexerCache(torch.nn.Module, AttentionLayerBase):
-    """Drop-in for vLLM's ``DeepseekV32IndexerCache``: the indexer keys in the model dtype, ``[nb, bs, head_dim]``,
-    served by :class:`AscendSFAIndexerBackend` (vLLM's stores fp8 values + fp32 scales and needs CUDA)."""
-
-    def __init__(self, head_dim: int, dtype: torch.dtype, prefix: str, cache_config: Any) -> None:
-        super().__init__()
-        from vllm.config import get_current_vllm_config
-
-        self.kv_cache = [torch.tensor([])]
-        self.head_dim = head_dim
-        self.dtype = dtype
-        self.prefix = prefix
-        self.cache_config = cache_config
-        ctx = get_current_vllm_config().compilation_config.static_forward_context
-        if prefix in ctx:
-            raise ValueError(f"Duplicate layer name: {prefix}")
-        ctx[prefix] = self
-
-    def get_kv_cache_spec(self) -> Any:
-        from vllm.v1.kv_cache_interface import MLAAttentionSpec
-
-        return MLAAttentionSpec(
-            block_size=self.cache_config.block_size, num_kv_heads=1, head_size=self.head_dim, dtype=self.dtype
-        )
-
-    def get_attn_backend(self) -> type[AttentionBackend]:
-        return AscendSFAIndexerBackend
-
-    def forward(self) -> None:  # the cache is read and written by AscendLightningIndexer
-        return None
-
-
 def ascend_indexer_forward(
     indexer: Any,
     hidden_states: torch.Tensor,
@@ -289,8 +257,8 @@ def ascend_indexer_forward(
     """vLLM 0.11's ``Indexer.forward`` in the model dtype (no fp8), ending in :class:`AscendLightningIndexer`.
 
     Uses the indexer's own modules and fields exactly as vLLM does (``wq_b``, ``wk``, ``k_norm``, ``weights_proj``,
-    ``n_head``, ``head_dim``, ``rope_dim`` with the rope channels first, ``softmax_scale``, ``k_cache`` -- an
-    :class:`AscendIndexerCache` -- and ``topk_indices_buffer``). Returns the filled ``topk_indices_buffer``.
+    ``n_head``, ``head_dim``, ``rope_dim`` with the rope channels first, ``softmax_scale``, ``k_cache`` -- a
+    cache layer with ``prefix`` and ``kv_cache`` -- and ``topk_indices_buffer``). Returns the filled ``topk_indices_buffer``.
     """
     from vllm.forward_context import get_forward_context
 

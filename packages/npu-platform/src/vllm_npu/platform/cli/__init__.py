@@ -13,7 +13,6 @@ To add a subcommand, add a row to :data:`SUBCOMMANDS`.
 from __future__ import annotations
 
 import argparse
-import importlib
 import importlib.util
 import sys
 from collections.abc import Callable, Sequence
@@ -101,8 +100,10 @@ def _resolve(sub: Subcommand) -> Callable[[list[str]], int | None] | None:
             return None
     except ModuleNotFoundError:  # a parent package is missing
         return None
-    module, _, attr = sub.target.partition(":")
-    return getattr(importlib.import_module(module), attr)
+    from vllm_npu.interface.targets import import_target
+
+    func: Callable[[list[str]], int | None] = import_target(sub.target, what="vllm-npu subcommand")
+    return func
 
 
 def main(argv: Sequence[str] | None = None) -> int:

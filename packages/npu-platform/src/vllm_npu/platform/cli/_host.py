@@ -18,17 +18,9 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from vllm_npu.interface.cann import CANN_DEFAULT_HOMES, find_cann_home
 from vllm_npu.interface.versions import distribution_version
 
-#: Where CANN lives when no environment variable says so (toolkit <= 8.3 layout, then the 8.5 layout). The same
-#: directories make the device probe (vllm_npu.interface.device) count CANN as installed.
-CANN_DEFAULT_HOMES = (
-    "/usr/local/Ascend/ascend-toolkit/latest",
-    "/usr/local/Ascend/ascend-toolkit",
-    "/usr/local/Ascend/cann",
-)
-#: The variables CANN's set_env.sh exports, most specific first.
-CANN_HOME_VARS = ("ASCEND_TOOLKIT_HOME", "ASCEND_HOME_PATH")
 AUTOLOAD_VAR = "TORCH_DEVICE_BACKEND_AUTOLOAD"
 
 
@@ -63,27 +55,24 @@ def _parse_version_file(path: str) -> str | None:
 def find_cann(
     environ: Mapping[str, str] | None = None, default_homes: tuple[str, ...] = CANN_DEFAULT_HOMES
 ) -> CannInstall:
-    """Locate CANN and its version from ``ASCEND_TOOLKIT_HOME`` / ``ASCEND_HOME_PATH`` or the default locations."""
-    environ = os.environ if environ is None else environ
-    candidates = [(environ[var], var) for var in CANN_HOME_VARS if environ.get(var)]
-    candidates += [(home, "default location") for home in default_homes]
-    searched = tuple(home for home, _ in candidates)
-    for home, source in candidates:
-        if not os.path.isdir(home):
-            continue
-        files = [
-            *sorted(glob.glob(os.path.join(home, "*-linux", "ascend_toolkit_install.info"))),
-            os.path.join(home, "ascend_toolkit_install.info"),
-            os.path.join(home, "version.cfg"),
-            *sorted(glob.glob(os.path.join(home, "*-linux", "version.cfg"))),
-        ]
-        for path in files:
-            if os.path.isfile(path):
-                version = _parse_version_file(path)
-                if version:
-                    return CannInstall(home, source, version, path, searched)
-        return CannInstall(home, source, None, None, searched)
-    return CannInstall(None, None, None, None, searched)
+    """CANN's home as the device probe finds it (:func:`vllm_npu.interface.cann.find_cann_home`), and its version
+    from the files its installer writes there."""
+    found = find_cann_home(environ, default_homes)
+    if found.home is None:
+        return CannInstall(None, None, None, None, found.searched)
+    home = found.home
+    files = [
+        *sorted(glob.glob(os.path.join(home, "*-linux", "ascend_toolkit_install.info"))),
+        os.path.join(home, "ascend_toolkit_install.info"),
+        os.path.join(home, "version.cfg"),
+        *sorted(glob.glob(os.path.join(home, "*-linux", "version.cfg"))),
+    ]
+    for path in files:
+        if os.path.isfile(path):
+            version = _parse_version_file(path)
+            if version:
+                return CannInstall(home, found.source, version, path, found.searched)
+    return CannInstall(home, found.source, None, None, found.searched)
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from vllm_npu.interface.cann import CANN_HOME_VARS, CANN_OPP_VAR
 from vllm_npu.interface.config import EnvConfig
 from vllm_npu.interface.device import decide_device, probe_npu
 from vllm_npu.interface.errors import LAYER_DISTRIBUTIONS, ConfigError, install_command
@@ -27,7 +28,6 @@ from vllm_npu.interface.versions import INTERFACE_VERSION, SUPPORTED_VLLM, distr
 from .._version import __version__
 from ._host import (
     AUTOLOAD_VAR,
-    CANN_HOME_VARS,
     CannInstall,
     TorchNPUState,
     find_cann,
@@ -139,7 +139,7 @@ def collect() -> dict[str, Any]:
     pair = _torch_pair(torch)
     if pair:
         errors.append(pair)
-    for var in CANN_HOME_VARS:
+    for var in (*CANN_HOME_VARS, CANN_OPP_VAR):
         if environ.get(var) and not os.path.isdir(environ[var]):
             warnings.append(f"{var}={environ[var]!r} is not a directory")
 
