@@ -114,6 +114,16 @@ class NPUModelRunner(GPUModelRunner):
         backend.synchronize(self.device)
         return max(0, backend.peak_memory_allocated(self.device) - base)
 
+    def initialize_cudagraph_capture(self) -> None:
+        if torchair_enabled(self.vllm_config):
+            # torchair compiles the decode forward instead of capturing it: attention stays an op called with each
+            # step's metadata, so the backends' graph support (MLA's is NEVER) must not downgrade the mode to NONE.
+            self.cudagraph_dispatcher.initialize_cudagraph_keys(
+                self.compilation_config.cudagraph_mode, self.uniform_decode_query_len
+            )
+            return
+        super().initialize_cudagraph_capture()
+
     def capture_model(self) -> int:
         """Capture every configured graph; returns the device memory the graphs took (bytes, as vLLM's)."""
         mode = self.compilation_config.cudagraph_mode

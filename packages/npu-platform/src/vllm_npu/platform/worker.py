@@ -288,6 +288,7 @@ class NPUWorker(Worker):
         from vllm.config import get_layers_from_vllm_config
         from vllm.distributed.parallel_state import get_tp_group
 
+        from .graphs.torchair import TORCHAIR_STATS
         from .graphs.wrapper import GRAPH_STATS
 
         runner = self.model_runner
@@ -326,6 +327,8 @@ class NPUWorker(Worker):
             # start), and our per-mode captures/replays and in-graph tasks.
             "cudagraph_captured": compilation_counter.num_cudagraph_captured - runner.cudagraph_captured_before,
             "graphs": GRAPH_STATS.snapshot(),
+            # The torchair mode's compiles, recompiles, cache hits/writes and compiled steps (this process).
+            "torchair": TORCHAIR_STATS.snapshot(),
             "tp_communicator": type(get_tp_group().device_communicator).__qualname__,
             "tp_backend": str(torch.distributed.get_backend(get_tp_group().device_group)),
             # Bytes released by sleep() and not yet woken up, per tag.
