@@ -239,3 +239,48 @@ def test_npu_cache_goes_through_torchair_cache_compile(fake_torchair, tmp_path):
     assert name == "cache_compile" and args["func"] is fn and args["cache_dir"] == str(tmp_path)
     assert args["backend"].compiler_config is backend_args["compiler_config"]
     assert args["dynamic"] is False and args["fullgraph"] is True and args["ge_cache"] is False
+
+
+def bare_wrapper(tmp_path, device_type):
+    """A TorchairWrapper around Tiny without vLLM's engine state (no __init__): what dispatch and compile use."""
+    from collections import Counter
+
+    from vllm_npu.platform.graphs.torchair import TorchairWrapper
+
+    wrapper = object.__new__(TorchairWrapper)
+    wrapper.runnable, wrapper.runtime_mode, wrapper.device_type = Tiny(), CUDAGraphMode.FULL, device_type
+    wrapper.cache = CompileCache(tmp_path, {"k": device_type})
+    wrapper.compiled, wrapper.compile_counts = {}, Counter()
+    return wrapper
+
+
+def test_wrapper_on_npu_compiles_each_decode_size_through_torchair(fake_torchair, tmp_path, monkeypatch):
+    from vllm.forward_context import BatchDescriptor
+    from vllm_npu.platform.graphs import torchair
+
+    wrapper = bare_wrapper(tmp_path, "npu")
+    x = torch.randn(2, 4)
+    context = SimpleNamespace(cudagraph_runtime_mode=CUDAGraphMode.FULL, batch_descriptor=BatchDescriptor(2, True))
+    monkeypatch.setattr(torchair, "get_forward_context", lambda: context)
+    assert torch.equal(wrapper(x), wrapper.runnable(x))
+    assert torch.equal(wrapper(x), wrapper.runnable(x))  # the second step reuses the compiled size
+    names = [name for name, _ in fake_torchair.calls]
+    assert names == ["get_npu_backend", "cache_compile"]
+    args = fake_torchair.calls[1][1]
+    assert args["func"].__name__ == "forward_torchair_bs2" and args["cache_dir"] == str(wrapper.cache.directory)
+    context.cudagraph_runtime_mode = CUDAGraphMode.NONE  # a prefill/mixed step: eager, nothing compiled
+    assert torch.equal(wrapper(torch.ones(5, 4)), wrapper.runnable(torch.ones(5, 4)))
+    assert list(wrapper.compiled) == [2] and len(fake_torchair.calls) == 2
+
+
+def test_wrapper_counts_a_second_compile_of_a_size_as_a_recompile(tmp_path):
+    from vllm_npu.platform.graphs import torchair
+
+    wrapper = bare_wrapper(tmp_path, "emulated")
+    before = torchair.TORCHAIR_STATS.recompiles
+    count = wrapper._counted(3, lambda gm, inputs: gm.forward)
+    graph = torch.fx.symbolic_trace(Tiny())
+    count(graph, [])
+    assert torchair.TORCHAIR_STATS.recompiles == before and wrapper.compile_counts[3] == 1
+    count(graph, [])
+    assert torchair.TORCHAIR_STATS.recompiles == before + 1 and wrapper.compile_counts[3] == 2
