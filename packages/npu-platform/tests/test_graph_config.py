@@ -98,3 +98,10 @@ def test_thin_sizes_keeps_ends_and_spreads():
     assert thin_sizes([8, 1, 4, 2], 10) == [1, 2, 4, 8]
     assert thin_sizes(list(range(1, 101)), 5) == [1, 26, 51, 75, 100]
     assert thin_sizes([3, 9], 1) == [9]
+
+
+def test_every_npu_graph_mode_setting_has_a_plan():
+    from vllm_npu.interface.settings import GRAPH_MODES as SETTINGS
+    from vllm_npu.platform.graphs.config import GRAPH_MODES
+
+    assert set(GRAPH_MODES) == set(SETTINGS)
