@@ -18,13 +18,14 @@ tokens, one graph input per Dynamo input (no de-duplicated or synthetic-base inp
 works, it is just not cached (counted in ``uncacheable``).
 
 Counts go to the :class:`~.torchair.TorchairStats` passed in: ``lowerings`` (AOT traces), ``cache_hits``,
-``cache_writes``, ``uncacheable``.
+``cache_writes``, ``uncacheable``, and ``backend_seconds`` (time spent lowering or loading, per size).
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+import time
 import types
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -127,6 +128,13 @@ class StandInBackend:
         self.stats = stats
 
     def __call__(self, gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
+        start = time.perf_counter()
+        try:
+            return self._compile(gm, example_inputs)
+        finally:
+            self.stats.backend_seconds[self.batch_size] = time.perf_counter() - start
+
+    def _compile(self, gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
         path = None
         if self.cache is not None:
             path = self.cache.artifact(self.batch_size, graph_digest(gm, example_inputs))

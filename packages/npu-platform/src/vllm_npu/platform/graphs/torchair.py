@@ -28,6 +28,7 @@ handed to the compiler; a second compile of the same size by the same wrapper (a
 
 from __future__ import annotations
 
+import time
 import types
 from collections import Counter
 from collections.abc import Callable
@@ -58,6 +59,8 @@ class TorchairStats:
     uncacheable: int = 0  # emulated: lowered graphs that could not be cached (reason logged)
     compiled_calls: Counter[int] = field(default_factory=Counter)  # batch size -> decode steps run compiled
     eager_calls: int = 0  # steps run eagerly (prefill, mixed, or larger than every compiled size)
+    compile_seconds: dict[int, float] = field(default_factory=dict)  # batch size -> first call (compile + run), last
+    backend_seconds: dict[int, float] = field(default_factory=dict)  # emulated: size -> lowering or loading, last
 
     def snapshot(self) -> dict[str, Any]:
         return {
@@ -69,6 +72,8 @@ class TorchairStats:
             "uncacheable": self.uncacheable,
             "compiled_calls": dict(self.compiled_calls),
             "eager_calls": self.eager_calls,
+            "compile_seconds": dict(self.compile_seconds),
+            "backend_seconds": dict(self.backend_seconds),
         }
 
 
@@ -143,11 +148,15 @@ class TorchairWrapper(CUDAGraphWrapper):
             TORCHAIR_STATS.eager_calls += 1
             return self.runnable(*args, **kwargs)
         size = context.batch_descriptor.num_tokens
-        compiled = self.compiled.get(size)
-        if compiled is None:
-            compiled = self.compiled[size] = self._compile(size)
         TORCHAIR_STATS.compiled_calls[size] += 1
-        return compiled(*args, **kwargs)
+        compiled = self.compiled.get(size)
+        if compiled is not None:
+            return compiled(*args, **kwargs)
+        start = time.perf_counter()
+        compiled = self.compiled[size] = self._compile(size)
+        output = compiled(*args, **kwargs)  # Dynamo and the backend run on this first call
+        TORCHAIR_STATS.compile_seconds[size] = time.perf_counter() - start
+        return output
 
     def _counted(self, size: int, backend: Callable[..., Any]) -> Callable[..., Any]:
         def count_then_compile(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
