@@ -105,3 +105,17 @@ def test_every_npu_graph_mode_setting_has_a_plan():
     from vllm_npu.platform.graphs.config import GRAPH_MODES
 
     assert set(GRAPH_MODES) == set(SETTINGS)
+
+
+def test_platform_names_our_wrapper_and_the_device_graph_pool():
+    from vllm.compilation.cuda_graph import CUDAGraphWrapper
+    from vllm.utils import resolve_obj_by_qualname
+    from vllm_npu.platform.graphs.wrapper import NPUGraphWrapper
+    from vllm_npu.platform.platform import EmulatedNPUPlatform, NPUPlatform
+
+    for platform in (NPUPlatform, EmulatedNPUPlatform):
+        assert platform.support_static_graph_mode()
+        wrapper = resolve_obj_by_qualname(platform.get_static_graph_wrapper_cls())  # how vLLM resolves it
+        assert wrapper is NPUGraphWrapper and issubclass(wrapper, CUDAGraphWrapper)
+    # the twin has no device pool; the NPU's is torch.npu.graph_pool_handle() (tests/contract)
+    assert EmulatedNPUPlatform.device_backend.graph_pool_handle() is None

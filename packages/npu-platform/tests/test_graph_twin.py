@@ -9,7 +9,8 @@ from __future__ import annotations
 import pytest
 import torch
 from vllm_npu.interface import graphs
-from vllm_npu.platform.graphs._twin import EmulatedGraph, GraphInputMovedError
+from vllm_npu.platform.graphs import GraphInputMovedError
+from vllm_npu.platform.graphs._twin import EmulatedGraph
 
 
 def test_replay_reads_the_buffers_and_writes_the_captured_output():

@@ -18,8 +18,9 @@ This module is the contract between the kernel's caller (npu-attention) and the 
   returns. A task whose refresh is skipped keeps its capture-time parameters: on an NPU and on the emulated device
   alike that gives wrong results, never stale-but-plausible ones that a test could miss.
 
-Only the parameters named in ``refresh``'s result may change; tensor arguments are captured by address.
-Nothing here imports torch or vLLM.
+Only the parameters named in ``refresh``'s result may change; tensor arguments are captured by address. A task's
+kernel writes its results into tensor arguments (``out=``) and returns nothing: whatever a task produces must live
+at an address the graph captured. Nothing here imports torch or vLLM.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ class TaskRecorder(Protocol):
     def record(
         self, kernel: Callable[..., Any], args: tuple[Any, ...], params: dict[str, Any], refresh: Refresh
     ) -> Any:
-        """Capture ``kernel(*args, **params)`` as a task (running it once) and return its result."""
+        """Capture ``kernel(*args, **params)`` as a task (running it once)."""
         ...
 
 
@@ -64,7 +65,8 @@ def recording(recorder: TaskRecorder) -> Iterator[TaskRecorder]:
 
 
 def launch(kernel: Callable[..., Any], *args: Any, refresh: Refresh, **params: Any) -> Any:
-    """Run ``kernel(*args, **params)``; inside a full-graph capture, as a task refreshed before every replay."""
+    """Run ``kernel(*args, **params)`` (which writes into its ``out`` tensors); inside a full-graph capture, as a task
+    refreshed before every replay."""
     recorder = active_recorder()
     if recorder is None:
         return kernel(*args, **params)

@@ -155,13 +155,11 @@ class NPUModelRunner(GPUModelRunner):
             gc.collect()
         backend.synchronize(self.device)
         taken = max(0, free_before - backend.mem_get_info(self.device)[0])
-        self.graph_capture_seconds = time.perf_counter() - start
-        self.graph_memory_bytes = taken
         logger.info(
             "captured %d static graphs (%s) in %.2f s, %.3f GiB",
             compilation_counter.num_cudagraph_captured - self.cudagraph_captured_before,
             mode.name,
-            self.graph_capture_seconds,
+            time.perf_counter() - start,
             taken / (1 << 30),
         )
         return taken

@@ -222,31 +222,35 @@ class AscendAttentionImpl(AttentionImpl[AscendMetadata]):
         state = md.attn_state
         if self.sliding_window is None and fresh_kv and state is AscendAttentionState.PrefillNoCache:
             self.prefill_no_cache(q, key[:n], value[:n], md.seq_lens_list, attn_mask=md.attn_mask, out=out, **heads)
-        elif self.sliding_window is None and state is AscendAttentionState.DecodeOnly:
-            # Inside a full decode graph the sequence lengths (host list) are refreshed before every replay.
-            graphs.launch(
-                self.paged_decode,
-                q,
-                key_cache,
-                value_cache,
-                md.block_table,
-                refresh=decode_lens_refresh(getattr(layer, "layer_name", ""), len(md.seq_lens_list)),
-                context_lens=md.seq_lens_list,
-                out=out,
-                **heads,
-            )
         elif state is AscendAttentionState.DecodeOnly:
-            self.paged_decode_window(
-                q,
-                key_cache,
-                value_cache,
-                md.block_table,
-                md.seq_lens,
-                md.seq_lens_list,
-                sliding_window=self.sliding_window,
-                out=out,
-                **heads,
-            )
+            # Inside a full decode graph the sequence lengths (host list) are refreshed before every replay.
+            refresh = decode_lens_refresh(getattr(layer, "layer_name", ""), len(md.seq_lens_list))
+            if self.sliding_window is None:
+                graphs.launch(
+                    self.paged_decode,
+                    q,
+                    key_cache,
+                    value_cache,
+                    md.block_table,
+                    refresh=refresh,
+                    context_lens=md.seq_lens_list,
+                    out=out,
+                    **heads,
+                )
+            else:
+                graphs.launch(
+                    self.paged_decode_window,
+                    q,
+                    key_cache,
+                    value_cache,
+                    md.block_table,
+                    md.seq_lens,
+                    refresh=refresh,
+                    context_lens=md.seq_lens_list,
+                    sliding_window=self.sliding_window,
+                    out=out,
+                    **heads,
+                )
         else:
             self.paged_prefill(
                 q,

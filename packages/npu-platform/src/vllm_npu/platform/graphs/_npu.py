@@ -29,6 +29,8 @@ import torch
 from torch.utils import _pytree as pytree
 from vllm_npu.interface.graphs import Refresh, recording
 
+from . import GraphInputMovedError
+
 
 def _npu() -> Any:
     import torch_npu  # noqa: F401  (registers torch.npu)
@@ -119,8 +121,6 @@ class NPUGraph:
                 task.event.record(self.update_stream)
 
     def inputs_of(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[torch.Tensor]:
-        from ._twin import GraphInputMovedError
-
         inputs = [x for x in pytree.tree_leaves((args, kwargs)) if isinstance(x, torch.Tensor)]
         addresses = [t.data_ptr() for t in inputs]
         if addresses != self.addresses:

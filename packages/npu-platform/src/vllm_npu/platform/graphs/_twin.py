@@ -36,9 +36,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from torch.utils import _pytree as pytree
 from vllm_npu.interface.graphs import Refresh, recording
 
-
-class GraphInputMovedError(RuntimeError):
-    """A graph was replayed with an input tensor at another address than at capture."""
+from . import GraphInputMovedError
 
 
 @dataclass

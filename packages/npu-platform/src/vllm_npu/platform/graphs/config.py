@@ -32,7 +32,7 @@ explicit, different ``cudagraph_mode`` is a conflict). ``--enforce-eager`` with 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from vllm_npu.interface.errors import ConfigError
 from vllm_npu.interface.log import get_logger
@@ -184,7 +184,3 @@ def configure_graphs(vllm_config: VllmConfig, graph_mode: str, emulated: bool) -
     compilation.cudagraph_capture_sizes = None
     compilation.init_with_cudagraph_sizes(kept)
     return GraphPlan(mode, tuple(sorted(kept)), reason)
-
-
-def describe(plan: GraphPlan) -> dict[str, Any]:
-    return {"mode": plan.mode, "capture_sizes": list(plan.capture_sizes), "reason": plan.reason}
