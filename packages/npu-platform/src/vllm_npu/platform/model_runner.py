@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import gc
 import time
-from typing import Any, Optional
+from typing import Any
 
 import torch
 from vllm.compilation.counter import compilation_counter
@@ -45,7 +45,7 @@ from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 from vllm.v1.worker.utils import bind_kv_cache
 from vllm_npu.interface.log import get_logger
 
-from ._device import DeviceBackend, EmulatedDevice, cuda_stream_api_as
+from ._device import DeviceBackend, EmulatedDevice, _torch_npu, cuda_stream_api_as
 from .graphs.torchair import TorchairWrapper, torchair_enabled
 from .graphs.wrapper import GRAPH_STATS, NPUGraphWrapper
 
@@ -72,17 +72,18 @@ class NPUModelRunner(GPUModelRunner):
 
     def _init_device_properties(self) -> None:
         if self.device_backend.type == "npu":
-            self.device_properties = torch.npu.get_device_properties(self.device)
-            # AI-core count: the NPU's analogue of the SM count (None if this torch_npu does not report it).
-            self.num_sms = getattr(self.device_properties, "cube_core_num", None)
+            self.device_properties = _torch_npu().get_device_properties(self.device)
+            # AI-core count: the NPU's analogue of the SM count (0 if this torch_npu does not report it); vLLM reads
+            # it only to decide on cascade attention, which the NPU platform disables.
+            self.num_sms = int(getattr(self.device_properties, "cube_core_num", None) or 0)
         else:
-            self.device_properties = None
+            self.device_properties = None  # type: ignore[assignment]  # vLLM types it as CUDA's; no device here
             self.num_sms = 0
 
     def _sync_device(self) -> None:
         self.device_backend.synchronize(self.device)
 
-    def execute_model(self, scheduler_output: Any, intermediate_tensors: Optional[Any] = None) -> Any:
+    def execute_model(self, scheduler_output: Any, intermediate_tensors: Any | None = None) -> Any:
         with cuda_stream_api_as(self.device_backend):
             return super().execute_model(scheduler_output, intermediate_tensors)
 
@@ -93,7 +94,8 @@ class NPUModelRunner(GPUModelRunner):
         wrapper = TorchairWrapper if torchair_enabled(self.vllm_config) else NPUGraphWrapper
         if isinstance(self.model, CUDAGraphWrapper) and not isinstance(self.model, wrapper):
             # vLLM wraps the model for full graphs with its CUDA wrapper directly (not the platform's class).
-            self.model = wrapper(self.model.unwrap(), self.vllm_config, runtime_mode=CUDAGraphMode.FULL)
+            # vLLM types the attribute as a Module and assigns its own (non-Module) CUDAGraphWrapper there too.
+            self.model = wrapper(self.model.unwrap(), self.vllm_config, runtime_mode=CUDAGraphMode.FULL)  # type: ignore[assignment]
 
     def estimate_graph_memory(self) -> int:
         """Device bytes the graph pool will hold once every size is captured, to keep out of the KV budget.
@@ -118,9 +120,10 @@ class NPUModelRunner(GPUModelRunner):
         if torchair_enabled(self.vllm_config):
             # torchair compiles the decode forward instead of capturing it: attention stays an op called with each
             # step's metadata, so the backends' graph support (MLA's is NEVER) must not downgrade the mode to NONE.
-            self.cudagraph_dispatcher.initialize_cudagraph_keys(
-                self.compilation_config.cudagraph_mode, self.uniform_decode_query_len
-            )
+            mode = self.compilation_config.cudagraph_mode
+            if mode is None:  # VllmConfig resolves it before any runner exists
+                raise RuntimeError("compilation_config.cudagraph_mode was not resolved")
+            self.cudagraph_dispatcher.initialize_cudagraph_keys(mode, self.uniform_decode_query_len)
             return
         super().initialize_cudagraph_capture()
 

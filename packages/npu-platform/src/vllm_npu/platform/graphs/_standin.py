@@ -27,7 +27,7 @@ import hashlib
 import os
 import time
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -146,13 +146,15 @@ class StandInBackend:
         return self._lower(gm, example_inputs, path)
 
     def _lower(self, gm: torch.fx.GraphModule, example_inputs: list[Any], path: os.PathLike | None) -> Any:
-        from functorch.compile import make_boxed_func
-        from torch._functorch.aot_autograd import aot_module_simplified
+        from torch._functorch.aot_autograd import aot_module_simplified, make_boxed_func
 
-        def fw_compiler(fw: torch.fx.GraphModule, _inputs: list[Any]) -> Any:
+        num_inputs = len(example_inputs)
+
+        def fw_compiler(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Any:
+            fw = gm  # the parameter names are AOTDispatchCompiler's
             self.stats.lowerings += 1
             if path is not None:
-                reason = _cacheable(fw, len(example_inputs)) or save_graph(fw, path)
+                reason = _cacheable(fw, num_inputs) or save_graph(fw, path)
                 if reason is None:
                     self.stats.cache_writes += 1
                 else:

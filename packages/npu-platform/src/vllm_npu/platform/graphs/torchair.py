@@ -31,15 +31,16 @@ from __future__ import annotations
 import time
 import types
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, cast
 
 import torch
 from vllm.compilation.cuda_graph import CUDAGraphOptions, CUDAGraphWrapper
 from vllm.config import CUDAGraphMode, VllmConfig
 from vllm.forward_context import get_forward_context
+from vllm_npu.interface.config import AdditionalConfig
 from vllm_npu.interface.log import get_logger
 
 from .compile_cache import CompileCache, cache_key, default_cache_root
@@ -80,11 +81,15 @@ class TorchairStats:
 TORCHAIR_STATS = TorchairStats()
 
 
+def _npu_config(vllm_config: VllmConfig) -> AdditionalConfig:
+    # The platform refused a non-object --additional-config when it checked the config.
+    extra = vllm_config.additional_config
+    return AdditionalConfig.from_vllm(extra if isinstance(extra, Mapping) else None)
+
+
 def torchair_enabled(vllm_config: VllmConfig) -> bool:
     """Whether this engine runs the torchair mode."""
-    from vllm_npu.interface.config import AdditionalConfig
-
-    return AdditionalConfig.from_vllm(vllm_config.additional_config).graph_mode == "torchair"
+    return _npu_config(vllm_config).graph_mode == "torchair"
 
 
 def forward_for(model: torch.nn.Module, batch_size: int) -> Callable[..., Any]:
@@ -100,9 +105,8 @@ def forward_for(model: torch.nn.Module, batch_size: int) -> Callable[..., Any]:
 
 def _compile_cache(vllm_config: VllmConfig, device_type: str) -> CompileCache | None:
     from vllm.distributed.parallel_state import get_pp_group, get_tensor_model_parallel_rank
-    from vllm_npu.interface.config import AdditionalConfig
 
-    npu = AdditionalConfig.from_vllm(vllm_config.additional_config)
+    npu = _npu_config(vllm_config)
     if not npu.torchair_cache:
         return None
     root = default_cache_root() if npu.torchair_cache_dir is None else Path(npu.torchair_cache_dir)
@@ -129,7 +133,7 @@ class TorchairWrapper(CUDAGraphWrapper):
         runnable: Callable[..., Any],
         vllm_config: VllmConfig,
         runtime_mode: CUDAGraphMode = CUDAGraphMode.FULL,
-        cudagraph_options: Optional[CUDAGraphOptions] = None,
+        cudagraph_options: CUDAGraphOptions | None = None,
     ) -> None:
         from ..model_runner import device_backend
 
@@ -170,7 +174,7 @@ class TorchairWrapper(CUDAGraphWrapper):
         return count_then_compile
 
     def _compile(self, size: int) -> Callable[..., Any]:
-        fn = forward_for(self.runnable, size)
+        fn = forward_for(cast(torch.nn.Module, self.runnable), size)
         if self.device_type == "npu":
             from ._torchair_npu import compile_npu
 

@@ -26,7 +26,7 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any
 from unittest.mock import patch
 
 from vllm.compilation.counter import compilation_counter
@@ -83,7 +83,7 @@ class NPUGraphWrapper(CUDAGraphWrapper):
         runnable: Callable[..., Any],
         vllm_config: VllmConfig,
         runtime_mode: CUDAGraphMode,
-        cudagraph_options: Optional[CUDAGraphOptions] = None,
+        cudagraph_options: CUDAGraphOptions | None = None,
     ) -> None:
         super().__init__(runnable, vllm_config, runtime_mode, cudagraph_options)
         self.device_backend = _device_backend()
