@@ -31,6 +31,7 @@ import argparse
 import ast
 import contextlib
 import io
+import logging
 import re
 import sys
 from collections.abc import Iterator
@@ -291,8 +292,17 @@ def layers_contract_errors(workspace: Workspace, namespace: str = NAMESPACE) -> 
             f"{config_file.name}: [tool.importlinter] root_packages must be the workspace packages {sorted(layers)}"
         )
     report = io.StringIO()
-    with _on_path([layer.src for layer in layers.values()]), contextlib.redirect_stdout(report):
-        code = lint_imports(config_filename=str(config_file), no_cache=True)
+    # lint_imports configures logging with dictConfig, whose default disables every logger that exists already; in a
+    # test process that silences vLLM's and our loggers for every later test, so their state is put back.
+    enabled = [
+        lg for lg in logging.root.manager.loggerDict.values() if isinstance(lg, logging.Logger) and not lg.disabled
+    ]
+    try:
+        with _on_path([layer.src for layer in layers.values()]), contextlib.redirect_stdout(report):
+            code = lint_imports(config_filename=str(config_file), no_cache=True)
+    finally:
+        for logger in enabled:
+            logger.disabled = False
     if code != 0:
         text = report.getvalue()
         broken = text.find("Broken contracts")

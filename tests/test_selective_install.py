@@ -92,6 +92,21 @@ def make_venv(path: Path, *install: str, find_links: Path, no_deps: bool = False
     return python
 
 
+def test_every_published_wheel_ships_the_license(dist: Path) -> None:
+    import zipfile
+
+    wheels = sorted(w for w in dist.glob("npu_*.whl") if not w.name.startswith("npu_testkit-"))
+    assert len(wheels) == 7, [w.name for w in wheels]
+    license_text = (REPO / "LICENSE").read_bytes()
+    for wheel in wheels:
+        with zipfile.ZipFile(wheel) as archive:
+            dist_info = next(n.split("/")[0] for n in archive.namelist() if n.endswith(".dist-info/METADATA"))
+            assert archive.read(f"{dist_info}/licenses/LICENSE") == license_text, wheel.name
+            metadata = archive.read(f"{dist_info}/METADATA").decode()
+        assert "License-Expression: Apache-2.0" in metadata.splitlines(), wheel.name
+        assert "License-File: LICENSE" in metadata.splitlines(), wheel.name
+
+
 @pytest.fixture(scope="module")
 def venvs(dist: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("venvs")

@@ -15,6 +15,11 @@ from pathlib import Path
 
 import pytest
 
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _script_loader import load_script  # noqa: E402
 
@@ -56,8 +61,6 @@ def test_every_sibling_range_admits_the_in_tree_version() -> None:
 
 @pytest.mark.parametrize("name", sorted(PACKAGES))
 def test_member_packaging_conventions(name: str) -> None:
-    import tomllib
-
     member = PACKAGES[name]
     sub = name.removeprefix("npu-")
     data = tomllib.loads((member.path / "pyproject.toml").read_text())

@@ -34,3 +34,15 @@ def test_every_torch_npu_call_is_documented() -> None:
     calls = _all_calls()
     problems = check_calls(calls, docs)
     assert not problems, "torch_npu calls outside the documented 2.8.0 contract:\n" + "\n".join(problems)
+
+
+def test_no_call_of_an_op_whose_2_8_0_binding_is_unusable_here() -> None:
+    """Documented signature or not, some 2.8.0 bindings fix a mode our layouts cannot use (npu_binding_rules)."""
+    from npu_testkit.npu_binding_rules import UNUSABLE_IN_2_8_0
+
+    bad = [
+        f"{c.where}: torch_npu.{c.name}: {UNUSABLE_IN_2_8_0[c.name]}"
+        for c in _all_calls()
+        if c.name in UNUSABLE_IN_2_8_0
+    ]
+    assert not bad, "\n".join(bad)

@@ -10,8 +10,11 @@ import pytest
 from npu_testkit.torch_npu_docs import (
     TorchNPUDocs,
     check_calls,
+    find_npu_call_sites,
     find_npu_calls,
     load_docs,
+    parse_atb_api_list,
+    parse_binding_schemas,
     parse_docs_module,
     parse_meta_registrations,
     parse_signature,
@@ -226,6 +229,51 @@ def test_real_docs_report_wrong_calls() -> None:
         "torch_npu.npu_add_rms_norm(x, r, w, 1e-6)\n"
         "torch_npu.npu_mrope(p, q, k, c, 64, mrope_section=[16, 24, 24], rotary_mode='half')\n"
         "torch_npu._npu_rotary_embedding(p, q, k, 64, c, True)\n"
+        "torch_npu._npu_reshape_and_cache(key=k, value=v, key_cache=kc, value_cache=vc, slots=s)\n"
+        "torch_npu._npu_not_an_op(x)\n"
     )
     problems = check_calls(find_npu_calls(src, "y.py"), docs)
-    assert [p.split(":")[1] for p in problems] == ["2", "3", "6"], problems
+    # line 6 is an undocumented ATB op known by its binding schema; line 7 misnames its slot_indices parameter
+    assert sorted({p.split(":")[1] for p in problems}) == ["2", "3", "7", "8"], problems
+
+
+def test_binding_schemas_only_api_list_default_overloads() -> None:
+    ops_src = "API_LIST = [\n    '_npu_reshape_and_cache',\n    '_npu_x',\n]\nATB_API_LIST = ['npu_ring_mla']\n"
+    names = parse_atb_api_list(ops_src)
+    assert names == ("_npu_reshape_and_cache", "_npu_x")
+    binary = (
+        b"\x00junk\x00_npu_reshape_and_cache(Tensor key, Tensor value, Tensor(a!) key_cache, Tensor(b!) value_cache, "
+        b"Tensor slot_indices) -> ()\x00_npu_x.out(Tensor a, *, Tensor(a!) out) -> Tensor(a!)\x00"
+        b"npu_ring_mla(Tensor q) -> (Tensor, Tensor)\x00"
+    )
+    sigs = parse_binding_schemas(binary, names)
+    assert list(sigs) == ["_npu_reshape_and_cache"]  # .out overloads and names outside API_LIST are skipped
+    (sig,) = sigs["_npu_reshape_and_cache"]
+    assert sig.source == "binding" and [p.name for p in sig.params][-1] == "slot_indices"
+    docs = TorchNPUDocs(bindings=sigs)
+    assert docs.check_call("", "_npu_reshape_and_cache", 5, []) == []
+    assert docs.signatures("atb", "_npu_reshape_and_cache") is None  # bound as torch_npu.<name>, not torch_npu.atb
+
+
+def test_call_sites_carry_their_enclosing_function() -> None:
+    src = textwrap.dedent(
+        """
+        import torch, torch_npu
+        torch_npu.npu_rms_norm(x, w)
+        def f(x):
+            torch.npu.synchronize()
+            return torch_npu.atb.npu_ring_mla(x)
+        class C:
+            def m(self, q):
+                def inner():
+                    return torch.ops.custom.npu_lightning_indexer(query=q)
+                return torch_npu.npu_format_cast(q, 2), torch.ops.aten.add(q, q)
+        """
+    )
+    got = [(s.function, s.op) for s in find_npu_call_sites(src, "z.py")]
+    assert got == [
+        ("", "torch_npu.npu_rms_norm"),
+        ("f", "torch_npu.atb.npu_ring_mla"),
+        ("C.m.inner", "torch.ops.custom.npu_lightning_indexer"),
+        ("C.m", "torch_npu.npu_format_cast"),
+    ]

@@ -4,8 +4,10 @@
 
 No Ascend hardware exists here, so the ``torch_npu`` module is replaced by a fake whose ops follow the documented
 semantics (layouts, cumulative vs per-request lengths, ``sparse_mode`` 3 = right-down causal, 4 = band from the
-right-down corner, masks where 1/True = masked) and check the documented constraints (contiguity, slot range,
-mask shape/dtype, block size). Running the impl with the kernel backend forced to ``npu`` then checks the argument
+right-down corner, masks where 1/True = masked), check the documented constraints (contiguity, slot range,
+mask shape/dtype, block size) and the rules torch_npu 2.8.0's bindings add (``npu_testkit.npu_binding_rules``: the
+``PA_NZ`` cache mode ``npu_scatter_pa_kv_cache`` hard-codes, int32 slots of ``_npu_reshape_and_cache``, ``pre_tokens``
+/ ``sparse_mode`` ignored when Q_S == 1). Running the impl with the kernel backend forced to ``npu`` then checks the argument
 plumbing of every NPU twin: the result must match the dense reference like the reference path does.
 """
 
@@ -19,6 +21,7 @@ import torch
 import vllm_npu.attention.backends.gqa as gqa_mod
 import vllm_npu.attention.metadata as metadata_mod
 from attn_harness import TOLERANCES, dense_reference, make_batch, run_impl
+from npu_testkit import npu_binding_rules as rules
 from vllm_npu.attention.metadata import AscendAttentionState as S
 
 CALLS: list[str] = []
@@ -43,13 +46,17 @@ def _pages(cache, row, length):
 
 def npu_scatter_pa_kv_cache(key, value, key_cache, value_cache, slot_mapping, **kw):
     CALLS.append("npu_scatter_pa_kv_cache")
-    assert not kw and key.is_contiguous() and value.is_contiguous() and key_cache.dim() == 4
-    slots = slot_mapping.long()
-    total = key_cache.shape[0] * key_cache.shape[1]
-    assert bool(((slots >= 0) & (slots < total)).all()), "slot_mapping outside [0, num_blocks*block_size)"
-    assert slots.unique().numel() == slots.numel(), "duplicate slots"
-    key_cache.view(-1, *key_cache.shape[2:])[slots] = key
-    value_cache.view(-1, *value_cache.shape[2:])[slots] = value
+    rules.scatter_pa_kv_cache_nz_shapes(key, key_cache, value, value_cache)  # 2.8.0 hard-codes cacheMode PA_NZ
+    raise AssertionError("an NZ-shaped KV cache is not a layout this backend allocates")
+
+
+def _npu_reshape_and_cache(key, value, key_cache, value_cache, slot_indices):
+    CALLS.append("_npu_reshape_and_cache")
+    rules.reshape_and_cache(key, value, key_cache, value_cache, slot_indices)
+    keep = slot_indices >= 0  # negative slots are skipped by the kernel
+    slots = slot_indices.long()[keep]
+    key_cache.view(-1, *key_cache.shape[2:])[slots] = key[keep]
+    value_cache.view(-1, *value_cache.shape[2:])[slots] = value[keep]
 
 
 def _npu_paged_attention_v2(
@@ -67,9 +74,8 @@ def _npu_paged_attention_v2(
     out,
 ):
     CALLS.append("_npu_paged_attention_v2")
-    bs = key_cache.shape[1]
-    assert mask is None and mask_type == 0 and bs % 16 == 0 and bs <= 128 and block_table.dtype == torch.int32
-    assert isinstance(context_lens, list) and len(context_lens) == query.shape[0]
+    rules.paged_attention_v2_call(query, key_cache, value_cache, block_table, context_lens, mask_type, out)
+    assert mask is None and mask_type == 0 and isinstance(context_lens, list)
     for b, length in enumerate(context_lens):
         k, v = _pages(key_cache, block_table[b], length), _pages(value_cache, block_table[b], length)
         allowed = torch.ones(1, length, dtype=torch.bool)
@@ -82,7 +88,6 @@ def npu_fused_infer_attention_score(
     key,
     value,
     *,
-    atten_mask,
     block_table,
     input_layout,
     block_size,
@@ -91,41 +96,61 @@ def npu_fused_infer_attention_score(
     num_key_value_heads,
     num_heads,
     scale,
-    sparse_mode,
-    pre_tokens,
-    next_tokens,
+    atten_mask=None,
+    sparse_mode=0,
+    pre_tokens=2147483647,
+    next_tokens=2147483647,
 ):
-    CALLS.append(f"npu_fused_infer_attention_score[sparse_mode={sparse_mode}]")
-    assert input_layout == "TND" and key.dim() == 3 and key.shape[1] == block_size
-    assert block_size % 128 == 0 and block_size <= 512 and query.dtype in (torch.float16, torch.bfloat16)
-    assert atten_mask.shape == (2048, 2048) and atten_mask.dtype in (torch.int8, torch.bool, torch.uint8)
-    assert bool((atten_mask.bool() == torch.ones(2048, 2048, dtype=torch.bool).triu(1)).all())
-    ends = list(actual_seq_lengths)
-    assert ends == sorted(ends) and ends[-1] == query.shape[0] and len(ends) == len(actual_seq_lengths_kv)
-    d = query.shape[-1]
+    assert input_layout in ("TND", "BSH") and key.dim() == 3 and key.shape[1] == block_size
+    assert block_size % 16 == 0 and block_size <= 512 and query.dtype in (torch.float16, torch.bfloat16)
+    d = query.shape[-1] if input_layout == "TND" else query.shape[-1] // num_heads
+    if input_layout == "BSH":  # [B, S, N*D] -> packed [B*S, N, D] with per-request ends
+        b, s_len = query.shape[:2]
+        ends = [(i + 1) * s_len for i in range(b)]
+        q = query.reshape(b * s_len, num_heads, d)
+    else:
+        ends, q = list(actual_seq_lengths), query
+    assert ends == sorted(ends) and ends[-1] == q.shape[0] and len(ends) == len(actual_seq_lengths_kv)
+    qs1 = rules.fia_query_s_is_one(query, input_layout, actual_seq_lengths)
+    if qs1:  # the kernel ignores pre_tokens / next_tokens / sparse_mode (rules.FIA_QS1_IGNORES)
+        user_mask = atten_mask is not None and atten_mask.shape != (2048, 2048)
+        if user_mask:
+            rules.fia_paged_mask(atten_mask, len(ends), block_table, block_size)
+        mode = "qs1+mask" if user_mask else "qs1"
+    else:
+        assert input_layout == "TND"
+        rules.fia_paged_tnd(block_size, query)
+        assert atten_mask.shape == (2048, 2048) and atten_mask.dtype in (torch.int8, torch.bool, torch.uint8)
+        assert bool((atten_mask.bool() == torch.ones(2048, 2048, dtype=torch.bool).triu(1)).all())
+        mode = f"sparse_mode={sparse_mode}"
+    CALLS.append(f"npu_fused_infer_attention_score[{input_layout},{mode}]")
     kc = key.view(key.shape[0], block_size, -1, d)
     vc = value.view(value.shape[0], block_size, -1, d)
-    out = torch.empty_like(query)
+    out = torch.empty_like(q)
     start = 0
     for b, (end, kv_len) in enumerate(zip(ends, actual_seq_lengths_kv)):
         q_len = end - start
         k, v = _pages(kc, block_table[b], kv_len), _pages(vc, block_table[b], kv_len)
         diag = kv_len - q_len + torch.arange(q_len)[:, None]  # right-down aligned position of each query row
         j = torch.arange(kv_len)[None, :]
-        if sparse_mode == 3:
+        if qs1:
+            allowed = j <= diag
+            if mode == "qs1+mask":
+                allowed = allowed & ~atten_mask[b, :, :kv_len].bool()
+        elif sparse_mode == 3:
             allowed = j <= diag
         elif sparse_mode == 4:
             allowed = (j >= diag - pre_tokens) & (j <= diag + next_tokens)
         else:
             raise AssertionError(f"unexpected sparse_mode {sparse_mode}")
-        out[start:end] = _attend(query[start:end], k, v, allowed, scale, num_heads, num_key_value_heads).to(out.dtype)
+        out[start:end] = _attend(q[start:end], k, v, allowed, scale, num_heads, num_key_value_heads).to(out.dtype)
         start = end
-    return out, torch.zeros(1)
+    return out.view(query.shape), torch.zeros(1)
 
 
 def _npu_flash_attention_v2(query, key, value, seq_len, *, mask, mask_type, scale_value, num_heads, num_kv_heads, out):
     CALLS.append("_npu_flash_attention_v2")
-    assert mask_type == 1 and mask.dtype == query.dtype and mask.shape[0] >= max(seq_len)
+    rules.flash_attention_v2_call(query, mask, mask_type, seq_len, out)
     start = 0
     for length in seq_len:
         allowed = mask[:length, :length] == 0
@@ -170,12 +195,14 @@ def npu_fusion_attention(
 
 @pytest.fixture
 def fake_npu(monkeypatch):
-    fake = types.ModuleType("torch_npu")
-    fake.npu_scatter_pa_kv_cache = npu_scatter_pa_kv_cache
-    fake.npu_fused_infer_attention_score = npu_fused_infer_attention_score
-    fake.npu_fusion_attention = npu_fusion_attention
+    fake = types.ModuleType("torch_npu")  # every op behind its documented 2.8.0 signature
+    for op in (npu_scatter_pa_kv_cache, _npu_reshape_and_cache, npu_fused_infer_attention_score, npu_fusion_attention):
+        setattr(fake, op.__name__, rules.documented(op))
     fake.atb = types.SimpleNamespace(
-        _npu_paged_attention_v2=_npu_paged_attention_v2, _npu_flash_attention_v2=_npu_flash_attention_v2
+        **{
+            op.__name__: rules.documented(op, namespace="atb")
+            for op in (_npu_paged_attention_v2, _npu_flash_attention_v2)
+        }
     )
     monkeypatch.setitem(sys.modules, "torch_npu", fake)
     monkeypatch.setattr(gqa_mod, "kernel_backend", lambda: "npu")
@@ -215,13 +242,14 @@ def test_npu_path_matches_dense_reference(fake_npu, case: str, window: int | Non
         batch, num_heads=8, num_kv_heads=2, head_size=64, sliding_window=window, num_speculative_tokens=spec
     )
     assert md.attn_state is state and md.splitfuse_mask is not None
-    assert fake_npu[0] == "npu_scatter_pa_kv_cache" and len(fake_npu) == 2
-    expected_kernel = kernel if window is None else "sparse_mode=4"
-    assert expected_kernel in fake_npu[1], fake_npu
     expected = dense_reference(batch, num_heads=8, num_kv_heads=2, head_size=64, sliding_window=window)
     n = batch.num_tokens
     torch.testing.assert_close(out[:n].double(), expected, **TOLERANCES[torch.float16])
     assert bool((out[n:] == 0).all())  # padded rows zeroed: the impl fills its whole output buffer
+    assert fake_npu[0] == "_npu_reshape_and_cache" and len(fake_npu) == 2
+    # a single-token decode with a window cannot rely on pre_tokens (ignored when Q_S == 1): BSH with a window mask
+    expected_kernel = kernel if window is None else ("BSH,qs1+mask" if state is S.DecodeOnly else "sparse_mode=4")
+    assert expected_kernel in fake_npu[1], fake_npu
 
 
 @pytest.mark.parametrize("window", [None, 4])

@@ -21,11 +21,11 @@ EXPECTED = {
     "model.embed_tokens": "NPUVocabParallelEmbedding",
     "model.layers.0.input_layernorm": "NPURMSNorm",
     "model.layers.0.post_attention_layernorm": "NPURMSNorm",
-    "model.layers.0.self_attn.qkv_proj": "NPUQKVParallelLinear",
-    "model.layers.0.self_attn.o_proj": "NPURowParallelLinear",
+    "model.layers.0.self_attn.qkv_proj": "QKVParallelLinear",  # vLLM's linear layers: float weights stay ND
+    "model.layers.0.self_attn.o_proj": "RowParallelLinear",
     "model.layers.0.self_attn.rotary_emb": "NPURotaryEmbedding",
-    "model.layers.0.mlp.gate_up_proj": "NPUMergedColumnParallelLinear",
-    "model.layers.0.mlp.down_proj": "NPURowParallelLinear",
+    "model.layers.0.mlp.gate_up_proj": "MergedColumnParallelLinear",
+    "model.layers.0.mlp.down_proj": "RowParallelLinear",
     "model.layers.0.mlp.act_fn": "NPUSiluAndMul",
     "model.norm": "NPURMSNorm",
     "lm_head": "NPUParallelLMHead",
@@ -97,14 +97,10 @@ def test_model_is_built_from_our_ops(llm):
     assert tree["model.layers.0.input_layernorm"][2] == ["_add_norm=add_rms_norm_reference", "_norm=rms_norm_reference"]
     assert tree["model.layers.0.mlp.act_fn"][2] == ["_kernel=swiglu_reference"]
     assert tree["model.layers.0.self_attn.rotary_emb"][2] == ["_rotary_mul=rotary_mul_reference"]
-    assert tree["model.layers.1.self_attn.qkv_proj"][3] == "NPUUnquantizedLinearMethod"
+    assert tree["model.layers.1.self_attn.qkv_proj"][3] == "UnquantizedLinearMethod"
     assert tree["lm_head"][3] == "NPUUnquantizedEmbeddingMethod"
-    # Nothing of vLLM's own RMSNorm/SiluAndMul/RotaryEmbedding/linear classes is left in the model.
-    leftovers = {
-        n: v[0]
-        for n, v in tree.items()
-        if v[0] in ("RMSNorm", "SiluAndMul", "RotaryEmbedding", "QKVParallelLinear", "RowParallelLinear")
-    }
+    # Nothing of vLLM's own RMSNorm/SiluAndMul/RotaryEmbedding classes is left in the model.
+    leftovers = {n: v[0] for n, v in tree.items() if v[0] in ("RMSNorm", "SiluAndMul", "RotaryEmbedding")}
     assert not leftovers, leftovers
 
 

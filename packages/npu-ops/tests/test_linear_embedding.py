@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
-"""Linear, embedding, LM head and logits overrides: built through vLLM's classes on a one-rank process group,
+"""Embedding, LM head and logits overrides (and vLLM's linear layers, which stay vLLM's): built through vLLM's classes on a one-rank process group,
 compared with plain PyTorch math and vLLM's own code paths (fp32 exact-ish: atol = rtol = 1e-5; bf16 1.6e-2)."""
 
 from __future__ import annotations
@@ -22,54 +22,14 @@ def _load(layer: torch.nn.Module, weight: torch.Tensor, bias: torch.Tensor | Non
     layer.quant_method.process_weights_after_loading(layer)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
-def test_linear_classes_use_npu_method(ctx, dtype) -> None:
+def test_linear_layers_stay_vllm_s(ctx) -> None:
+    """No linear override: vLLM's classes and UnquantizedLinearMethod keep float weights ND (see ``_registry``)."""
     from vllm.model_executor.layers import linear as L
-    from vllm_npu.ops import linear as ours
+    from vllm_npu.ops._registry import OOT_OPS
 
-    g = torch.Generator().manual_seed(0)
-    hidden, heads, kv, head = 40, 4, 2, 10
-    layers = {
-        "replicated": (L.ReplicatedLinear(hidden, 24, bias=True, params_dtype=dtype), ours.NPUReplicatedLinear, 24),
-        "column": (L.ColumnParallelLinear(hidden, 36, bias=True, params_dtype=dtype), ours.NPUColumnParallelLinear, 36),
-        "merged": (
-            L.MergedColumnParallelLinear(hidden, [22, 22], bias=False, params_dtype=dtype),
-            ours.NPUMergedColumnParallelLinear,
-            44,
-        ),
-        "qkv": (
-            L.QKVParallelLinear(hidden, head, heads, kv, bias=True, params_dtype=dtype),
-            ours.NPUQKVParallelLinear,
-            (heads + 2 * kv) * head,
-        ),
-        "row": (L.RowParallelLinear(hidden, 30, bias=True, params_dtype=dtype), ours.NPURowParallelLinear, 30),
-    }
-    x = torch.randn(3, hidden, generator=g).to(dtype)
-    tol = 1e-5 if dtype == torch.float32 else 1.6e-2
-    for name, (layer, cls, out_features) in layers.items():
-        assert type(layer) is cls, name
-        assert type(layer.quant_method) is ours.NPUUnquantizedLinearMethod, name
-        w = torch.randn(out_features, hidden, generator=g).to(dtype)
-        b = torch.randn(out_features, generator=g).to(dtype) if layer.bias is not None else None
-        _load(layer, w, b)
-        out, out_bias = layer(x)
-        assert out_bias is None
-        expected = x.float() @ w.float().T + (0 if b is None else b.float())
-        torch.testing.assert_close(out.float(), expected, atol=tol * 4, rtol=tol, msg=name)
-
-
-def test_quantized_layers_keep_their_method(ctx) -> None:
-    from vllm.model_executor.layers.linear import ColumnParallelLinear, UnquantizedLinearMethod
-    from vllm_npu.ops.linear import NPUUnquantizedLinearMethod, _use_npu_method
-
-    class OtherMethod(UnquantizedLinearMethod):  # e.g. a LoRA or quant plugin's subclass
-        pass
-
-    layer = ColumnParallelLinear(8, 8)
-    layer.quant_method = OtherMethod()
-    _use_npu_method(layer)
-    assert type(layer.quant_method) is OtherMethod
-    assert not isinstance(layer.quant_method, NPUUnquantizedLinearMethod)
+    assert not any(name.endswith("Linear") for name in OOT_OPS)
+    layer = L.RowParallelLinear(16, 8, bias=False)
+    assert type(layer) is L.RowParallelLinear and type(layer.quant_method) is L.UnquantizedLinearMethod
 
 
 def test_embedding_lm_head_and_logits(ctx) -> None:

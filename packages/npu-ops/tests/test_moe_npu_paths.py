@@ -17,6 +17,7 @@ import types
 
 import pytest
 import torch
+from npu_testkit import npu_binding_rules as rules
 from vllm_npu.ops.moe import experts as ex
 from vllm_npu.ops.moe import routing as rt
 from vllm_npu.ops.moe.forward import build_moe_plan, moe_forward
@@ -136,7 +137,7 @@ def _fake_torch_npu(calls: list[str]) -> types.ModuleType:
         npu_swiglu,
         npu_moe_token_unpermute,
     ):
-        setattr(m, fn.__name__, fn)
+        setattr(m, fn.__name__, rules.documented(fn))  # behind the documented 2.8.0 signature
     return m
 
 

@@ -17,6 +17,7 @@ import types
 import pytest
 import torch
 import torch.nn.functional as F
+from npu_testkit.npu_binding_rules import ACL_FORMAT_FRACTAL_NZ, NZFormats
 from npu_testkit.torch_npu_docs import load_docs
 
 
@@ -42,6 +43,7 @@ class FakeTorchNPU(types.ModuleType):
         super().__init__("torch_npu")
         self.docs = load_docs()
         self.calls: list[str] = []
+        self.formats = NZFormats()  # FRACTAL_NZ tensors may not be reshaped (npu_binding_rules.NZFormats)
 
     def _check(self, name: str, args: tuple, kwargs: dict) -> None:
         problems = self.docs.check_call("", name, len(args), list(kwargs))
@@ -110,8 +112,7 @@ class FakeTorchNPU(types.ModuleType):
 
     def npu_format_cast(self, *a, **k):
         self._check("npu_format_cast", a, k)
-        assert a[1] == 29
-        return a[0]
+        return self.formats.cast(a[0], a[1])
 
 
 @pytest.fixture
@@ -122,7 +123,8 @@ def fake_npu(monkeypatch, vllm_ctx):
     monkeypatch.setitem(sys.modules, "torch_npu", fake)
     # Layers pick their kernel when built: build them with the NPU backend.
     monkeypatch.setattr(device, "kernel_backend", lambda: "npu")
-    return fake
+    with fake.formats:
+        yield fake
 
 
 def _close(a: torch.Tensor, b: torch.Tensor, tol: float = 1e-5) -> None:
@@ -189,13 +191,60 @@ def test_mrope_on_npu_kernel(fake_npu) -> None:
     assert fake_npu.calls == ["npu_mrope", "npu_mrope"]
 
 
-def test_linear_weight_cast_once_after_loading(fake_npu, tp1_group) -> None:
-    from vllm.model_executor.layers.linear import RowParallelLinear
+def _mla_impl(kv_b_proj, n: int, lora: int, nope: int, rope: int, v: int, kind: str = "mla"):
+    from types import SimpleNamespace
 
-    layer = RowParallelLinear(16, 8, bias=False)
+    from vllm_npu.attention.backends.mla import AscendMLAImpl
+    from vllm_npu.attention.backends.sfa import AscendSFAImpl
+
+    extra = (
+        {"indexer": SimpleNamespace(topk_indices_buffer=torch.zeros(4, 2, dtype=torch.int32))} if kind == "sfa" else {}
+    )
+    return (AscendSFAImpl if kind == "sfa" else AscendMLAImpl)(
+        n, lora + rope, 0.1, 1, None, None, "auto", None, "decoder", None,
+        q_lora_rank=None, kv_lora_rank=lora, qk_nope_head_dim=nope, qk_rope_head_dim=rope,
+        qk_head_dim=nope + rope, v_head_dim=v, kv_b_proj=kv_b_proj, **extra,
+    )  # fmt: skip
+
+
+def _expected_split(w: torch.Tensor, n: int, lora: int, nope: int, v: int):
+    """``W_UK_T [N, P, L]`` and ``W_UV [N, L, V]`` recomputed from the checkpoint weight ``[N * (P + V), L]``."""
+    per_head = w.T.reshape(lora, n, nope + v)
+    return per_head[..., :nope].permute(1, 2, 0), per_head[..., nope:].transpose(0, 1)
+
+
+def test_mla_kv_b_proj_is_split_from_an_nd_weight(fake_npu, tp1_group) -> None:
+    """Issue #27: the loader runs the linear layer's post-load step, then the MLA impl's, which ``.T/.view/.split``s
+    ``kv_b_proj.weight`` into ``W_UK_T``/``W_UV``; that reshape must see an ND weight, never a FRACTAL_NZ one."""
+    from vllm.model_executor.layers.linear import ColumnParallelLinear
+
+    n, lora, nope, rope, v = 2, 16, 8, 4, 6
+    kv_b_proj = ColumnParallelLinear(lora, n * (nope + v), bias=False, params_dtype=torch.bfloat16)
+    w = torch.randn(n * (nope + v), lora).to(torch.bfloat16)
     with torch.no_grad():
-        layer.weight.copy_(torch.randn(8, 16))
-    layer.quant_method.process_weights_after_loading(layer)
-    x = torch.randn(2, 16)
-    _close(layer(x)[0], x @ layer.weight.T)
-    assert fake_npu.calls == ["npu_format_cast"]
+        kv_b_proj.weight.copy_(w)
+    kv_b_proj.quant_method.process_weights_after_loading(kv_b_proj)
+    impl = _mla_impl(kv_b_proj, n, lora, nope, rope, v)
+    impl.process_weights_after_loading(torch.bfloat16)
+    uk_t, uv = _expected_split(w, n, lora, nope, v)
+    assert torch.equal(impl.W_UK_T, uk_t) and torch.equal(impl.W_UV, uv)
+    x = torch.randn(3, lora).to(torch.bfloat16)
+    _close(kv_b_proj(x)[0], x @ w.T, tol=1e-2)
+
+
+@pytest.mark.parametrize("kind", ["mla", "sfa"])
+def test_mla_impl_reverts_an_nz_kv_b_proj_to_nd_before_the_split(fake_npu, kind: str) -> None:
+    """Whatever left ``kv_b_proj.weight`` in FRACTAL_NZ (a quant method, ``allow_internal_format`` set elsewhere),
+    the impl casts it back to ND before vLLM reshapes it, as vllm-ascend v0.11.0 does."""
+    from vllm.model_executor.layers.linear import UnquantizedLinearMethod
+
+    n, lora, nope, rope, v = 2, 16, 8, 4, 6
+    w = torch.randn(n * (nope + v), lora)
+    kv_b_proj = torch.nn.Module()
+    kv_b_proj.weight = torch.nn.Parameter(fake_npu.formats.cast(w, ACL_FORMAT_FRACTAL_NZ), requires_grad=False)
+    kv_b_proj.quant_method = UnquantizedLinearMethod()
+    impl = _mla_impl(kv_b_proj, n, lora, nope, rope, v, kind)
+    impl.process_weights_after_loading(torch.float32)
+    uk_t, uv = _expected_split(w, n, lora, nope, v)
+    assert torch.equal(impl.W_UK_T, uk_t) and torch.equal(impl.W_UV, uv)
+    assert fake_npu.formats.format_of(kv_b_proj.weight) != ACL_FORMAT_FRACTAL_NZ

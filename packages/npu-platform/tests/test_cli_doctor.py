@@ -280,6 +280,41 @@ def test_platform_filtered_out_while_device_requested() -> None:
     assert any("leaves out the platform plugin 'npu'" in e for e in report["errors"])
 
 
+def test_vllm_ascend_variables_are_reported_as_the_platform_treats_them() -> None:
+    rc, report = doctor_json(extra_env={"VLLM_ASCEND_ENABLE_MLAPO": "1", "VLLM_ASCEND_LLMDD_RPC_PORT": "6000"})
+    assert rc == 1
+    assert any(
+        w.startswith("environment VLLM_ASCEND_ENABLE_MLAPO='1' is a vllm-ascend setting") for w in report["warnings"]
+    )
+    assert any("VLLM_ASCEND_LLMDD_RPC_PORT='6000'" in e and "cannot be ignored" in e for e in report["errors"])
+
+
+def test_vllm_surface_check_reports_drift(monkeypatch: pytest.MonkeyPatch) -> None:
+    # In this process (the check imports vLLM, which the subprocess harness forbids for the default report).
+    from vllm_npu.interface import vllm_surface
+    from vllm_npu.platform.cli.doctor import collect, render
+
+    report = collect(vllm_surface=True)
+    surface = report["vllm_surface"]
+    assert surface["problems"] == [] and surface["checked"] > 0 and "platform" in surface["layers"]
+    assert "all present, signatures match" in render(report)
+
+    gone = vllm_surface.VllmName(
+        "vllm.v1.worker.gpu_model_runner:GPUModelRunner",
+        "_sync_gpu",
+        "method",
+        "overrides",
+        ("vllm_npu.platform.model_runner",),
+        "a stand-in for a renamed internal",
+        signature="(self)",
+    )
+    monkeypatch.setattr(vllm_surface, "installed_surface", lambda: {"platform": (gone,)})
+    report = collect(vllm_surface=True)
+    assert not report["ok"]
+    assert any(e.startswith("vLLM ") and "no longer has GPUModelRunner._sync_gpu" in e for e in report["errors"])
+    assert "1 vLLM names of platform: 1 drifted" in render(report)
+
+
 @pytest.mark.parametrize(
     "layout",
     ["toolkit_var", "home_var", "opp_var_only", "var_names_a_missing_dir", "nothing"],

@@ -154,6 +154,32 @@ def test_config_hook_validates_additional_config_and_environment(env):
         EmulatedNPUPlatform.check_and_update_config(fake_vllm_config())
 
 
+def test_config_hook_warns_about_vllm_ascend_settings_and_goes_on(env, monkeypatch):
+    warned: list[str] = []
+    monkeypatch.setattr("vllm_npu.platform.platform.logger.warning", lambda msg, *args: warned.append(msg % args))
+    env.setenv("VLLM_ASCEND_ENABLE_MLAPO", "1")
+    env.setenv("VLLM_ASCEND_NOT_A_REAL_ONE", "1")
+    cfg = fake_vllm_config(
+        additional_config={"torchair_graph_config": {"enabled": True}, "npu": {"graph_mode": "eager"}}
+    )
+    EmulatedNPUPlatform.check_and_update_config(cfg)
+    assert cfg.parallel_config.worker_cls == "vllm_npu.platform.worker.NPUWorker"  # the hook ran to the end
+    ascend = [w for w in warned if "vllm-ascend" in w]
+    assert [w.split(" is ")[0] for w in ascend] == [
+        "--additional-config torchair_graph_config={'enabled': True}",
+        "environment VLLM_ASCEND_ENABLE_MLAPO='1'",
+        "environment: VLLM_ASCEND_NOT_A_REAL_ONE",
+    ]
+
+
+def test_config_hook_refuses_vllm_ascend_settings_it_cannot_ignore(env):
+    cfg = fake_vllm_config(additional_config={"oproj_tensor_parallel_size": 2})
+    with pytest.raises(
+        ConfigError, match=r"oproj_tensor_parallel_size=2 is a vllm-ascend setting .* cannot be ignored"
+    ):
+        EmulatedNPUPlatform.check_and_update_config(cfg)
+
+
 def test_config_hook_refuses_a_skewed_component_set(env, monkeypatch):
     def skewed():
         raise ComponentSkewError(["npu-ops 0.2.0 needs interface '>=2,<3' but npu-interface provides interface 1.0"])

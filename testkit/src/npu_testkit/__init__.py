@@ -1,3 +1,12 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
-"""Private test support for vllm-npu-plugin: see the package README."""
+"""Private test support for vllm-npu-plugin (never published). One module per job:
+
+- :mod:`.engine`: real-vLLM engines on the emulated device (its docstring is the stable contract the tests use);
+- :mod:`.models`: tiny Hugging Face checkpoints built on the fly, and HF reference generation;
+- :mod:`.distributed`: a one-rank vLLM process group for layer tests without an engine;
+- :mod:`.quant_e2e`: the shared end-to-end checks of the ``ascend`` quant method;
+- :mod:`.torch_npu_docs`: torch_npu 2.8.0's documented op signatures, read from the wheel without importing it;
+- :mod:`.npu_binding_rules`: what torch_npu 2.8.0's bindings and kernels impose beyond those signatures, for the
+  stand-in torch_npu of the NPU-wiring tests.
+"""

@@ -14,6 +14,11 @@ Importing torch_npu on a host without CANN breaks ``import torch``, so this modu
 - ``torch_npu/op_plugin/meta/_meta_registrations.py``: ``@impl(m, "<name>") def f(...)`` meta kernels; their Python
   parameter lists are the only written contract of ops the docs leave out (``npu_add_rms_norm``,
   ``npu_apply_rotary_pos_emb``, ...).
+- the ATB bindings the docs leave out: ``torch_npu/op_plugin/atb/_atb_ops.py`` binds every name of its ``API_LIST``
+  (``_npu_reshape_and_cache``, ``_npu_paged_attention``, ...) as ``torch_npu.<name>``, and
+  ``torch_npu/lib/libop_plugin_atb.so`` holds the ``TORCH_LIBRARY`` schema strings those ops are registered with
+  (``_npu_reshape_and_cache(Tensor key, Tensor value, Tensor(a!) key_cache, ...) -> ()``). Only names of
+  ``API_LIST`` are taken from there, and only when the docs and the meta registrations have no schema for them.
 
 :func:`load_docs` returns a :class:`TorchNPUDocs` whose :meth:`TorchNPUDocs.check_call` says what is wrong with a
 call (unknown op, undocumented keyword, bad positional arity, missing required argument).
@@ -41,6 +46,8 @@ TORCH_NPU_VERSION = "2.8.0"
 OP_DOCS_PATH = "torch_npu/_op_plugin_docs.py"
 ATB_DOCS_PATH = "torch_npu/op_plugin/atb/_atb_api_docs.py"
 META_PATH = "torch_npu/op_plugin/meta/_meta_registrations.py"
+ATB_OPS_PATH = "torch_npu/op_plugin/atb/_atb_ops.py"
+ATB_LIB_PATH = "torch_npu/lib/libop_plugin_atb.so"
 
 # torch_npu 2.8.0 is built on manylinux_2_28; older tags are tried too so the code survives a re-tagged upload.
 _PLATFORMS = {
@@ -325,6 +332,40 @@ def _signature_from_def(name: str, fn: ast.FunctionDef) -> Signature:
     return Signature(name, tuple(params), None, "meta", text, a.vararg is not None, a.kwarg is not None)
 
 
+def parse_atb_api_list(source: str) -> tuple[str, ...]:
+    """The names ``_atb_ops.py`` binds as ``torch_npu.<name>`` (its ``API_LIST``)."""
+    for node in ast.walk(_parse_quiet(source)):
+        if (
+            isinstance(node, ast.Assign)
+            and any(isinstance(t, ast.Name) and t.id == "API_LIST" for t in node.targets)
+            and isinstance(node.value, ast.List)
+        ):
+            return tuple(e.value for e in node.value.elts if isinstance(e, ast.Constant) and isinstance(e.value, str))
+    return ()
+
+
+_SCHEMA_BYTES = re.compile(rb"(_?npu_[A-Za-z0-9_]+)(\.[A-Za-z0-9_]+)?\(([ -~]*?)\) -> ([ -~]*?)\x00")
+
+
+def parse_binding_schemas(binary: bytes, names: Iterable[str]) -> dict[str, list[Signature]]:
+    """Op name -> the ``TORCH_LIBRARY`` schemas (``m.def("name(...) -> ...")``) of ``names`` found in a binary's
+    string table. ``.out`` and other named overloads are skipped: the Python binding calls the default overload."""
+    wanted = set(names)
+    out: dict[str, list[Signature]] = {}
+    for m in _SCHEMA_BYTES.finditer(binary):
+        name, overload = m.group(1).decode(), m.group(2)
+        if name not in wanted or overload:
+            continue
+        text = f"{name}({m.group(3).decode()}) -> {m.group(4).decode()}"
+        try:
+            sig = parse_signature(text, "binding")
+        except ValueError:
+            continue
+        if all(s.text != sig.text for s in out.get(name, [])):
+            out.setdefault(name, []).append(sig)
+    return out
+
+
 # --- the documented set ---------------------------------------------------------------------------------------
 
 
@@ -335,18 +376,22 @@ class TorchNPUDocs:
     ops: dict[str, list[Signature]] = field(default_factory=dict)
     atb: dict[str, list[Signature]] = field(default_factory=dict)
     meta: dict[str, list[Signature]] = field(default_factory=dict)
+    bindings: dict[str, list[Signature]] = field(default_factory=dict)
 
     def signatures(self, namespace: str, name: str) -> list[Signature] | None:
         """Overloads to check a call against; None when the op is not documented anywhere.
 
         ``namespace`` is ``""`` for ``torch_npu.<name>`` and ``"atb"`` for ``torch_npu.atb.<name>``. A docs entry
-        without a parsable schema falls back to the meta registration; an op known only by name gives ``[]``.
+        without a parsable schema falls back to the meta registration, then (for the undocumented ATB ops bound as
+        ``torch_npu.<name>``) to the registered binding schema; an op known only by name gives ``[]``.
         """
         table = self.atb if namespace == "atb" else self.ops
         if name in table and table[name]:
             return table[name]
         if namespace != "atb" and name in self.meta:
             return self.meta[name]
+        if namespace != "atb" and name in self.bindings:
+            return self.bindings[name]
         if name in table:
             return []
         return None
@@ -365,7 +410,7 @@ class TorchNPUDocs:
         qual = f"torch_npu.{namespace + '.' if namespace else ''}{name}"
         sigs = self.signatures(namespace, name)
         if sigs is None:
-            where = "atb docs" if namespace == "atb" else "op docs or meta registrations"
+            where = "atb docs" if namespace == "atb" else "op docs, meta registrations or ATB binding schemas"
             return [f"{qual} is not in torch_npu {TORCH_NPU_VERSION}'s {where}"]
         if not sigs:
             return []  # documented by name only: existence is all that can be checked
@@ -377,15 +422,19 @@ class TorchNPUDocs:
 
 
 def parse_wheel(wheel: Path) -> TorchNPUDocs:
-    """Parse the three doc sources straight out of the wheel (a zip); nothing is extracted or imported."""
+    """Parse the doc sources (and the ATB binding schemas) straight out of the wheel (a zip); nothing is extracted,
+    loaded or imported."""
     with zipfile.ZipFile(wheel) as zf:
         op_src = zf.read(OP_DOCS_PATH).decode("utf-8")
         atb_src = zf.read(ATB_DOCS_PATH).decode("utf-8")
         meta_src = zf.read(META_PATH).decode("utf-8")
+        atb_ops_src = zf.read(ATB_OPS_PATH).decode("utf-8")
+        atb_lib = zf.read(ATB_LIB_PATH)
     return TorchNPUDocs(
         ops=parse_docs_module(op_src, "_add_torch_npu_docstr", "docs"),
         atb=parse_docs_module(atb_src, "_add_torch_npu_atb_docstr", "atb"),
         meta=parse_meta_registrations(meta_src),
+        bindings=parse_binding_schemas(atb_lib, parse_atb_api_list(atb_ops_src)),
     )
 
 
@@ -514,6 +563,52 @@ def find_npu_calls(source: str, path: str = "<string>") -> list[NPUCall]:
             )
         )
     return calls
+
+
+@dataclass(frozen=True)
+class CallSite:
+    """Where an NPU op is called: ``function`` is the enclosing ``Class.method`` / function (``""`` at module level),
+    ``op`` the callee as spelled (``torch_npu.npu_rms_norm``, ``torch_npu.atb.npu_ring_mla``,
+    ``torch.ops.custom.npu_lightning_indexer``)."""
+
+    path: str
+    function: str
+    op: str
+    line: int
+
+
+_NON_OP_NAMESPACES = ("npu", "_C", "utils", "contrib", "profiler", "dynamo")
+_CUSTOM_OP_PREFIXES = (("torch", "ops", "custom"), ("torch", "ops", "_C_ascend"), ("torch", "ops", "atb"))
+
+
+def _npu_op_name(chain: list[str] | None) -> str | None:
+    if not chain or len(chain) < 2:
+        return None
+    if chain[0] == "torch_npu" and chain[1] not in _NON_OP_NAMESPACES and not (chain[1] == "atb" and len(chain) < 3):
+        return ".".join(chain)
+    if len(chain) >= 4 and tuple(chain[:3]) in _CUSTOM_OP_PREFIXES:
+        return ".".join(chain)
+    return None
+
+
+def find_npu_call_sites(source: str, path: str = "<string>") -> list[CallSite]:
+    """Every call of a torch_npu op (the calls :func:`find_npu_calls` checks) or of a ``torch.ops.custom`` /
+    ``torch.ops._C_ascend`` / ``torch.ops.atb`` op, with its enclosing function."""
+    sites: list[CallSite] = []
+
+    def visit(node: ast.AST, scope: tuple[str, ...]) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                visit(child, (*scope, child.name))
+                continue
+            if isinstance(child, ast.Call):
+                op = _npu_op_name(_attr_chain(child.func))
+                if op is not None:
+                    sites.append(CallSite(path, ".".join(scope), op, child.lineno))
+            visit(child, scope)
+
+    visit(ast.parse(source, filename=path), ())
+    return sites
 
 
 def check_calls(calls: Iterable[NPUCall], docs: TorchNPUDocs) -> list[str]:

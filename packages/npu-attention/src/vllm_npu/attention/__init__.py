@@ -11,6 +11,7 @@ from vllm_npu.interface.lazy import lazy_exports
 from ._version import __version__ as __version__
 
 _EXPORTS: dict[str, str] = {
+    "selftest_cases": ".selftest:selftest_cases",
     "select_backend": ".selector:select_backend",
     "GQA_BACKEND": ".selector:GQA_BACKEND",
     "MLA_BACKEND": ".selector:MLA_BACKEND",

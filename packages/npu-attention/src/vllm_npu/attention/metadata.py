@@ -97,7 +97,8 @@ class AscendMetadata:
     # NPU kernel masks (None on the reference backend, whose kernels derive masks from positions):
     # attn_mask is the state's own (float causal for PrefillNoCache, bool pooling mask for encoder-only, the int8
     # splitfuse mask for cache-reading prefill states, None for DecodeOnly); splitfuse_mask is the 2048 int8 mask
-    # of the fused-infer-attention paths (also used by sliding-window layers in every state).
+    # of the fused-infer-attention paths (also used by sliding-window layers in every state but DecodeOnly, whose
+    # window kernel builds a per-request mask).
     attn_mask: torch.Tensor | None = None
     splitfuse_mask: torch.Tensor | None = None
 

@@ -56,6 +56,7 @@ if TYPE_CHECKING:
         once,
         require,
     )
+    from .selftest import KernelCall, KernelCase
     from .settings import ADDITIONAL_CONFIG_KEY, DEVICE_SETTINGS, read_device_setting
     from .versions import INTERFACE_VERSION, SUPPORTED_VLLM, distribution_version, in_range
 
@@ -102,6 +103,8 @@ _EXPORTS = {
     "load_component": ".registry:load_component",
     "once": ".registry:once",
     "require": ".registry:require",
+    "KernelCall": ".selftest:KernelCall",
+    "KernelCase": ".selftest:KernelCase",
     "INTERFACE_VERSION": ".versions:INTERFACE_VERSION",
     "SUPPORTED_VLLM": ".versions:SUPPORTED_VLLM",
     "distribution_version": ".versions:distribution_version",

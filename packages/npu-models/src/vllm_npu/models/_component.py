@@ -13,7 +13,7 @@ COMPONENT = Component(
     version=__version__,
     interface=">=1.0,<2",
     vllm=SUPPORTED_VLLM,
-    summary="model overrides (Qwen2/2.5-VL, Qwen3-VL(-MoE), DeepSeek-V3.2, PanguProMoE)",
+    summary="model overrides: DeepSeek-V3.2 (DeepseekV32ForCausalLM)",
     on_load="vllm_npu.models._hooks:on_load",
 )
 

@@ -11,6 +11,7 @@ from vllm_npu.interface.lazy import lazy_exports
 from ._version import __version__ as __version__
 
 _EXPORTS: dict[str, str] = {
+    "selftest_cases": ".selftest:selftest_cases",
     "OOT_OPS": "._registry:OOT_OPS",
     "register_oot_ops": "._registry:register_oot_ops",
 }

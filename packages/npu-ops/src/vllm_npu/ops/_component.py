@@ -13,7 +13,7 @@ COMPONENT = Component(
     version=__version__,
     interface=">=1.0,<2",
     vllm=SUPPORTED_VLLM,
-    summary="CustomOp overrides (norms, RoPE, activations, linear, embedding, FusedMoE)",
+    summary="CustomOp overrides (norms, RoPE, activations, embedding, FusedMoE)",
     on_load="vllm_npu.ops._hooks:on_load",
 )
 

@@ -24,12 +24,11 @@ OOT_OPS: dict[str, str] = {
     "DeepseekScalingRotaryEmbedding": "vllm_npu.ops.rotary_embedding:NPUDeepseekScalingRotaryEmbedding",
     "YaRNScalingRotaryEmbedding": "vllm_npu.ops.rotary_embedding:NPUYaRNScalingRotaryEmbedding",
     "MRotaryEmbedding": "vllm_npu.ops.mrope:NPUMRotaryEmbedding",
-    # linear layers
-    "ReplicatedLinear": "vllm_npu.ops.linear:NPUReplicatedLinear",
-    "ColumnParallelLinear": "vllm_npu.ops.linear:NPUColumnParallelLinear",
-    "MergedColumnParallelLinear": "vllm_npu.ops.linear:NPUMergedColumnParallelLinear",
-    "QKVParallelLinear": "vllm_npu.ops.linear:NPUQKVParallelLinear",
-    "RowParallelLinear": "vllm_npu.ops.linear:NPURowParallelLinear",
+    # Linear layers: vLLM's own classes and UnquantizedLinearMethod (F.linear, which torch_npu serves). Float weights
+    # stay ND, as in vllm-ascend v0.11.0 (its is_enable_nz() is False for fp16/bf16/fp32, PR #4495), rather than being
+    # cast to FRACTAL_NZ after loading: the NZ matmul kernel rejects N == 1 or K == 1 weights (score/reward heads),
+    # float32 NZ is unsupported, vLLM reshapes some weights after loading (MLA's kv_b_proj -> W_UK_T/W_UV), and
+    # whether the cast takes effect at all depends on allow_internal_format (the platform sets it False).
     # embedding, LM head, logits
     "VocabParallelEmbedding": "vllm_npu.ops.vocab_parallel_embedding:NPUVocabParallelEmbedding",
     "ParallelLMHead": "vllm_npu.ops.vocab_parallel_embedding:NPUParallelLMHead",

@@ -9,7 +9,7 @@ from ._registry import PatchRegistry
 
 _HEADER = """\
 <!-- Generated from the npu-patches registry: `vllm-npu patches --markdown --output docs/patches.md`.
-     Do not edit by hand; packages/npu-patches/tests/test_docs.py fails when this file and the registry differ. -->
+     Do not edit by hand; packages/npu-patches/tests/test_docs_and_cli.py fails when this file and the registry differ. -->
 # Patches applied to vLLM
 
 vllm-npu-plugin changes no line of vLLM. Where vLLM offers no seam, it monkey-patches through one registry

@@ -26,9 +26,17 @@ import torch
 
 @functools.lru_cache(maxsize=1)
 def _torch_npu() -> Any:
-    """``torch.npu`` after importing ``torch_npu`` (which registers the ``npu`` device with torch)."""
+    """``torch.npu`` after importing ``torch_npu`` (which registers the ``npu`` device with torch), configured once
+    per process (the first device call, before any model weight exists)."""
     import torch_npu  # noqa: F401  (registers torch.npu)
 
+    # Internal (private) formats such as FRACTAL_NZ off, explicitly: its default differs by chip and torch_npu build
+    # (documented True on A2 and False on A3; later 2.8.0 builds changed A2). Every tensor the plugin hands a kernel
+    # is ND — float weights stay ND as in vllm-ascend v0.11.0, KV caches are ND, and every kernel contract, reference
+    # twin and test fake models ND — so a private format could only appear by accident, where a later .view/.T of it
+    # (vLLM's MLA kv_b_proj split) would read blocked storage as row-major. vllm-ascend sets True because it casts
+    # quantized and MoE weights to NZ for speed; this plugin does not (an NZ cast would be a no-op here).
+    torch.npu.config.allow_internal_format = False
     return torch.npu
 
 

@@ -74,12 +74,15 @@ class NPUPlatform(Platform):
     def check_and_update_config(cls, vllm_config: VllmConfig) -> None:
         from vllm.config import CompilationLevel, CUDAGraphMode
         from vllm.config.compilation import CompilationConfig
+        from vllm_npu.interface.ascend_migration import check_ascend_settings
         from vllm_npu.interface.config import AdditionalConfig, EnvConfig
         from vllm_npu.interface.errors import ConfigError
         from vllm_npu.interface.registry import check_installed_set
 
         EnvConfig.from_environ()  # validates every VLLM_NPU_* variable (typos and bad values raise ConfigError)
         npu_config = AdditionalConfig.from_vllm(vllm_config.additional_config)
+        # vllm-ascend's --additional-config keys and VLLM_ASCEND_* variables: a message each, instead of silence.
+        check_ascend_settings(vllm_config.additional_config, os.environ, warn=logger.warning)
         check_installed_set()
         cls._claim_quantized_checkpoint(vllm_config)
 

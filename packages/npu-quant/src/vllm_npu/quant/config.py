@@ -10,7 +10,7 @@ How a checkpoint gets here:
   ``quantization_config`` is one (old msModelSlim, or ``{"quant_method": "ascend"}`` written by our quantizer) —
   :meth:`override_quantization_method` — or ``quant_model_description.json`` sits next to ``config.json`` —
   :func:`vllm_npu.quant.detect.claim_checkpoint`, called by the platform. FP8, AWQ, GPTQ, compressed-tensors
-  checkpoints are never claimed (vllm-ascend claims every checkpoint on an NPU host).
+  checkpoints are never claimed.
 """
 
 from __future__ import annotations

@@ -24,6 +24,7 @@ from collections.abc import Callable
 
 import torch
 from vllm_npu.interface import Kernel
+from vllm_npu.interface.errors import KernelContractError
 
 from . import kernels
 
@@ -49,6 +50,10 @@ def _group_rows(counts: torch.Tensor, num_rows: int, num_groups: int) -> list[tu
 # int8 grouped matmul with per-channel weight scales and per-token activation scales
 
 
+# output dtype -> the scale dtype npu_grouped_matmul's per-token int8 mode pairs with it
+_PER_TOKEN_SCALE_DTYPE = {torch.bfloat16: torch.bfloat16, torch.float16: torch.float32}
+
+
 def _grouped_qmm_npu(
     xq: torch.Tensor,
     weight: torch.Tensor,
@@ -57,6 +62,16 @@ def _grouped_qmm_npu(
     counts: torch.Tensor,
     out_dtype: torch.dtype,
 ) -> torch.Tensor:
+    # The documented per-token pairs (torch_npu 2.8.0 docs, npu_grouped_matmul data-type table with a tensor
+    # group_list): bfloat16 output takes a bfloat16 scale, float16 output a float32 scale; nothing else.
+    paired = _PER_TOKEN_SCALE_DTYPE.get(out_dtype)
+    if paired is None or scale.dtype != paired:
+        raise KernelContractError(
+            f"npu_grouped_matmul (per-token int8) takes a {paired} scale for {out_dtype} output, got {scale.dtype}"
+            if paired is not None
+            else f"npu_grouped_matmul (per-token int8) has no {out_dtype} output; serve W8A8_DYNAMIC MoE models with "
+            "--dtype bfloat16 or float16"
+        )
     import torch_npu
 
     return torch_npu.npu_grouped_matmul(
@@ -80,7 +95,8 @@ def _grouped_qmm_ref(
     counts: torch.Tensor,
     out_dtype: torch.dtype,
 ) -> torch.Tensor:
-    """xq int8 ``[N, K]`` (rows sorted by group), weight int8 ``[G, K, M]``, scale float32 ``[G, M]``, pertoken
+    """xq int8 ``[N, K]`` (rows sorted by group), weight int8 ``[G, K, M]``, scale ``[G, M]`` (float32, or bfloat16 for
+    bfloat16 output: the NPU twin's pairing), pertoken
     float32 ``[N]``, counts int64 ``[G]`` -> ``[N, M]``: ``(xq_g @ W[g]) * scale[g] * pertoken_g``."""
     out = torch.empty(xq.shape[0], weight.shape[-1], dtype=out_dtype, device=xq.device)
     for g, rows in _group_rows(counts, xq.shape[0], weight.shape[0]):
@@ -100,13 +116,23 @@ class W8A8DynamicExperts:
         self.activation = activation
         self._dq = kernels.dynamic_quant.select()
         self._gqmm = grouped_quant_matmul.select()
+        self._scales: dict[tuple[str, torch.dtype], torch.Tensor] = {}
+
+    def _scale(self, name: str, out_dtype: torch.dtype) -> torch.Tensor:
+        """The float32 load-time scale in the dtype the kernel pairs with ``out_dtype`` (bfloat16 for bfloat16
+        output, as vllm-ascend v0.11.0's ``w1_scale.to(w2_scale.dtype)``), converted once per dtype."""
+        key = (name, out_dtype)
+        if key not in self._scales:
+            scale = getattr(self.layer, name)
+            self._scales[key] = scale.to(_PER_TOKEN_SCALE_DTYPE.get(out_dtype, scale.dtype))
+        return self._scales[key]
 
     def __call__(self, rows: torch.Tensor, group_counts: torch.Tensor) -> torch.Tensor:
-        layer = self.layer
+        layer, dt = self.layer, rows.dtype
         xq, s = self._dq(rows)
-        h = self._gqmm(xq, layer.w13_weight, layer.w13_weight_scale, s, group_counts, rows.dtype)
+        h = self._gqmm(xq, layer.w13_weight, self._scale("w13_weight_scale", dt), s, group_counts, dt)
         hq, s2 = self._dq(self.activation(h))
-        return self._gqmm(hq, layer.w2_weight, layer.w2_weight_scale, s2, group_counts, rows.dtype)
+        return self._gqmm(hq, layer.w2_weight, self._scale("w2_weight_scale", dt), s2, group_counts, dt)
 
 
 def _grouped_w4_npu(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:

@@ -8,6 +8,7 @@ Kernel per step (the metadata's :class:`~vllm_npu.attention.metadata.AscendAtten
 encoder-only layer (bidirectional)      ``encoder_attention`` over the step's own K/V (no cache)
 PrefillNoCache, no sliding window       ``prefill_no_cache`` over the step's own K/V
 DecodeOnly, no sliding window           ``paged_decode`` over the paged cache
+DecodeOnly, sliding window              ``paged_decode_window`` (one token per request: an explicit window mask)
 every other state / any sliding window  ``paged_prefill`` (fused infer attention, TND, right-down causal or band)
 ======================================  ==========================================================================
 
@@ -28,7 +29,7 @@ from vllm_npu.interface.errors import ConfigError
 from ..metadata import AscendAttentionMetadataBuilder, AscendAttentionState, AscendMetadata
 from ..ops.flash_attention import ENCODER_ATTENTION, PREFILL_NO_CACHE
 from ..ops.kv_cache import RESHAPE_AND_CACHE
-from ..ops.paged_attention import PAGED_DECODE, PAGED_PREFILL
+from ..ops.paged_attention import PAGED_DECODE, PAGED_DECODE_WINDOW, PAGED_PREFILL
 
 # torch_npu paged attention v2 takes head sizes up to 256, fused infer attention needs multiples of 16.
 NPU_MAX_HEAD_SIZE = 256
@@ -134,6 +135,7 @@ class AscendAttentionImpl(AttentionImpl[AscendMetadata]):
             self._check_npu_support()
         self.reshape_and_cache = RESHAPE_AND_CACHE.select(backend)
         self.paged_decode = PAGED_DECODE.select(backend)
+        self.paged_decode_window = PAGED_DECODE_WINDOW.select(backend)
         self.paged_prefill = PAGED_PREFILL.select(backend)
         self.prefill_no_cache = PREFILL_NO_CACHE.select(backend)
         self.encoder_attention = ENCODER_ATTENTION.select(backend)
@@ -207,6 +209,18 @@ class AscendAttentionImpl(AttentionImpl[AscendMetadata]):
             self.prefill_no_cache(q, key[:n], value[:n], md.seq_lens_list, attn_mask=md.attn_mask, out=out, **heads)
         elif self.sliding_window is None and state is AscendAttentionState.DecodeOnly:
             self.paged_decode(q, key_cache, value_cache, md.block_table, md.seq_lens_list, out=out, **heads)
+        elif state is AscendAttentionState.DecodeOnly:
+            self.paged_decode_window(
+                q,
+                key_cache,
+                value_cache,
+                md.block_table,
+                md.seq_lens,
+                md.seq_lens_list,
+                sliding_window=self.sliding_window,
+                out=out,
+                **heads,
+            )
         else:
             self.paged_prefill(
                 q,

@@ -5,8 +5,8 @@
 Built on vLLM 0.11's MLA seams: the backend subclasses ``MLACommonBackend`` (cache shape, spec), the impl subclasses
 ``MLACommonBaseImpl`` (its ``process_weights_after_loading`` splits ``kv_b_proj`` into ``W_UK_T [N, P, L]`` and
 ``W_UV [N, L, V]``) and overrides the attention itself with our kernels; the metadata builder reads only
-``CommonAttentionMetadata`` and the vLLM config, never the model (vllm-ascend's builder read the model's rotary caches
-and broke users, vllm-ascend#5385).
+``CommonAttentionMetadata`` and the vLLM config, never the model (a builder that reads the model's rotary caches
+fails on MLA models whose rotary embedding has none, vllm-ascend#5385).
 
 Per step (decodes first: ``reorder_batch_threshold = 1``):
 
@@ -46,6 +46,7 @@ from vllm_npu.interface.errors import ConfigError, KernelContractError
 from ..metadata import reject_decode_context_parallel
 from ..ops.mla_attention import MLA_DECODE, RING_MLA, ring_mla_mask
 from ..ops.mla_cache import MLA_CACHE_WRITE, PAGED_CACHE_LOAD, latent_cache_planes
+from ..ops.weight_format import kv_b_proj_to_nd
 
 
 class AscendMLABackend(MLACommonBackend):
@@ -245,6 +246,10 @@ class AscendMLAImpl(MLACommonBaseImpl[AscendMLAMetadata]):
         # (vllm_npu.attention.ops.mla_layer.AscendMultiHeadLatentAttention sets it once, at construction).
         self.layer_writes_cache = False
 
+    def process_weights_after_loading(self, act_dtype: torch.dtype) -> None:
+        kv_b_proj_to_nd(self.kv_b_proj)  # vLLM's split below reshapes the weight: it must be ND, not FRACTAL_NZ
+        super().process_weights_after_loading(act_dtype)
+
     def forward(
         self,
         layer: AttentionLayer,
@@ -310,7 +315,7 @@ class AscendMLAImpl(MLACommonBaseImpl[AscendMLAMetadata]):
             mask=self._mask(q),
         )  # fmt: skip
         for chunk in meta.context_chunks:
-            ctx_c, ctx_pe = self._load(nope, rope, meta.block_table, chunk.lens, chunk.starts)
+            ctx_c, ctx_pe = self._load(nope, rope, meta.block_table, chunk.lens, chunk.starts, chunk.total)
             ctx_nope, ctx_v = self._up_project(ctx_c)
             out, lse = self._ring(
                 q_nope, q_pe, ctx_nope, ctx_pe.unsqueeze(1), ctx_v, meta.query_lens, chunk.lens_list, self.scale,

@@ -37,6 +37,7 @@ from vllm_npu.interface.errors import ConfigError, KernelContractError
 
 from ..ops.mla_cache import MLA_CACHE_WRITE, latent_cache_planes
 from ..ops.sfa_kernels import INDEXER_CACHE_WRITE, LIGHTNING_INDEXER, SPARSE_MLA_ATTENTION
+from ..ops.weight_format import kv_b_proj_to_nd
 from .mla import AscendMLABackend
 
 
@@ -128,6 +129,10 @@ class AscendSFAImpl(MLACommonBaseImpl[AscendSFAMetadata]):
             )
         self._write = MLA_CACHE_WRITE.select()
         self._sparse = SPARSE_MLA_ATTENTION.select()
+
+    def process_weights_after_loading(self, act_dtype: torch.dtype) -> None:
+        kv_b_proj_to_nd(self.kv_b_proj)  # vLLM's split below reshapes the weight: it must be ND, not FRACTAL_NZ
+        super().process_weights_after_loading(act_dtype)
 
     def forward(
         self,

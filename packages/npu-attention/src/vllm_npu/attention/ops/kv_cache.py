@@ -13,9 +13,13 @@ context parallelism, which interleaves ``-1`` among real tokens, is rejected by 
 never receives one after the caller's slice. The reference path skips any negative slot wherever it is, without
 reading device values back to the host (no data-dependent branch or shape).
 
-NPU: ``torch_npu.npu_scatter_pa_kv_cache`` (documented in torch_npu 2.8.0, its "scenario 2": 3-D key/value and
-``[num_blocks, block_size, Nkv, D]`` caches); it needs contiguous inputs and distinct slots in
-``[0, num_blocks * block_size)``.
+NPU: ``torch_npu._npu_reshape_and_cache`` (ATB ReshapeAndCacheOperation), the write vllm-ascend v0.11.0 runs on A2/A3
+(``attention/attention_v1.py:635-640``). Its binding picks the kernel's ND configuration for ND caches
+(op-plugin 7.2.0 ``ReshapeAndCachAtb.cpp``: ``K_CACHE_V_CACHE`` unless both caches are FRACTAL_NZ); the ATB docs ask
+for int32 slots (distinct, negative ones skipped) and key/value/caches of one dtype; the caches must be contiguous.
+Not ``torch_npu.npu_scatter_pa_kv_cache``: its 2.8.0 binding hard-codes ``cacheMode="PA_NZ"``
+(``ScatterPaKvCacheNpuOpApi.cpp``), whose kernel template rejects (or would write NZ-ordered data into) these ND
+caches.
 """
 
 from __future__ import annotations
@@ -33,7 +37,11 @@ def reshape_and_cache_npu(
 ) -> None:
     import torch_npu
 
-    torch_npu.npu_scatter_pa_kv_cache(key.contiguous(), value.contiguous(), key_cache, value_cache, slot_mapping)
+    # int32 slots (ATB's slotMapping dtype); vLLM hands int64 (vllm-ascend's runner keeps an int32 copy instead)
+    slots = slot_mapping if slot_mapping.dtype == torch.int32 else slot_mapping.to(torch.int32)
+    torch_npu._npu_reshape_and_cache(
+        key=key, value=value, key_cache=key_cache, value_cache=value_cache, slot_indices=slots
+    )
 
 
 def reshape_and_cache_reference(

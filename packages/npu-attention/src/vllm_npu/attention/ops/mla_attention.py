@@ -14,6 +14,8 @@ import torch
 from vllm_npu.interface.device import Kernel
 from vllm_npu.interface.errors import KernelContractError
 
+from ..masks import masked_value
+
 # --- absorbed decode --------------------------------------------------------------------------------------------
 
 
@@ -187,9 +189,17 @@ _RING_MASK_SIZE = 512
 
 
 def ring_mla_mask(dtype: torch.dtype, device: torch.device | str) -> torch.Tensor:
-    """The ``[512, 512]`` upper-triangular mask ``npu_ring_mla`` takes with ``mask_type_triu`` (1 above the diagonal).
-    Built once per impl; the reference ignores it."""
-    return torch.triu(torch.ones(_RING_MASK_SIZE, _RING_MASK_SIZE, dtype=dtype, device=device), diagonal=1)
+    """The ``[512, 512]`` upper-triangular mask ``npu_ring_mla`` takes with ``mask_type_triu``: 0 on and below the
+    diagonal, :func:`~vllm_npu.attention.masks.masked_value` above it (``-inf`` for float16, ``1`` for bfloat16).
+
+    The kernel adds a float16 mask to the scores as given but treats a bfloat16 mask as a flag it scales by a large
+    negative factor (op-plugin 7.2.0 ``test/test_custom_ops/test_atb_ring_mla.py``, "kernel中mask的系数"), so a ``1``
+    in an fp16 mask would bias future tokens by +1 instead of hiding them. vllm-ascend v0.11.0 builds the same values
+    (``attention/mla_v1.py``, ``finfo(float32).min`` for fp16, which is ``-inf`` in fp16). Built once per impl; the
+    reference ignores it."""
+    above = torch.ones(_RING_MASK_SIZE, _RING_MASK_SIZE, dtype=torch.bool, device=device).triu_(1)
+    mask = torch.zeros(_RING_MASK_SIZE, _RING_MASK_SIZE, dtype=dtype, device=device)
+    return mask.masked_fill_(above, masked_value(dtype))
 
 
 def ring_mla_npu(

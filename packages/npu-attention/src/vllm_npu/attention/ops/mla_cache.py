@@ -192,15 +192,19 @@ def paged_cache_load_reference(
     block_table: torch.Tensor,
     context_lens: torch.Tensor,
     seq_starts: torch.Tensor,
+    total: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Gather, for each request ``b``, cached tokens ``[seq_starts[b], seq_starts[b] + context_lens[b])`` (positions
     within the request, in tokens) and concatenate them over the batch.
 
-    ``block_table [B, max_blocks]`` int32, ``context_lens``/``seq_starts`` ``[B]`` int (CPU or device).
+    ``block_table [B, max_blocks]`` int32, ``context_lens``/``seq_starts`` ``[B]`` int (CPU or device); ``total`` is
+    ``sum(context_lens)`` when the caller knows it on the host (it saves the NPU twin a device-to-host read).
     Returns ``kv_c [S, L]`` and ``k_pe [S, R]`` with ``S = sum(context_lens)``, in request order.
     """
     bs = nope_cache.shape[1]
     lens = context_lens.to(device="cpu", dtype=torch.int64)
+    if total is not None and total != int(lens.sum()):
+        raise KernelContractError(f"paged_cache_load: total={total} but context_lens sum to {int(lens.sum())}")
     total = int(lens.sum())
     if total == 0:
         return nope_cache.new_empty(0, nope_cache.shape[-1]), rope_cache.new_empty(0, rope_cache.shape[-1])
@@ -221,20 +225,34 @@ def paged_cache_load_npu(
     block_table: torch.Tensor,
     context_lens: torch.Tensor,
     seq_starts: torch.Tensor,
+    total: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """NPU twin of :func:`paged_cache_load_reference` (``torch_npu.atb.npu_paged_cache_load``; the latent plane
-    is passed as its "key" cache, the rope plane as its "value" cache)."""
+    is passed as its "key" cache, the rope plane as its "value" cache).
+
+    The outputs are allocated here from ``total`` and passed as ``key=``/``value=``: without them the 2.8.0 binding
+    sizes its outputs itself with one ``context_lens[i].item()`` per request (op-plugin 7.2.0
+    ``PagedCacheLoadAtb.cpp``), a host sync per request, chunk and layer. vllm-ascend v0.11.0 passes them too."""
     import torch_npu
 
     dev = nope_cache.device
-    k, v = torch_npu.atb.npu_paged_cache_load(
+    lens = context_lens.to(device=dev, dtype=torch.int32)
+    if total is None:
+        total = int(lens.sum())  # one sync; callers that know the total pass it
+    key = nope_cache.new_empty(total, *nope_cache.shape[2:])
+    value = rope_cache.new_empty(total, *rope_cache.shape[2:])
+    if total == 0:  # nothing to load (the kernel's docs give no zero-token case)
+        return key.view(0, -1), value.view(0, -1)
+    torch_npu.atb.npu_paged_cache_load(
         nope_cache,
         rope_cache,
         block_table.to(torch.int32),
-        context_lens.to(device=dev, dtype=torch.int32),
+        lens,
         seq_starts=seq_starts.to(device=dev, dtype=torch.int32),
+        key=key,
+        value=value,
     )
-    return k.view(k.shape[0], -1), v.view(v.shape[0], -1)
+    return key.view(total, -1), value.view(total, -1)
 
 
 PAGED_CACHE_LOAD = Kernel("paged_cache_load", npu=paged_cache_load_npu, reference=paged_cache_load_reference)

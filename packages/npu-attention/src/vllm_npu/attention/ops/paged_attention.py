@@ -12,6 +12,12 @@ Two kernels, each an NPU call beside its reference twin:
     NPU: ``torch_npu.atb._npu_paged_attention_v2`` (documented ATB op; block_size % 16 == 0 and <= 128,
     head_size <= 256).
 
+``paged_decode_window`` — the same with a sliding window ``W`` (DecodeOnly): token ``b`` sees cache positions
+    ``j > context_lens[b] - 1 - W``; ``seq_lens`` is ``context_lens`` as a device tensor ``[B]``.
+    NPU: ``torch_npu.npu_fused_infer_attention_score`` in BSH with Q_S = 1 and an explicit window mask
+    ``[B, 1, max_blocks * block_size]`` (``sparse_mode=0``): with one query token the kernel ignores ``pre_tokens``
+    and ``sparse_mode``, so a band would silently attend to the whole context.
+
 ``paged_prefill`` — any number of query tokens per request, packed (TND):
     query ``[T, N, D]``; caches as above (the new tokens are already written); block_table ``[B, max_blocks]``;
     query_start_loc ``list[int]`` (B + 1 cumulative offsets, ``query_start_loc[-1] == T``); seq_lens ``list[int]``
@@ -105,6 +111,91 @@ def paged_decode_reference(
 
 
 PAGED_DECODE = Kernel("paged_decode", npu=paged_decode_npu, reference=paged_decode_reference)
+
+
+# --- paged decode with a sliding window -----------------------------------------------------------------------------
+
+
+def paged_decode_window_npu(
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    seq_lens: torch.Tensor,
+    context_lens: list[int],
+    *,
+    num_heads: int,
+    num_kv_heads: int,
+    scale: float,
+    sliding_window: int,
+    out: torch.Tensor,
+    logits_soft_cap: float | None = None,
+) -> None:
+    no_soft_cap(logits_soft_cap, "paged_decode_window")
+    import torch_npu
+
+    # With one query token per request the kernel ignores pre_tokens, next_tokens and sparse_mode (torch_npu 2.8.0
+    # docs: "Q_S为1时该参数无效"), so the window cannot be a band: it is an explicit per-request mask [B, 1, KV_S]
+    # (True = masked), KV_S = the block table's capacity, as the docs require for a paged cache with sparse_mode=0.
+    # BSH with Q_S = 1 is the layout vllm-ascend v0.11.0 uses for its sliding-window decode.
+    num_blocks, block_size = key_cache.shape[:2]
+    batch = query.shape[0]
+    pos = torch.arange(block_table.shape[1] * block_size, device=query.device)
+    first = seq_lens.to(device=query.device, dtype=torch.long) - sliding_window  # first visible position
+    mask = (pos[None, :] < first[:, None]).unsqueeze(1)
+    attn_out, _ = torch_npu.npu_fused_infer_attention_score(
+        query.reshape(batch, 1, -1),
+        key_cache.view(num_blocks, block_size, -1),
+        value_cache.view(num_blocks, block_size, -1),
+        atten_mask=mask,
+        block_table=block_table,
+        input_layout="BSH",
+        block_size=block_size,
+        actual_seq_lengths=[1] * batch,
+        actual_seq_lengths_kv=context_lens,
+        num_key_value_heads=num_kv_heads,
+        num_heads=num_heads,
+        scale=scale,
+        sparse_mode=0,
+    )
+    out.copy_(attn_out.view_as(out))
+
+
+def paged_decode_window_reference(
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    seq_lens: torch.Tensor,
+    context_lens: list[int],
+    *,
+    num_heads: int,
+    num_kv_heads: int,
+    scale: float,
+    sliding_window: int,
+    out: torch.Tensor,
+    logits_soft_cap: float | None = None,
+) -> None:
+    check_heads(query, key_cache, num_heads, num_kv_heads, "paged_decode_window")
+    lens = torch.tensor(context_lens, dtype=torch.long, device=query.device)
+    o = _attend_short_group(
+        query[:, None],
+        key_cache,
+        value_cache,
+        block_table,
+        seq_lens=lens,
+        query_lens=torch.ones_like(lens),
+        max_seq_len=max(context_lens),
+        scale=scale,
+        sliding_window=sliding_window,
+        logits_soft_cap=logits_soft_cap,
+    )
+    out.copy_(o[:, 0].to(out.dtype))
+
+
+PAGED_DECODE_WINDOW = Kernel(
+    "paged_decode_window", npu=paged_decode_window_npu, reference=paged_decode_window_reference
+)
 
 
 # --- paged prefill (chunked prefill, prefix hits, mixed batches, spec decode) -------------------------------------

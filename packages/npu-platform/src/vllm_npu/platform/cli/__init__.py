@@ -48,6 +48,11 @@ SUBCOMMANDS: dict[str, Subcommand] = {
         "platform",
         "generate text with a tiny model through real vLLM (the emulated device on a CPU host)",
     ),
+    "selftest": Subcommand(
+        "vllm_npu.platform.cli.selftest:main",
+        "platform",
+        "run every NPU kernel against its reference twin on this host, then a short generate (after doctor)",
+    ),
     "patches": Subcommand(
         "vllm_npu.patches.cli:main",
         "patches",

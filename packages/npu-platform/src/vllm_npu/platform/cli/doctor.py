@@ -6,6 +6,10 @@ The report covers vLLM/torch/torch_npu/CANN versions (from metadata and CANN's v
 would activate and why, every installed component with its version, interface range and compatibility, the pip
 commands for what is missing, and the effect of ``VLLM_PLUGINS``. Exit status: 0 when the set can run, 1 when it is
 broken (version skew, a component that fails to load, bad environment, torch-npu without CANN...).
+
+vllm-ascend's ``VLLM_ASCEND_*`` variables are reported the way the platform treats them (warning or error, see
+:mod:`vllm_npu.interface.ascend_migration`). ``--vllm-surface`` also checks the installed vLLM against every layer's
+table of vLLM internals (:mod:`vllm_npu.interface.vllm_surface`); that one imports vLLM.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from vllm_npu.interface.ascend_migration import find_ascend_settings
 from vllm_npu.interface.cann import CANN_HOME_VARS, CANN_OPP_VAR
 from vllm_npu.interface.config import EnvConfig
 from vllm_npu.interface.device import decide_device, probe_npu
@@ -105,8 +110,22 @@ def _vllm_plugins(environ: Mapping[str, str], device_active: bool, components: d
     return section
 
 
-def collect() -> dict[str, Any]:
-    """The whole report as plain data (what ``--json`` prints), for this process's environment."""
+def _vllm_surface() -> dict[str, Any]:
+    """Every layer's vLLM internals checked against the installed vLLM (imports vLLM and the owners' modules)."""
+    from vllm_npu.interface.vllm_surface import check_surface, installed_surface
+
+    try:
+        tables = installed_surface()
+        problems = [p for table in tables.values() for p in check_surface(table)]
+    except Exception as exc:  # e.g. `import torch` failing on this host: report it, the rest of the report stands
+        return {"checked": 0, "layers": [], "problems": [f"the vLLM surface check failed: {type(exc).__name__}: {exc}"]}
+    return {"checked": sum(len(t) for t in tables.values()), "layers": sorted(tables), "problems": problems}
+
+
+def collect(*, vllm_surface: bool = False) -> dict[str, Any]:
+    """The whole report as plain data (what ``--json`` prints), for this process's environment.
+
+    ``vllm_surface=True`` adds the vLLM drift check (which imports vLLM)."""
     environ = os.environ
     errors: list[str] = []
     warnings: list[str] = []
@@ -142,6 +161,12 @@ def collect() -> dict[str, Any]:
     for var in (*CANN_HOME_VARS, CANN_OPP_VAR):
         if environ.get(var) and not os.path.isdir(environ[var]):
             warnings.append(f"{var}={environ[var]!r} is not a directory")
+
+    for finding in find_ascend_settings(None, environ):
+        (errors if finding.severity == "error" else warnings).append(finding.message)
+    surface = _vllm_surface() if vllm_surface and vllm is not None else None
+    if surface is not None:
+        errors.extend(surface["problems"])
 
     config: dict[str, Any] | None = None
     try:
@@ -246,6 +271,7 @@ def collect() -> dict[str, Any]:
         "missing": missing,
         "full_install": 'pip install "npu-platform[all]"' if missing else None,
         "vllm_plugins": plugins,
+        "vllm_surface": surface,
     }
 
 
@@ -318,6 +344,11 @@ def render(report: dict[str, Any]) -> str:
             out.append(f"  names matching no plugin: {', '.join(repr(n) for n in plugins['unknown_names'])}")
         out.extend(f"  note: {n}" for n in plugins["notes"])
 
+    surface = report.get("vllm_surface")
+    if surface is not None:
+        state = f"{len(surface['problems'])} drifted" if surface["problems"] else "all present, signatures match"
+        out += ["", "vLLM surface", f"  {surface['checked']} vLLM names of {', '.join(surface['layers'])}: {state}"]
+
     for title, items in (("Warnings", report["warnings"]), ("Errors", report["errors"])):
         if items:
             out += ["", title]
@@ -329,8 +360,13 @@ def render(report: dict[str, Any]) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="vllm-npu doctor", description=__doc__.split("\n\n")[0])
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    parser.add_argument(
+        "--vllm-surface",
+        action="store_true",
+        help="also check that the installed vLLM still has every internal our layers override or call (imports vLLM)",
+    )
     args = parser.parse_args(argv)
-    report = collect()
+    report = collect(vllm_surface=args.vllm_surface)
     print(json.dumps(report, indent=2) if args.json else render(report))
     return 0 if report["ok"] else 1
 

@@ -5,7 +5,7 @@
 Weights: ``W[n, k] ≈ W4[n, k] * weight_scale[n] * weight_scale_second[n, k // group_size]`` with W4 in [-8, 7]
 (symmetric: ``weight_offset``/``weight_offset_second`` must be zero). The forward is
 ``npu_weight_quant_batchmatmul(x, W4 packed, antiquant_scale=(weight_scale * weight_scale_second)ᵀ, group_size)``,
-i.e. activations stay in floating point on the linear path (int8 activations are used only by the MoE kernels).
+i.e. activations stay in floating point (the W4A8_DYNAMIC MoE experts run weight-only as well).
 Unlike vllm-ascend, the layer bias is added (it drops it).
 
 Two disk formats:

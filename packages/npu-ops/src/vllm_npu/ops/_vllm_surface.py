@@ -1,0 +1,48 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
+"""The vLLM internals the ops layer overrides or reads, with the vLLM 0.11.0 signatures. Checked by
+``tests/test_vllm_surface.py`` and ``vllm-npu doctor --vllm-surface``; see :mod:`vllm_npu.interface.vllm_surface`."""
+
+from __future__ import annotations
+
+from vllm_npu.interface.vllm_surface import VllmName
+
+SURFACE: tuple[VllmName, ...] = (
+    VllmName(
+        "vllm.model_executor.custom_op:CustomOp",
+        "_forward_method",
+        "instance_attribute",
+        "writes",
+        ("vllm_npu.ops.layernorm",),
+        "NPURMSNorm routes the variants the NPU kernel lacks (variance override, no weight) to forward_native by "
+        "replacing the method CustomOp.forward dispatches to; if CustomOp stops reading it, those variants run the "
+        "NPU kernel with the wrong arguments",
+    ),
+    VllmName(
+        "vllm.model_executor.layers.logits_processor:LogitsProcessor",
+        "_get_logits",
+        "method",
+        "calls",
+        ("vllm_npu.ops.vocab_parallel_embedding",),
+        "NPULogitsProcessor.forward computes the (gathered) logits through it",
+        signature="(self, hidden_states, lm_head, embedding_bias)",
+    ),
+    VllmName(
+        "vllm.model_executor.layers.rotary_embedding.base:RotaryEmbedding",
+        "_match_cos_sin_cache_dtype",
+        "method",
+        "calls",
+        ("vllm_npu.ops.mrope", "vllm_npu.ops.rotary_embedding"),
+        "the NPU rotary embeddings move vLLM's cos/sin cache to the query's device and dtype through it",
+        signature="(self, query)",
+    ),
+    VllmName(
+        "vllm.forward_context",
+        "_forward_context",
+        "module_global",
+        "reads",
+        ("vllm_npu.ops.rotary_embedding",),
+        "the per-forward cos/sin cache is keyed on the current ForwardContext; it reads the global directly because "
+        "get_forward_context() asserts outside a forward",
+    ),
+)

@@ -1,0 +1,215 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
+"""``vllm-npu selftest`` cases for the ops layer's kernel pairs (see :mod:`vllm_npu.interface.selftest`).
+
+Sizes are the ones models send: hidden 4096 (Llama/Qwen) and 7168 (DeepSeek-V3), the MLA latent 512 and q LoRA
+1536, rope widths 64 and 128, Qwen2-VL's MRoPE sections ``[16, 24, 24]``, DeepSeek-V3's 256 experts in 8 groups
+(top-8 of the best 4 groups) and Qwen-MoE's softmax top-8 of 128. Dtypes are the ones each torch_npu op documents.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+from vllm_npu.interface.selftest import KernelCall, KernelCase, randn, randperm
+
+from .activation import FAST_GELU
+from .layernorm import ADD_RMS_NORM, GEMMA_RMS_NORM, RMS_NORM
+from .moe.experts import GROUPED_MATMUL
+from .moe.gating import GROUPED_TOPK, TOPK_SOFTMAX
+from .moe.routing import INIT_ROUTING, UNPERMUTE
+from .mrope import MROPE
+from .rotary_embedding import ROTARY_MUL
+from .swiglu import SWIGLU
+
+FLOATS = ("bfloat16", "float16", "float32")
+HALVES = ("bfloat16", "float16")
+_EPS = 1e-6
+
+
+def _dt(name: str) -> torch.dtype:
+    return getattr(torch, name)
+
+
+def _norm_cases() -> list[KernelCase]:
+    cases = []
+    for tokens, hidden in ((7, 512), (33, 4096), (5, 7168)):
+        for dtype in FLOATS:
+
+            def norm(device: Any, t: int = tokens, h: int = hidden, d: str = dtype) -> KernelCall:
+                return KernelCall(
+                    (
+                        randn(1, t, h, dtype=_dt(d), device=device),
+                        randn(2, h, dtype=_dt(d), device=device, scale=0.2) + 1,
+                        _EPS,
+                    ),
+                    {},
+                )
+
+            def add_norm(device: Any, t: int = tokens, h: int = hidden, d: str = dtype) -> KernelCall:
+                x1, x2 = randn(3, t, h, dtype=_dt(d), device=device), randn(4, t, h, dtype=_dt(d), device=device)
+                return KernelCall((x1, x2, randn(5, h, dtype=_dt(d), device=device, scale=0.2) + 1, _EPS), {})
+
+            def gemma(device: Any, t: int = tokens, h: int = hidden, d: str = dtype) -> KernelCall:
+                # Gemma stores gamma - 1: small values around 0
+                return KernelCall(
+                    (
+                        randn(6, t, h, dtype=_dt(d), device=device),
+                        randn(7, h, dtype=_dt(d), device=device, scale=0.2),
+                        _EPS,
+                    ),
+                    {},
+                )
+
+            shape = f"x [{tokens}, {hidden}]"
+            cases += [
+                KernelCase(RMS_NORM, shape, dtype, norm),
+                KernelCase(ADD_RMS_NORM, shape, dtype, add_norm),
+                KernelCase(GEMMA_RMS_NORM, shape, dtype, gemma),
+            ]
+    return cases
+
+
+def _activation_cases() -> list[KernelCase]:
+    cases = []
+    for tokens, inter in ((7, 256), (16, 1408)):
+        for dtype in FLOATS:
+
+            def swiglu(device: Any, t: int = tokens, i: int = inter, d: str = dtype) -> KernelCall:
+                return KernelCall((randn(8, t, 2 * i, dtype=_dt(d), device=device),), {})
+
+            cases.append(KernelCase(SWIGLU, f"x [{tokens}, {2 * inter}]", dtype, swiglu))
+    for dtype in FLOATS:
+
+        def gelu(device: Any, d: str = dtype) -> KernelCall:
+            return KernelCall((randn(9, 9, 1280, dtype=_dt(d), device=device, scale=2.0),), {})
+
+        cases.append(KernelCase(FAST_GELU, "x [9, 1280]", dtype, gelu, note="QuickGELU (vision towers)"))
+    return cases
+
+
+def _angles(seed: int, tokens: int, half: int) -> tuple[torch.Tensor, torch.Tensor]:
+    theta = randn(seed, tokens, half, dtype=torch.float32, device="cpu", scale=3.0)
+    return theta.cos(), theta.sin()
+
+
+def _rope_cases() -> list[KernelCase]:
+    cases = []
+    for tokens, heads, rot in ((7, 32, 128), (19, 16, 64)):
+        for mode in ("half", "interleave"):
+            for dtype in FLOATS:
+
+                def rope(device: Any, t: int = tokens, n: int = heads, r: int = rot, m: str = mode, d: str = dtype):
+                    c, s = _angles(10, t, r // 2)
+                    rep = (lambda v: torch.cat((v, v), -1)) if m == "half" else (lambda v: v.repeat_interleave(2, -1))
+                    cos = rep(c).view(1, t, 1, r).to(device=device, dtype=_dt(d))
+                    sin = rep(s).view(1, t, 1, r).to(device=device, dtype=_dt(d))
+                    return KernelCall((randn(11, 1, t, n, r, dtype=_dt(d), device=device), cos, sin, m), {})
+
+                cases.append(KernelCase(ROTARY_MUL, f"x [1, {tokens}, {heads}, {rot}] {mode}", dtype, rope))
+    for sections in ([16, 24, 24], None):
+        for dtype in HALVES:
+
+            def mrope(device: Any, sec: list[int] | None = sections, d: str = dtype) -> KernelCall:
+                t, nq, nk, head, positions_max = 11, 8, 2, 128, 64
+                c, s = _angles(12, positions_max, head // 2)
+                cache = torch.cat((c, s), -1).to(device=device, dtype=_dt(d))
+                gen = torch.Generator().manual_seed(13)
+                pos = torch.randint(0, positions_max, (3, t) if sec else (t,), generator=gen).to(device)
+                q = randn(14, t, nq * head, dtype=_dt(d), device=device)
+                k = randn(15, t, nk * head, dtype=_dt(d), device=device)
+                return KernelCall((pos, q, k, cache, head, sec or [0, 0, 0], "half"), {})
+
+            label = "positions [3, 11] sections [16, 24, 24]" if sections else "positions [11]"
+            cases.append(KernelCase(MROPE, f"{label}, q [11, 8*128], k [11, 2*128]", dtype, mrope, note="Qwen2-VL"))
+    return cases
+
+
+def _sorted_topk(result: Any, args: tuple, kwargs: dict) -> dict[str, torch.Tensor]:
+    """Top-k (weights, ids) with each row ordered by id: the order of the k entries is not part of the contract."""
+    weights, ids = result
+    order = ids.long().argsort(dim=-1)
+    return {"weights": weights.gather(1, order), "ids": ids.gather(1, order)}
+
+
+def _gating_cases() -> list[KernelCase]:
+    cases = []
+    for experts, top_k, renorm in ((128, 8, False), (64, 6, True)):
+        for dtype in ("bfloat16", "float32"):
+
+            def softmax_topk(device: Any, e: int = experts, k: int = top_k, rn: bool = renorm, d: str = dtype):
+                return KernelCall((randn(18, 13, e, dtype=_dt(d), device=device), k, rn), {}, _sorted_topk)
+
+            cases.append(
+                KernelCase(TOPK_SOFTMAX, f"logits [13, {experts}] top{top_k} renorm={renorm}", dtype, softmax_topk)
+            )
+    for with_bias in (True, False):
+        for dtype in ("bfloat16", "float32"):
+
+            def grouped(device: Any, b: bool = with_bias, d: str = dtype) -> KernelCall:
+                bias = randn(19, 256, dtype=torch.float32, device=device, scale=0.1) if b else None
+                kw = dict(top_k=8, num_expert_group=8, topk_group=4, scoring_func="sigmoid", routed_scaling_factor=2.5)
+                return KernelCall((randn(20, 13, 256, dtype=_dt(d), device=device), bias), kw, _sorted_topk)
+
+            label = "logits [13, 256] 8 groups top4 -> top8 sigmoid" + (" + bias" if with_bias else "")
+            cases.append(KernelCase(GROUPED_TOPK, label, dtype, grouped, note="DeepSeek-V3 noaux_tc"))
+    return cases
+
+
+def _routing_ids(device: Any, tokens: int, top_k: int, experts: int) -> torch.Tensor:
+    """Distinct expert ids per token (what a top-k gives), int32 ``[tokens, top_k]``."""
+    return torch.stack([randperm(21 + t, experts, "cpu")[:top_k] for t in range(tokens)]).to(torch.int32).to(device)
+
+
+def _valid_routing(result: Any, args: tuple, kwargs: dict) -> dict[str, torch.Tensor]:
+    expanded_x, row_idx, counts = result
+    n = int(counts.sum())  # rows past the in-range ones are undefined on the NPU
+    return {"expanded_x": expanded_x[:n], "expanded_row_idx": row_idx[:n], "counts": counts}
+
+
+def _moe_cases() -> list[KernelCase]:
+    cases = []
+    for dtype in HALVES:
+
+        def gmm(device: Any, d: str = dtype) -> KernelCall:
+            counts = torch.tensor([5, 0, 9, 3], dtype=torch.int64)
+            x = randn(22, int(counts.sum()), 256, dtype=_dt(d), device=device)
+            # the transposed view of vLLM's [G, M, K] parameter, as the layer passes it
+            w = randn(23, 4, 384, 256, dtype=_dt(d), device=device, scale=1 / math.sqrt(256)).transpose(1, 2)
+            return KernelCall((x, w, counts.to(device)), {})
+
+        cases.append(KernelCase(GROUPED_MATMUL, "x [17, 256], W [4, 256, 384] (view), counts [5, 0, 9, 3]", dtype, gmm))
+        for expert_range in ((0, 16), (4, 12)):
+
+            def routing(device: Any, d: str = dtype, er: tuple[int, int] = expert_range) -> KernelCall:
+                return KernelCall(
+                    (randn(24, 9, 128, dtype=_dt(d), device=device), _routing_ids(device, 9, 4, 16), 16, er),
+                    {},
+                    _valid_routing,
+                )
+
+            cases.append(
+                KernelCase(INIT_ROUTING, f"hidden [9, 128], ids [9, 4] of 16, range {expert_range}", dtype, routing)
+            )
+
+    def unpermute(device: Any) -> KernelCall:
+        t, k, h = 9, 4, 256
+        permuted = randn(25, t * k, h, dtype=torch.bfloat16, device=device)
+        probs = torch.softmax(randn(26, t, k, dtype=torch.float32, device="cpu"), -1).to(torch.bfloat16).to(device)
+        return KernelCall((permuted, randperm(27, t * k, device), probs), {})
+
+    cases.append(KernelCase(UNPERMUTE, "permuted [36, 256], probs [9, 4]", "bfloat16", unpermute, note="bf16 only"))
+    return cases
+
+
+def selftest_cases() -> list[KernelCase]:
+    """Every ops kernel pair over its grid of shapes and dtypes."""
+    return [
+        *_norm_cases(),
+        *_activation_cases(),
+        *_rope_cases(),
+        *_gating_cases(),
+        *_moe_cases(),
+    ]

@@ -1,0 +1,146 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
+"""The vLLM internals (and signature-sensitive hooks) the platform layer overrides or calls, with the vLLM 0.11.0
+signatures. Checked by ``tests/test_vllm_surface.py`` and ``vllm-npu doctor --vllm-surface``; see
+:mod:`vllm_npu.interface.vllm_surface`."""
+
+from __future__ import annotations
+
+from vllm_npu.interface.vllm_surface import VllmName
+
+_RUNNER = "vllm.v1.worker.gpu_model_runner:GPUModelRunner"
+_WORKER = "vllm.v1.worker.gpu_worker:Worker"
+_PLATFORM = "vllm.platforms.interface:Platform"
+_MODEL_RUNNER = ("vllm_npu.platform.model_runner",)
+_WORKER_MODULE = ("vllm_npu.platform.worker",)
+_PLATFORM_MODULE = ("vllm_npu.platform.platform",)
+
+SURFACE: tuple[VllmName, ...] = (
+    VllmName(
+        _RUNNER,
+        "_sync_device",
+        "method",
+        "overrides",
+        _MODEL_RUNNER,
+        "without the override vLLM calls torch.cuda.synchronize() between steps",
+        signature="(self)",
+    ),
+    VllmName(
+        _RUNNER,
+        "_init_device_properties",
+        "method",
+        "overrides",
+        _MODEL_RUNNER,
+        "without the override vLLM reads torch.cuda.get_device_properties() in __init__",
+        signature="(self)",
+    ),
+    VllmName(
+        _RUNNER,
+        "_allocate_kv_cache_tensors",
+        "method",
+        "calls",
+        _MODEL_RUNNER,
+        "initialize_kv_cache_tensors allocates the KV caches of models whose cache layers share a layer index "
+        "(DeepSeek-V3.2) through it",
+        signature="(self, kv_cache_config)",
+    ),
+    VllmName(
+        _RUNNER,
+        "_reshape_kv_cache_tensors",
+        "method",
+        "calls",
+        _MODEL_RUNNER,
+        "initialize_kv_cache_tensors shapes those KV caches through it",
+        signature="(self, kv_cache_config, kv_cache_raw_tensors)",
+    ),
+    VllmName(
+        _RUNNER,
+        "initialize_kv_cache_tensors",
+        "method",
+        "overrides",
+        _MODEL_RUNNER,
+        "the override binds DeepSeek-V3.2's MLA and indexer caches, which vLLM's bind_kv_cache rejects off CUDA",
+        signature="(self, kv_cache_config)",
+    ),
+    VllmName(
+        _RUNNER,
+        "execute_model",
+        "method",
+        "overrides",
+        _MODEL_RUNNER,
+        "the override passes its arguments through inside the device's stream API",
+        signature="(self, scheduler_output, intermediate_tensors=None)",
+    ),
+    VllmName(
+        _RUNNER,
+        "shared_kv_cache_layers",
+        "instance_attribute",
+        "reads",
+        _MODEL_RUNNER,
+        "initialize_kv_cache_tensors maps KV-sharing layers to their target's cache through it",
+    ),
+    VllmName(
+        _WORKER,
+        "_maybe_get_memory_pool_context",
+        "method",
+        "overrides",
+        _WORKER_MODULE,
+        "without the override vLLM's load_model loads the weights inside CuMemAllocator's pool when sleep mode is on",
+        signature="(self, tag)",
+    ),
+    VllmName(
+        _WORKER,
+        "determine_available_memory",
+        "method",
+        "overrides",
+        _WORKER_MODULE,
+        "the override sizes the KV cache from the NPU allocator or the emulated budget",
+        signature="(self)",
+    ),
+    VllmName(
+        _WORKER,
+        "sleep",
+        "method",
+        "overrides",
+        _WORKER_MODULE,
+        "the override releases device memory without CuMemAllocator",
+        signature="(self, level=1)",
+    ),
+    VllmName(
+        _WORKER,
+        "wake_up",
+        "method",
+        "overrides",
+        _WORKER_MODULE,
+        "the override regrows what sleep released",
+        signature="(self, tags=None)",
+    ),
+    VllmName(
+        "vllm.config.compilation:CompilationConfig",
+        "_attention_ops",
+        "attribute",
+        "reads",
+        _PLATFORM_MODULE,
+        "piecewise graph mode splits the model at these attention ops; without them Dynamo would trace attention "
+        "into a graph piece",
+    ),
+    VllmName(
+        _PLATFORM,
+        "get_attn_backend_cls",
+        "method",
+        "overrides",
+        _PLATFORM_MODULE,
+        "vLLM calls the override with these arguments to pick the attention backend",
+        signature="(selected_backend, head_size, dtype, kv_cache_dtype, block_size, use_v1, use_mla, has_sink, "
+        "use_sparse)",
+    ),
+    VllmName(
+        _PLATFORM,
+        "check_and_update_config",
+        "method",
+        "overrides",
+        _PLATFORM_MODULE,
+        "vLLM calls the override with the VllmConfig it builds",
+        signature="(vllm_config)",
+    ),
+)

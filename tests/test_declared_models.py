@@ -1,0 +1,73 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
+"""What npu-models says it overrides is what it registers: every place that lists the model overrides (the
+package description, the component summary, the root README's package table, the package README's override table)
+names exactly the architectures of ``MODEL_OVERRIDES``."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib
+
+from vllm_npu.models._component import COMPONENT
+from vllm_npu.models._hooks import MODEL_OVERRIDES
+
+REPO = Path(__file__).resolve().parent.parent
+PACKAGE = REPO / "packages" / "npu-models"
+# HF architecture names as vLLM's ModelRegistry keys them (`DeepseekV32ForCausalLM`, `Qwen2VLForConditionalGeneration`).
+ARCHITECTURE = re.compile(r"\b[A-Z][A-Za-z0-9]*For(?:CausalLM|ConditionalGeneration)\b")
+
+
+# Our override classes look like architectures too (`AscendDeepseekV32ForCausalLM`); they are not claims.
+OVERRIDE_CLASSES = {target.rpartition(":")[2] for target in MODEL_OVERRIDES.values()}
+
+
+# Model families a reader may look for; naming one that no override belongs to is the false claim guarded here.
+FAMILIES = ("qwen", "pangu", "deepseek", "llama", "glm", "minicpm", "internvl", "kimi", "mistral", "gemma")
+
+
+def _architectures(text: str) -> set[str]:
+    """The architectures ``text`` claims. A model family named without an override of that family fails here."""
+    archs = set(ARCHITECTURE.findall(text)) - OVERRIDE_CLASSES
+    covered = " ".join(MODEL_OVERRIDES).lower()
+    unbacked = [f for f in FAMILIES if f in text.lower() and f not in covered]
+    assert unbacked == [], f"names model families npu-models has no override for: {unbacked}: {text!r}"
+    return archs
+
+
+def _root_readme_row() -> str:
+    rows = [line for line in (REPO / "README.md").read_text().splitlines() if line.startswith("| `npu-models` |")]
+    assert len(rows) == 1, rows
+    return rows[0]
+
+
+def test_the_registry_has_overrides() -> None:
+    assert MODEL_OVERRIDES, "an empty override table would make every check below vacuous"
+
+
+def test_package_description_names_exactly_the_overrides() -> None:
+    description = tomllib.loads((PACKAGE / "pyproject.toml").read_text())["project"]["description"]
+    assert _architectures(description) == set(MODEL_OVERRIDES), description
+
+
+def test_component_summary_names_exactly_the_overrides() -> None:
+    assert _architectures(COMPONENT.summary) == set(MODEL_OVERRIDES), COMPONENT.summary
+
+
+def test_root_readme_row_names_exactly_the_overrides() -> None:
+    row = _root_readme_row()
+    assert _architectures(row) == set(MODEL_OVERRIDES), row
+
+
+def test_package_readme_table_is_the_override_table() -> None:
+    text = (PACKAGE / "README.md").read_text()
+    table = text.split("## Model overrides", 1)[1]
+    rows = re.findall(r"^\| `(\w+)` \| `([\w.:]+)` \|", table, flags=re.MULTILINE)
+    assert dict(rows) == MODEL_OVERRIDES
+    # No architecture is claimed anywhere else in the README either.
+    assert _architectures(text) == set(MODEL_OVERRIDES)
