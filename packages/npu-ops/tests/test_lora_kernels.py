@@ -26,6 +26,7 @@ def _fake_grouped_matmul(calls: list[int]) -> types.ModuleType:
     def npu_grouped_matmul(x, weight, *, group_list, split_item, group_type, group_list_type, **kw):
         assert len(x) == len(weight) == 1 and split_item == 2 and group_type == 0 and group_list_type == 1
         assert group_list.dtype == torch.int64 and int(group_list.sum()) == x[0].shape[0]
+        assert 1 < group_list.shape[0] <= 1024, "count lists of length 1 or over 1024 groups are outside the docs"
         assert weight[0].dim() == 3 and weight[0].shape[0] == group_list.shape[0]
         calls.append(1)
         out, start = [], 0
@@ -89,7 +90,8 @@ def test_shrink_matches_vllm_torch_ops(case, backend: str, grouped_matmul_calls:
     sgmv(x, w, got, lens, loras, scale)
     torch.testing.assert_close(got, expect, rtol=1e-5, atol=1e-5)
     if backend == "npu":
-        assert grouped_matmul_calls, "the NPU prefill path must go through npu_grouped_matmul"
+        # one segment is a plain matmul (a count list of length 1 is outside the op's contract)
+        assert bool(grouped_matmul_calls) == (nseg > 1)
 
     # vLLM's segmented op on the same segments agrees too
     via_sgmv = torch.zeros(t, r)
@@ -146,6 +148,26 @@ def test_expand_full_width_matches_bgmv_expand(backend: str) -> None:
     got = y0.clone()
     k.BGMV_EXPAND.select(backend)(x, w, got, idx, 0, 32, True)
     torch.testing.assert_close(got, expect, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("add_inputs", [True, False])
+def test_more_segments_than_the_grouped_matmul_takes_use_the_gather_path(
+    add_inputs: bool, grouped_matmul_calls
+) -> None:
+    gen = torch.Generator().manual_seed(9)
+    lens = torch.ones(k.MAX_GROUPS + 3, dtype=torch.long)
+    loras = torch.randint(-1, 3, (lens.shape[0],), generator=gen)
+    x, w = torch.randn(lens.shape[0], 16, generator=gen), torch.randn(3, 1, 4, 16, generator=gen)
+    got, expect = torch.zeros(lens.shape[0], 4), torch.zeros(lens.shape[0], 4)
+    k.sgmv_shrink_npu(x, w, got, lens, loras, 1.0)
+    k.sgmv_shrink_reference(x, w, expect, lens, loras, 1.0)
+    torch.testing.assert_close(got, expect)
+    wb, y0 = torch.randn(3, 1, 8, 4, generator=gen), torch.randn(lens.shape[0], 8, generator=gen)
+    got_e, expect_e = y0.clone(), y0.clone()
+    k.sgmv_expand_npu(got, wb, got_e, lens, loras, 0, 8, add_inputs)
+    k.sgmv_expand_reference(got, wb, expect_e, lens, loras, 0, 8, add_inputs)
+    torch.testing.assert_close(got_e, expect_e)
+    assert not grouped_matmul_calls
 
 
 def test_no_lora_rows_get_no_delta_even_with_every_slot_in_use() -> None:

@@ -21,6 +21,9 @@ NPU paths: prefill runs one ``torch_npu.npu_grouped_matmul`` over the segments (
 :func:`vllm_npu.ops.moe.experts.grouped_matmul_npu`, with the segments' weights gathered by ``index_select``);
 decode gathers one weight per token (``index_select``) and runs ``torch.bmm``; masking is ``masked_fill_``. All but
 the grouped matmul are aten ops that torch_npu serves on the NPU. Neither path synchronises with the host.
+torch_npu 2.8.0 documents two limits of the grouped matmul in count mode (``group_list_type=1``): the count list
+may not have length 1, and at most 1024 groups. One segment is therefore a plain ``torch.matmul``, and more than
+1024 segments take the per-token gather path.
 """
 
 from __future__ import annotations
@@ -41,6 +44,18 @@ def _check_rows(x: torch.Tensor, y: torch.Tensor, n: int, what: str) -> None:
         raise ValueError(f"{what}: x has {x.shape[0]} rows, y {y.shape[0]}, the LoRA mapping {n}; they must agree")
 
 
+#: npu_grouped_matmul's documented maximum number of groups (one 3-D weight, groups along M).
+MAX_GROUPS = 1024
+
+
+def _grouped(x: torch.Tensor, weights: torch.Tensor, seg_lens: torch.Tensor) -> torch.Tensor:
+    """``x [T, k]`` times ``weights [S, k, n]`` per segment; one segment is a plain matmul (count lists of length 1
+    are outside npu_grouped_matmul's contract)."""
+    if weights.shape[0] == 1:
+        return x @ weights[0]
+    return grouped_matmul_npu(x, weights, seg_lens)
+
+
 def _token_mask(seg_lens: torch.Tensor, seg_loras: torch.Tensor, num_tokens: int) -> torch.Tensor:
     # output_size keeps repeat_interleave from reading the total back to the host
     return torch.repeat_interleave(seg_loras >= 0, seg_lens, output_size=num_tokens).unsqueeze(-1)
@@ -53,10 +68,13 @@ def sgmv_shrink_npu(
     x: torch.Tensor, w: torch.Tensor, y: torch.Tensor, seg_lens: torch.Tensor, seg_loras: torch.Tensor, scale: float
 ) -> None:
     """Prefill shrink: one grouped matmul over the segments (each segment's ``A^T`` gathered once)."""
+    if seg_lens.shape[0] > MAX_GROUPS:
+        tokens = torch.repeat_interleave(seg_loras, seg_lens, output_size=x.shape[0])
+        return bgmv_shrink_npu(x, w, y, tokens, scale)
     w3 = _slots(w)
     r = w3.shape[1]
     weights = w3.index_select(0, seg_loras.clamp(min=0)).transpose(1, 2)  # [S, in, r]
-    out = grouped_matmul_npu(x.to(w3.dtype), weights, seg_lens)
+    out = _grouped(x.to(w3.dtype), weights, seg_lens)
     out = out.masked_fill_(~_token_mask(seg_lens, seg_loras, x.shape[0]), 0)
     y[:, :r].copy_(out.mul_(scale))
 
@@ -124,9 +142,12 @@ def sgmv_expand_npu(
     add_inputs: bool,
 ) -> None:
     """Prefill expand: one grouped matmul over the segments into ``y[:, offset:offset+size]``."""
+    if seg_lens.shape[0] > MAX_GROUPS:
+        tokens = torch.repeat_interleave(seg_loras, seg_lens, output_size=x.shape[0])
+        return bgmv_expand_npu(x, w, y, tokens, offset, size, add_inputs)
     w3 = _slots(w)[:, :size]
     weights = w3.index_select(0, seg_loras.clamp(min=0)).transpose(1, 2)  # [S, r, size]
-    out = grouped_matmul_npu(x[:, : w3.shape[2]].to(w3.dtype), weights, seg_lens)
+    out = _grouped(x[:, : w3.shape[2]].to(w3.dtype), weights, seg_lens)
     out = out.masked_fill_(~_token_mask(seg_lens, seg_loras, x.shape[0]), 0)
     _add_or_set(y, out, offset, add_inputs)
 
