@@ -95,15 +95,15 @@ def test_adapters_change_the_output(references):
         assert references[name] != references[None], name
 
 
-def test_npu_lora_layers_wrap_our_layer_classes(llm):
+def test_lora_layers_wrap_our_embedding_and_vllms_linears(llm):
     (layout,) = llm.collective_rpc(_lora_layout)
     assert layout == {
         "punica": "PunicaWrapperNPU",
         "embed_tokens": "NPUVocabParallelEmbeddingWithLoRA(NPUVocabParallelEmbedding)",
-        "qkv_proj": "NPUMergedQKVParallelLinearWithLoRA(NPUQKVParallelLinear)",
-        "o_proj": "NPURowParallelLinearWithLoRA(NPURowParallelLinear)",
-        "gate_up_proj": "NPUMergedColumnParallelLinearWithLoRA(NPUMergedColumnParallelLinear)",
-        "down_proj": "NPURowParallelLinearWithLoRA(NPURowParallelLinear)",
+        "qkv_proj": "MergedQKVParallelLinearWithLoRA(QKVParallelLinear)",
+        "o_proj": "RowParallelLinearWithLoRA(RowParallelLinear)",
+        "gate_up_proj": "MergedColumnParallelLinearWithLoRA(MergedColumnParallelLinear)",
+        "down_proj": "RowParallelLinearWithLoRA(RowParallelLinear)",
         "logits_processor": "LogitsProcessorWithLoRA(NPULogitsProcessor)",
     }
     from vllm_npu.patches import patch_report

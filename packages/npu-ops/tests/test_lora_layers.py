@@ -22,69 +22,64 @@ def _cfg(fully_sharded: bool = False, rank: int = 8):
 
 def _layers():
     from vllm.model_executor.layers import linear as L
-    from vllm.model_executor.layers.vocab_parallel_embedding import VocabParallelEmbedding
+    from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding
 
     return {
         "column": (L.ColumnParallelLinear(32, 24, bias=False), []),
-        "merged1": (L.MergedColumnParallelLinear(32, [16, 16], bias=False), ["gate_up_proj"]),
         "merged2": (L.MergedColumnParallelLinear(32, [16, 16], bias=False), ["gate_proj", "up_proj"]),
-        "qkv1": (L.QKVParallelLinear(32, 8, 4, 2, bias=False), ["qkv_proj"]),
         "qkv3": (L.QKVParallelLinear(32, 8, 4, 2, bias=False), ["q_proj", "k_proj", "v_proj"]),
         "row": (L.RowParallelLinear(32, 20, bias=False), []),
         "replicated": (L.ReplicatedLinear(32, 12, bias=False), []),
         "embedding": (VocabParallelEmbedding(64, 32), []),
+        "lm_head": (ParallelLMHead(64, 32), []),
     }
 
 
+#: Which LoRA class wraps each layer (None: left unwrapped, as vLLM leaves the LM head; its logits processor is
+#: wrapped instead).
 EXPECTED = {
-    False: {
-        "column": "NPUColumnParallelLinearWithLoRA",
-        "merged1": "NPUColumnParallelLinearWithLoRA",
-        "merged2": "NPUMergedColumnParallelLinearWithLoRA",
-        "qkv1": "NPUQKVParallelLinearWithLoRA",
-        "qkv3": "NPUMergedQKVParallelLinearWithLoRA",
-        "row": "NPURowParallelLinearWithLoRA",
-        "replicated": "NPUReplicatedLinearWithLoRA",
-        "embedding": "NPUVocabParallelEmbeddingWithLoRA",
-    },
-    True: {
-        "column": "NPUColumnParallelLinearWithShardedLoRA",
-        "merged1": "NPUColumnParallelLinearWithShardedLoRA",
-        "merged2": "NPUMergedColumnParallelLinearWithShardedLoRA",
-        "qkv1": "NPUQKVParallelLinearWithShardedLoRA",
-        "qkv3": "NPUMergedQKVParallelLinearWithShardedLoRA",
-        "row": "NPURowParallelLinearWithShardedLoRA",
-        "replicated": "NPUReplicatedLinearWithLoRA",
-        "embedding": "NPUVocabParallelEmbeddingWithLoRA",
-    },
+    "column": "ColumnParallelLinearWithLoRA",
+    "merged2": "MergedColumnParallelLinearWithLoRA",
+    "qkv3": "MergedQKVParallelLinearWithLoRA",
+    "row": "RowParallelLinearWithLoRA",
+    "replicated": "ReplicatedLinearWithLoRA",
+    "embedding": "NPUVocabParallelEmbeddingWithLoRA",
+    "lm_head": None,
 }
 
 
-@pytest.mark.parametrize("fully_sharded", [False, True])
-def test_each_npu_layer_gets_exactly_one_lora_class(ctx, fully_sharded: bool) -> None:
+def test_from_layer_with_the_patch_wraps_every_layer_the_ops_layer_builds(ctx) -> None:
     from vllm.lora import utils as vlu
-    from vllm_npu.ops.lora.layers import NPU_LORA_CLASSES, npu_lora_class
+    from vllm_npu.ops.lora.layers import from_layer_npu_first
 
-    cfg = _cfg(fully_sharded)
+    from_layer = from_layer_npu_first(vlu.from_layer)
     for name, (layer, packed) in _layers().items():
-        assert type(layer).__module__.startswith("vllm_npu.ops"), name  # the ops layer's class, not vLLM's
-        kwargs = {"source_layer": layer, "lora_config": cfg, "packed_modules_list": packed, "model_config": None}
-        ours = [c.__name__ for c in NPU_LORA_CLASSES if c.can_replace_layer(**kwargs)]
-        assert ours == [EXPECTED[fully_sharded][name]], name
-        assert npu_lora_class(layer, cfg, packed).__name__ == EXPECTED[fully_sharded][name]
-        # vLLM's own classes test the exact type: none accepts our subclasses (why the patch exists)
-        assert not [c for c in vlu._all_lora_classes if c.can_replace_layer(**kwargs)], name
+        wrapped = from_layer(layer, 3, _cfg(), packed, None)
+        assert (type(wrapped).__name__ if wrapped is not layer else None) == EXPECTED[name], name
+        if wrapped is not layer:
+            assert wrapped.base_layer is layer
 
 
-def test_our_classes_leave_vllm_layers_to_vllm(vllm_ctx, tp1_group) -> None:
-    from vllm.model_executor.layers.linear import ColumnParallelLinear
+def test_vllm_alone_does_not_wrap_our_embedding(ctx) -> None:
+    # vLLM's LoRA classes test the exact type: the reason for the lora-npu-layers patch
+    from vllm.lora import utils as vlu
+
+    layer, _ = _layers()["embedding"]
+    assert type(layer).__name__ == "NPUVocabParallelEmbedding"
+    assert vlu.from_layer(layer, 3, _cfg(), [], None) is layer
+
+
+def test_npu_class_leaves_vllm_layers_to_vllm(ctx) -> None:
+    from vllm.model_executor.layers.vocab_parallel_embedding import VocabParallelEmbedding
     from vllm_npu.ops.lora.layers import npu_lora_class
 
-    layer = object.__new__(ColumnParallelLinear)  # vLLM's exact class (CustomOp.__new__ would build ours)
+    layer = object.__new__(VocabParallelEmbedding)  # vLLM's exact class (CustomOp.__new__ would build ours)
     assert npu_lora_class(layer, _cfg(), []) is None
+    layer, packed = _layers()["qkv3"]
+    assert npu_lora_class(layer, _cfg(), packed) is None
 
 
-def test_from_layer_wrapper_wraps_ours_and_delegates_the_rest(ctx) -> None:
+def test_from_layer_wrapper_delegates_everything_else(ctx) -> None:
     from vllm_npu.ops.lora.layers import WRAPPER_FLAG, from_layer_npu_first
 
     seen = []
@@ -95,22 +90,12 @@ def test_from_layer_wrapper_wraps_ours_and_delegates_the_rest(ctx) -> None:
 
     from_layer = from_layer_npu_first(original)
     assert getattr(from_layer, WRAPPER_FLAG) is True and from_layer.__wrapped__ is original
-    layer, packed = _layers()["qkv3"]
-    wrapped = from_layer(layer, 3, _cfg(), packed, None)
-    assert type(wrapped).__name__ == "NPUMergedQKVParallelLinearWithLoRA" and wrapped.base_layer is layer
-    assert len(wrapped.lora_a_stacked) == 3 and wrapped.lora_a_stacked[0].shape == (3, 1, 8, 32)
+    layer, _ = _layers()["embedding"]
+    wrapped = from_layer(layer, 3, _cfg(), [], None)
+    assert type(wrapped).__name__ == "NPUVocabParallelEmbeddingWithLoRA" and seen == []
+    assert wrapped.lora_a_stacked.shape == (3, 64 + 256, 8)  # org vocab + vLLM's default extra vocab, max rank
     other = torch.nn.Linear(2, 2)
     assert from_layer(other, 3, _cfg(), [], None) is other and seen == [other]
-
-
-def test_merged_column_with_one_packed_module_slices_b_as_merged(ctx) -> None:
-    # vLLM decides with `type(base) is MergedColumnParallelLinear`; ours must still count as merged
-    from vllm_npu.ops.lora.layers import NPUColumnParallelLinearWithLoRA
-
-    layer, _ = _layers()["merged1"]
-    assert NPUColumnParallelLinearWithLoRA(layer).is_merged_col_linear is True
-    column, _ = _layers()["column"]
-    assert NPUColumnParallelLinearWithLoRA(column).is_merged_col_linear is False
 
 
 def test_missing_patch_is_a_clear_error(monkeypatch) -> None:
@@ -139,12 +124,10 @@ def _wrappers(monkeypatch, mapping, lora_index_to_id, max_loras):
 
 @pytest.mark.parametrize("is_prefill", [True, False])
 def test_punica_wrapper_matches_vllm_cpu_wrapper_on_a_qkv_lora_layer(ctx, monkeypatch, is_prefill: bool) -> None:
-    from vllm.lora.layers import LoRAMapping
+    from vllm.lora.layers import LoRAMapping, MergedQKVParallelLinearWithLoRA
 
-    layer, packed = _layers()["qkv3"]
-    from vllm_npu.ops.lora.layers import npu_lora_class
-
-    lora = npu_lora_class(layer, _cfg(), packed)(layer)
+    layer, _ = _layers()["qkv3"]
+    lora = MergedQKVParallelLinearWithLoRA(layer)
     lora.create_lora_weights(3, _cfg())
     gen = torch.Generator().manual_seed(0)
     # slots 0 and 1 hold adapters 7 and 9 of ranks 8 and 4; slot 2 stays empty, so vLLM's slot -1 reads zeros

@@ -26,9 +26,10 @@ LORA_NPU_LAYERS = Patch(
     "vllm.lora.utils._all_lora_classes is private and every can_replace_layer tests the exact base type). "
     "Fix to propose: a public register function, or can_replace_layer by isinstance with the most derived match",
     reason="vLLM's LoRA manager wraps a layer only when a LoRA class accepts its exact type; the ops layer replaces "
-    "every linear and embedding with its own subclass, so with --enable-lora no layer gets a LoRA wrapper and the "
-    "manager fails (assert isinstance(module, BaseLayerWithLoRA)). The replacement asks npu-ops' LoRA classes "
-    "(vLLM's LoRA classes matched to our layer classes) first, then vLLM's",
+    "the token embedding (VocabParallelEmbedding) with its own subclass, so an adapter targeting embed_tokens gets no "
+    "LoRA wrapper and the manager fails (assert isinstance(module, BaseLayerWithLoRA)) for every model whose LoRA "
+    "modules include the embedding (Llama, Mixtral, ...). The replacement asks npu-ops' LoRA classes (vLLM's LoRA "
+    "classes matched to our layer classes) first, then vLLM's",
     removal="drop when vLLM lets a plugin register LoRA layer classes (or matches subclasses); then register "
     "vllm_npu.ops.lora.NPU_LORA_CLASSES there",
     layer="ops",

@@ -1,13 +1,16 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
-"""vLLM's LoRA layer classes, matched to the ops layer's linear and embedding classes.
+"""vLLM's LoRA layer classes, matched to the ops layer's layer classes.
 
 vLLM picks the LoRA wrapper of a layer in ``vllm.lora.utils.from_layer``, by asking each class of its private
 ``_all_lora_classes`` set ``can_replace_layer(source_layer, ...)``; every one of them tests the *exact* type
-(``type(layer) is ColumnParallelLinear``), so none accepts :class:`~vllm_npu.ops.linear.NPUColumnParallelLinear`
-and friends, which the ops layer installs in place of vLLM's classes. Each class here subclasses vLLM's LoRA class
-(all of its weights, slicing, TP and forward are vLLM's) and only answers ``can_replace_layer`` for our class, with
-vLLM's conditions (number of packed modules, ``fully_sharded_loras``).
+(``type(layer) is VocabParallelEmbedding``). The ops layer installs its own subclass for the token embedding
+(:class:`~vllm_npu.ops.vocab_parallel_embedding.NPUVocabParallelEmbedding`), which no vLLM LoRA class accepts; the
+linear layers are vLLM's own classes (no override), so vLLM's LoRA classes wrap them as they are. Each class here
+subclasses vLLM's LoRA class (weights, slicing, TP and forward are vLLM's) and only answers ``can_replace_layer``
+for our class, with vLLM's conditions. The LM head needs none: vLLM leaves ``ParallelLMHead`` itself unwrapped and
+wraps the logits processor with ``LogitsProcessorWithLoRA`` without a type test, which works over
+``NPULogitsProcessor``.
 
 vLLM offers no public way to add a LoRA class, so npu-ops declares one patch (:mod:`._patches`, id
 ``lora-npu-layers``) that wraps ``from_layer`` as the LoRA model manager sees it: our classes are asked first, then
@@ -19,13 +22,11 @@ is built, i.e. when a LoRA manager is created) turns a missing patch into a clea
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, ClassVar, Optional
+from typing import Any, Optional
 
 from torch import nn
 from vllm.lora import layers as vl
-from vllm.model_executor.layers.linear import MergedColumnParallelLinear
 
-from .. import linear as npu_linear
 from .. import vocab_parallel_embedding as npu_vocab
 
 #: Attribute on the ``from_layer`` replacement that :func:`check_npu_lora_layers` looks for.
@@ -33,12 +34,9 @@ WRAPPER_FLAG = "__vllm_npu_lora_layers__"
 PATCH_ID = "lora-npu-layers"
 
 
-class _MatchNPULayer:
-    """``can_replace_layer`` for the ops layer's classes. ``_accepts`` lists ``(class, packed module counts)``
-    (``None`` = any count); ``_sharded`` is the ``fully_sharded_loras`` value required (``None`` = either)."""
-
-    _accepts: ClassVar[tuple[tuple[type, Optional[tuple[int, ...]]], ...]] = ()
-    _sharded: ClassVar[Optional[bool]] = False
+class NPUVocabParallelEmbeddingWithLoRA(vl.VocabParallelEmbeddingWithLoRA):
+    """vLLM's embedding LoRA layer over :class:`~vllm_npu.ops.vocab_parallel_embedding.NPUVocabParallelEmbedding`
+    (its forward calls the base layer's, i.e. our masked lookup; both ``fully_sharded_loras`` settings, as vLLM's)."""
 
     @classmethod
     def can_replace_layer(
@@ -49,104 +47,11 @@ class _MatchNPULayer:
         model_config: Any = None,
         **kwargs: Any,
     ) -> bool:
-        if cls._sharded is not None and bool(lora_config.fully_sharded_loras) != cls._sharded:
-            return False
-        return any(
-            type(source_layer) is base and (counts is None or len(packed_modules_list) in counts)
-            for base, counts in cls._accepts
-        )
+        return type(source_layer) is npu_vocab.NPUVocabParallelEmbedding
 
 
-class _MergedFlagFix:
-    """vLLM's ColumnParallelLinearWithLoRA decides how to slice B at TP > 1 with ``type(base) is
-    MergedColumnParallelLinear``; our merged class is a subclass, so the flag is recomputed with isinstance."""
-
-    def __init__(self, base_layer: nn.Module) -> None:
-        super().__init__(base_layer)  # type: ignore[call-arg]
-        self.is_merged_col_linear = isinstance(base_layer, MergedColumnParallelLinear)
-
-
-_COLUMN = (
-    (npu_linear.NPUColumnParallelLinear, None),
-    (npu_linear.NPUMergedColumnParallelLinear, (1,)),
-)
-_MERGED = ((npu_linear.NPUMergedColumnParallelLinear, (2,)),)
-_QKV = ((npu_linear.NPUQKVParallelLinear, (1,)),)
-_MERGED_QKV = ((npu_linear.NPUQKVParallelLinear, (3,)),)
-_ROW = ((npu_linear.NPURowParallelLinear, None),)
-
-
-class NPUColumnParallelLinearWithLoRA(_MatchNPULayer, _MergedFlagFix, vl.ColumnParallelLinearWithLoRA):
-    _accepts = _COLUMN
-
-
-class NPUMergedColumnParallelLinearWithLoRA(_MatchNPULayer, vl.MergedColumnParallelLinearWithLoRA):
-    _accepts = _MERGED
-
-
-class NPUQKVParallelLinearWithLoRA(_MatchNPULayer, vl.QKVParallelLinearWithLoRA):
-    _accepts = _QKV
-
-
-class NPUMergedQKVParallelLinearWithLoRA(_MatchNPULayer, vl.MergedQKVParallelLinearWithLoRA):
-    _accepts = _MERGED_QKV
-
-
-class NPURowParallelLinearWithLoRA(_MatchNPULayer, vl.RowParallelLinearWithLoRA):
-    _accepts = _ROW
-
-
-class NPUReplicatedLinearWithLoRA(_MatchNPULayer, vl.ReplicatedLinearWithLoRA):
-    _accepts = ((npu_linear.NPUReplicatedLinear, None),)
-    _sharded = None  # vLLM's replicated LoRA layer serves both settings
-
-
-class NPUVocabParallelEmbeddingWithLoRA(_MatchNPULayer, vl.VocabParallelEmbeddingWithLoRA):
-    _accepts = ((npu_vocab.NPUVocabParallelEmbedding, None),)
-    _sharded = None
-
-
-class NPUColumnParallelLinearWithShardedLoRA(_MatchNPULayer, _MergedFlagFix, vl.ColumnParallelLinearWithShardedLoRA):
-    _accepts = _COLUMN
-    _sharded = True
-
-
-class NPUMergedColumnParallelLinearWithShardedLoRA(_MatchNPULayer, vl.MergedColumnParallelLinearWithShardedLoRA):
-    _accepts = _MERGED
-    _sharded = True
-
-
-class NPUQKVParallelLinearWithShardedLoRA(_MatchNPULayer, vl.QKVParallelLinearWithShardedLoRA):
-    _accepts = _QKV
-    _sharded = True
-
-
-class NPUMergedQKVParallelLinearWithShardedLoRA(_MatchNPULayer, vl.MergedQKVParallelLinearWithShardedLoRA):
-    _accepts = _MERGED_QKV
-    _sharded = True
-
-
-class NPURowParallelLinearWithShardedLoRA(_MatchNPULayer, vl.RowParallelLinearWithShardedLoRA):
-    _accepts = _ROW
-    _sharded = True
-
-
-#: Asked in this order, before vLLM's own classes. (The LM head needs none: vLLM wraps the logits processor with
-#: ``LogitsProcessorWithLoRA`` without a type test, and that works over ``NPULogitsProcessor``.)
-NPU_LORA_CLASSES: tuple[type[vl.BaseLayerWithLoRA], ...] = (
-    NPUVocabParallelEmbeddingWithLoRA,
-    NPUColumnParallelLinearWithLoRA,
-    NPUMergedColumnParallelLinearWithLoRA,
-    NPUQKVParallelLinearWithLoRA,
-    NPUMergedQKVParallelLinearWithLoRA,
-    NPURowParallelLinearWithLoRA,
-    NPUReplicatedLinearWithLoRA,
-    NPUColumnParallelLinearWithShardedLoRA,
-    NPUMergedColumnParallelLinearWithShardedLoRA,
-    NPUQKVParallelLinearWithShardedLoRA,
-    NPUMergedQKVParallelLinearWithShardedLoRA,
-    NPURowParallelLinearWithShardedLoRA,
-)
+#: Asked in this order, before vLLM's own classes.
+NPU_LORA_CLASSES: tuple[type[vl.BaseLayerWithLoRA], ...] = (NPUVocabParallelEmbeddingWithLoRA,)
 
 
 def npu_lora_class(
