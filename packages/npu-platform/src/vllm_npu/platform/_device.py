@@ -36,8 +36,9 @@ def _torch_npu() -> Any:
     # twin and test fake models ND — so a private format could only appear by accident, where a later .view/.T of it
     # (vLLM's MLA kv_b_proj split) would read blocked storage as row-major. vllm-ascend sets True because it casts
     # quantized and MoE weights to NZ for speed; this plugin does not (an NZ cast would be a no-op here).
-    torch.npu.config.allow_internal_format = False
-    return torch.npu
+    npu: Any = torch.npu  # type: ignore[attr-defined]  # registered at runtime by torch_npu
+    npu.config.allow_internal_format = False
+    return npu
 
 
 class _NoopEvent:

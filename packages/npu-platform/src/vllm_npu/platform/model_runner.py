@@ -23,7 +23,7 @@ sampling and logprobs, KV-cache allocation) is vLLM's own code. The overrides:
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 import torch
 from vllm.config import VllmConfig
@@ -34,7 +34,7 @@ from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 from vllm.v1.worker.utils import bind_kv_cache
 from vllm_npu.interface.log import get_logger
 
-from ._device import DeviceBackend, EmulatedDevice, cuda_stream_api_as
+from ._device import DeviceBackend, EmulatedDevice, _torch_npu, cuda_stream_api_as
 
 logger = get_logger(__name__)
 
@@ -56,17 +56,18 @@ class NPUModelRunner(GPUModelRunner):
 
     def _init_device_properties(self) -> None:
         if self.device_backend.type == "npu":
-            self.device_properties = torch.npu.get_device_properties(self.device)
-            # AI-core count: the NPU's analogue of the SM count (None if this torch_npu does not report it).
-            self.num_sms = getattr(self.device_properties, "cube_core_num", None)
+            self.device_properties = _torch_npu().get_device_properties(self.device)
+            # AI-core count: the NPU's analogue of the SM count (0 if this torch_npu does not report it); vLLM reads
+            # it only to decide on cascade attention, which the NPU platform disables.
+            self.num_sms = int(getattr(self.device_properties, "cube_core_num", None) or 0)
         else:
-            self.device_properties = None
+            self.device_properties = None  # type: ignore[assignment]  # vLLM types it as CUDA's; no device here
             self.num_sms = 0
 
     def _sync_device(self) -> None:
         self.device_backend.synchronize(self.device)
 
-    def execute_model(self, scheduler_output: Any, intermediate_tensors: Optional[Any] = None) -> Any:
+    def execute_model(self, scheduler_output: Any, intermediate_tensors: Any | None = None) -> Any:
         with cuda_stream_api_as(self.device_backend):
             return super().execute_model(scheduler_output, intermediate_tensors)
 

@@ -13,7 +13,8 @@ which is why the mode is fixed by ``register()`` before ``current_platform`` is 
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, Any, ClassVar, Optional
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 from vllm.platforms.interface import Platform, PlatformEnum
@@ -24,6 +25,7 @@ from ._device import DeviceBackend, EmulatedDevice, NPUDevice
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
+    from vllm.config.cache import BlockSize
 
 logger = get_logger(__name__)
 
@@ -53,7 +55,7 @@ class NPUPlatform(Platform):
     #: Whether this class drives the emulated device.
     emulated: ClassVar[bool] = False
     #: Block size when the user sets none: the NPU attention kernels are tuned for 128-token blocks.
-    default_block_size: ClassVar[int] = 128
+    default_block_size: ClassVar[BlockSize] = 128
     #: Host buffers pinned for async host-to-device copies.
     pin_memory: ClassVar[bool] = True
 
@@ -80,9 +82,12 @@ class NPUPlatform(Platform):
         from vllm_npu.interface.registry import check_installed_set
 
         EnvConfig.from_environ()  # validates every VLLM_NPU_* variable (typos and bad values raise ConfigError)
-        npu_config = AdditionalConfig.from_vllm(vllm_config.additional_config)
+        extra = vllm_config.additional_config  # vLLM allows any hashable object; ours is a JSON object
+        if not isinstance(extra, Mapping):
+            raise ConfigError(f"--additional-config must be a JSON object, got a {type(extra).__name__}")
+        npu_config = AdditionalConfig.from_vllm(extra)
         # vllm-ascend's --additional-config keys and VLLM_ASCEND_* variables: a message each, instead of silence.
-        check_ascend_settings(vllm_config.additional_config, os.environ, warn=logger.warning)
+        check_ascend_settings(extra, os.environ, warn=logger.warning)
         check_installed_set()
         cls._claim_quantized_checkpoint(vllm_config)
 
@@ -97,16 +102,20 @@ class NPUPlatform(Platform):
         parallel.disable_custom_all_reduce = True
 
         cache = vllm_config.cache_config
-        if cache is not None and cache.block_size is None:
+        # vLLM types block_size as its Literal of sizes, but the field defaults to None for the platform to fill.
+        block_size: int | None = cache.block_size if cache is not None else None
+        if cache is not None and block_size is None:
             cache.block_size = cls.default_block_size
 
         model = vllm_config.model_config
         if model is not None:
             # Cascade attention is a FlashAttention feature; our backends do not implement it.
             model.disable_cascade_attn = True
+            # vLLM's own DeepSeek-V3.2 hook sets a cache dtype outside its CacheDType Literal: compare as a str.
+            cache_dtype: str | None = cache.cache_dtype if cache is not None else None
             if (
                 cache is not None
-                and cache.cache_dtype == "fp8_ds_mla"
+                and cache_dtype == "fp8_ds_mla"
                 and hasattr(getattr(model, "hf_config", None), "index_topk")
             ):
                 # vLLM's DeepSeek-V3.2 hook turns "auto" (and any fp8) into its CUDA-only fp8_ds_mla layout; the
@@ -186,7 +195,7 @@ class NPUPlatform(Platform):
         selected_backend: Any,
         head_size: int,
         dtype: torch.dtype,
-        kv_cache_dtype: Optional[str],
+        kv_cache_dtype: str | None,
         block_size: int,
         use_v1: bool,
         use_mla: bool,
@@ -295,7 +304,7 @@ class NPUPlatform(Platform):
         return cls.device_backend.mem_get_info(device)
 
     @classmethod
-    def get_current_memory_usage(cls, device: Optional[torch.types.Device] = None) -> float:
+    def get_current_memory_usage(cls, device: torch.types.Device | None = None) -> float:
         """Bytes in use on the device now (NPU: allocator peak after a reset; emulated: process RSS)."""
         return float(cls.device_backend.current_memory_usage(device))
 
@@ -314,6 +323,6 @@ class EmulatedNPUPlatform(NPUPlatform):
     device_backend: ClassVar[type[DeviceBackend]] = EmulatedDevice
     emulated: ClassVar[bool] = True
     # vLLM's own default: the reference kernels have no preferred block size.
-    default_block_size: ClassVar[int] = 16
+    default_block_size: ClassVar[BlockSize] = 16
     # Pinning needs a CUDA driver with the CUDA torch wheel; there is no host-to-device copy to speed up anyway.
     pin_memory: ClassVar[bool] = False

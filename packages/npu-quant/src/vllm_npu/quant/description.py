@@ -229,7 +229,7 @@ class QuantDescription:
         A packed module (``qkv_proj``, ``gate_up_proj``, or whatever ``packed_modules`` names) is looked up shard by
         shard; every shard must have the same type.
         """
-        mapping = dict(DEFAULT_PACKED_MODULES)
+        mapping: dict[str, Sequence[str]] = dict(DEFAULT_PACKED_MODULES)
         mapping.update(packed_modules or {})
         head, _, last = prefix.rpartition(".")
         shards = mapping.get(last)

@@ -19,7 +19,7 @@ on the emulated device.
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypedDict
 
 import torch
 from vllm.attention.backends.abstract import AttentionBackend, AttentionImpl, AttentionLayer, AttentionType
@@ -48,8 +48,9 @@ class AscendAttentionBackend(AttentionBackend):
     def get_impl_cls() -> type[AscendAttentionImpl]:
         return AscendAttentionImpl
 
+    # get_metadata_cls / AttentionImpl[...]: vLLM types these with v0's AttentionMetadata marker class, which no v1 metadata class subclasses (its own FlashAttentionMetadata and MLACommonMetadata included).
     @staticmethod
-    def get_metadata_cls() -> type[AscendMetadata]:
+    def get_metadata_cls() -> type[AscendMetadata]:  # type: ignore[override]
         return AscendMetadata
 
     @staticmethod
@@ -80,7 +81,16 @@ class AscendAttentionBackend(AttentionBackend):
         return [torch.float16, torch.bfloat16, torch.float32]
 
 
-class AscendAttentionImpl(AttentionImpl[AscendMetadata]):
+class _Heads(TypedDict):
+    """The head arguments every GQA kernel twin takes."""
+
+    num_heads: int
+    num_kv_heads: int
+    scale: float
+    logits_soft_cap: float | None
+
+
+class AscendAttentionImpl(AttentionImpl[AscendMetadata]):  # type: ignore[type-var]  # see get_metadata_cls
     """Forward of one attention layer. Layouts: query ``[T, N, D]``, key/value ``[T, Nkv, D]``, output ``[T, N, D]``,
     kv_cache ``[2, num_blocks, block_size, Nkv, D]``.
 
@@ -178,7 +188,7 @@ class AscendAttentionImpl(AttentionImpl[AscendMetadata]):
         if n < output.shape[0]:  # padded rows (graph-size padding): only the tail, the kernels write [:n]
             output[n:].zero_()
         q, out = query[:n], output[:n]
-        heads = {
+        heads: _Heads = {
             "num_heads": self.num_heads,
             "num_kv_heads": self.num_kv_heads,
             "scale": self.scale,
@@ -209,7 +219,7 @@ class AscendAttentionImpl(AttentionImpl[AscendMetadata]):
             self.prefill_no_cache(q, key[:n], value[:n], md.seq_lens_list, attn_mask=md.attn_mask, out=out, **heads)
         elif self.sliding_window is None and state is AscendAttentionState.DecodeOnly:
             self.paged_decode(q, key_cache, value_cache, md.block_table, md.seq_lens_list, out=out, **heads)
-        elif state is AscendAttentionState.DecodeOnly:
+        elif state is AscendAttentionState.DecodeOnly and self.sliding_window is not None:
             self.paged_decode_window(
                 q,
                 key_cache,
