@@ -9,6 +9,7 @@ Sizes are the ones models send: hidden 4096 (Llama/Qwen) and 7168 (DeepSeek-V3),
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any
 
@@ -236,9 +237,9 @@ def _lora_cases() -> list[KernelCase]:
         eshape = f"x [{tokens}, {rank}], B [{slots}, 1024, {rank}] into y[:, 256:1280] of [{tokens}, 1536]"
         cases += [
             KernelCase(SGMV_SHRINK, shape, dtype, shrink),
-            KernelCase(BGMV_SHRINK, shape, dtype, lambda dev, d=dtype: shrink(dev, d, False)),
+            KernelCase(BGMV_SHRINK, shape, dtype, functools.partial(shrink, d=dtype, segmented=False)),
             KernelCase(SGMV_EXPAND, eshape, dtype, expand),
-            KernelCase(BGMV_EXPAND, eshape, dtype, lambda dev, d=dtype: expand(dev, d, False)),
+            KernelCase(BGMV_EXPAND, eshape, dtype, functools.partial(expand, d=dtype, segmented=False)),
         ]
     return cases
 

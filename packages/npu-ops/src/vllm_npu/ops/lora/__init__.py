@@ -5,12 +5,26 @@
 Lazy exports: importing this package imports neither torch nor vLLM.
 """
 
-from vllm_npu.interface.lazy import lazy_exports
+from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+# Lazy exports (PEP 562): name -> ".module:attr", imported on first access. The TYPE_CHECKING block and
+# __all__ mirror the table for type checkers and IDEs; tests/test_doors.py checks that the three agree.
 _EXPORTS: dict[str, str] = {
     "PunicaWrapperNPU": ".punica:PunicaWrapperNPU",
     "NPU_LORA_CLASSES": ".layers:NPU_LORA_CLASSES",
 }
 
-__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
-__all__ = sorted(_EXPORTS)
+if TYPE_CHECKING:
+    from .layers import NPU_LORA_CLASSES
+    from .punica import PunicaWrapperNPU
+else:
+    from vllm_npu.interface.lazy import lazy_exports
+
+    __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
+
+__all__ = [
+    "NPU_LORA_CLASSES",
+    "PunicaWrapperNPU",
+]

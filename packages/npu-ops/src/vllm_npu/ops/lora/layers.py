@@ -22,7 +22,7 @@ is built, i.e. when a LoRA manager is created) turns a missing patch into a clea
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Optional
+from typing import Any
 
 from torch import nn
 from vllm.lora import layers as vl
@@ -56,7 +56,7 @@ NPU_LORA_CLASSES: tuple[type[vl.BaseLayerWithLoRA], ...] = (NPUVocabParallelEmbe
 
 def npu_lora_class(
     layer: nn.Module, lora_config: Any, packed_modules_list: list, model_config: Any = None
-) -> Optional[type[vl.BaseLayerWithLoRA]]:
+) -> type[vl.BaseLayerWithLoRA] | None:
     """The class of :data:`NPU_LORA_CLASSES` that wraps ``layer``, or None (not one of our layer classes)."""
     for cls in NPU_LORA_CLASSES:
         if cls.can_replace_layer(

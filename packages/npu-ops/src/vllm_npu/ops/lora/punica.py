@@ -15,14 +15,14 @@ decisions for every later one.
 
 from __future__ import annotations
 
-from typing import Any, Optional, Union
+from typing import Any
 
 import torch
 from vllm.lora.punica_wrapper.punica_base import PunicaWrapperBase
 
 from .kernels import BGMV_EXPAND, BGMV_SHRINK, SGMV_EXPAND, SGMV_SHRINK
 
-Tensors = Union[tuple[torch.Tensor, ...], torch.Tensor]
+Tensors = tuple[torch.Tensor, ...] | torch.Tensor
 
 
 def _eager_only() -> None:
@@ -39,7 +39,7 @@ class PunicaWrapperNPU(PunicaWrapperBase):
     """Multi-LoRA shrink/expand for the NPU (and, with the reference kernels, the emulated device)."""
 
     def __init__(
-        self, max_num_batched_tokens: int, max_batches: int, device: Union[torch.device, str], **kwargs: Any
+        self, max_num_batched_tokens: int, max_batches: int, device: torch.device | str, **kwargs: Any
     ) -> None:
         super().__init__(max_num_batched_tokens, max_batches, device)
         from .layers import check_npu_lora_layers
@@ -51,7 +51,7 @@ class PunicaWrapperNPU(PunicaWrapperBase):
         self._bgmv_expand = BGMV_EXPAND.select()
         self._any_lora = False
 
-    def update_metadata(self, mapping: Any, lora_index_to_id: list[Optional[int]], *args: Any, **kwargs: Any) -> None:
+    def update_metadata(self, mapping: Any, lora_index_to_id: list[int | None], *args: Any, **kwargs: Any) -> None:
         super().update_metadata(mapping, lora_index_to_id, *args, **kwargs)
         # From the host-side mapping: no device read-back to decide that the batch needs no LoRA kernel.
         self._any_lora = any(i > 0 for i in mapping.index_mapping)
@@ -105,7 +105,7 @@ class PunicaWrapperNPU(PunicaWrapperBase):
         y: torch.Tensor,
         x: Tensors,
         lora_b_stacked: tuple[torch.Tensor, ...],
-        lora_bias_stacked: Optional[tuple[torch.Tensor, ...]],
+        lora_bias_stacked: tuple[torch.Tensor, ...] | None,
         output_slices: tuple[int, ...],
         offset_start: int = 0,
         add_inputs: bool = True,
@@ -139,11 +139,11 @@ class PunicaWrapperNPU(PunicaWrapperBase):
         x: torch.Tensor,
         lora_a_stacked: tuple[torch.Tensor, ...],
         lora_b_stacked: tuple[torch.Tensor, ...],
-        lora_bias_stacked: Optional[tuple[torch.Tensor, ...]],
+        lora_bias_stacked: tuple[torch.Tensor, ...] | None,
         scale: float,
         output_slices: tuple[int, ...],
         *,
-        buffer: Optional[tuple[torch.Tensor, ...]] = None,
+        buffer: tuple[torch.Tensor, ...] | None = None,
         **kwargs: Any,
     ) -> None:
         """``y[t, slice i] += scale * x[t] @ A_i[lora(t)]^T @ B_i[lora(t)]^T (+ bias)``, in place on ``y``."""
@@ -171,7 +171,7 @@ class PunicaWrapperNPU(PunicaWrapperBase):
         lora_b_stacked: torch.Tensor,
         scale: float,
         *,
-        buffer: Optional[torch.Tensor] = None,
+        buffer: torch.Tensor | None = None,
         **kwargs: Any,
     ) -> None:
         """``y[i] += scale * x[i] @ A[lora(i)]^T @ B[lora(i)]^T``, one row per request (the sampler mapping)."""
