@@ -120,7 +120,7 @@ def test_npu_config_hook_defaults_to_piecewise_graphs_and_block_128(env):
     assert cfg.cache_config.block_size == 128
     assert comp.level == CompilationLevel.PIECEWISE and not comp.use_inductor
     assert "vllm.unified_attention_with_output" in comp.splitting_ops
-    assert comp.cudagraph_mode == CUDAGraphMode.NONE
+    assert comp.cudagraph_mode == CUDAGraphMode.PIECEWISE  # ACL graphs by default, as vllm-ascend
     assert "VLLM_WORKER_MULTIPROC_METHOD" not in os.environ
 
 
@@ -128,6 +128,7 @@ def test_npu_config_hook_respects_enforce_eager_and_user_block_size(env):
     cfg = fake_vllm_config(enforce_eager=True, block_size=64)
     NPUPlatform.check_and_update_config(cfg)
     assert cfg.compilation_config.level == CompilationLevel.NO_COMPILATION
+    assert cfg.compilation_config.cudagraph_mode == CUDAGraphMode.NONE
     assert cfg.cache_config.block_size == 64
 
 

@@ -120,7 +120,7 @@ SURFACE: tuple[VllmName, ...] = (
         "_attention_ops",
         "attribute",
         "reads",
-        _PLATFORM_MODULE,
+        ("vllm_npu.platform.graphs.config",),
         "piecewise graph mode splits the model at these attention ops; without them Dynamo would trace attention "
         "into a graph piece",
     ),
@@ -142,5 +142,24 @@ SURFACE: tuple[VllmName, ...] = (
         _PLATFORM_MODULE,
         "vLLM calls the override with the VllmConfig it builds",
         signature="(vllm_config)",
+    ),
+    VllmName(
+        _RUNNER,
+        "_capture_cudagraphs",
+        "method",
+        "calls",
+        _MODEL_RUNNER,
+        "capture_model captures the graphs of each runtime mode through it (warm-up and capture per size)",
+        signature="(self, compilation_cases, cudagraph_runtime_mode, uniform_decode)",
+    ),
+    VllmName(
+        _RUNNER,
+        "_dummy_run",
+        "method",
+        "calls",
+        _MODEL_RUNNER,
+        "estimate_graph_memory measures one eager forward at the largest capture size through it",
+        signature="(self, num_tokens, cudagraph_runtime_mode=None, force_attention=False, uniform_decode=False, "
+        "allow_microbatching=True, skip_eplb=False, is_profile=False, create_mixed_batch=False, remove_lora=True)",
     ),
 )

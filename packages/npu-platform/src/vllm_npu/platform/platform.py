@@ -74,8 +74,6 @@ class NPUPlatform(Platform):
 
     @classmethod
     def check_and_update_config(cls, vllm_config: VllmConfig) -> None:
-        from vllm.config import CompilationLevel, CUDAGraphMode
-        from vllm.config.compilation import CompilationConfig
         from vllm_npu.interface.ascend_migration import check_ascend_settings
         from vllm_npu.interface.config import AdditionalConfig, EnvConfig
         from vllm_npu.interface.errors import ConfigError
@@ -128,33 +126,10 @@ class NPUPlatform(Platform):
         if not cls.emulated and npu_config.emulated_kv_cache_gb is not None:
             logger.warning("npu.emulated_kv_cache_gb is ignored on an NPU (gpu_memory_utilization sizes the KV cache)")
 
-        compilation: CompilationConfig = vllm_config.compilation_config
-        enforce_eager = bool(model is not None and model.enforce_eager)
-        mode = npu_config.graph_mode
-        if mode == "auto":
-            mode = "eager" if (cls.emulated or enforce_eager) else "piecewise"
-        elif mode == "piecewise" and enforce_eager:
-            raise ConfigError(
-                "npu.graph_mode='piecewise' conflicts with enforce_eager=True; drop --enforce-eager or set "
-                "npu.graph_mode to 'auto' or 'eager'"
-            )
-        if mode == "eager":
-            compilation.level = CompilationLevel.NO_COMPILATION
-            if model is not None:
-                model.enforce_eager = True
-        else:
-            # Piecewise graphs: Dynamo captures the model, split at the attention op (which stays outside every
-            # graph piece because its metadata changes every step); the pieces run as FX graphs (no inductor:
-            # torch_npu has no supported inductor backend). Static-graph replay is not enabled.
-            compilation.level = CompilationLevel.PIECEWISE
-            compilation.use_inductor = False
-            attention_ops = list(CompilationConfig._attention_ops)
-            user_ops = list(compilation.splitting_ops or [])
-            compilation.splitting_ops = user_ops + [op for op in attention_ops if op not in user_ops]
-        compilation.cudagraph_mode = CUDAGraphMode.NONE
-        compilation.cudagraph_capture_sizes = []
-        if compilation.compile_sizes is None:
-            compilation.compile_sizes = []
+        from .graphs.config import configure_graphs
+
+        compilation = vllm_config.compilation_config
+        plan = configure_graphs(vllm_config, npu_config.graph_mode, cls.emulated)
         # Every CustomOp dispatches to forward_oot, where the ops layer puts the NPU kernels (explicit "-op"
         # entries of the user still disable single ops).
         compilation.custom_ops = ["all", *[op for op in compilation.custom_ops if op.startswith("-")]]
@@ -165,9 +140,11 @@ class NPUPlatform(Platform):
             os.environ["VLLM_WORKER_MULTIPROC_METHOD"] = "spawn"
 
         logger.info(
-            "%s: graph mode %s, block size %s, worker %s",
+            "%s: graph mode %s (%s), capture sizes %s, block size %s, worker %s",
             cls.__name__,
-            mode,
+            plan.mode,
+            plan.reason,
+            list(plan.capture_sizes),
             cache.block_size if cache is not None else None,
             parallel.worker_cls,
         )
@@ -247,7 +224,18 @@ class NPUPlatform(Platform):
 
     @classmethod
     def support_static_graph_mode(cls) -> bool:
-        return False
+        # ACL graphs on an NPU, the static-graph twin on the emulated device (see .graphs).
+        return True
+
+    @classmethod
+    def get_static_graph_wrapper_cls(cls) -> str:
+        from .graphs import WRAPPER_CLS
+
+        return WRAPPER_CLS
+
+    def graph_pool_handle(self) -> Any:
+        """The memory pool token every graph shares (vLLM's ``get_global_graph_pool`` caches it per class)."""
+        return self.device_backend.graph_pool_handle()
 
     @classmethod
     def support_hybrid_kv_cache(cls) -> bool:

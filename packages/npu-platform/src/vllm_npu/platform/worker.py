@@ -195,19 +195,24 @@ class NPUWorker(Worker):
         free_after, _ = backend.mem_get_info(self.device)
         non_torch_after = (self.total_memory - free_after) - backend.memory_reserved(self.device)
         non_torch_increase = max(0, non_torch_after - self.init_non_torch_memory)  # HCCL buffers, workspaces
-        available = int(self.requested_memory - peak - non_torch_increase)
+        # Graphs are captured after the KV cache is allocated, into their own pool: keep its size out of the budget.
+        estimate = getattr(self.model_runner, "estimate_graph_memory", None)
+        graph_pool = int(estimate()) if estimate is not None else 0
+        available = int(self.requested_memory - peak - non_torch_increase - graph_pool)
         if available <= 0:
             raise ValueError(
                 f"no NPU memory left for the KV cache: weights and activations peak at {peak / GiB:.2f} GiB "
-                f"(+{non_torch_increase / GiB:.2f} GiB outside torch) of the {self.requested_memory / GiB:.2f} GiB "
-                "allowed by gpu_memory_utilization; raise --gpu-memory-utilization, lower "
-                "--max-num-batched-tokens, or use more tensor parallelism"
+                f"(+{non_torch_increase / GiB:.2f} GiB outside torch, +{graph_pool / GiB:.2f} GiB for the graph "
+                f"pool) of the {self.requested_memory / GiB:.2f} GiB allowed by gpu_memory_utilization; raise "
+                "--gpu-memory-utilization, lower --max-num-batched-tokens or the capture sizes, or use more tensor "
+                "parallelism"
             )
         logger.info(
-            "KV cache: %.2f GiB (peak %.2f GiB, non-torch +%.2f GiB, budget %.2f GiB)",
+            "KV cache: %.2f GiB (peak %.2f GiB, non-torch +%.2f GiB, graph pool %.2f GiB, budget %.2f GiB)",
             available / GiB,
             peak / GiB,
             non_torch_increase / GiB,
+            graph_pool / GiB,
             self.requested_memory / GiB,
         )
         gc.collect()
@@ -286,6 +291,8 @@ class NPUWorker(Worker):
         from vllm.config import get_layers_from_vllm_config
         from vllm.distributed.parallel_state import get_tp_group
 
+        from .graphs.wrapper import GRAPH_STATS
+
         runner = self.model_runner
         attn_layers = get_layers_from_vllm_config(self.vllm_config, Attention)
         backends = sorted({_class_path(layer.attn_backend) for layer in attn_layers.values()})
@@ -316,6 +323,12 @@ class NPUWorker(Worker):
             "rank": self.rank,
             "compilation_level": self.vllm_config.compilation_config.level,
             "piecewise_graphs_seen": compilation_counter.num_piecewise_graphs_seen,
+            "cudagraph_mode": self.vllm_config.compilation_config.cudagraph_mode.name,
+            "capture_sizes": sorted(self.vllm_config.compilation_config.cudagraph_capture_sizes or []),
+            # Static graphs of this engine: vLLM's own capture counter (process-wide, so counted from the runner's
+            # start), and our per-mode captures/replays and in-graph tasks.
+            "cudagraph_captured": compilation_counter.num_cudagraph_captured - runner.cudagraph_captured_before,
+            "graphs": GRAPH_STATS.snapshot(),
             "tp_communicator": type(get_tp_group().device_communicator).__qualname__,
             "tp_backend": str(torch.distributed.get_backend(get_tp_group().device_group)),
             # Bytes released by sleep() and not yet woken up, per tag.

@@ -23,6 +23,7 @@ from typing import Any, ClassVar, TypedDict
 
 import torch
 from vllm.attention.backends.abstract import AttentionBackend, AttentionImpl, AttentionLayer, AttentionType
+from vllm_npu.interface import graphs
 from vllm_npu.interface.device import kernel_backend
 from vllm_npu.interface.errors import ConfigError
 
@@ -35,6 +36,20 @@ from ..ops.paged_attention import PAGED_DECODE, PAGED_DECODE_WINDOW, PAGED_PREFI
 NPU_MAX_HEAD_SIZE = 256
 NPU_HEAD_ALIGN = 16
 NPU_DTYPES = (torch.float16, torch.bfloat16)
+
+
+def decode_lens_refresh(layer_name: str, batch: int) -> graphs.Refresh:
+    """The refresh of a captured decode kernel: this step's sequence lengths of ``layer_name``'s requests, padded to
+    the graph's ``batch`` with 1 (padding requests attend to one cached slot; their rows are discarded)."""
+
+    def refresh() -> dict[str, list[int]]:
+        from vllm.forward_context import get_forward_context
+
+        metadata = get_forward_context().attn_metadata
+        lens = list(metadata[layer_name].seq_lens_list)
+        return {"context_lens": lens + [1] * (batch - len(lens))}
+
+    return refresh
 
 
 class AscendAttentionBackend(AttentionBackend):
@@ -217,20 +232,35 @@ class AscendAttentionImpl(AttentionImpl[AscendMetadata]):  # type: ignore[type-v
         state = md.attn_state
         if self.sliding_window is None and fresh_kv and state is AscendAttentionState.PrefillNoCache:
             self.prefill_no_cache(q, key[:n], value[:n], md.seq_lens_list, attn_mask=md.attn_mask, out=out, **heads)
-        elif self.sliding_window is None and state is AscendAttentionState.DecodeOnly:
-            self.paged_decode(q, key_cache, value_cache, md.block_table, md.seq_lens_list, out=out, **heads)
-        elif state is AscendAttentionState.DecodeOnly and self.sliding_window is not None:
-            self.paged_decode_window(
-                q,
-                key_cache,
-                value_cache,
-                md.block_table,
-                md.seq_lens,
-                md.seq_lens_list,
-                sliding_window=self.sliding_window,
-                out=out,
-                **heads,
-            )
+        elif state is AscendAttentionState.DecodeOnly:
+            # Inside a full decode graph the sequence lengths (host list) are refreshed before every replay.
+            refresh = decode_lens_refresh(getattr(layer, "layer_name", ""), len(md.seq_lens_list))
+            if self.sliding_window is None:
+                graphs.launch(
+                    self.paged_decode,
+                    q,
+                    key_cache,
+                    value_cache,
+                    md.block_table,
+                    refresh=refresh,
+                    context_lens=md.seq_lens_list,
+                    out=out,
+                    **heads,
+                )
+            else:
+                graphs.launch(
+                    self.paged_decode_window,
+                    q,
+                    key_cache,
+                    value_cache,
+                    md.block_table,
+                    md.seq_lens,
+                    refresh=refresh,
+                    context_lens=md.seq_lens_list,
+                    sliding_window=self.sliding_window,
+                    out=out,
+                    **heads,
+                )
         else:
             self.paged_prefill(
                 q,

@@ -142,6 +142,9 @@ class AscendMLAMetadataBuilder(AttentionMetadataBuilder[AscendMLAMetadata]):
     block-aligned (never less than one block per request). Set :attr:`context_chunk_tokens` to change the budget.
     """
 
+    # No full graphs yet (FULL_DECODE_ONLY is downgraded by vLLM, PIECEWISE works): the decode kernel returns a fresh
+    # tensor, and on the NPU it would have to become an updatable task writing into captured buffers
+    # (npu_fused_infer_attention_score.out with a workspace), as the GQA decode kernel does.
     cudagraph_support: ClassVar[AttentionCGSupport] = AttentionCGSupport.NEVER
     reorder_batch_threshold: int = 1
 

@@ -59,6 +59,8 @@ class AscendSFAMetadata:
 class AscendSFAMetadataBuilder(AttentionMetadataBuilder[AscendSFAMetadata]):
     """No decode/prefill split: sparse attention treats every token alike (top-k keys each)."""
 
+    # No full graphs (PIECEWISE works): the indexer's top-k selection and the sparse kernel take per-step host
+    # parameters that are not graph tasks.
     cudagraph_support: ClassVar[AttentionCGSupport] = AttentionCGSupport.NEVER
     reorder_batch_threshold: int | None = None
 

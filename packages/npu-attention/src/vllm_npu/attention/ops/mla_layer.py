@@ -17,7 +17,11 @@ one of vLLM's GPT-J rotation. cos/sin come from ``rotary_emb.cos_sin_cache`` (ev
 DeepSeek's YaRN mscale included), read inside the layer that owns it: the metadata builder stays model-free.
 
 Falls back to vLLM's ``forward_native`` whenever the fusion does not apply: sparse (DeepSeek-V3.2) layers, a NeoX
-rope, partial rotary, a biased norm, or an attention backend other than :class:`AscendMLABackend`.
+rope, partial rotary, a biased norm, an attention backend other than :class:`AscendMLABackend`, or a compiled /
+graph-captured model. The fused write sits outside the attention op and reads the step's metadata in Python (whether
+there is any, ``num_actual_tokens``, the slot mapping): Dynamo and a captured graph would freeze those at their
+first (metadata-less) run and never write the cache again; ``forward_native`` leaves the write to the impl, inside
+the attention op, which runs eagerly between graph pieces.
 """
 
 from __future__ import annotations
@@ -48,11 +52,22 @@ def interleave_rope_npu(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -
 INTERLEAVE_ROPE = Kernel("interleave_rope", npu=interleave_rope_npu, reference=interleave_rope_reference)
 
 
+def _model_is_compiled() -> bool:
+    """Whether the model being built is traced by Dynamo or captured into static graphs."""
+    from vllm.config import CompilationLevel, CUDAGraphMode, get_current_vllm_config
+
+    compilation = get_current_vllm_config().compilation_config
+    return compilation.level not in (None, CompilationLevel.NO_COMPILATION) or (
+        compilation.cudagraph_mode not in (None, CUDAGraphMode.NONE)
+    )
+
+
 def _fusable(layer: MultiHeadLatentAttention) -> bool:
     rope = layer.rotary_emb
     norm = layer.kv_a_layernorm
     return (
         not layer.is_sparse
+        and not _model_is_compiled()
         and isinstance(getattr(layer.mla_attn, "impl", None), AscendMLAImpl)
         and isinstance(getattr(rope, "cos_sin_cache", None), torch.Tensor)
         and getattr(rope, "is_neox_style", True) is False
