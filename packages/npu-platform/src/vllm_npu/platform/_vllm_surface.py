@@ -144,6 +144,26 @@ SURFACE: tuple[VllmName, ...] = (
         signature="(vllm_config)",
     ),
     VllmName(
+        _PLATFORM,
+        "pre_register_and_update",
+        "method",
+        "overrides",
+        _PLATFORM_MODULE,
+        "vLLM calls the override before it builds the ModelConfig; without the quant layer it registers the gate "
+        "that refuses msModelSlim checkpoints with the install command",
+        signature="(parser=None)",
+    ),
+    VllmName(
+        "vllm.model_executor.layers.quantization.base_config:QuantizationConfig",
+        "maybe_update_config",
+        "method",
+        "overrides",
+        ("vllm_npu.platform._quant_gate",),
+        "VllmConfig calls it with the model path right after building the quant config; the gate raises the "
+        "missing-layer error there, the first call that names the checkpoint",
+        signature="(self, model_name)",
+    ),
+    VllmName(
         _RUNNER,
         "_capture_cudagraphs",
         "method",

@@ -149,10 +149,23 @@ class NPUPlatform(Platform):
             parallel.worker_cls,
         )
 
+    @classmethod
+    def pre_register_and_update(cls, parser: Any = None) -> None:
+        # vLLM calls this before it builds the ModelConfig (and after general plugins loaded, so npu-quant has
+        # registered "ascend" if it is here): without the quant layer, "ascend" is registered as the gate that
+        # refuses msModelSlim checkpoints with the install command (vLLM would say "Unknown quantization method").
+        from vllm_npu.interface.registry import is_available
+
+        if not is_available("quant"):
+            from ._quant_gate import register_gate
+
+            register_gate()
+
     @staticmethod
     def _claim_quantized_checkpoint(vllm_config: VllmConfig) -> None:
         """Use the ``ascend`` quant method for a ModelSlim checkpoint that has ``quant_model_description.json``
-        but no ``quantization_config`` in config.json, when the user chose no method.
+        but no ``quantization_config`` in config.json, when the user chose no method; without the quant layer,
+        refuse such a checkpoint with the install command (loading it as float weights would be a wrong answer).
 
         This is the one seam that works for ``LLM(...)`` and ``vllm serve`` alike: vLLM consults quant configs
         (``override_quantization_method``) only when config.json has a ``quantization_config``, and both entry
@@ -161,6 +174,15 @@ class NPUPlatform(Platform):
         from vllm_npu.interface.registry import is_available
 
         if not is_available("quant"):
+            model_config = vllm_config.model_config
+            if model_config is None or model_config.quantization is not None:
+                return
+            from vllm_npu.interface.quant_checkpoint import DESCRIPTION_FILENAME, find_description_file, read_scheme
+
+            if find_description_file(model_config.model) is not None:
+                from ._quant_gate import missing_quant_layer
+
+                raise missing_quant_layer(model_config.model, DESCRIPTION_FILENAME, read_scheme(model_config.model))
             return
         from vllm_npu.quant import claim_checkpoint
 
@@ -207,14 +229,6 @@ class NPUPlatform(Platform):
 
         require("ops", "LoRA (--enable-lora) on the NPU is provided by the npu-ops layer")
         return "vllm_npu.ops.lora.PunicaWrapperNPU"  # vLLM resolves a dotted module.attr name, not module:attr
-
-    @classmethod
-    def verify_quantization(cls, quant: str) -> None:
-        if quant == "ascend":
-            from vllm_npu.interface.registry import require
-
-            require("quant", "the 'ascend' quantization method is provided by the npu-quant layer")
-        super().verify_quantization(quant)
 
     @classmethod
     def opaque_attention_op(cls) -> bool:

@@ -20,6 +20,7 @@ from typing import Any
 import torch
 from vllm.model_executor.layers.quantization.base_config import QuantizationConfig, QuantizeMethodBase
 from vllm_npu.interface import get_logger
+from vllm_npu.interface.quant_checkpoint import is_msmodelslim_quant_config
 
 from .description import (
     DESCRIPTION_FILENAME,
@@ -77,9 +78,7 @@ class AscendQuantConfig(QuantizationConfig):
     ) -> str | None:
         if user_quant not in (None, QUANT_METHOD):
             return None
-        if isinstance(hf_quant_cfg, dict) and (
-            hf_quant_cfg.get("quant_method") == QUANT_METHOD or looks_like_description(hf_quant_cfg)
-        ):
+        if is_msmodelslim_quant_config(hf_quant_cfg):
             return QUANT_METHOD
         return None
 
