@@ -2,9 +2,10 @@
 # SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
 """The shared cases of the Qwen VL engine tests (one test module per architecture binds them to its engine).
 
-A module defines the fixtures ``vl_model`` (the tiny checkpoint dir), ``llm`` (its engine, built with
-:data:`ENGINE_ARGS`) and ``architecture`` (the vLLM class name expected), then assigns the ``test_*`` functions
-below to module names so pytest collects them there.
+A module calls :func:`install` with its architecture: that defines the module-scoped fixtures (``vl_model`` the tiny
+checkpoint dir, ``llm`` its engine built with :data:`ENGINE_ARGS`, ``architecture`` the vLLM class name expected,
+``image_factor`` the pixels of one merged cell, ``vl_requests`` the mixed batch) and binds the ``test_*`` functions
+below into the module, so pytest collects them there with that module's one engine.
 
 The engine runs with chunked prefill (32-token steps, smaller than the mixed prompt and than the largest image, so
 prefill stops inside a multimodal item and the encoder cache carries it over) and prefix caching on. Reference: HF
@@ -13,7 +14,19 @@ transformers float32, greedy, one request at a time, from the same checkpoint an
 
 from __future__ import annotations
 
-from npu_testkit.vl_models import chat_prompt, hf_vl_greedy, mixed_vl_requests, synthetic_image, text_token_ids
+from typing import Any
+
+import pytest
+from npu_testkit.engine import emulated_env, engine
+from npu_testkit.vl_models import (
+    build_tiny_vl_model,
+    chat_prompt,
+    hf_vl_greedy,
+    mixed_vl_requests,
+    synthetic_image,
+    text_token_ids,
+    tiny_vl_config,
+)
 
 MAX_TOKENS = 16
 MAX_BATCHED_TOKENS = 32
@@ -53,8 +66,8 @@ def test_vllm_model_class_on_our_platform(llm, architecture):
     assert config.cache_config.enable_prefix_caching
 
 
-def test_images_video_and_text_in_one_batch_match_hf(llm, vl_model):
-    requests = mixed_vl_requests()
+def test_images_video_and_text_in_one_batch_match_hf(llm, vl_model, vl_requests):
+    requests = vl_requests
     expected = hf_vl_greedy(vl_model, requests, MAX_TOKENS)
     outputs = _generate(llm, requests)
     # The placeholders expanded to the same token counts (two image sizes, one video) as HF's processor.
@@ -65,9 +78,10 @@ def test_images_video_and_text_in_one_batch_match_hf(llm, vl_model):
     assert [list(o.outputs[0].token_ids) for o in outputs] == [g for _, g in expected]
 
 
-def test_prefix_cache_hits_only_for_the_same_image(llm, vl_model):
+def test_prefix_cache_hits_only_for_the_same_image(llm, vl_model, image_factor):
     text = "Describe every part of this image in great detail, please, from left to right."
-    first, other = synthetic_image(140, 112, seed=20), synthetic_image(140, 112, seed=21)
+    width, height = 5 * image_factor, 4 * image_factor
+    first, other = synthetic_image(width, height, seed=20), synthetic_image(width, height, seed=21)
     same = {"prompt": chat_prompt("image", text), "multi_modal_data": {"image": first}}
     different = {"prompt": chat_prompt("image", text), "multi_modal_data": {"image": other}}
     expected = [g for _, g in hf_vl_greedy(vl_model, [same, different], MAX_TOKENS)]
@@ -81,3 +95,39 @@ def test_prefix_cache_hits_only_for_the_same_image(llm, vl_model):
     (miss,) = _generate(llm, [different])
     assert miss.num_cached_tokens == 0, miss.num_cached_tokens
     assert list(miss.outputs[0].token_ids) == expected[1]
+
+
+def install(namespace: dict[str, Any], *, arch: str, architecture: str) -> None:
+    """Define this suite's fixtures and tests in a test module's ``namespace`` (its ``globals()``) for ``arch``
+    (a :func:`npu_testkit.vl_models.tiny_vl_config` name) whose vLLM class is ``architecture``."""
+    config = tiny_vl_config(arch)
+    factor = config.vision_config.patch_size * config.vision_config.spatial_merge_size
+    qwen3 = arch.startswith("qwen3")  # Qwen3-VL writes frame timestamps into the prompt: videos carry metadata
+
+    @pytest.fixture(scope="module", name="architecture")
+    def _architecture() -> str:
+        return architecture
+
+    @pytest.fixture(scope="module", name="image_factor")
+    def _image_factor() -> int:
+        return factor
+
+    @pytest.fixture(scope="module", name="vl_requests")
+    def _vl_requests() -> list[dict[str, Any]]:
+        return mixed_vl_requests(factor=factor, metadata=qwen3)
+
+    @pytest.fixture(scope="module", name="vl_model")
+    def _vl_model():
+        return build_tiny_vl_model(tiny_vl_config(arch))
+
+    @pytest.fixture(scope="module", name="llm")
+    def _llm(vl_model, tmp_path_factory):
+        with engine(vl_model, emulated_env(tmp_path_factory.mktemp(arch)), **ENGINE_ARGS) as llm:
+            yield llm
+
+    namespace.update(
+        {f.__name__: f for f in (_architecture, _image_factor, _vl_requests, _vl_model, _llm)},
+        test_vllm_model_class_on_our_platform=test_vllm_model_class_on_our_platform,
+        test_images_video_and_text_in_one_batch_match_hf=test_images_video_and_text_in_one_batch_match_hf,
+        test_prefix_cache_hits_only_for_the_same_image=test_prefix_cache_hits_only_for_the_same_image,
+    )

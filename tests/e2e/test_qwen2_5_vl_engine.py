@@ -10,8 +10,6 @@ import sys
 from pathlib import Path
 
 import pytest
-from npu_testkit.engine import emulated_env, engine
-from npu_testkit.vl_models import build_tiny_vl_model, tiny_vl_config
 
 pytestmark = pytest.mark.engine
 
@@ -28,25 +26,4 @@ def _load(name: str):
     return sys.modules[name]
 
 
-cases = _load("qwen_vl_cases")
-
-
-@pytest.fixture(scope="module")
-def architecture():
-    return "Qwen2_5_VLForConditionalGeneration"
-
-
-@pytest.fixture(scope="module")
-def vl_model():
-    return build_tiny_vl_model(tiny_vl_config("qwen2_5_vl"))
-
-
-@pytest.fixture(scope="module")
-def llm(vl_model, tmp_path_factory):
-    with engine(vl_model, emulated_env(tmp_path_factory.mktemp("qwen2_5_vl")), **cases.ENGINE_ARGS) as llm:
-        yield llm
-
-
-test_vllm_model_class_on_our_platform = cases.test_vllm_model_class_on_our_platform
-test_images_video_and_text_in_one_batch_match_hf = cases.test_images_video_and_text_in_one_batch_match_hf
-test_prefix_cache_hits_only_for_the_same_image = cases.test_prefix_cache_hits_only_for_the_same_image
+_load("qwen_vl_cases").install(globals(), arch="qwen2_5_vl", architecture="Qwen2_5_VLForConditionalGeneration")

@@ -82,6 +82,40 @@ QWEN2_5_VL_VISION_TINY: dict[str, Any] = {
 }
 
 
+#: Qwen3-VL's vision tower: 2 blocks, width 32, 2 heads, 16-pixel patches merged 2x2, learned position embeddings
+#: on an 8x8 grid (interpolated to each image), block 0's features also fed to the LLM (DeepStack).
+QWEN3_VL_VISION_TINY: dict[str, Any] = {
+    "depth": 2,
+    "hidden_size": 32,
+    "intermediate_size": 64,
+    "num_heads": 2,
+    "out_hidden_size": 64,
+    "patch_size": 16,
+    "spatial_merge_size": 2,
+    "temporal_patch_size": 2,
+    "num_position_embeddings": 64,
+    "deepstack_visual_indexes": [0],
+}
+
+#: Qwen3-VL's text model differs from Qwen2's in head_dim (explicit), q/k norms and interleaved MRoPE sections.
+_QWEN3_TEXT_TINY: dict[str, Any] = {
+    **_TEXT_TINY,
+    "head_dim": 16,
+    "rope_scaling": {"rope_type": "default", "mrope_section": [2, 3, 3], "mrope_interleaved": True},
+}
+
+#: Qwen3-VL-MoE's text model: every layer MoE, 4 experts top-2 (renormalised).
+_QWEN3_MOE_TEXT_TINY: dict[str, Any] = {
+    **_QWEN3_TEXT_TINY,
+    "moe_intermediate_size": 32,
+    "num_experts": 4,
+    "num_experts_per_tok": 2,
+    "decoder_sparse_step": 1,
+    "mlp_only_layers": [],
+    "norm_topk_prob": True,
+}
+
+
 def build_vl_tokenizer():
     """The demo BPE tokenizer as a ``Qwen2TokenizerFast`` (the class Qwen's VL processors require), with
     :data:`VISION_TOKENS` added as special tokens and :data:`VL_CHAT_TEMPLATE`."""
@@ -106,12 +140,21 @@ def tiny_vl_config(arch: str, **text_overrides: Any) -> Any:
     are filled in by :func:`build_tiny_vl_model`."""
     import transformers
 
-    text = {**_TEXT_TINY, **text_overrides}
     if arch == "qwen2_vl":
+        text = {**_TEXT_TINY, **text_overrides}
         return transformers.Qwen2VLConfig(text_config=text, vision_config=dict(QWEN2_VL_VISION_TINY))
     if arch == "qwen2_5_vl":
+        text = {**_TEXT_TINY, **text_overrides}
         return transformers.Qwen2_5_VLConfig(text_config=text, vision_config=dict(QWEN2_5_VL_VISION_TINY))
-    raise ValueError(f"tiny_vl_config: unknown arch {arch!r}; expected 'qwen2_vl' or 'qwen2_5_vl'")
+    if arch == "qwen3_vl":
+        text = {**_QWEN3_TEXT_TINY, **text_overrides}
+        return transformers.Qwen3VLConfig(text_config=text, vision_config=dict(QWEN3_VL_VISION_TINY))
+    if arch == "qwen3_vl_moe":
+        text = {**_QWEN3_MOE_TEXT_TINY, **text_overrides}
+        return transformers.Qwen3VLMoeConfig(text_config=text, vision_config=dict(QWEN3_VL_VISION_TINY))
+    raise ValueError(
+        f"tiny_vl_config: unknown arch {arch!r}; expected 'qwen2_vl', 'qwen2_5_vl', 'qwen3_vl' or 'qwen3_vl_moe'"
+    )
 
 
 def _processor(config: Any, tokenizer: Any) -> Any:
@@ -123,13 +166,20 @@ def _processor(config: Any, tokenizer: Any) -> Any:
         "merge_size": vision.spatial_merge_size,
         "temporal_patch_size": vision.temporal_patch_size,
     }
+    scale = (vision.patch_size * vision.spatial_merge_size / 28) ** 2  # the bounds count merged cells
+    image_px = tuple(int(p * scale) for p in IMAGE_PIXELS)
+    video_px = tuple(int(p * scale) for p in VIDEO_PIXELS)
+    qwen3 = config.model_type.startswith("qwen3")
+    norm = {"image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5]} if qwen3 else {}
     image = transformers.Qwen2VLImageProcessor(
-        size={"shortest_edge": IMAGE_PIXELS[0], "longest_edge": IMAGE_PIXELS[1]}, **geometry
+        size={"shortest_edge": image_px[0], "longest_edge": image_px[1]}, **geometry, **norm
     )
-    video = transformers.Qwen2VLVideoProcessor(
-        size={"shortest_edge": VIDEO_PIXELS[0], "longest_edge": VIDEO_PIXELS[1]}, **geometry
-    )
-    cls = transformers.Qwen2VLProcessor if config.model_type == "qwen2_vl" else transformers.Qwen2_5_VLProcessor
+    video_cls = transformers.Qwen3VLVideoProcessor if qwen3 else transformers.Qwen2VLVideoProcessor
+    video = video_cls(size={"shortest_edge": video_px[0], "longest_edge": video_px[1]}, **geometry, **norm)
+    cls = {
+        "qwen2_vl": transformers.Qwen2VLProcessor,
+        "qwen2_5_vl": transformers.Qwen2_5_VLProcessor,
+    }.get(config.model_type, transformers.Qwen3VLProcessor)
     return cls(image_processor=image, tokenizer=tokenizer, video_processor=video, chat_template=VL_CHAT_TEMPLATE)
 
 
@@ -252,7 +302,17 @@ def hf_vl_greedy(
             if images is not None:
                 kwargs["images"] = images if isinstance(images, list) else [images]
             if videos is not None:
-                kwargs["videos"] = videos if isinstance(videos, list) else [videos]
+                videos = videos if isinstance(videos, list) else [videos]
+                if isinstance(videos[0], tuple):  # (frames, metadata): Qwen3-VL's timestamped video prompts
+                    kwargs["video_metadata"] = [
+                        transformers.video_utils.VideoMetadata(
+                            **{k: v for k, v in m.items() if k != "do_sample_frames"}
+                        )
+                        for _, m in videos
+                    ]
+                    kwargs["do_sample_frames"] = False
+                    videos = [v for v, _ in videos]
+                kwargs["videos"] = videos
             inputs = dict(processor(text=[req["prompt"]], return_tensors="pt", **kwargs))
             prompt = inputs.pop("input_ids")
             inputs.pop("attention_mask", None)
@@ -281,25 +341,53 @@ def chat_prompt(*parts: str) -> str:
     return f"<|im_start|>user\n{body}<|im_end|>\n<|im_start|>assistant\n"
 
 
-def mixed_vl_requests() -> list[dict[str, Any]]:
+def video_metadata(frames: int, fps: float = 2.0) -> dict[str, Any]:
+    """vLLM's metadata dict of a video of ``frames`` frames at ``fps`` that were all kept (no resampling): what
+    Qwen3-VL's processor needs to write the frames' timestamps into the prompt."""
+    return {
+        "total_num_frames": frames,
+        "fps": fps,
+        "duration": frames / fps,
+        "frames_indices": list(range(frames)),
+        "video_backend": "numpy",
+        "do_sample_frames": False,
+    }
+
+
+def mixed_vl_requests(factor: int = 28, video: bool = True, metadata: bool = False) -> list[dict[str, Any]]:
     """The batch of the VL e2e tests, in vLLM's prompt shape (``prompt`` + ``multi_modal_data``):
 
-    0. a small image (84x56 pixels: 6x4 patches, 6 LLM tokens),
-    1. a larger image (140x112: 10x8 patches, 20 tokens; wider than a Qwen2.5-VL window),
-    2. a short video (4 frames of 84x56: 2 temporal patches, 12 tokens),
+    0. a small image (3x2 merged cells of ``factor`` pixels, e.g. 84x56 for Qwen2's 28: 6 LLM tokens),
+    1. a larger image (5x4 cells, 20 tokens; wider than a Qwen2.5-VL window),
+    2. a short video (4 frames of 3x2 cells: 2 temporal patches, 12 tokens),
     3. text only,
     4. both images and the video in one prompt with text between them (longer than one 32-token prefill chunk, so
        chunked prefill splits it inside a multimodal item).
+
+    ``video=False`` leaves the video out (requests 2 and 4 lose it); ``metadata=True`` passes the video as
+    ``(frames, video_metadata(...))`` (Qwen3-VL).
     """
-    small, large = synthetic_image(84, 56, seed=1), synthetic_image(140, 112, seed=2)
-    video = synthetic_video(4, 84, 56, seed=3)
+    small, large = synthetic_image(3 * factor, 2 * factor, seed=1), synthetic_image(5 * factor, 4 * factor, seed=2)
+    clip: Any = synthetic_video(4, 3 * factor, 2 * factor, seed=3)
+    if metadata:
+        clip = (clip, video_metadata(4))
+    if not video:
+        return [
+            {"prompt": chat_prompt("image", "What is in the picture?"), "multi_modal_data": {"image": small}},
+            {"prompt": chat_prompt("image", "Describe this image."), "multi_modal_data": {"image": large}},
+            {"prompt": chat_prompt("Four score and seven years ago")},
+            {
+                "prompt": chat_prompt("image", "and", "image", "compare them, please, in some detail."),
+                "multi_modal_data": {"image": [large, small]},
+            },
+        ]
     return [
         {"prompt": chat_prompt("image", "What is in the picture?"), "multi_modal_data": {"image": small}},
         {"prompt": chat_prompt("image", "Describe this image."), "multi_modal_data": {"image": large}},
-        {"prompt": chat_prompt("video", "What happens here?"), "multi_modal_data": {"video": video}},
+        {"prompt": chat_prompt("video", "What happens here?"), "multi_modal_data": {"video": clip}},
         {"prompt": chat_prompt("Four score and seven years ago")},
         {
             "prompt": chat_prompt("image", "and", "image", "then the clip", "video", "compare them."),
-            "multi_modal_data": {"image": [large, small], "video": video},
+            "multi_modal_data": {"image": [large, small], "video": clip},
         },
     ]
