@@ -10,6 +10,8 @@ imported anywhere; child processes inherit it. An explicit setting of the caller
 
 import os
 
+import pytest
+
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("MKL_NUM_THREADS", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -19,3 +21,21 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # this CPU host) for all the others. Tests of other VLLM_NPU_DEVICE values set it explicitly (monkeypatch +
 # reset_device_selection for the pure decision logic, a subprocess for vLLM's own platform resolution).
 os.environ.setdefault("VLLM_NPU_DEVICE", "emulated")
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _vllm_platform_resolved_emulated() -> None:
+    """Resolve vLLM's platform once per process while VLLM_NPU_DEVICE is still "emulated".
+
+    Tests that clear VLLM_NPU_DEVICE (the interface's clean-environment fixture, the device-decision tests) may touch
+    ``vllm.platforms.current_platform`` through some vLLM import; resolved there, it would be UnspecifiedPlatform for the
+    rest of the xdist worker, and every later module that builds a VllmConfig would fail with "Failed to infer device
+    type" depending on which files the worker happened to get first.
+    """
+    if os.environ.get("VLLM_NPU_DEVICE") != "emulated":
+        return
+    from vllm.platforms import current_platform
+
+    assert current_platform.device_type, (
+        f"vLLM resolved {type(current_platform).__name__} under VLLM_NPU_DEVICE=emulated"
+    )

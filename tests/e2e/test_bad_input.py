@@ -49,3 +49,26 @@ def test_bad_additional_config_names_the_key(tiny_qwen2, tmp_path):
     bad = {"npu": {"graph_mode": "fast"}}
     with pytest.raises(Exception, match=match), engine(tiny_qwen2, emulated_env(tmp_path), additional_config=bad):
         pass
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        (
+            {"compilation_config": {"cudagraph_mode": "FULL"}},
+            r"compilation_config.cudagraph_mode=FULL is not supported",
+        ),
+        (
+            {"compilation_config": {"cudagraph_mode": "PIECEWISE", "cudagraph_capture_sizes": [4, 100000]}},
+            r"compilation_config.cudagraph_capture_sizes holds \[100000\]",
+        ),
+        (
+            {"enforce_eager": True, "additional_config": {"npu": {"graph_mode": "full_decode_only"}}},
+            r"npu.graph_mode='full_decode_only' conflicts with enforce_eager=True",
+        ),
+    ],
+)
+def test_bad_graph_settings_name_the_key(tiny_qwen2, tmp_path, kwargs, match):
+    # Raised in check_and_update_config while vLLM builds its config: no engine starts.
+    with pytest.raises(Exception, match=match), engine(tiny_qwen2, emulated_env(tmp_path), **kwargs):
+        pass

@@ -1,42 +1,59 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
-"""``npu.graph_mode='piecewise'`` on the emulated device: Dynamo captures the model, vLLM splits it at the attention
-op (our backend runs between the pieces), the pieces run as FX graphs. Greedy output must equal HF.
+"""``cudagraph_mode=PIECEWISE`` on the emulated device with a tiny Qwen2 (GQA), KV block size 16.
 
-Every layer is loaded, the ops layer included: its CustomOp overrides are traced into the pieces (the RoPE
-override's per-forward cos/sin cache steps aside while Dynamo traces). The engine core runs in its own (spawned)
-process, so that overrides registered in this pytest process by other modules do not apply.
+Dynamo splits the model at the attention op; every piece is captured per batch size into the static-graph twin
+(frozen host values, address-checked inputs) and replayed; attention runs eagerly between the pieces. Greedy output
+must equal HF for every batch size, mixed/chunked steps and prefix-cache hits (scenario: ``npu_testkit.graph_e2e``).
 """
 
 from __future__ import annotations
 
 import pytest
-from npu_testkit.engine import emulated_env, engine, greedy
-from npu_testkit.models import hf_greedy
+from npu_testkit.engine import emulated_env, engine
+from npu_testkit.graph_e2e import (
+    CAPTURE_SIZES,
+    check_every_batch_size,
+    check_mixed_and_chunked,
+    check_prefix_cache,
+    engine_kwargs,
+    replays,
+    runtime_info,
+)
 
 pytestmark = pytest.mark.engine
 
-ALL_PLUGINS = "npu,npu_ops,npu_attention,npu_patches,npu_models,npu_quant"
+BLOCK = 16
 
 
 @pytest.fixture(scope="module")
 def llm(tiny_qwen2, tmp_path_factory):
-    env = emulated_env(tmp_path_factory.mktemp("piecewise"), multiprocessing=True, extra={"VLLM_PLUGINS": ALL_PLUGINS})
-    with engine(tiny_qwen2, env, additional_config={"npu": {"graph_mode": "piecewise"}}) as llm:
+    with engine(
+        tiny_qwen2, emulated_env(tmp_path_factory.mktemp("piecewise")), **engine_kwargs("PIECEWISE", block_size=BLOCK)
+    ) as llm:
         yield llm
 
 
-def test_piecewise_graphs_split_at_attention(llm):
+def test_pieces_are_captured_per_size(llm):
     comp = llm.llm_engine.vllm_config.compilation_config
-    assert comp.level == 3 and not comp.use_inductor
-    assert "vllm.unified_attention_with_output" in comp.splitting_ops
-    assert not llm.llm_engine.vllm_config.model_config.enforce_eager
-    (info,) = llm.collective_rpc("npu_runtime_info")
-    # 2 decoder layers -> split at 2 attention ops -> at least 3 graph pieces
-    assert info["compilation_level"] == 3 and info["piecewise_graphs_seen"] >= 3, info
-    assert "ops" in info["components"], info
+    assert comp.level == 3 and not comp.use_inductor and "vllm.unified_attention_with_output" in comp.splitting_ops
+    info = runtime_info(llm)
+    assert info["cudagraph_mode"] == "PIECEWISE" and info["capture_sizes"] == CAPTURE_SIZES
+    # 2 decoder layers -> 3 pieces, each captured once per size; vLLM's own counter agrees.
+    assert info["graphs"]["captures"] == {"PIECEWISE": 3 * len(CAPTURE_SIZES)}
+    assert info["cudagraph_captured"] == 3 * len(CAPTURE_SIZES)
     assert info["attention_backends"] == ["vllm_npu.attention.backends.gqa.AscendAttentionBackend"]
 
 
-def test_piecewise_greedy_matches_hf(llm, tiny_qwen2, prompts):
-    assert greedy(llm, prompts, 16) == hf_greedy(tiny_qwen2, prompts, 16)
+def test_every_batch_size_matches_hf(llm, tiny_qwen2):
+    before = replays(llm, "PIECEWISE")
+    check_every_batch_size(llm, tiny_qwen2)
+    assert replays(llm, "PIECEWISE") > before
+
+
+def test_mixed_prefill_decode_and_chunked_prefill_match_hf(llm, tiny_qwen2):
+    check_mixed_and_chunked(llm, tiny_qwen2)
+
+
+def test_prefix_cache_hit_matches_hf(llm, tiny_qwen2):
+    check_prefix_cache(llm, tiny_qwen2, block_size=BLOCK)

@@ -199,4 +199,4 @@ TOLERANCES = {
     torch.bfloat16: {"atol": 3e-2, "rtol": 3e-2},
 }
 
-__all__ = ["AscendAttentionBackend", "Batch", "TOLERANCES", "dense_reference", "make_batch", "make_builder", "run_impl"]
+__all__ = ["TOLERANCES", "AscendAttentionBackend", "Batch", "dense_reference", "make_batch", "make_builder", "run_impl"]

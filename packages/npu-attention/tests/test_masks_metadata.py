@@ -92,6 +92,24 @@ def test_builder_thresholds_and_host_lists() -> None:
     assert md.attn_mask is None and md.splitfuse_mask is None  # reference backend: no kernel masks built
 
 
+def test_builder_for_graph_capture_builds_a_decode_batch() -> None:
+    from vllm.v1.attention.backends.utils import AttentionCGSupport
+
+    b = make_builder(16, 2, 32, torch.float32)
+    assert b.cudagraph_support is AttentionCGSupport.UNIFORM_SINGLE_TOKEN_DECODE
+    # vLLM captures full graphs with one token per request and sequence lengths 1: equal query and sequence
+    # lengths, which build() would classify as a first prefill.
+    batch = make_batch([1, 1, 1], [0, 0, 0], num_heads=4, num_kv_heads=2, head_size=16, block_size=16)
+    assert b.build(0, batch.common).attn_state is AscendAttentionState.PrefillNoCache
+    md = b.build_for_cudagraph_capture(batch.common)
+    assert md.attn_state is AscendAttentionState.DecodeOnly
+    assert (md.num_decodes, md.num_decode_tokens, md.num_prefills) == (3, 3, 0) and md.seq_lens_list == [1, 1, 1]
+    with pytest.raises(ValueError, match="only for single-token decode batches"):
+        b.build_for_cudagraph_capture(
+            make_batch([2], [0], num_heads=4, num_kv_heads=2, head_size=16, block_size=16).common
+        )
+
+
 def test_builder_rejects_decode_context_parallel() -> None:
     from vllm.v1.kv_cache_interface import FullAttentionSpec
 

@@ -62,6 +62,17 @@ def test_vllm_fused_moe_is_ours_and_matches_vllm_torch_moe(ctx):
         torch.testing.assert_close(out, expect, atol=1e-5, rtol=1e-5)
 
 
+def test_layer_casts_and_moves_like_any_module(ctx):
+    """``Module.to()`` / ``.double()`` reach every child through ``Module._apply(fn)``: the layer must not shadow it."""
+    from vllm.model_executor.layers.fused_moe.layer import FusedMoE
+
+    layer = FusedMoE(
+        num_experts=4, top_k=2, hidden_size=8, intermediate_size=4, params_dtype=torch.float32, prefix="t0.experts"
+    )
+    torch.nn.Sequential(layer).to(torch.float64)
+    assert layer.w13_weight.dtype == layer.w2_weight.dtype == torch.float64
+
+
 def test_grouped_router_layer_matches_vllm_cpu_moe(ctx):
     from vllm.model_executor.layers.fused_moe.cpu_fused_moe import CPUFusedMOE
     from vllm.model_executor.layers.fused_moe.layer import FusedMoE

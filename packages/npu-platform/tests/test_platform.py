@@ -107,6 +107,47 @@ def test_config_hook_lets_the_quant_layer_claim_a_description_only_checkpoint(en
     assert claimed == ([cfg] if quant_available else [])
 
 
+def test_without_the_quant_layer_a_description_only_checkpoint_is_refused(env, tmp_path):
+    import vllm_npu.interface.registry as registry
+    from vllm_npu.interface.errors import MissingComponentError
+
+    env.setattr(registry, "discover", lambda: {})  # nothing installed, as without npu-quant
+    cfg = fake_vllm_config()
+    cfg.model_config.model = str(tmp_path)
+    EmulatedNPUPlatform.check_and_update_config(cfg)  # no description: a float checkpoint passes
+    (tmp_path / "quant_model_description.json").write_text('{"model_quant_type": "W8A8", "a.weight": "W8A8"}')
+    cfg = fake_vllm_config()
+    cfg.model_config.model = str(tmp_path)
+    with pytest.raises(MissingComponentError) as info:
+        EmulatedNPUPlatform.check_and_update_config(cfg)
+    assert str(info.value) == (
+        f"the checkpoint {str(tmp_path)!r} is msModelSlim-quantized (quant_model_description.json; scheme W8A8) and "
+        "needs the 'ascend' quantization method of the quant layer; install the quant layer: pip install "
+        '"npu-platform[quant]"'
+    )
+    cfg.model_config.quantization = "fp8"  # a method the user chose explicitly is not second-guessed
+    EmulatedNPUPlatform.check_and_update_config(cfg)
+
+
+def test_the_quant_gate_claims_what_npu_quant_claims_and_refuses_with_the_path(monkeypatch, tmp_path):
+    import vllm_npu.interface.registry as registry
+    from vllm_npu.interface.errors import MissingComponentError
+    from vllm_npu.platform._quant_gate import MissingQuantLayerConfig
+    from vllm_npu.quant import AscendQuantConfig
+
+    for hf_cfg in ({"quant_method": "ascend"}, {"a.weight": "W8A8"}, {"quant_method": "awq"}, None):
+        for user in (None, "ascend", "fp8"):
+            assert MissingQuantLayerConfig.override_quantization_method(
+                hf_cfg, user
+            ) == AscendQuantConfig.override_quantization_method(hf_cfg, user), (hf_cfg, user)
+    monkeypatch.setattr(registry, "discover", lambda: {})
+    gate = MissingQuantLayerConfig.from_config({"a.weight": "W8A8_DYNAMIC"})
+    with pytest.raises(MissingComponentError, match=r"\(config.json quantization_config; scheme W8A8_DYNAMIC\)"):
+        gate.maybe_update_config(str(tmp_path))
+    with pytest.raises(MissingComponentError, match=r"^the checkpoint is msModelSlim-quantized \(--quantization"):
+        MissingQuantLayerConfig().get_quant_method(None, "model.layers.0")
+
+
 def test_emulated_hook_keeps_an_explicit_multiproc_method(env):
     env.setenv("VLLM_WORKER_MULTIPROC_METHOD", "fork")
     EmulatedNPUPlatform.check_and_update_config(fake_vllm_config())
@@ -120,7 +161,7 @@ def test_npu_config_hook_defaults_to_piecewise_graphs_and_block_128(env):
     assert cfg.cache_config.block_size == 128
     assert comp.level == CompilationLevel.PIECEWISE and not comp.use_inductor
     assert "vllm.unified_attention_with_output" in comp.splitting_ops
-    assert comp.cudagraph_mode == CUDAGraphMode.NONE
+    assert comp.cudagraph_mode == CUDAGraphMode.PIECEWISE  # ACL graphs by default, as vllm-ascend
     assert "VLLM_WORKER_MULTIPROC_METHOD" not in os.environ
 
 
@@ -128,6 +169,7 @@ def test_npu_config_hook_respects_enforce_eager_and_user_block_size(env):
     cfg = fake_vllm_config(enforce_eager=True, block_size=64)
     NPUPlatform.check_and_update_config(cfg)
     assert cfg.compilation_config.level == CompilationLevel.NO_COMPILATION
+    assert cfg.compilation_config.cudagraph_mode == CUDAGraphMode.NONE
     assert cfg.cache_config.block_size == 64
 
 

@@ -10,8 +10,6 @@ Exp(1) vector over the vocabulary), so seeded requests must give identical token
 
 from __future__ import annotations
 
-from typing import Optional
-
 import pytest
 import torch
 from vllm.v1.sample.logits_processor import LogitsProcessors
@@ -25,9 +23,9 @@ VOCAB = 32
 
 def sampling_metadata(
     temperatures: list[float],
-    seeds: Optional[list[Optional[int]]] = None,
-    top_k: Optional[list[int]] = None,
-    top_p: Optional[list[float]] = None,
+    seeds: list[int | None] | None = None,
+    top_k: list[int] | None = None,
+    top_p: list[float] | None = None,
 ) -> SamplingMetadata:
     """Metadata as vLLM 0.11's InputBatch builds it: temperature 0.0 marks a greedy request."""
     greedy = [t == 0.0 for t in temperatures]
@@ -58,12 +56,12 @@ def sampling_metadata(
 
 def reference(
     drafts: list[list[int]],
-    draft_probs: Optional[torch.Tensor],
+    draft_probs: torch.Tensor | None,
     target_logits: torch.Tensor,
     bonus: list[int],
     temperatures: list[float],
-    seeds: list[Optional[int]],
-    top_k: Optional[list[int]] = None,
+    seeds: list[int | None],
+    top_k: list[int] | None = None,
 ) -> list[list[int]]:
     """One request and one position at a time, as in the paper / vLLM's kernels. Rows are padded to
     ``max_spec_len + 1`` with the placeholder."""

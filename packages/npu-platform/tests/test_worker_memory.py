@@ -67,3 +67,14 @@ def test_npu_budget_exhausted_is_a_clear_error(monkeypatch):
     w = make_worker(0.15)  # 9.6 GiB allowed < 10 GiB peak
     with pytest.raises(ValueError, match="no NPU memory left for the KV cache.*raise --gpu-memory-utilization"):
         w.determine_available_memory()
+
+
+def test_npu_kv_budget_leaves_room_for_the_graph_pool(monkeypatch):
+    monkeypatch.setattr(worker_mod, "device_backend", lambda: FakeNPU)
+    w = make_worker(0.9)
+    w.model_runner.estimate_graph_memory = lambda: 3 * GiB  # one forward's activations at the largest capture size
+    assert w.determine_available_memory() == int(0.9 * 64 * GiB - 10 * GiB - 1 * GiB - 3 * GiB)
+    w = make_worker(0.2)  # 12.8 GiB allowed: weights + HCCL fit, the graph pool does not
+    w.model_runner.estimate_graph_memory = lambda: 3 * GiB
+    with pytest.raises(ValueError, match=r"\+3.00 GiB for the graph pool.*or the capture sizes"):
+        w.determine_available_memory()

@@ -6,10 +6,14 @@ Importing this package is cheap (exports load on first access): vLLM imports it 
 discovers plugins.
 """
 
-from vllm_npu.interface.lazy import lazy_exports
+from __future__ import annotations
 
-from ._version import __version__ as __version__
+from typing import TYPE_CHECKING
 
+from ._version import __version__
+
+# Lazy exports (PEP 562): name -> ".module:attr", imported on first access. The TYPE_CHECKING block and
+# __all__ mirror the table for type checkers and IDEs; tests/test_doors.py checks that the three agree.
 _EXPORTS: dict[str, str] = {
     "selftest_cases": ".selftest:selftest_cases",
     "select_backend": ".selector:select_backend",
@@ -29,5 +33,33 @@ _EXPORTS: dict[str, str] = {
     "ascend_indexer_forward": ".backends.sfa:ascend_indexer_forward",
 }
 
-__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
-__all__ = sorted([*_EXPORTS, "__version__"])
+if TYPE_CHECKING:
+    from .backends.gqa import AscendAttentionBackend, AscendAttentionImpl
+    from .backends.sfa import AscendLightningIndexer, AscendSFAImpl, AscendSFAIndexerBackend, ascend_indexer_forward
+    from .masks import AttentionMaskBuilder
+    from .metadata import AscendAttentionMetadataBuilder, AscendAttentionState, AscendMetadata
+    from .selector import GQA_BACKEND, MLA_BACKEND, SFA_BACKEND, select_backend
+    from .selftest import selftest_cases
+else:
+    from vllm_npu.interface.lazy import lazy_exports
+
+    __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
+
+__all__ = [
+    "GQA_BACKEND",
+    "MLA_BACKEND",
+    "SFA_BACKEND",
+    "AscendAttentionBackend",
+    "AscendAttentionImpl",
+    "AscendAttentionMetadataBuilder",
+    "AscendAttentionState",
+    "AscendLightningIndexer",
+    "AscendMetadata",
+    "AscendSFAImpl",
+    "AscendSFAIndexerBackend",
+    "AttentionMaskBuilder",
+    "__version__",
+    "ascend_indexer_forward",
+    "select_backend",
+    "selftest_cases",
+]

@@ -115,7 +115,9 @@ class AscendAttentionMetadataBuilder(AttentionMetadataBuilder[AscendMetadata]):
     verification steps count as decodes; it must stay <= 16 (the TND layout limit of the NPU kernel).
     """
 
-    cudagraph_support = AttentionCGSupport.NEVER
+    # Full graphs for pure-decode batches (FULL_DECODE_ONLY): the decode kernel's sequence lengths are refreshed
+    # before every replay (vllm_npu.interface.graphs); prefill kernels take per-request host lists that cannot be.
+    cudagraph_support = AttentionCGSupport.UNIFORM_SINGLE_TOKEN_DECODE
 
     def __init__(self, kv_cache_spec: Any, layer_names: list[str], vllm_config: Any, device: torch.device) -> None:
         super().__init__(kv_cache_spec, layer_names, vllm_config, device)
@@ -177,6 +179,20 @@ class AscendAttentionMetadataBuilder(AttentionMetadataBuilder[AscendMetadata]):
             attn_mask=self._mask_for(state, cm),
             splitfuse_mask=self.masks.splitfuse_mask() if self.npu_masks else None,
         )
+
+    def build_for_cudagraph_capture(self, common_attn_metadata: CommonAttentionMetadata) -> AscendMetadata:
+        """Metadata of the dummy decode batch a full graph is captured with (one token per request, sequence
+        lengths 1: equal query and sequence lengths would otherwise classify it as a first prefill)."""
+        if common_attn_metadata.max_query_len != 1:
+            raise ValueError(
+                "the Ascend GQA backend captures full graphs only for single-token decode batches "
+                f"(max_query_len={common_attn_metadata.max_query_len})"
+            )
+        md = self.build(0, common_attn_metadata)
+        md.attn_state = AscendAttentionState.DecodeOnly
+        md.num_decodes, md.num_decode_tokens, md.num_prefills = md.num_reqs, md.num_actual_tokens, 0
+        md.attn_mask = None
+        return md
 
     def _mask_for(self, state: AscendAttentionState, cm: CommonAttentionMetadata) -> torch.Tensor | None:
         """The mask the state's NPU kernel takes; the reference kernels derive theirs from positions."""

@@ -6,60 +6,14 @@ Importing this package costs nothing: every export is loaded on first access (PE
 platform hook on its start-up path in every process. Nothing here imports torch, torch_npu or vLLM.
 """
 
-# The names below are re-exported lazily through __getattr__ (ruff cannot see through the computed __all__).
-# ruff: noqa: F401
-
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ._version import __version__ as __version__
-from .lazy import lazy_exports
+from ._version import __version__
 
-if TYPE_CHECKING:
-    from .component import Component, HookContext, Scope
-    from .config import AdditionalConfig, EnvConfig
-    from .device import (
-        DeviceDecision,
-        DeviceMode,
-        Kernel,
-        KernelBackend,
-        NPUProbe,
-        configure_kernels,
-        current_device,
-        current_mode,
-        decide_device,
-        kernel_backend,
-        probe_npu,
-        reset_device_selection,
-    )
-    from .errors import (
-        ComponentSkewError,
-        ConfigError,
-        DeviceUnavailableError,
-        KernelContractError,
-        MissingComponentError,
-        NPUPluginError,
-        install_command,
-    )
-    from .log import get_logger
-    from .protocols import LayerMoEPlanRunner, OutputBufferFiller, fills_output_buffer, runs_layer_moe_plan
-    from .registry import (
-        ENTRY_POINT_GROUP,
-        ComponentReport,
-        check_installed_set,
-        compatibility_problems,
-        discover,
-        init_worker,
-        is_available,
-        load_component,
-        once,
-        require,
-    )
-    from .selftest import KernelCall, KernelCase
-    from .settings import ADDITIONAL_CONFIG_KEY, DEVICE_SETTINGS, read_device_setting
-    from .versions import INTERFACE_VERSION, SUPPORTED_VLLM, distribution_version, in_range
-
+# Lazy exports (PEP 562): name -> ".module:attr", imported on first access. The TYPE_CHECKING block and
+# __all__ mirror the table for type checkers and IDEs; tests/test_doors.py checks that the three agree.
 _EXPORTS = {
     "Component": ".component:Component",
     "HookContext": ".component:HookContext",
@@ -111,5 +65,102 @@ _EXPORTS = {
     "in_range": ".versions:in_range",
 }
 
-__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
-__all__ = sorted([*_EXPORTS, "__version__"])
+if TYPE_CHECKING:
+    from .component import Component, HookContext, Scope
+    from .config import AdditionalConfig, EnvConfig
+    from .device import (
+        DeviceDecision,
+        DeviceMode,
+        Kernel,
+        KernelBackend,
+        NPUProbe,
+        configure_kernels,
+        current_device,
+        current_mode,
+        decide_device,
+        kernel_backend,
+        probe_npu,
+        reset_device_selection,
+    )
+    from .errors import (
+        ComponentSkewError,
+        ConfigError,
+        DeviceUnavailableError,
+        KernelContractError,
+        MissingComponentError,
+        NPUPluginError,
+        install_command,
+    )
+    from .log import get_logger
+    from .protocols import LayerMoEPlanRunner, OutputBufferFiller, fills_output_buffer, runs_layer_moe_plan
+    from .registry import (
+        ENTRY_POINT_GROUP,
+        ComponentReport,
+        check_installed_set,
+        compatibility_problems,
+        discover,
+        init_worker,
+        is_available,
+        load_component,
+        once,
+        require,
+    )
+    from .selftest import KernelCall, KernelCase
+    from .settings import ADDITIONAL_CONFIG_KEY, DEVICE_SETTINGS, read_device_setting
+    from .versions import INTERFACE_VERSION, SUPPORTED_VLLM, distribution_version, in_range
+else:
+    from .lazy import lazy_exports
+
+    __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
+
+__all__ = [
+    "ADDITIONAL_CONFIG_KEY",
+    "DEVICE_SETTINGS",
+    "ENTRY_POINT_GROUP",
+    "INTERFACE_VERSION",
+    "SUPPORTED_VLLM",
+    "AdditionalConfig",
+    "Component",
+    "ComponentReport",
+    "ComponentSkewError",
+    "ConfigError",
+    "DeviceDecision",
+    "DeviceMode",
+    "DeviceUnavailableError",
+    "EnvConfig",
+    "HookContext",
+    "Kernel",
+    "KernelBackend",
+    "KernelCall",
+    "KernelCase",
+    "KernelContractError",
+    "LayerMoEPlanRunner",
+    "MissingComponentError",
+    "NPUPluginError",
+    "NPUProbe",
+    "OutputBufferFiller",
+    "Scope",
+    "__version__",
+    "check_installed_set",
+    "compatibility_problems",
+    "configure_kernels",
+    "current_device",
+    "current_mode",
+    "decide_device",
+    "discover",
+    "distribution_version",
+    "fills_output_buffer",
+    "get_logger",
+    "in_range",
+    "init_worker",
+    "install_command",
+    "is_available",
+    "kernel_backend",
+    "load_component",
+    "once",
+    "probe_npu",
+    "read_device_setting",
+    "require",
+    "reset_device_selection",
+    "runs_layer_moe_plan",
+]

@@ -24,7 +24,7 @@ ENV_PATCHES = "VLLM_NPU_PATCHES"
 ENV_CACHE_DIR = "VLLM_NPU_CACHE_DIR"
 
 DeviceSetting = Literal["auto", "npu", "emulated", "off"]
-GraphMode = Literal["auto", "eager", "piecewise"]
+GraphMode = Literal["auto", "eager", "piecewise", "full_decode_only"]
 KernelSetting = Literal["auto", "npu", "reference"]
 DEVICE_SETTINGS: tuple[str, ...] = get_args(DeviceSetting)
 GRAPH_MODES: tuple[str, ...] = get_args(GraphMode)
@@ -92,7 +92,8 @@ ADDITIONAL_CONFIG_SETTINGS: tuple[Setting, ...] = (
     _key(
         "graph_mode",
         "auto",
-        "`auto` = eager on the emulated device, piecewise graphs on the NPU",
+        "`auto` follows vLLM's `cudagraph_mode` (PIECEWISE graphs by default on the NPU, eager on the emulated "
+        "device unless `cudagraph_mode` is set); the others set the mode (see docs/graphs.md)",
         choices=GRAPH_MODES,
     ),
     _key(

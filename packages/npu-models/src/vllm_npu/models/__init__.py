@@ -6,10 +6,14 @@ Importing this package is cheap (exports load on first access): vLLM imports it 
 discovers plugins.
 """
 
-from vllm_npu.interface.lazy import lazy_exports
+from __future__ import annotations
 
-from ._version import __version__ as __version__
+from typing import TYPE_CHECKING
 
+from ._version import __version__
+
+# Lazy exports (PEP 562): name -> ".module:attr", imported on first access. The TYPE_CHECKING block and
+# __all__ mirror the table for type checkers and IDEs; tests/test_doors.py checks that the three agree.
 _EXPORTS: dict[str, str] = {
     "MODEL_OVERRIDES": "._hooks:MODEL_OVERRIDES",
     "register_models": "._hooks:register_models",
@@ -18,5 +22,19 @@ _EXPORTS: dict[str, str] = {
     "AscendIndexerKeyCache": ".deepseek_v32:AscendIndexerKeyCache",
 }
 
-__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
-__all__ = sorted([*_EXPORTS, "__version__"])
+if TYPE_CHECKING:
+    from ._hooks import MODEL_OVERRIDES, register_models
+    from .deepseek_v32 import AscendDeepseekV32ForCausalLM, AscendIndexer, AscendIndexerKeyCache
+else:
+    from vllm_npu.interface.lazy import lazy_exports
+
+    __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
+
+__all__ = [
+    "MODEL_OVERRIDES",
+    "AscendDeepseekV32ForCausalLM",
+    "AscendIndexer",
+    "AscendIndexerKeyCache",
+    "__version__",
+    "register_models",
+]

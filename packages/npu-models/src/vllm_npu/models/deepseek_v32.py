@@ -34,7 +34,12 @@ from typing import Any
 import torch
 from torch.overrides import TorchFunctionMode
 from vllm.config import VllmConfig
-from vllm.model_executor.models.deepseek_v2 import DeepseekV3ForCausalLM, DeepseekV32IndexerCache, Indexer
+from vllm.model_executor.models.deepseek_v2 import (
+    DeepseekV2MLAAttention,
+    DeepseekV3ForCausalLM,
+    DeepseekV32IndexerCache,
+    Indexer,
+)
 from vllm.model_executor.models.utils import PPMissingLayer
 
 # npu-attention is a declared dependency of npu-models (see its pyproject: this override reuses the SFA
@@ -84,7 +89,8 @@ class AscendIndexerKeyCache(DeepseekV32IndexerCache):
     head size and dtype are the plain ones. Only the backend differs.
     """
 
-    def get_attn_backend(self) -> type:
+    # vLLM annotates an AttentionBackend instance; every implementation (its own included) returns the class.
+    def get_attn_backend(self) -> type:  # type: ignore[override]
         return AscendSFAIndexerBackend
 
 
@@ -142,6 +148,11 @@ class AscendIndexer(torch.nn.Module):
         old_cache = indexer.k_cache
         if ctx.get(old_cache.prefix) is old_cache:
             del ctx[old_cache.prefix]
+        dtype, buffer = vllm_config.model_config.dtype, indexer.topk_indices_buffer
+        if not isinstance(dtype, torch.dtype):  # ModelConfig resolves "auto"/strings to a torch.dtype at init
+            raise ConfigError(f"DeepSeek-V3.2 indexer {indexer.prefix}: model dtype {dtype!r} is not resolved")
+        if buffer is None:
+            raise ConfigError(f"DeepSeek-V3.2 indexer {indexer.prefix}: vLLM built it without a topk_indices_buffer")
         return cls(
             wq_b=indexer.wq_b,
             wk=indexer.wk,
@@ -152,9 +163,9 @@ class AscendIndexer(torch.nn.Module):
             rope_dim=indexer.rope_dim,
             softmax_scale=indexer.softmax_scale,
             topk_tokens=indexer.topk_tokens,
-            topk_indices_buffer=indexer.topk_indices_buffer,
+            topk_indices_buffer=buffer,
             prefix=indexer.prefix,
-            dtype=vllm_config.model_config.dtype,
+            dtype=dtype,
             cache_config=vllm_config.cache_config,
         )
 
@@ -245,6 +256,8 @@ class AscendDeepseekV32ForCausalLM(DeepseekV3ForCausalLM):
             if isinstance(layer, PPMissingLayer):
                 continue
             attn = layer.self_attn
+            if not isinstance(attn, DeepseekV2MLAAttention):
+                raise ConfigError(f"{type(attn).__name__}: expected vLLM's MLA attention in a DeepSeek-V3.2 layer")
             if not isinstance(attn.indexer, Indexer):
                 raise ConfigError(f"{attn.indexer!r}: expected vLLM's Indexer in a DeepSeek-V3.2 attention layer")
             impl = attn.mla_attn.mla_attn.impl
@@ -256,7 +269,8 @@ class AscendDeepseekV32ForCausalLM(DeepseekV3ForCausalLM):
             new = AscendIndexer.from_vllm(attn.indexer, vllm_config)
             new.bind_rotary_emb(attn.rotary_emb)
             # Every holder of the indexer: the attention module, the MLA layer (which calls it) and the sparse
-            # attention impl (which reads its topk_indices_buffer).
-            attn.indexer = new
+            # attention impl (which reads its topk_indices_buffer). vLLM types the attribute as its Indexer class;
+            # ours stands in for it with the same call (hidden_states, qr, positions, rotary_emb), not as a subclass.
+            attn.indexer = new  # type: ignore[assignment]
             attn.mla_attn.indexer = new
             impl.indexer = new

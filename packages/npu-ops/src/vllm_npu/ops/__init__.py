@@ -6,15 +6,31 @@ Importing this package is cheap (exports load on first access): vLLM imports it 
 discovers plugins.
 """
 
-from vllm_npu.interface.lazy import lazy_exports
+from __future__ import annotations
 
-from ._version import __version__ as __version__
+from typing import TYPE_CHECKING
 
+from ._version import __version__
+
+# Lazy exports (PEP 562): name -> ".module:attr", imported on first access. The TYPE_CHECKING block and
+# __all__ mirror the table for type checkers and IDEs; tests/test_doors.py checks that the three agree.
 _EXPORTS: dict[str, str] = {
     "selftest_cases": ".selftest:selftest_cases",
     "OOT_OPS": "._registry:OOT_OPS",
     "register_oot_ops": "._registry:register_oot_ops",
 }
 
-__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
-__all__ = sorted([*_EXPORTS, "__version__"])
+if TYPE_CHECKING:
+    from ._registry import OOT_OPS, register_oot_ops
+    from .selftest import selftest_cases
+else:
+    from vllm_npu.interface.lazy import lazy_exports
+
+    __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
+
+__all__ = [
+    "OOT_OPS",
+    "__version__",
+    "register_oot_ops",
+    "selftest_cases",
+]

@@ -15,8 +15,6 @@ Contracts (torch_npu 2.8.0):
 
 from __future__ import annotations
 
-from typing import Optional, Union
-
 import torch
 from vllm.model_executor.layers.layernorm import GemmaRMSNorm, RMSNorm
 from vllm_npu.interface.device import Kernel
@@ -81,9 +79,9 @@ class NPURMSNorm(RMSNorm):
         self,
         hidden_size: int,
         eps: float = 1e-6,
-        var_hidden_size: Optional[int] = None,
+        var_hidden_size: int | None = None,
         has_weight: bool = True,
-        dtype: Optional[torch.dtype] = None,
+        dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__(hidden_size, eps, var_hidden_size, has_weight, dtype)
         self._norm = RMS_NORM.select()
@@ -92,10 +90,11 @@ class NPURMSNorm(RMSNorm):
             self._forward_method = self.forward_native
 
     def forward_oot(
-        self, x: torch.Tensor, residual: Optional[torch.Tensor] = None
-    ) -> Union[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+        self, x: torch.Tensor, residual: torch.Tensor | None = None
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         # _parameters["weight"] skips nn.Module.__getattr__'s slow path (a measurable part of a decode-size call)
         weight = self._parameters["weight"]
+        assert weight is not None  # layers without a weight take forward_native (see __init__)
         if residual is None:
             return self._norm(x, weight, self.variance_epsilon)[0]
         y, _, summed = self._add_norm(x, residual, weight, self.variance_epsilon)
@@ -111,8 +110,8 @@ class NPUGemmaRMSNorm(GemmaRMSNorm):
         self._norm = GEMMA_RMS_NORM.select()
 
     def forward_oot(
-        self, x: torch.Tensor, residual: Optional[torch.Tensor] = None
-    ) -> Union[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+        self, x: torch.Tensor, residual: torch.Tensor | None = None
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         if residual is None:
             return self._norm(x, self.weight, self.variance_epsilon)[0]
         summed = (x.float() + residual.float()).to(x.dtype)

@@ -18,7 +18,7 @@ per forward and applied with ``npu_rotary_mul`` like the base RoPE.
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 import torch
 from vllm.model_executor.layers.rotary_embedding.mrope import MRotaryEmbedding, apply_interleaved_rope
@@ -90,20 +90,22 @@ class NPUMRotaryEmbedding(_NPURopeMixin, MRotaryEmbedding):
     def _compute_cos_sin(self, positions: torch.Tensor, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         self._match_cos_sin_cache_dtype(like)
         cos, sin = self.cos_sin_cache[positions].chunk(2, dim=-1)
-        if positions.ndim == 2:  # forward_oot checked that the layer has sections
+        if positions.ndim == 2:
+            sections = self._sections
+            assert sections is not None  # forward_oot rejects 3-D positions on a layer without sections
             if self.mrope_interleaved:
-                cos, sin = apply_interleaved_rope(cos, self._sections), apply_interleaved_rope(sin, self._sections)
+                cos, sin = apply_interleaved_rope(cos, sections), apply_interleaved_rope(sin, sections)
             else:
-                cos, sin = merge_sections(cos, self._sections), merge_sections(sin, self._sections)
+                cos, sin = merge_sections(cos, sections), merge_sections(sin, sections)
         return expand_cos_sin(cos, sin, self.is_neox_style)
 
     def forward_oot(
         self,
         positions: torch.Tensor,
         query: torch.Tensor,
-        key: Optional[torch.Tensor] = None,
-        offsets: Optional[torch.Tensor] = None,
-    ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+        key: torch.Tensor | None = None,
+        offsets: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         if positions.ndim not in (1, 2) or key is None:
             raise ValueError("MRotaryEmbedding needs positions [T] or [3, T] and a key tensor")
         if offsets is not None:
@@ -111,7 +113,7 @@ class NPUMRotaryEmbedding(_NPURopeMixin, MRotaryEmbedding):
         if positions.ndim == 2 and not self._sections:  # the one check for both paths below
             raise ValueError("3-D (T/H/W) positions need mrope_section; this MRotaryEmbedding has none")
         if self.uses_mrope_kernel:
-            sections = self._sections if positions.ndim == 2 else _NO_SECTIONS
+            sections = self._sections if positions.ndim == 2 and self._sections else _NO_SECTIONS
             self._match_cos_sin_cache_dtype(query)
             q, k = self._mrope(
                 positions,

@@ -16,7 +16,7 @@ a given positions tensor, and every later layer of the same forward reuses them 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Optional
+from typing import Any
 
 import torch
 from vllm import forward_context as _vllm_forward_context
@@ -69,8 +69,8 @@ class PerForwardCosSin:
 
     def __init__(self, compute: Callable[[torch.Tensor, torch.Tensor], Any]) -> None:
         self._compute = compute
-        self._positions: Optional[torch.Tensor] = None
-        self._version: Optional[int] = None
+        self._positions: torch.Tensor | None = None
+        self._version: int | None = None
         self._ctx: Any = None
         self._value: Any = None
         self.computed = 0  # how many times cos/sin were gathered (for tests and benchmarks)
@@ -90,7 +90,7 @@ class PerForwardCosSin:
             return cos, sin, cos.shape[1]
         ctx = _vllm_forward_context._forward_context
         try:
-            ver: Optional[int] = positions._version
+            ver: int | None = positions._version
         except RuntimeError:  # inference tensors do not track versions
             ver = None
         if (
@@ -154,7 +154,7 @@ class _NPURopeMixin:
         self._mode = "half" if self.is_neox_style else "interleave"
         self._bind_rotary_kernel(ROTARY_MUL.select())
         self._cos_sin = PerForwardCosSin(self._compute_cos_sin)  # bound once: the subclass's override, if any
-        self._tables_src: Optional[torch.Tensor] = None
+        self._tables_src: torch.Tensor | None = None
         self._tables: tuple[torch.Tensor, torch.Tensor] = (torch.empty(0), torch.empty(0))
 
     def _bind_rotary_kernel(self, kernel: Callable[..., torch.Tensor]) -> None:
@@ -163,10 +163,10 @@ class _NPURopeMixin:
         full = self.rotary_dim == self.head_size
         # Full rotary's constants in one attribute (None for partial rotary): each attribute read of an nn.Module
         # is a visible cost on the per-layer path.
-        self._full_rotary: Optional[tuple[Callable[..., torch.Tensor], str, int]] = (
+        self._full_rotary: tuple[Callable[..., torch.Tensor], str, int] | None = (
             (kernel, self._mode, self.head_size) if full else None
         )
-        self._rotate_partial: Optional[RotateFn] = (
+        self._rotate_partial: RotateFn | None = (
             None if full else build_partial_rotate(kernel, self._mode, self.head_size, self.rotary_dim)
         )
 
@@ -178,7 +178,8 @@ class _NPURopeMixin:
             return expand_cos_sin(cos, sin, self.is_neox_style)
         if self._tables_src is not self.cos_sin_cache:  # first use, or the cache moved to another device/dtype
             # Full-width [P, R] tables, so a forward gathers each of cos and sin with one index_select.
-            self._tables = full_width(*self.cos_sin_cache.chunk(2, dim=-1), self.is_neox_style)
+            cos_half, sin_half = self.cos_sin_cache.chunk(2, dim=-1)
+            self._tables = full_width(cos_half, sin_half, self.is_neox_style)
             self._tables_src = self.cos_sin_cache
         flat = positions.flatten()
         t = flat.shape[0]
@@ -186,8 +187,8 @@ class _NPURopeMixin:
         return cos_t.index_select(0, flat).view(1, t, 1, -1), sin_t.index_select(0, flat).view(1, t, 1, -1)
 
     def forward_oot(
-        self, positions: torch.Tensor, query: torch.Tensor, key: Optional[torch.Tensor] = None
-    ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+        self, positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """``positions [T]`` (any shape with T elements), ``query [T, N*D]`` or ``[T, N, D]``, ``key`` likewise or
         None; returns new tensors of the input shapes.
 
@@ -241,9 +242,9 @@ class NPUDeepseekScalingRotaryEmbedding(_NPURopeMixin, DeepseekScalingRotaryEmbe
         self,
         positions: torch.Tensor,
         query: torch.Tensor,
-        key: Optional[torch.Tensor] = None,
-        offsets: Optional[torch.Tensor] = None,
-    ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+        key: torch.Tensor | None = None,
+        offsets: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         if key is None:
             raise ValueError("DeepseekScalingRotaryEmbedding needs a key tensor (vLLM's contract)")
         if offsets is not None:

@@ -14,7 +14,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 import torch
 from vllm.distributed import tensor_model_parallel_all_reduce
@@ -46,11 +46,15 @@ class NPUUnquantizedEmbeddingMethod(UnquantizedEmbeddingMethod):
     def process_weights_after_loading(self, layer: torch.nn.Module) -> None:
         return None
 
-    def apply(self, layer: torch.nn.Module, x: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
-        return torch.nn.functional.linear(x, layer.weight, bias)
+    def apply(self, layer: torch.nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        weight = layer.weight
+        assert isinstance(weight, torch.Tensor)  # the parameter create_weights registered
+        return torch.nn.functional.linear(x, weight, bias)
 
     def embedding(self, layer: torch.nn.Module, input_: torch.Tensor) -> torch.Tensor:
-        return torch.nn.functional.embedding(input_, layer.weight)
+        weight = layer.weight
+        assert isinstance(weight, torch.Tensor)
+        return torch.nn.functional.embedding(input_, weight)
 
 
 def _use_npu_method(layer: Any) -> None:
@@ -97,8 +101,8 @@ class NPULogitsProcessor(LogitsProcessor):
         self,
         lm_head: VocabParallelEmbedding,
         hidden_states: torch.Tensor,
-        embedding_bias: Optional[torch.Tensor] = None,
-    ) -> Optional[torch.Tensor]:
+        embedding_bias: torch.Tensor | None = None,
+    ) -> torch.Tensor | None:
         logits = hidden_states if self.logits_as_input else self._get_logits(hidden_states, lm_head, embedding_bias)
         if logits is None:
             return None

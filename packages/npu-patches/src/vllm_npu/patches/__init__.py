@@ -13,10 +13,14 @@ Importing this package is cheap (exports load on first access): vLLM imports it 
 discovers plugins.
 """
 
-from vllm_npu.interface.lazy import lazy_exports
+from __future__ import annotations
 
-from ._version import __version__ as __version__
+from typing import TYPE_CHECKING
 
+from ._version import __version__
+
+# Lazy exports (PEP 562): name -> ".module:attr", imported on first access. The TYPE_CHECKING block and
+# __all__ mirror the table for type checkers and IDEs; tests/test_doors.py checks that the three agree.
 _EXPORTS: dict[str, str] = {
     "Patch": "._model:Patch",
     "fingerprint_of": "._model:fingerprint_of",
@@ -35,5 +39,41 @@ _EXPORTS: dict[str, str] = {
     "patch_report": "._registry:patch_report",
 }
 
-__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
-__all__ = sorted([*_EXPORTS, "__version__"])
+if TYPE_CHECKING:
+    from ._errors import PatchError, PatchFingerprintError
+    from ._model import Patch, fingerprint_of, fingerprint_path
+    from ._registry import (
+        PATCH_ENTRY_POINT_GROUP,
+        PatchRecord,
+        PatchRegistry,
+        PatchStatus,
+        apply_patches,
+        get_registry,
+        patch_report,
+        patch_status,
+        register_patch,
+        revert_patches,
+    )
+else:
+    from vllm_npu.interface.lazy import lazy_exports
+
+    __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
+
+__all__ = [
+    "PATCH_ENTRY_POINT_GROUP",
+    "Patch",
+    "PatchError",
+    "PatchFingerprintError",
+    "PatchRecord",
+    "PatchRegistry",
+    "PatchStatus",
+    "__version__",
+    "apply_patches",
+    "fingerprint_of",
+    "fingerprint_path",
+    "get_registry",
+    "patch_report",
+    "patch_status",
+    "register_patch",
+    "revert_patches",
+]

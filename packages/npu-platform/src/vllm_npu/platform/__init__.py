@@ -11,13 +11,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from vllm_npu.interface.lazy import lazy_exports
-
-from ._version import __version__ as __version__
-
-if TYPE_CHECKING:
-    from .platform import EmulatedNPUPlatform as EmulatedNPUPlatform
-    from .platform import NPUPlatform as NPUPlatform
+from ._version import __version__
 
 PLATFORM_CLASSES = {
     "npu": "vllm_npu.platform.platform.NPUPlatform",
@@ -46,10 +40,24 @@ def register() -> str | None:
     return PLATFORM_CLASSES[decision.mode.value]
 
 
+# Lazy exports (PEP 562): name -> ".module:attr", imported on first access. The TYPE_CHECKING block and
+# __all__ mirror the table for type checkers and IDEs; tests/test_doors.py checks that the three agree.
 _EXPORTS = {
     "NPUPlatform": ".platform:NPUPlatform",
     "EmulatedNPUPlatform": ".platform:EmulatedNPUPlatform",
 }
 
-__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
-__all__ = sorted([*_EXPORTS, "PLATFORM_CLASSES", "__version__", "register"])
+if TYPE_CHECKING:
+    from .platform import EmulatedNPUPlatform, NPUPlatform
+else:
+    from vllm_npu.interface.lazy import lazy_exports
+
+    __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
+
+__all__ = [
+    "PLATFORM_CLASSES",
+    "EmulatedNPUPlatform",
+    "NPUPlatform",
+    "__version__",
+    "register",
+]

@@ -18,7 +18,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, ClassVar
 
 import torch
@@ -36,8 +36,9 @@ def _torch_npu() -> Any:
     # twin and test fake models ND — so a private format could only appear by accident, where a later .view/.T of it
     # (vLLM's MLA kv_b_proj split) would read blocked storage as row-major. vllm-ascend sets True because it casts
     # quantized and MoE weights to NZ for speed; this plugin does not (an NZ cast would be a no-op here).
-    torch.npu.config.allow_internal_format = False
-    return torch.npu
+    npu: Any = torch.npu  # type: ignore[attr-defined]  # registered at runtime by torch_npu
+    npu.config.allow_internal_format = False
+    return npu
 
 
 class _NoopEvent:
@@ -148,6 +149,20 @@ class DeviceBackend:
         """``{"Stream", "Event", "current_stream", "default_stream", "stream"}`` for this device."""
         raise NotImplementedError
 
+    # Static graphs (see :mod:`.graphs`).
+    @staticmethod
+    def graph_pool_handle() -> Any:
+        """The memory pool token graphs share (None where graphs have no separate pool)."""
+        raise NotImplementedError
+
+    @staticmethod
+    def capture_graph(
+        runnable: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], pool: Any, stream: Any
+    ) -> Any:
+        """Capture ``runnable(*args, **kwargs)`` into a static graph (``.output``, ``.replay(args, kwargs)``,
+        ``.refresh_tasks()``, ``.num_tasks``, ``.reset()``)."""
+        raise NotImplementedError
+
 
 class NPUDevice(DeviceBackend):
     type = "npu"
@@ -209,6 +224,20 @@ class NPUDevice(DeviceBackend):
             "default_stream": npu.default_stream,
             "stream": npu.stream,
         }
+
+    @staticmethod
+    def graph_pool_handle() -> Any:
+        from .graphs._npu import graph_pool_handle
+
+        return graph_pool_handle()
+
+    @staticmethod
+    def capture_graph(
+        runnable: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], pool: Any, stream: Any
+    ) -> Any:
+        from .graphs._npu import NPUGraph
+
+        return NPUGraph.capture(runnable, args, kwargs, pool, stream)
 
 
 def _rss_bytes() -> int:
@@ -286,6 +315,18 @@ class EmulatedDevice(DeviceBackend):
             "default_stream": lambda device=None: _CPU_STREAM,
             "stream": _noop_stream_context,
         }
+
+    @staticmethod
+    def graph_pool_handle() -> Any:
+        return None  # the twin's outputs are ordinary tensors; there is no device pool to share
+
+    @staticmethod
+    def capture_graph(
+        runnable: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], pool: Any, stream: Any
+    ) -> Any:
+        from .graphs._twin import EmulatedGraph
+
+        return EmulatedGraph.capture(runnable, args, kwargs)
 
 
 _STREAM_NAMES = ("Stream", "Event", "current_stream", "default_stream", "stream")

@@ -120,7 +120,7 @@ SURFACE: tuple[VllmName, ...] = (
         "_attention_ops",
         "attribute",
         "reads",
-        _PLATFORM_MODULE,
+        ("vllm_npu.platform.graphs.config",),
         "piecewise graph mode splits the model at these attention ops; without them Dynamo would trace attention "
         "into a graph piece",
     ),
@@ -142,5 +142,44 @@ SURFACE: tuple[VllmName, ...] = (
         _PLATFORM_MODULE,
         "vLLM calls the override with the VllmConfig it builds",
         signature="(vllm_config)",
+    ),
+    VllmName(
+        _PLATFORM,
+        "pre_register_and_update",
+        "method",
+        "overrides",
+        _PLATFORM_MODULE,
+        "vLLM calls the override before it builds the ModelConfig; without the quant layer it registers the gate "
+        "that refuses msModelSlim checkpoints with the install command",
+        signature="(parser=None)",
+    ),
+    VllmName(
+        "vllm.model_executor.layers.quantization.base_config:QuantizationConfig",
+        "maybe_update_config",
+        "method",
+        "overrides",
+        ("vllm_npu.platform._quant_gate",),
+        "VllmConfig calls it with the model path right after building the quant config; the gate raises the "
+        "missing-layer error there, the first call that names the checkpoint",
+        signature="(self, model_name)",
+    ),
+    VllmName(
+        _RUNNER,
+        "_capture_cudagraphs",
+        "method",
+        "calls",
+        _MODEL_RUNNER,
+        "capture_model captures the graphs of each runtime mode through it (warm-up and capture per size)",
+        signature="(self, compilation_cases, cudagraph_runtime_mode, uniform_decode)",
+    ),
+    VllmName(
+        _RUNNER,
+        "_dummy_run",
+        "method",
+        "calls",
+        _MODEL_RUNNER,
+        "estimate_graph_memory measures one eager forward at the largest capture size through it",
+        signature="(self, num_tokens, cudagraph_runtime_mode=None, force_attention=False, uniform_decode=False, "
+        "allow_microbatching=True, skip_eplb=False, is_profile=False, create_mixed_batch=False, remove_lora=True)",
     ),
 )

@@ -24,8 +24,6 @@ Contracts (``world`` = group size, ``r`` = this rank in the group; tensors on th
 
 from __future__ import annotations
 
-from typing import Optional, Union
-
 import torch
 import torch.distributed as dist
 from torch.distributed import ProcessGroup
@@ -36,8 +34,8 @@ class NPUCommunicator(DeviceCommunicatorBase):
     def __init__(
         self,
         cpu_group: ProcessGroup,
-        device: Optional[torch.device] = None,
-        device_group: Optional[ProcessGroup] = None,
+        device: torch.device | None = None,
+        device_group: ProcessGroup | None = None,
         unique_name: str = "",
     ) -> None:
         super().__init__(cpu_group, device, device_group, unique_name)
@@ -49,17 +47,17 @@ class NPUCommunicator(DeviceCommunicatorBase):
 
     def all_gatherv(
         self,
-        input_: Union[torch.Tensor, list[torch.Tensor]],
+        input_: torch.Tensor | list[torch.Tensor],
         dim: int = 0,
-        sizes: Optional[list[int]] = None,
-    ) -> Union[torch.Tensor, list[torch.Tensor]]:
+        sizes: list[int] | None = None,
+    ) -> torch.Tensor | list[torch.Tensor]:
         if dim != 0:
             raise ValueError(f"all_gatherv gathers along dim 0 only, got dim={dim}")
         if isinstance(input_, (list, tuple)):
             return [self._all_gatherv_one(t, sizes) for t in input_]
         return self._all_gatherv_one(input_, sizes)
 
-    def _all_gatherv_one(self, x: torch.Tensor, sizes: Optional[list[int]]) -> torch.Tensor:
+    def _all_gatherv_one(self, x: torch.Tensor, sizes: list[int] | None) -> torch.Tensor:
         if self.world_size == 1:
             return x
         if sizes is None:
@@ -73,7 +71,7 @@ class NPUCommunicator(DeviceCommunicatorBase):
         dist.all_gather_into_tensor(gathered, padded, group=self.device_group)
         return torch.cat([gathered[i * max_rows : i * max_rows + n] for i, n in enumerate(sizes)])
 
-    def reduce_scatterv(self, input_: torch.Tensor, dim: int = -1, sizes: Optional[list[int]] = None) -> torch.Tensor:
+    def reduce_scatterv(self, input_: torch.Tensor, dim: int = -1, sizes: list[int] | None = None) -> torch.Tensor:
         if sizes is None:
             return self.reduce_scatter(input_, dim=dim)
         if self.world_size == 1:
@@ -100,8 +98,8 @@ class NPUCommunicator(DeviceCommunicatorBase):
     def all_to_all(
         self,
         input_: torch.Tensor,
-        output_split_sizes: Optional[list[int]] = None,
-        input_split_sizes: Optional[list[int]] = None,
+        output_split_sizes: list[int] | None = None,
+        input_split_sizes: list[int] | None = None,
     ) -> torch.Tensor:
         """Exchange rows of ``input_`` (dim 0) between all ranks; see the module docstring for the contract."""
         if self.world_size == 1:
@@ -140,7 +138,7 @@ class NPUCommunicator(DeviceCommunicatorBase):
         dist.all_to_all_single(recv, send, group=self.cpu_group)
         return recv.tolist()
 
-    def _check_sizes(self, sizes: list[int], rows: Optional[int], rank: Optional[int], what: str) -> None:
+    def _check_sizes(self, sizes: list[int], rows: int | None, rank: int | None, what: str) -> None:
         if len(sizes) != self.world_size or any(n < 0 for n in sizes):
             raise ValueError(f"{what}: need {self.world_size} non-negative sizes, got {list(sizes)}")
         if rows is not None and rank is not None and sizes[rank] != rows:

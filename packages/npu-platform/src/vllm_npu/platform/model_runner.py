@@ -14,6 +14,10 @@ sampling and logprobs, KV-cache allocation) is vLLM's own code. The overrides:
 - speculative decoding: vLLM's ``RejectionSampler`` (built in ``__init__`` only with a speculative config on the
   last pipeline rank) launches Triton kernels; it is replaced by :class:`.sample.NPURejectionSampler`, the same
   contract in torch.
+- static graphs (:mod:`.graphs`): ``load_model`` puts :class:`.graphs.wrapper.NPUGraphWrapper` around the model
+  where vLLM put its CUDA wrapper (FULL_DECODE_ONLY); ``capture_model`` is vLLM's capture loop (warm-up and capture
+  per size, largest first, so smaller graphs reuse the pool) with memory, streams and sync from the device backend,
+  and without vLLM's ``graph_capture`` context (it asserts a CUDA communicator under tensor parallelism).
 - ``initialize_kv_cache_tensors``: when several cache layers share a decoder-layer index (DeepSeek-V3.2: the MLA
   latent cache ``...self_attn.attn`` and the indexer key cache ``...self_attn.indexer.k_cache``), vLLM 0.11's
   ``bind_kv_cache`` raises ``NotImplementedError`` on every platform but CUDA/XPU. The override binds them the
@@ -23,10 +27,15 @@ sampling and logprobs, KV-cache allocation) is vLLM's own code. The overrides:
 
 from __future__ import annotations
 
-from typing import Any, Optional
+import gc
+import time
+from typing import Any
 
 import torch
-from vllm.config import VllmConfig
+from vllm.compilation.counter import compilation_counter
+from vllm.compilation.cuda_graph import CUDAGraphWrapper
+from vllm.compilation.monitor import set_cudagraph_capturing_enabled
+from vllm.config import CUDAGraphMode, VllmConfig
 from vllm.model_executor.models.utils import extract_layer_index
 from vllm.platforms import current_platform
 from vllm.v1.kv_cache_interface import KVCacheConfig
@@ -34,7 +43,8 @@ from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 from vllm.v1.worker.utils import bind_kv_cache
 from vllm_npu.interface.log import get_logger
 
-from ._device import DeviceBackend, EmulatedDevice, cuda_stream_api_as
+from ._device import DeviceBackend, EmulatedDevice, _torch_npu, cuda_stream_api_as
+from .graphs.wrapper import GRAPH_STATS, NPUGraphWrapper
 
 logger = get_logger(__name__)
 
@@ -47,6 +57,9 @@ def device_backend() -> type[DeviceBackend]:
 class NPUModelRunner(GPUModelRunner):
     def __init__(self, vllm_config: VllmConfig, device: torch.device) -> None:
         self.device_backend = device_backend()
+        # Graph counts of this engine: vLLM's capture counter is process-wide, so remember where it stood.
+        GRAPH_STATS.reset()
+        self.cudagraph_captured_before = compilation_counter.num_cudagraph_captured
         with cuda_stream_api_as(self.device_backend):
             super().__init__(vllm_config, device)
         if hasattr(self, "rejection_sampler"):
@@ -56,19 +69,87 @@ class NPUModelRunner(GPUModelRunner):
 
     def _init_device_properties(self) -> None:
         if self.device_backend.type == "npu":
-            self.device_properties = torch.npu.get_device_properties(self.device)
-            # AI-core count: the NPU's analogue of the SM count (None if this torch_npu does not report it).
-            self.num_sms = getattr(self.device_properties, "cube_core_num", None)
+            self.device_properties = _torch_npu().get_device_properties(self.device)
+            # AI-core count: the NPU's analogue of the SM count (0 if this torch_npu does not report it); vLLM reads
+            # it only to decide on cascade attention, which the NPU platform disables.
+            self.num_sms = int(getattr(self.device_properties, "cube_core_num", None) or 0)
         else:
-            self.device_properties = None
+            self.device_properties = None  # type: ignore[assignment]  # vLLM types it as CUDA's; no device here
             self.num_sms = 0
 
     def _sync_device(self) -> None:
         self.device_backend.synchronize(self.device)
 
-    def execute_model(self, scheduler_output: Any, intermediate_tensors: Optional[Any] = None) -> Any:
+    def execute_model(self, scheduler_output: Any, intermediate_tensors: Any | None = None) -> Any:
         with cuda_stream_api_as(self.device_backend):
             return super().execute_model(scheduler_output, intermediate_tensors)
+
+    # --- static graphs ------------------------------------------------------------------------------------------
+
+    def load_model(self, eep_scale_up: bool = False) -> None:
+        super().load_model(eep_scale_up)
+        if isinstance(self.model, CUDAGraphWrapper) and not isinstance(self.model, NPUGraphWrapper):
+            # vLLM wraps the model for full graphs with its CUDA wrapper directly (not the platform's class).
+            self.model = NPUGraphWrapper(self.model.unwrap(), self.vllm_config, runtime_mode=CUDAGraphMode.FULL)
+
+    def estimate_graph_memory(self) -> int:
+        """Device bytes the graph pool will hold once every size is captured, to keep out of the KV budget.
+
+        Graphs are captured largest first into one shared pool and smaller graphs reuse its blocks, so the pool
+        holds about one forward's activations at the largest capture size: measured here as the allocator peak of
+        an eager dummy forward at that size (before the KV cache exists, so without attention metadata; attention
+        outputs are a small part of a forward's activations). 0 when no graphs are captured."""
+        mode = self.compilation_config.cudagraph_mode
+        sizes = self.compilation_config.cudagraph_capture_sizes or []
+        if mode in (None, CUDAGraphMode.NONE) or not sizes:
+            return 0
+        backend = self.device_backend
+        backend.synchronize(self.device)
+        backend.reset_peak_memory_stats(self.device)
+        base = backend.memory_allocated(self.device)
+        self._dummy_run(max(sizes), cudagraph_runtime_mode=CUDAGraphMode.NONE, skip_eplb=True)
+        backend.synchronize(self.device)
+        return max(0, backend.peak_memory_allocated(self.device) - base)
+
+    def capture_model(self) -> int:
+        """Capture every configured graph; returns the device memory the graphs took (bytes, as vLLM's)."""
+        mode = self.compilation_config.cudagraph_mode
+        if mode == CUDAGraphMode.NONE:
+            return 0
+        self.initialize_cudagraph_capture()  # may downgrade the mode from the attention backends' support
+        mode = self.compilation_config.cudagraph_mode
+        compilation_counter.num_gpu_runner_capture_triggers += 1
+        backend = self.device_backend
+        backend.synchronize(self.device)
+        gc.collect()
+        free_before = backend.mem_get_info(self.device)[0]
+        start = time.perf_counter()
+        set_cudagraph_capturing_enabled(True)
+        gc.freeze()  # objects alive now are not collected during capture (vLLM's freeze_gc)
+        try:
+            with cuda_stream_api_as(backend):
+                if mode.mixed_mode() != CUDAGraphMode.NONE:
+                    sizes = sorted(self.cudagraph_batch_sizes, reverse=True)
+                    self._capture_cudagraphs(sizes, cudagraph_runtime_mode=mode.mixed_mode(), uniform_decode=False)
+                if mode.decode_mode() == CUDAGraphMode.FULL and mode.separate_routine():
+                    q = self.uniform_decode_query_len
+                    limit = self.scheduler_config.max_num_seqs * q
+                    sizes = sorted((s for s in self.cudagraph_batch_sizes if q <= s <= limit), reverse=True)
+                    self._capture_cudagraphs(sizes, cudagraph_runtime_mode=CUDAGraphMode.FULL, uniform_decode=True)
+        finally:
+            set_cudagraph_capturing_enabled(False)
+            gc.unfreeze()
+            gc.collect()
+        backend.synchronize(self.device)
+        taken = max(0, free_before - backend.mem_get_info(self.device)[0])
+        logger.info(
+            "captured %d static graphs (%s) in %.2f s, %.3f GiB",
+            compilation_counter.num_cudagraph_captured - self.cudagraph_captured_before,
+            mode.name,
+            time.perf_counter() - start,
+            taken / (1 << 30),
+        )
+        return taken
 
     # --- KV cache -----------------------------------------------------------------------------------------------
 

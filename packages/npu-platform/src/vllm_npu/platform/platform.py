@@ -13,7 +13,8 @@ which is why the mode is fixed by ``register()`` before ``current_platform`` is 
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, Any, ClassVar, Optional
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 from vllm.platforms.interface import Platform, PlatformEnum
@@ -24,6 +25,7 @@ from ._device import DeviceBackend, EmulatedDevice, NPUDevice
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
+    from vllm.config.cache import BlockSize
 
 logger = get_logger(__name__)
 
@@ -53,7 +55,7 @@ class NPUPlatform(Platform):
     #: Whether this class drives the emulated device.
     emulated: ClassVar[bool] = False
     #: Block size when the user sets none: the NPU attention kernels are tuned for 128-token blocks.
-    default_block_size: ClassVar[int] = 128
+    default_block_size: ClassVar[BlockSize] = 128
     #: Host buffers pinned for async host-to-device copies.
     pin_memory: ClassVar[bool] = True
 
@@ -72,17 +74,18 @@ class NPUPlatform(Platform):
 
     @classmethod
     def check_and_update_config(cls, vllm_config: VllmConfig) -> None:
-        from vllm.config import CompilationLevel, CUDAGraphMode
-        from vllm.config.compilation import CompilationConfig
         from vllm_npu.interface.ascend_migration import check_ascend_settings
         from vllm_npu.interface.config import AdditionalConfig, EnvConfig
         from vllm_npu.interface.errors import ConfigError
         from vllm_npu.interface.registry import check_installed_set
 
         EnvConfig.from_environ()  # validates every VLLM_NPU_* variable (typos and bad values raise ConfigError)
-        npu_config = AdditionalConfig.from_vllm(vllm_config.additional_config)
+        extra = vllm_config.additional_config  # vLLM allows any hashable object; ours is a JSON object
+        if not isinstance(extra, Mapping):
+            raise ConfigError(f"--additional-config must be a JSON object, got a {type(extra).__name__}")
+        npu_config = AdditionalConfig.from_vllm(extra)
         # vllm-ascend's --additional-config keys and VLLM_ASCEND_* variables: a message each, instead of silence.
-        check_ascend_settings(vllm_config.additional_config, os.environ, warn=logger.warning)
+        check_ascend_settings(extra, os.environ, warn=logger.warning)
         check_installed_set()
         cls._claim_quantized_checkpoint(vllm_config)
 
@@ -97,16 +100,20 @@ class NPUPlatform(Platform):
         parallel.disable_custom_all_reduce = True
 
         cache = vllm_config.cache_config
-        if cache is not None and cache.block_size is None:
+        # vLLM types block_size as its Literal of sizes, but the field defaults to None for the platform to fill.
+        block_size: int | None = cache.block_size if cache is not None else None
+        if cache is not None and block_size is None:
             cache.block_size = cls.default_block_size
 
         model = vllm_config.model_config
         if model is not None:
             # Cascade attention is a FlashAttention feature; our backends do not implement it.
             model.disable_cascade_attn = True
+            # vLLM's own DeepSeek-V3.2 hook sets a cache dtype outside its CacheDType Literal: compare as a str.
+            cache_dtype: str | None = cache.cache_dtype if cache is not None else None
             if (
                 cache is not None
-                and cache.cache_dtype == "fp8_ds_mla"
+                and cache_dtype == "fp8_ds_mla"
                 and hasattr(getattr(model, "hf_config", None), "index_topk")
             ):
                 # vLLM's DeepSeek-V3.2 hook turns "auto" (and any fp8) into its CUDA-only fp8_ds_mla layout; the
@@ -119,33 +126,10 @@ class NPUPlatform(Platform):
         if not cls.emulated and npu_config.emulated_kv_cache_gb is not None:
             logger.warning("npu.emulated_kv_cache_gb is ignored on an NPU (gpu_memory_utilization sizes the KV cache)")
 
-        compilation: CompilationConfig = vllm_config.compilation_config
-        enforce_eager = bool(model is not None and model.enforce_eager)
-        mode = npu_config.graph_mode
-        if mode == "auto":
-            mode = "eager" if (cls.emulated or enforce_eager) else "piecewise"
-        elif mode == "piecewise" and enforce_eager:
-            raise ConfigError(
-                "npu.graph_mode='piecewise' conflicts with enforce_eager=True; drop --enforce-eager or set "
-                "npu.graph_mode to 'auto' or 'eager'"
-            )
-        if mode == "eager":
-            compilation.level = CompilationLevel.NO_COMPILATION
-            if model is not None:
-                model.enforce_eager = True
-        else:
-            # Piecewise graphs: Dynamo captures the model, split at the attention op (which stays outside every
-            # graph piece because its metadata changes every step); the pieces run as FX graphs (no inductor:
-            # torch_npu has no supported inductor backend). Static-graph replay is not enabled.
-            compilation.level = CompilationLevel.PIECEWISE
-            compilation.use_inductor = False
-            attention_ops = list(CompilationConfig._attention_ops)
-            user_ops = list(compilation.splitting_ops or [])
-            compilation.splitting_ops = user_ops + [op for op in attention_ops if op not in user_ops]
-        compilation.cudagraph_mode = CUDAGraphMode.NONE
-        compilation.cudagraph_capture_sizes = []
-        if compilation.compile_sizes is None:
-            compilation.compile_sizes = []
+        from .graphs.config import configure_graphs
+
+        compilation = vllm_config.compilation_config
+        plan = configure_graphs(vllm_config, npu_config.graph_mode, cls.emulated)
         # Every CustomOp dispatches to forward_oot, where the ops layer puts the NPU kernels (explicit "-op"
         # entries of the user still disable single ops).
         compilation.custom_ops = ["all", *[op for op in compilation.custom_ops if op.startswith("-")]]
@@ -156,17 +140,32 @@ class NPUPlatform(Platform):
             os.environ["VLLM_WORKER_MULTIPROC_METHOD"] = "spawn"
 
         logger.info(
-            "%s: graph mode %s, block size %s, worker %s",
+            "%s: graph mode %s (%s), capture sizes %s, block size %s, worker %s",
             cls.__name__,
-            mode,
+            plan.mode,
+            plan.reason,
+            list(plan.capture_sizes),
             cache.block_size if cache is not None else None,
             parallel.worker_cls,
         )
 
+    @classmethod
+    def pre_register_and_update(cls, parser: Any = None) -> None:
+        # vLLM calls this before it builds the ModelConfig (and after general plugins loaded, so npu-quant has
+        # registered "ascend" if it is here): without the quant layer, "ascend" is registered as the gate that
+        # refuses msModelSlim checkpoints with the install command (vLLM would say "Unknown quantization method").
+        from vllm_npu.interface.registry import is_available
+
+        if not is_available("quant"):
+            from ._quant_gate import register_gate
+
+            register_gate()
+
     @staticmethod
     def _claim_quantized_checkpoint(vllm_config: VllmConfig) -> None:
         """Use the ``ascend`` quant method for a ModelSlim checkpoint that has ``quant_model_description.json``
-        but no ``quantization_config`` in config.json, when the user chose no method.
+        but no ``quantization_config`` in config.json, when the user chose no method; without the quant layer,
+        refuse such a checkpoint with the install command (loading it as float weights would be a wrong answer).
 
         This is the one seam that works for ``LLM(...)`` and ``vllm serve`` alike: vLLM consults quant configs
         (``override_quantization_method``) only when config.json has a ``quantization_config``, and both entry
@@ -175,6 +174,15 @@ class NPUPlatform(Platform):
         from vllm_npu.interface.registry import is_available
 
         if not is_available("quant"):
+            model_config = vllm_config.model_config
+            if model_config is None or model_config.quantization is not None:
+                return
+            from vllm_npu.interface.quant_checkpoint import DESCRIPTION_FILENAME, find_description_file, read_scheme
+
+            if find_description_file(model_config.model) is not None:
+                from ._quant_gate import missing_quant_layer
+
+                raise missing_quant_layer(model_config.model, DESCRIPTION_FILENAME, read_scheme(model_config.model))
             return
         from vllm_npu.quant import claim_checkpoint
 
@@ -186,7 +194,7 @@ class NPUPlatform(Platform):
         selected_backend: Any,
         head_size: int,
         dtype: torch.dtype,
-        kv_cache_dtype: Optional[str],
+        kv_cache_dtype: str | None,
         block_size: int,
         use_v1: bool,
         use_mla: bool,
@@ -215,14 +223,6 @@ class NPUPlatform(Platform):
         return COMMUNICATOR_CLS
 
     @classmethod
-    def verify_quantization(cls, quant: str) -> None:
-        if quant == "ascend":
-            from vllm_npu.interface.registry import require
-
-            require("quant", "the 'ascend' quantization method is provided by the npu-quant layer")
-        super().verify_quantization(quant)
-
-    @classmethod
     def opaque_attention_op(cls) -> bool:
         # Attention runs as one registered op (`vllm.unified_attention_with_output`, under `dispatch_key`), which
         # is also the split point of piecewise graphs.
@@ -230,7 +230,18 @@ class NPUPlatform(Platform):
 
     @classmethod
     def support_static_graph_mode(cls) -> bool:
-        return False
+        # ACL graphs on an NPU, the static-graph twin on the emulated device (see .graphs).
+        return True
+
+    @classmethod
+    def get_static_graph_wrapper_cls(cls) -> str:
+        from .graphs import WRAPPER_CLS
+
+        return WRAPPER_CLS
+
+    def graph_pool_handle(self) -> Any:
+        """The memory pool token every graph shares (vLLM's ``get_global_graph_pool`` caches it per class)."""
+        return self.device_backend.graph_pool_handle()
 
     @classmethod
     def support_hybrid_kv_cache(cls) -> bool:
@@ -287,7 +298,7 @@ class NPUPlatform(Platform):
         return cls.device_backend.mem_get_info(device)
 
     @classmethod
-    def get_current_memory_usage(cls, device: Optional[torch.types.Device] = None) -> float:
+    def get_current_memory_usage(cls, device: torch.types.Device | None = None) -> float:
         """Bytes in use on the device now (NPU: allocator peak after a reset; emulated: process RSS)."""
         return float(cls.device_backend.current_memory_usage(device))
 
@@ -306,6 +317,6 @@ class EmulatedNPUPlatform(NPUPlatform):
     device_backend: ClassVar[type[DeviceBackend]] = EmulatedDevice
     emulated: ClassVar[bool] = True
     # vLLM's own default: the reference kernels have no preferred block size.
-    default_block_size: ClassVar[int] = 16
+    default_block_size: ClassVar[BlockSize] = 16
     # Pinning needs a CUDA driver with the CUDA torch wheel; there is no host-to-device copy to speed up anyway.
     pin_memory: ClassVar[bool] = False

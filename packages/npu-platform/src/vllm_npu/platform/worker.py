@@ -21,7 +21,7 @@ import contextlib
 import gc
 import os
 from collections.abc import Iterable
-from typing import Any, Optional
+from typing import Any
 
 import torch
 from vllm.model_executor import set_random_seed
@@ -43,7 +43,7 @@ GiB = 1 << 30
 SLEEP_TAGS = ("weights", "kv_cache")
 
 
-def emulated_kv_cache_bytes(additional_config: Any, environ: Optional[dict[str, str]] = None) -> int:
+def emulated_kv_cache_bytes(additional_config: Any, environ: dict[str, str] | None = None) -> int:
     """The emulated device's KV budget in bytes: ``npu.emulated_kv_cache_gb`` if set, else
     ``VLLM_NPU_EMULATED_KV_CACHE_GB`` (both validated: a float in (0, 1024] GiB), checked against the host's
     available memory."""
@@ -71,7 +71,7 @@ def _unique_storages(tensors: Iterable[torch.Tensor]) -> list[tuple[torch.Untype
     return list(seen.values())
 
 
-def _flatten_tensors(entries: Any) -> Iterable[torch.Tensor]:
+def _flatten_tensors(entries: object) -> Iterable[torch.Tensor]:
     """Every tensor in arbitrarily nested lists/tuples (KV caches: a tensor, a list per virtual engine, a tuple of
     Mamba states); anything else is skipped."""
     if isinstance(entries, torch.Tensor):
@@ -85,7 +85,7 @@ def _class_path(cls: type) -> str:
     return f"{cls.__module__}.{cls.__qualname__}"
 
 
-def _qualname(obj: Any) -> Optional[str]:
+def _qualname(obj: Any) -> str | None:
     """The class path of ``obj``'s type, or None for None."""
     return None if obj is None else _class_path(type(obj))
 
@@ -139,7 +139,9 @@ class NPUWorker(Worker):
             torch.set_num_threads(1)
         self.device = backend.torch_device(self.local_rank)
         current_platform.set_device(self.device)
-        current_platform.check_if_supports_dtype(self.model_config.dtype)
+        dtype = self.model_config.dtype
+        assert isinstance(dtype, torch.dtype)  # ModelConfig resolves "auto"/strings to a torch.dtype at init
+        current_platform.check_if_supports_dtype(dtype)
         init_worker_distributed_environment(
             self.vllm_config,
             self.rank,
@@ -147,7 +149,8 @@ class NPUWorker(Worker):
             self.local_rank,
             current_platform.dist_backend,
         )
-        set_random_seed(self.model_config.seed)
+        if self.model_config.seed is not None:  # seeding with None is a no-op in vLLM's seed_everything
+            set_random_seed(self.model_config.seed)
 
         gc.collect()
         backend.empty_cache()
@@ -192,19 +195,24 @@ class NPUWorker(Worker):
         free_after, _ = backend.mem_get_info(self.device)
         non_torch_after = (self.total_memory - free_after) - backend.memory_reserved(self.device)
         non_torch_increase = max(0, non_torch_after - self.init_non_torch_memory)  # HCCL buffers, workspaces
-        available = int(self.requested_memory - peak - non_torch_increase)
+        # Graphs are captured after the KV cache is allocated, into their own pool: keep its size out of the budget.
+        estimate = getattr(self.model_runner, "estimate_graph_memory", None)
+        graph_pool = int(estimate()) if estimate is not None else 0
+        available = int(self.requested_memory - peak - non_torch_increase - graph_pool)
         if available <= 0:
             raise ValueError(
                 f"no NPU memory left for the KV cache: weights and activations peak at {peak / GiB:.2f} GiB "
-                f"(+{non_torch_increase / GiB:.2f} GiB outside torch) of the {self.requested_memory / GiB:.2f} GiB "
-                "allowed by gpu_memory_utilization; raise --gpu-memory-utilization, lower "
-                "--max-num-batched-tokens, or use more tensor parallelism"
+                f"(+{non_torch_increase / GiB:.2f} GiB outside torch, +{graph_pool / GiB:.2f} GiB for the graph "
+                f"pool) of the {self.requested_memory / GiB:.2f} GiB allowed by gpu_memory_utilization; raise "
+                "--gpu-memory-utilization, lower --max-num-batched-tokens or the capture sizes, or use more tensor "
+                "parallelism"
             )
         logger.info(
-            "KV cache: %.2f GiB (peak %.2f GiB, non-torch +%.2f GiB, budget %.2f GiB)",
+            "KV cache: %.2f GiB (peak %.2f GiB, non-torch +%.2f GiB, graph pool %.2f GiB, budget %.2f GiB)",
             available / GiB,
             peak / GiB,
             non_torch_increase / GiB,
+            graph_pool / GiB,
             self.requested_memory / GiB,
         )
         gc.collect()
@@ -220,7 +228,7 @@ class NPUWorker(Worker):
             return self.model_runner.get_model().parameters()
         # The runner's list (one cache per layer index) first, then every layer's bound cache: a decoder layer may
         # hold several cache layers (DeepSeek-V3.2's indexer keys); _unique_storages drops the repeats.
-        kv = list(self.model_runner.kv_caches)
+        kv: list[object] = list(self.model_runner.kv_caches)
         kv += [getattr(layer, "kv_cache", None) for layer in self.compilation_config.static_forward_context.values()]
         return list(_flatten_tensors(kv))
 
@@ -253,7 +261,7 @@ class NPUWorker(Worker):
             (total - free_after) / GiB,
         )
 
-    def wake_up(self, tags: Optional[list[str]] = None) -> None:
+    def wake_up(self, tags: list[str] | None = None) -> None:
         """Re-allocate the released memory of ``tags`` (default: all): KV cache zeroed, weights restored."""
         for tag in tags or list(SLEEP_TAGS):
             if tag not in SLEEP_TAGS:
@@ -265,7 +273,7 @@ class NPUWorker(Worker):
                 storage.resize_(nbytes)
             if tag == "kv_cache":
                 for storage, _ in storages:
-                    storage.fill_(0)
+                    storage.fill_(0)  # type: ignore[attr-defined]  # a real method that torch's stubs omit
             elif self._weights_host_copy:
                 for (storage, _), host in zip(storages, self._weights_host_copy, strict=True):
                     storage.copy_(host)
@@ -282,6 +290,8 @@ class NPUWorker(Worker):
         from vllm.compilation.counter import compilation_counter
         from vllm.config import get_layers_from_vllm_config
         from vllm.distributed.parallel_state import get_tp_group
+
+        from .graphs.wrapper import GRAPH_STATS
 
         runner = self.model_runner
         attn_layers = get_layers_from_vllm_config(self.vllm_config, Attention)
@@ -313,6 +323,12 @@ class NPUWorker(Worker):
             "rank": self.rank,
             "compilation_level": self.vllm_config.compilation_config.level,
             "piecewise_graphs_seen": compilation_counter.num_piecewise_graphs_seen,
+            "cudagraph_mode": self.vllm_config.compilation_config.cudagraph_mode.name,
+            "capture_sizes": sorted(self.vllm_config.compilation_config.cudagraph_capture_sizes or []),
+            # Static graphs of this engine: vLLM's own capture counter (process-wide, so counted from the runner's
+            # start), and our per-mode captures/replays and in-graph tasks.
+            "cudagraph_captured": compilation_counter.num_cudagraph_captured - runner.cudagraph_captured_before,
+            "graphs": GRAPH_STATS.snapshot(),
             "tp_communicator": type(get_tp_group().device_communicator).__qualname__,
             "tp_backend": str(torch.distributed.get_backend(get_tp_group().device_group)),
             # Bytes released by sleep() and not yet woken up, per tag.

@@ -6,10 +6,14 @@ Importing this package is cheap (exports load on first access): vLLM imports it 
 discovers plugins.
 """
 
-from vllm_npu.interface.lazy import lazy_exports
+from __future__ import annotations
 
-from ._version import __version__ as __version__
+from typing import TYPE_CHECKING
 
+from ._version import __version__
+
+# Lazy exports (PEP 562): name -> ".module:attr", imported on first access. The TYPE_CHECKING block and
+# __all__ mirror the table for type checkers and IDEs; tests/test_doors.py checks that the three agree.
 _EXPORTS: dict[str, str] = {
     "selftest_cases": ".selftest:selftest_cases",
     "AscendQuantConfig": ".config:AscendQuantConfig",
@@ -22,5 +26,27 @@ _EXPORTS: dict[str, str] = {
     "quantize_checkpoint": ".quantizer:quantize_checkpoint",
 }
 
-__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
-__all__ = sorted([*_EXPORTS, "__version__"])
+if TYPE_CHECKING:
+    from .config import AscendQuantConfig, register
+    from .description import QuantDescription, QuantDescriptionError
+    from .detect import QUANT_METHOD, claim_checkpoint
+    from .params import QuantLoadError
+    from .quantizer import quantize_checkpoint
+    from .selftest import selftest_cases
+else:
+    from vllm_npu.interface.lazy import lazy_exports
+
+    __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
+
+__all__ = [
+    "QUANT_METHOD",
+    "AscendQuantConfig",
+    "QuantDescription",
+    "QuantDescriptionError",
+    "QuantLoadError",
+    "__version__",
+    "claim_checkpoint",
+    "quantize_checkpoint",
+    "register",
+    "selftest_cases",
+]

@@ -20,6 +20,7 @@ from typing import Any
 import torch
 from vllm.model_executor.layers.quantization.base_config import QuantizationConfig, QuantizeMethodBase
 from vllm_npu.interface import get_logger
+from vllm_npu.interface.quant_checkpoint import is_msmodelslim_quant_config
 
 from .description import (
     DESCRIPTION_FILENAME,
@@ -45,8 +46,10 @@ class AscendQuantConfig(QuantizationConfig):
         self._mapper: Any = None
 
     # --- vLLM's class-level contract --------------------------------------------------------------------------------
+    # vLLM types method names as the Literal of its built-in methods (QuantizationMethods), which an out-of-tree
+    # method registered through register_quantization_config cannot be part of.
     @classmethod
-    def get_name(cls) -> str:
+    def get_name(cls) -> str:  # type: ignore[override]
         return QUANT_METHOD
 
     @classmethod
@@ -70,12 +73,12 @@ class AscendQuantConfig(QuantizationConfig):
         return cls(None)
 
     @classmethod
-    def override_quantization_method(cls, hf_quant_cfg: Any, user_quant: str | None) -> str | None:
+    def override_quantization_method(  # type: ignore[override]  # the same Literal, see get_name
+        cls, hf_quant_cfg: Any, user_quant: str | None
+    ) -> str | None:
         if user_quant not in (None, QUANT_METHOD):
             return None
-        if isinstance(hf_quant_cfg, dict) and (
-            hf_quant_cfg.get("quant_method") == QUANT_METHOD or looks_like_description(hf_quant_cfg)
-        ):
+        if is_msmodelslim_quant_config(hf_quant_cfg):
             return QUANT_METHOD
         return None
 

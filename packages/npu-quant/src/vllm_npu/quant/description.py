@@ -10,7 +10,8 @@ The file is a flat JSON object. Tensor keys map a checkpoint tensor name to a qu
      "model_quant_type": "W8A8"}
 
 Global keys (not tensor names) are listed in :data:`GLOBAL_KEYS`. Old msModelSlim versions put the same mapping
-into ``config.json`` as ``quantization_config``; :func:`looks_like_description` recognises both.
+into ``config.json`` as ``quantization_config``; :func:`looks_like_description` recognises both (it, the file name and
+:func:`find_description_file` are :mod:`vllm_npu.interface.quant_checkpoint`'s, re-exported here).
 
 Nothing here imports torch or vLLM: the resolution rules are plain string logic, tested on their own.
 """
@@ -25,10 +26,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-DESCRIPTION_FILENAME = "quant_model_description.json"
+# The file-level detection contract lives in the interface (the platform applies it without this layer).
+from vllm_npu.interface.quant_checkpoint import (  # noqa: F401 (re-exported: this layer's names for them)
+    DESCRIPTION_FILENAME,
+    QUANT_TYPES,
+    find_description_file,
+    looks_like_description,
+)
 
-#: Quant types of tensor keys, as written by msModelSlim.
-QUANT_TYPES = ("W8A8", "W8A8_DYNAMIC", "W4A8_DYNAMIC", "W4A4_FLATQUANT_DYNAMIC", "FLOAT", "C8")
 #: Schemes this package implements for linear layers and for FusedMoE experts.
 LINEAR_SCHEMES = ("W8A8", "W8A8_DYNAMIC", "W4A8_DYNAMIC", "W4A4_FLATQUANT_DYNAMIC")
 MOE_SCHEMES = ("W8A8", "W8A8_DYNAMIC", "W4A8_DYNAMIC")
@@ -55,24 +60,6 @@ DEFAULT_PACKED_MODULES: dict[str, list[str]] = {
 class QuantDescriptionError(ValueError):
     """The description does not cover a layer, or its entries contradict each other. The message names the layer,
     the keys looked up, the nearest keys present and the fix."""
-
-
-def looks_like_description(cfg: Mapping[str, Any] | None) -> bool:
-    """Whether ``cfg`` (a parsed JSON object) is a msModelSlim description: at least one ``<tensor>.weight`` key
-    with a known quant type. FP8, AWQ, GPTQ, compressed-tensors configs never match."""
-    if not isinstance(cfg, Mapping):
-        return False
-    return any(
-        isinstance(k, str) and k.endswith(".weight") and isinstance(v, str) and v in QUANT_TYPES for k, v in cfg.items()
-    )
-
-
-def find_description_file(model_dir: str | os.PathLike[str] | None) -> Path | None:
-    """``<model_dir>/quant_model_description.json`` if it exists (local directories only), else None."""
-    if not model_dir:
-        return None
-    path = Path(model_dir) / DESCRIPTION_FILENAME
-    return path if path.is_file() else None
 
 
 def _variants(prefix: str) -> list[str]:
@@ -229,7 +216,7 @@ class QuantDescription:
         A packed module (``qkv_proj``, ``gate_up_proj``, or whatever ``packed_modules`` names) is looked up shard by
         shard; every shard must have the same type.
         """
-        mapping = dict(DEFAULT_PACKED_MODULES)
+        mapping: dict[str, Sequence[str]] = dict(DEFAULT_PACKED_MODULES)
         mapping.update(packed_modules or {})
         head, _, last = prefix.rpartition(".")
         shards = mapping.get(last)

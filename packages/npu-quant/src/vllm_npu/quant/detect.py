@@ -6,7 +6,9 @@ vLLM asks quant configs about a checkpoint only when ``config.json`` has a ``qua
 exports drop it and ship ``quant_model_description.json`` instead. :func:`claim_checkpoint` (from
 ``NPUPlatform.check_and_update_config``, which vLLM calls after it built the quant config) selects ``ascend`` when
 the model directory has a description and the user chose nothing else. (``--quantization ascend`` needs no CLI
-wiring: vLLM 0.11's option has no argparse choices and validates against the registered methods.)
+wiring: vLLM 0.11's option has no argparse choices and validates against the registered methods.) The detection
+rules are :mod:`vllm_npu.interface.quant_checkpoint`'s, which the platform applies to refuse these checkpoints with the
+install command when this layer is absent.
 """
 
 from __future__ import annotations
@@ -14,10 +16,9 @@ from __future__ import annotations
 from typing import Any
 
 from vllm_npu.interface import get_logger
+from vllm_npu.interface.quant_checkpoint import DESCRIPTION_FILENAME, QUANT_METHOD, find_description_file
 
-from .description import DESCRIPTION_FILENAME, find_description_file
-
-QUANT_METHOD = "ascend"
+__all__ = ["QUANT_METHOD", "claim_checkpoint"]
 
 logger = get_logger(__name__)
 

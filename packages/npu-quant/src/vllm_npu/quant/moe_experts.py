@@ -27,6 +27,7 @@ from vllm_npu.interface import Kernel
 from vllm_npu.interface.errors import KernelContractError
 
 from . import kernels
+from .params import param
 
 # --------------------------------------------------------------------------------------------------------------
 # the row groups of the grouped-matmul reference twins
@@ -130,9 +131,9 @@ class W8A8DynamicExperts:
     def __call__(self, rows: torch.Tensor, group_counts: torch.Tensor) -> torch.Tensor:
         layer, dt = self.layer, rows.dtype
         xq, s = self._dq(rows)
-        h = self._gqmm(xq, layer.w13_weight, self._scale("w13_weight_scale", dt), s, group_counts, dt)
+        h = self._gqmm(xq, param(layer, "w13_weight"), self._scale("w13_weight_scale", dt), s, group_counts, dt)
         hq, s2 = self._dq(self.activation(h))
-        return self._gqmm(hq, layer.w2_weight, self._scale("w2_weight_scale", dt), s2, group_counts, dt)
+        return self._gqmm(hq, param(layer, "w2_weight"), self._scale("w2_weight_scale", dt), s2, group_counts, dt)
 
 
 def _grouped_w4_npu(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
@@ -175,8 +176,15 @@ class W4A8DynamicExperts:
 
     def __call__(self, rows: torch.Tensor, group_counts: torch.Tensor) -> torch.Tensor:
         layer = self.layer
-        h = self._gmm(rows, layer.w13_weight, layer.w13_antiquant_scale.to(rows.dtype), group_counts)
-        return self._gmm(self.activation(h), layer.w2_weight, layer.w2_antiquant_scale.to(rows.dtype), group_counts)
+        h = self._gmm(
+            rows, param(layer, "w13_weight"), param(layer, "w13_antiquant_scale").to(rows.dtype), group_counts
+        )
+        return self._gmm(
+            self.activation(h),
+            param(layer, "w2_weight"),
+            param(layer, "w2_antiquant_scale").to(rows.dtype),
+            group_counts,
+        )
 
 
 # --------------------------------------------------------------------------------------------------------------

@@ -31,12 +31,12 @@ from collections.abc import Callable
 from typing import Any, ClassVar
 
 import torch
-from vllm.model_executor.layers.fused_moe.layer import FusedMoEMethodBase, FusedMoeWeightScaleSupported
+from vllm.model_executor.layers.fused_moe.layer import FusedMoE, FusedMoEMethodBase, FusedMoeWeightScaleSupported
 from vllm_npu.interface import require
 
 from . import kernels
 from .moe_experts import W4A8DynamicExperts, W8A8DynamicExperts, W8A8StaticExperts
-from .params import FLOATS, QuantLoadError, replace_param
+from .params import FLOATS, QuantLoadError, param, replace_param
 from .schemes.base import require_int_range, require_positive, require_zero_if_loaded
 
 #: One expert tensor: (name, shape, dtype, dtypes accepted on disk, weight attrs).
@@ -49,7 +49,7 @@ _GROUP = {"quant_method": FusedMoeWeightScaleSupported.GROUP.value}
 class AscendW8A8DynamicFusedMoEMethod(FusedMoEMethodBase):
     """W8A8_DYNAMIC experts for vLLM's ``FusedMoE`` (and npu-ops' override of it)."""
 
-    _required = ("w13_weight", "w2_weight", "w13_weight_scale", "w2_weight_scale")
+    _required: tuple[str, ...] = ("w13_weight", "w2_weight", "w13_weight_scale", "w2_weight_scale")
     #: apply() runs ``layer.moe_plan`` (see :meth:`_build`): the LayerMoEPlanRunner contract of npu-interface.
     uses_layer_moe_plan: ClassVar[bool] = True
 
@@ -153,8 +153,8 @@ class AscendW8A8DynamicFusedMoEMethod(FusedMoEMethodBase):
             s = getattr(layer, name).data
             require_positive(s, f"{self.prefix}.{name}")
             replace_param(layer, name, s.reshape(s.shape[0], -1).float().contiguous())  # [E, N]
-        replace_param(layer, "w13_weight", layer.w13_weight.data.transpose(1, 2).contiguous())  # [E, H, 2I]
-        replace_param(layer, "w2_weight", layer.w2_weight.data.transpose(1, 2).contiguous())  # [E, I, H]
+        replace_param(layer, "w13_weight", param(layer, "w13_weight").data.transpose(1, 2).contiguous())  # [E, H, 2I]
+        replace_param(layer, "w2_weight", param(layer, "w2_weight").data.transpose(1, 2).contiguous())  # [E, I, H]
         self._build(layer)
 
     def _build(self, layer: torch.nn.Module) -> None:
@@ -167,6 +167,10 @@ class AscendW8A8DynamicFusedMoEMethod(FusedMoEMethodBase):
             except ImportError:
                 require("ops", "quantized MoE experts run inside npu-ops' MoE forward")
                 raise
+            if not isinstance(layer, FusedMoE):
+                raise TypeError(
+                    f"{self.prefix}: a MoE quant method needs a vLLM FusedMoE layer, got {type(layer).__name__}"
+                )
             plan = build_layer_plan(layer)
         self._plan = plan
         self._experts = self._make_experts(layer, plan.activation)
@@ -253,7 +257,7 @@ class AscendW4A8DynamicFusedMoEMethod(AscendW8A8DynamicFusedMoEMethod):
             return specs
         # version 1.0.0: two int4 values per int8 along the output dim (w13 [E, I, H] = 2I outputs, w2 [E, H/2, I]),
         # plus the scale_bias tensors (used by asymmetric-activation kernels; validated, not needed weight-only)
-        packed = {
+        packed: dict[str, _Spec] = {
             "w13_weight": ("w13_weight", (e, i, h), torch.int8, (torch.int8,), {}),
             "w2_weight": ("w2_weight", (e, h // 2, i), torch.int8, (torch.int8,), {}),
         }
@@ -432,8 +436,8 @@ class AscendW8A8FusedMoEMethod(AscendW8A8DynamicFusedMoEMethod):
             replace_param(layer, f"{w}_input_inv_scale", (1.0 / s_x).contiguous())  # [E]
             replace_param(layer, f"{w}_input_offset", o_x.contiguous())  # [E]
             del layer._parameters[f"{w}_input_scale"]
-        replace_param(layer, "w13_weight", layer.w13_weight.data.transpose(1, 2).contiguous())  # [E, H, 2I]
-        replace_param(layer, "w2_weight", layer.w2_weight.data.transpose(1, 2).contiguous())  # [E, I, H]
+        replace_param(layer, "w13_weight", param(layer, "w13_weight").data.transpose(1, 2).contiguous())  # [E, H, 2I]
+        replace_param(layer, "w2_weight", param(layer, "w2_weight").data.transpose(1, 2).contiguous())  # [E, I, H]
         self._build(layer)
 
     def _make_experts(self, layer: torch.nn.Module, activation: Callable[[torch.Tensor], torch.Tensor]) -> Any:

@@ -166,6 +166,14 @@ def check_complete(layer: torch.nn.Module, prefix: str, num_shards: int) -> None
         )
 
 
+def param(layer: torch.nn.Module, name: str) -> torch.Tensor:
+    """``layer.<name>``, a tensor this scheme registered (typed: ``nn.Module.__getattr__`` says tensor or module)."""
+    value = getattr(layer, name)
+    if not isinstance(value, torch.Tensor):
+        raise TypeError(f"{type(layer).__name__}.{name} is a {type(value).__name__}, expected a tensor")
+    return value
+
+
 def loaded_names(layer: torch.nn.Module) -> set[str]:
     return set(_state(layer)["loaded"])
 

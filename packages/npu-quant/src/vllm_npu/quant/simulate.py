@@ -101,7 +101,7 @@ def simulated_hf_model(quant_dir: str | Path, dtype: torch.dtype = torch.float32
     for f in sorted(quant_dir.glob("*.safetensors")):
         state.update(load_file(str(f)))
     modules = dict(model.named_modules())
-    floats = {}
+    replaced: set[str] = set()  # checkpoint tensors the simulated quant layers took over
     for name, mod in modules.items():
         if not isinstance(mod, torch.nn.Linear):
             continue
@@ -117,10 +117,10 @@ def simulated_hf_model(quant_dir: str | Path, dtype: torch.dtype = torch.float32
             SimulatedQuantLinear(qtype, tensors, bias, desc.settings),
         )
         for k in tensors:
-            floats[f"{name}.{k}"] = None
+            replaced.add(f"{name}.{k}")
     expected = model.state_dict()
     missing, _ = model.load_state_dict(
-        {k: v for k, v in state.items() if k not in floats and k in expected}, strict=False
+        {k: v for k, v in state.items() if k not in replaced and k in expected}, strict=False
     )
     missing = [m for m in missing if not (m == "lm_head.weight" and config.tie_word_embeddings)]
     if missing:

@@ -19,10 +19,11 @@ on the emulated device.
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypedDict
 
 import torch
 from vllm.attention.backends.abstract import AttentionBackend, AttentionImpl, AttentionLayer, AttentionType
+from vllm_npu.interface import graphs
 from vllm_npu.interface.device import kernel_backend
 from vllm_npu.interface.errors import ConfigError
 
@@ -37,6 +38,20 @@ NPU_HEAD_ALIGN = 16
 NPU_DTYPES = (torch.float16, torch.bfloat16)
 
 
+def decode_lens_refresh(layer_name: str, batch: int) -> graphs.Refresh:
+    """The refresh of a captured decode kernel: this step's sequence lengths of ``layer_name``'s requests, padded to
+    the graph's ``batch`` with 1 (padding requests attend to one cached slot; their rows are discarded)."""
+
+    def refresh() -> dict[str, list[int]]:
+        from vllm.forward_context import get_forward_context
+
+        metadata = get_forward_context().attn_metadata
+        lens = list(metadata[layer_name].seq_lens_list)
+        return {"context_lens": lens + [1] * (batch - len(lens))}
+
+    return refresh
+
+
 class AscendAttentionBackend(AttentionBackend):
     accept_output_buffer: bool = True
 
@@ -48,8 +63,9 @@ class AscendAttentionBackend(AttentionBackend):
     def get_impl_cls() -> type[AscendAttentionImpl]:
         return AscendAttentionImpl
 
+    # get_metadata_cls / AttentionImpl[...]: vLLM types these with v0's AttentionMetadata marker class, which no v1 metadata class subclasses (its own FlashAttentionMetadata and MLACommonMetadata included).
     @staticmethod
-    def get_metadata_cls() -> type[AscendMetadata]:
+    def get_metadata_cls() -> type[AscendMetadata]:  # type: ignore[override]
         return AscendMetadata
 
     @staticmethod
@@ -80,7 +96,16 @@ class AscendAttentionBackend(AttentionBackend):
         return [torch.float16, torch.bfloat16, torch.float32]
 
 
-class AscendAttentionImpl(AttentionImpl[AscendMetadata]):
+class _Heads(TypedDict):
+    """The head arguments every GQA kernel twin takes."""
+
+    num_heads: int
+    num_kv_heads: int
+    scale: float
+    logits_soft_cap: float | None
+
+
+class AscendAttentionImpl(AttentionImpl[AscendMetadata]):  # type: ignore[type-var]  # see get_metadata_cls
     """Forward of one attention layer. Layouts: query ``[T, N, D]``, key/value ``[T, Nkv, D]``, output ``[T, N, D]``,
     kv_cache ``[2, num_blocks, block_size, Nkv, D]``.
 
@@ -178,7 +203,7 @@ class AscendAttentionImpl(AttentionImpl[AscendMetadata]):
         if n < output.shape[0]:  # padded rows (graph-size padding): only the tail, the kernels write [:n]
             output[n:].zero_()
         q, out = query[:n], output[:n]
-        heads = {
+        heads: _Heads = {
             "num_heads": self.num_heads,
             "num_kv_heads": self.num_kv_heads,
             "scale": self.scale,
@@ -207,20 +232,35 @@ class AscendAttentionImpl(AttentionImpl[AscendMetadata]):
         state = md.attn_state
         if self.sliding_window is None and fresh_kv and state is AscendAttentionState.PrefillNoCache:
             self.prefill_no_cache(q, key[:n], value[:n], md.seq_lens_list, attn_mask=md.attn_mask, out=out, **heads)
-        elif self.sliding_window is None and state is AscendAttentionState.DecodeOnly:
-            self.paged_decode(q, key_cache, value_cache, md.block_table, md.seq_lens_list, out=out, **heads)
         elif state is AscendAttentionState.DecodeOnly:
-            self.paged_decode_window(
-                q,
-                key_cache,
-                value_cache,
-                md.block_table,
-                md.seq_lens,
-                md.seq_lens_list,
-                sliding_window=self.sliding_window,
-                out=out,
-                **heads,
-            )
+            # Inside a full decode graph the sequence lengths (host list) are refreshed before every replay.
+            refresh = decode_lens_refresh(getattr(layer, "layer_name", ""), len(md.seq_lens_list))
+            if self.sliding_window is None:
+                graphs.launch(
+                    self.paged_decode,
+                    q,
+                    key_cache,
+                    value_cache,
+                    md.block_table,
+                    refresh=refresh,
+                    context_lens=md.seq_lens_list,
+                    out=out,
+                    **heads,
+                )
+            else:
+                graphs.launch(
+                    self.paged_decode_window,
+                    q,
+                    key_cache,
+                    value_cache,
+                    md.block_table,
+                    md.seq_lens,
+                    refresh=refresh,
+                    context_lens=md.seq_lens_list,
+                    sliding_window=self.sliding_window,
+                    out=out,
+                    **heads,
+                )
         else:
             self.paged_prefill(
                 q,

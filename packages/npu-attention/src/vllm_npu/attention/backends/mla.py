@@ -24,7 +24,7 @@ Kernels are chosen once per impl (``Kernel.select()``): torch_npu on an NPU, the
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Optional
+from typing import Any, ClassVar
 
 import torch
 from vllm.attention.backends.abstract import AttentionLayer
@@ -56,12 +56,14 @@ class AscendMLABackend(MLACommonBackend):
     def get_name() -> str:
         return "ASCEND_MLA"
 
+    # vLLM types these with v0's AttentionMetadata marker class, which no v1 metadata class subclasses (its own FlashAttentionMetadata and MLACommonMetadata included).
     @staticmethod
-    def get_metadata_cls() -> type[AscendMLAMetadata]:
+    def get_metadata_cls() -> type[AscendMLAMetadata]:  # type: ignore[override]
         return AscendMLAMetadata
 
+    # MLACommonBackend is our base for its latent-cache layout and head sizes; its CUDA metadata builder is not ours.
     @staticmethod
-    def get_builder_cls() -> type[AscendMLAMetadataBuilder]:
+    def get_builder_cls() -> type[AscendMLAMetadataBuilder]:  # type: ignore[override]
         return AscendMLAMetadataBuilder
 
     @staticmethod
@@ -125,10 +127,11 @@ class AscendMLAPrefillMetadata:
 
 
 @dataclass
-class AscendMLAMetadata(MLACommonMetadata[AscendMLADecodeMetadata]):
+# Our decode part replaces vLLM's CUDA one (other fields), which the type parameter's bound names.
+class AscendMLAMetadata(MLACommonMetadata[AscendMLADecodeMetadata]):  # type: ignore[type-var]
     """vLLM's MLA metadata with our decode/prefill parts. ``head_dim`` stays None: vLLM's check only knows 576."""
 
-    prefill: Optional[AscendMLAPrefillMetadata] = None  # type: ignore[assignment]
+    prefill: AscendMLAPrefillMetadata | None = None  # type: ignore[assignment]
 
 
 class AscendMLAMetadataBuilder(AttentionMetadataBuilder[AscendMLAMetadata]):
@@ -139,6 +142,9 @@ class AscendMLAMetadataBuilder(AttentionMetadataBuilder[AscendMLAMetadata]):
     block-aligned (never less than one block per request). Set :attr:`context_chunk_tokens` to change the budget.
     """
 
+    # No full graphs yet (FULL_DECODE_ONLY is downgraded by vLLM, PIECEWISE works): the decode kernel returns a fresh
+    # tensor, and on the NPU it would have to become an updatable task writing into captured buffers
+    # (npu_fused_infer_attention_score.out with a workspace), as the GQA decode kernel does.
     cudagraph_support: ClassVar[AttentionCGSupport] = AttentionCGSupport.NEVER
     reorder_batch_threshold: int = 1
 
@@ -257,10 +263,10 @@ class AscendMLAImpl(MLACommonBaseImpl[AscendMLAMetadata]):
         k_c_normed: torch.Tensor,
         k_pe: torch.Tensor,
         kv_cache: torch.Tensor,
-        attn_metadata: AscendMLAMetadata,
-        output: Optional[torch.Tensor] = None,
-        output_scale: Optional[torch.Tensor] = None,
-        output_block_scale: Optional[torch.Tensor] = None,
+        attn_metadata: AscendMLAMetadata | None,  # None on vLLM's profile run
+        output: torch.Tensor | None = None,
+        output_scale: torch.Tensor | None = None,
+        output_block_scale: torch.Tensor | None = None,
     ) -> torch.Tensor:
         if output is None:
             raise KernelContractError("AscendMLAImpl.forward needs the output buffer (accept_output_buffer=True)")

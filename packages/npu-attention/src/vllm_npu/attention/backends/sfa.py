@@ -26,7 +26,7 @@ instead of ``Indexer.forward``. This module provides those pieces; it never reac
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar, Optional
+from typing import Any, ClassVar
 
 import torch
 from vllm.attention.backends.abstract import AttentionBackend, AttentionLayer
@@ -59,8 +59,10 @@ class AscendSFAMetadata:
 class AscendSFAMetadataBuilder(AttentionMetadataBuilder[AscendSFAMetadata]):
     """No decode/prefill split: sparse attention treats every token alike (top-k keys each)."""
 
+    # No full graphs (PIECEWISE works): the indexer's top-k selection and the sparse kernel take per-step host
+    # parameters that are not graph tasks.
     cudagraph_support: ClassVar[AttentionCGSupport] = AttentionCGSupport.NEVER
-    reorder_batch_threshold: ClassVar[Optional[int]] = None
+    reorder_batch_threshold: int | None = None
 
     # Not a no-op: vLLM declares AttentionMetadataBuilder.__init__ abstract, so a builder must define its own.
     def __init__(self, kv_cache_spec: AttentionSpec, layer_names: list[str], vllm_config: Any, device: torch.device):
@@ -90,16 +92,18 @@ class AscendSFABackend(AscendMLABackend):
     def get_name() -> str:
         return "ASCEND_SFA"
 
+    # A subclass for the MLA latent-cache layout only: metadata, builder and impl are SFA's own (and see
+    # AscendMLABackend.get_metadata_cls on vLLM's metadata type).
     @staticmethod
-    def get_metadata_cls() -> type[AscendSFAMetadata]:
+    def get_metadata_cls() -> type[AscendSFAMetadata]:  # type: ignore[override]
         return AscendSFAMetadata
 
     @staticmethod
-    def get_builder_cls() -> type[AscendSFAMetadataBuilder]:
+    def get_builder_cls() -> type[AscendSFAMetadataBuilder]:  # type: ignore[override]
         return AscendSFAMetadataBuilder
 
     @staticmethod
-    def get_impl_cls() -> type[AscendSFAImpl]:
+    def get_impl_cls() -> type[AscendSFAImpl]:  # type: ignore[override]
         return AscendSFAImpl
 
 
@@ -117,7 +121,7 @@ class AscendSFAImpl(MLACommonBaseImpl[AscendSFAMetadata]):
     fills_output_buffer: ClassVar[bool] = True
 
     def __init__(self, *args: Any, indexer: Any = None, **kwargs: Any) -> None:
-        super().__init__(*args, indexer=indexer, **kwargs)
+        super().__init__(*args, **{**kwargs, "indexer": indexer})
         if indexer is None or getattr(indexer, "topk_indices_buffer", None) is None:
             raise ConfigError(
                 "AscendSFABackend serves sparse (DeepSeek-V3.2) attention layers only: the layer must pass its "
@@ -141,10 +145,10 @@ class AscendSFAImpl(MLACommonBaseImpl[AscendSFAMetadata]):
         k_c_normed: torch.Tensor,
         k_pe: torch.Tensor,
         kv_cache: torch.Tensor,
-        attn_metadata: AscendSFAMetadata,
-        output: Optional[torch.Tensor] = None,
-        output_scale: Optional[torch.Tensor] = None,
-        output_block_scale: Optional[torch.Tensor] = None,
+        attn_metadata: AscendSFAMetadata | None,  # None on vLLM's profile run
+        output: torch.Tensor | None = None,
+        output_scale: torch.Tensor | None = None,
+        output_block_scale: torch.Tensor | None = None,
     ) -> torch.Tensor:
         if output is None:
             raise KernelContractError("AscendSFAImpl.forward needs the output buffer (accept_output_buffer=True)")
@@ -187,7 +191,7 @@ class AscendSFAIndexerBackend(AttentionBackend):
         raise NotImplementedError("the indexer cache layer has no attention impl; use AscendLightningIndexer")
 
     @staticmethod
-    def get_metadata_cls() -> type[AscendSFAMetadata]:
+    def get_metadata_cls() -> type[AscendSFAMetadata]:  # type: ignore[override]  # as AscendMLABackend's
         return AscendSFAMetadata
 
     @staticmethod
@@ -230,7 +234,7 @@ class AscendLightningIndexer:
         k: torch.Tensor,
         weights: torch.Tensor,
         kv_cache: torch.Tensor,
-        attn_metadata: Optional[AscendSFAMetadata],
+        attn_metadata: AscendSFAMetadata | None,
         topk_indices_buffer: torch.Tensor,
     ) -> torch.Tensor:
         if attn_metadata is None:
@@ -276,7 +280,8 @@ def ascend_indexer_forward(
     k = torch.cat([k_pe.squeeze(1), k_nope], dim=-1)
     weights = indexer.weights_proj(hidden_states)[0] * (indexer.softmax_scale * indexer.n_head**-0.5)
 
-    meta = get_forward_context().attn_metadata
-    if isinstance(meta, dict):
-        meta = meta.get(indexer.k_cache.prefix)
+    # vLLM types attn_metadata with v0's marker class (see AscendMLABackend.get_metadata_cls): it is the cache
+    # layer's AscendSFAMetadata (or None in the profile run), which the indexer takes as it comes.
+    metadata: Any = get_forward_context().attn_metadata
+    meta = metadata.get(indexer.k_cache.prefix) if isinstance(metadata, dict) else metadata
     return lightning(q, k, weights, indexer.k_cache.kv_cache[0], meta, indexer.topk_indices_buffer)

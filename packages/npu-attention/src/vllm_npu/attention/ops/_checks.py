@@ -17,6 +17,13 @@ def no_soft_cap(logits_soft_cap: float | None, op: str) -> None:
         raise KernelContractError(f"{op}: torch_npu has no attention kernel with logits soft-capping")
 
 
+def need_mask(attn_mask: torch.Tensor | None, op: str) -> torch.Tensor:
+    """The NPU twins' guard: their kernels take the metadata builder's mask, which it builds when they are selected."""
+    if attn_mask is None:
+        raise KernelContractError(f"{op}: the NPU kernel needs attn_mask; build the metadata with the NPU masks")
+    return attn_mask
+
+
 def check_packing(total: int, offsets: list[int], op: str) -> None:
     """``offsets`` (B + 1 cumulative entries) must start at 0, never decrease and end at ``total`` tokens."""
     if offsets[0] != 0 or offsets[-1] != total or any(b < a for a, b in zip(offsets, offsets[1:])):

@@ -24,7 +24,7 @@ from itertools import accumulate
 import torch
 from vllm_npu.interface.device import Kernel
 
-from ._checks import check_heads, check_packing, no_soft_cap
+from ._checks import check_heads, check_packing, need_mask, no_soft_cap
 from ._reference import attend, window_allowed
 
 
@@ -70,11 +70,12 @@ def prefill_no_cache_npu(
     num_heads: int,
     num_kv_heads: int,
     scale: float,
-    attn_mask: torch.Tensor,
+    attn_mask: torch.Tensor | None,
     out: torch.Tensor,
     logits_soft_cap: float | None = None,
 ) -> None:
     no_soft_cap(logits_soft_cap, "prefill_no_cache")
+    mask = need_mask(attn_mask, "prefill_no_cache")
     import torch_npu
 
     torch_npu.atb._npu_flash_attention_v2(
@@ -82,7 +83,7 @@ def prefill_no_cache_npu(
         key,
         value,
         seq_lens,
-        mask=attn_mask,
+        mask=mask,
         mask_type=1,
         scale_value=scale,
         num_heads=num_heads,
@@ -136,12 +137,13 @@ def encoder_attention_npu(
     num_heads: int,
     num_kv_heads: int,
     scale: float,
-    attn_mask: torch.Tensor,
+    attn_mask: torch.Tensor | None,
     out: torch.Tensor,
     sliding_window: int | None = None,
     logits_soft_cap: float | None = None,
 ) -> None:
     no_soft_cap(logits_soft_cap, "encoder_attention")
+    mask = need_mask(attn_mask, "encoder_attention")
     import torch_npu
 
     band = max_query_len if sliding_window is None else sliding_window - 1
@@ -152,7 +154,7 @@ def encoder_attention_npu(
         value,
         num_heads,
         "TND",
-        atten_mask=attn_mask,
+        atten_mask=mask,
         scale=scale,
         pre_tockens=band,
         next_tockens=band,

@@ -17,7 +17,11 @@ one of vLLM's GPT-J rotation. cos/sin come from ``rotary_emb.cos_sin_cache`` (ev
 DeepSeek's YaRN mscale included), read inside the layer that owns it: the metadata builder stays model-free.
 
 Falls back to vLLM's ``forward_native`` whenever the fusion does not apply: sparse (DeepSeek-V3.2) layers, a NeoX
-rope, partial rotary, a biased norm, or an attention backend other than :class:`AscendMLABackend`.
+rope, partial rotary, a biased norm, an attention backend other than :class:`AscendMLABackend`, or a compiled /
+graph-captured model. The fused write sits outside the attention op and reads the step's metadata in Python (whether
+there is any, ``num_actual_tokens``, the slot mapping): Dynamo and a captured graph would freeze those at their
+first (metadata-less) run and never write the cache again; ``forward_native`` leaves the write to the impl, inside
+the attention op, which runs eagerly between graph pieces.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from vllm.forward_context import get_forward_context
 from vllm.model_executor.layers.mla import MultiHeadLatentAttention
 from vllm_npu.interface.device import Kernel
 
+from ..backends.mla import AscendMLAImpl, AscendMLAMetadata
 from .mla_cache import KV_RMSNORM_ROPE_CACHE, interleave_rope_reference, latent_cache_planes
 
 
@@ -47,13 +52,22 @@ def interleave_rope_npu(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -
 INTERLEAVE_ROPE = Kernel("interleave_rope", npu=interleave_rope_npu, reference=interleave_rope_reference)
 
 
-def _fusable(layer: MultiHeadLatentAttention) -> bool:
-    from ..backends.mla import AscendMLAImpl
+def _model_is_compiled() -> bool:
+    """Whether the model being built is traced by Dynamo or captured into static graphs."""
+    from vllm.config import CompilationLevel, CUDAGraphMode, get_current_vllm_config
 
+    compilation = get_current_vllm_config().compilation_config
+    return compilation.level not in (None, CompilationLevel.NO_COMPILATION) or (
+        compilation.cudagraph_mode not in (None, CUDAGraphMode.NONE)
+    )
+
+
+def _fusable(layer: MultiHeadLatentAttention) -> bool:
     rope = layer.rotary_emb
     norm = layer.kv_a_layernorm
     return (
         not layer.is_sparse
+        and not _model_is_compiled()
         and isinstance(getattr(layer.mla_attn, "impl", None), AscendMLAImpl)
         and isinstance(getattr(rope, "cos_sin_cache", None), torch.Tensor)
         and getattr(rope, "is_neox_style", True) is False
@@ -70,33 +84,50 @@ class AscendMultiHeadLatentAttention(MultiHeadLatentAttention):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.fused_cache_write = _fusable(self)
-        if self.fused_cache_write:
-            self.mla_attn.impl.layer_writes_cache = True
+        impl = self.mla_attn.impl
+        if self.fused_cache_write and isinstance(impl, AscendMLAImpl):  # _fusable checked the impl is ours
+            impl.layer_writes_cache = True
             self._rope = INTERLEAVE_ROPE.select()
             self._norm_rope_write = KV_RMSNORM_ROPE_CACHE.select()
+
+    def _fused_inputs(self) -> tuple[torch.Tensor, torch.Tensor, float]:
+        """``rotary_emb.cos_sin_cache``, ``kv_a_layernorm.weight`` and its epsilon, typed (``_fusable`` checked them)."""
+        cache, weight, eps = (
+            self.rotary_emb.cos_sin_cache,
+            self.kv_a_layernorm.weight,
+            self.kv_a_layernorm.variance_epsilon,
+        )
+        assert isinstance(cache, torch.Tensor) and isinstance(weight, torch.Tensor) and isinstance(eps, int | float)
+        return cache, weight, float(eps)
 
     def forward_oot(self, positions: torch.Tensor, hidden_states: torch.Tensor) -> torch.Tensor:
         if not self.fused_cache_write:
             return self.forward_native(positions, hidden_states)
         ctx = get_forward_context()
-        meta = ctx.attn_metadata
-        if isinstance(meta, dict):
-            meta = meta.get(self.mla_attn.layer_name)
-        if meta is None:  # profile / dummy run: no cache to write, the impl zero-fills
+        # vLLM types this with v0's AttentionMetadata marker, which no v1 metadata class (ours or vLLM's) subclasses.
+        metadata: object = ctx.attn_metadata
+        meta = metadata.get(self.mla_attn.layer_name) if isinstance(metadata, dict) else metadata
+        if not isinstance(meta, AscendMLAMetadata):  # None: profile / dummy run, no cache to write (impl zero-fills)
             return self.forward_native(positions, hidden_states)
 
+        # Which projections exist depends on q_lora_rank (as in vLLM's forward_native, which asserts the same).
         if self.q_lora_rank is not None:
-            q_c, kv_lora = self.fused_qkv_a_proj(hidden_states)[0].split(
+            fused_qkv_a, q_a_norm, q_b = self.fused_qkv_a_proj, self.q_a_layernorm, self.q_b_proj
+            assert fused_qkv_a is not None and q_a_norm is not None and q_b is not None
+            q_c, kv_lora = fused_qkv_a(hidden_states)[0].split(
                 [self.q_lora_rank, self.kv_lora_rank + self.qk_rope_head_dim], dim=-1
             )
-            q = self.q_b_proj(self.q_a_layernorm(q_c))[0]
+            q = q_b(q_a_norm(q_c))[0]
         else:
-            kv_lora = self.kv_a_proj_with_mqa(hidden_states)[0]
-            q = self.q_proj(hidden_states)[0]
+            kv_a, q_proj = self.kv_a_proj_with_mqa, self.q_proj
+            assert kv_a is not None and q_proj is not None
+            kv_lora = kv_a(hidden_states)[0]
+            q = q_proj(hidden_states)[0]
         T = hidden_states.shape[0]
         q = q.view(T, self.num_heads, self.qk_head_dim)
 
-        half = self.rotary_emb.cos_sin_cache.index_select(0, positions.long()).to(q.dtype)
+        cos_sin_cache, norm_weight, norm_eps = self._fused_inputs()
+        half = cos_sin_cache.index_select(0, positions.long()).to(q.dtype)
         cos, sin = half.chunk(2, dim=-1)
         cos, sin = torch.cat((cos, cos), dim=-1), torch.cat((sin, sin), dim=-1)  # [T, R] full width
         q = torch.cat(
@@ -109,8 +140,7 @@ class AscendMultiHeadLatentAttention(MultiHeadLatentAttention):
             self.mla_attn.kv_cache[ctx.virtual_engine], self.kv_lora_rank, self.qk_rope_head_dim
         )
         k_pe, kv_c = self._norm_rope_write(
-            kv_lora[:n].contiguous(), self.kv_a_layernorm.weight, cos[:n], sin[:n], meta.slot_mapping[:n], nope, rope,
-            self.kv_a_layernorm.variance_epsilon,
+            kv_lora[:n].contiguous(), norm_weight, cos[:n], sin[:n], meta.slot_mapping[:n], nope, rope, norm_eps,
         )  # fmt: skip
         attn_out = self.mla_attn(q, kv_c, k_pe.unsqueeze(1), output_shape=(T, self.num_heads * self.v_head_dim))
         return self.o_proj(attn_out)[0]

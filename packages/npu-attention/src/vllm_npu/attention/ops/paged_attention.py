@@ -39,7 +39,7 @@ import torch
 from vllm_npu.interface.device import Kernel
 from vllm_npu.interface.errors import KernelContractError
 
-from ._checks import check_heads, no_soft_cap
+from ._checks import check_heads, need_mask, no_soft_cap
 from ._reference import attend, gather_pages, gather_sequence, window_allowed
 
 # Requests with at most this many new tokens are computed together in one padded batch by the reference (decodes,
@@ -212,12 +212,13 @@ def paged_prefill_npu(
     num_heads: int,
     num_kv_heads: int,
     scale: float,
-    attn_mask: torch.Tensor,
+    attn_mask: torch.Tensor | None,
     out: torch.Tensor,
     sliding_window: int | None = None,
     logits_soft_cap: float | None = None,
 ) -> None:
     no_soft_cap(logits_soft_cap, "paged_prefill")
+    mask = need_mask(attn_mask, "paged_prefill")
     import torch_npu
 
     num_blocks, block_size = key_cache.shape[:2]
@@ -229,7 +230,7 @@ def paged_prefill_npu(
         query,
         key_cache.view(num_blocks, block_size, -1),
         value_cache.view(num_blocks, block_size, -1),
-        atten_mask=attn_mask,
+        atten_mask=mask,
         block_table=block_table,
         input_layout="TND",
         block_size=block_size,

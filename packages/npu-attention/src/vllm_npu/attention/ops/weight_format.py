@@ -39,4 +39,6 @@ def kv_b_proj_to_nd(kv_b_proj: torch.nn.Module) -> None:
     """Make an unquantized ``kv_b_proj`` weight ND in place before vLLM reshapes it (a quantized one is dequantized
     by vLLM through its method's ``apply``, which yields a fresh ND tensor)."""
     if isinstance(getattr(kv_b_proj, "quant_method", None), UnquantizedLinearMethod):
-        kv_b_proj.weight.data = WEIGHT_TO_ND.select()(kv_b_proj.weight.data)
+        weight = kv_b_proj.weight
+        assert isinstance(weight, torch.Tensor)  # the parameter UnquantizedLinearMethod.create_weights registered
+        weight.data = WEIGHT_TO_ND.select()(weight.data)

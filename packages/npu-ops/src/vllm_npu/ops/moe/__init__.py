@@ -1,6 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
-# ruff: noqa: F401
 """vllm_npu.ops.moe: FusedMoE for Ascend NPUs (gating, token permutation, grouped matmul, expert parallelism).
 
 Import-light: exports load on first access. The layer classes (``AscendFusedMoE``, ``AscendSharedFusedMoE``) live
@@ -19,20 +18,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from vllm_npu.interface.lazy import lazy_exports
-
-if TYPE_CHECKING:
-    from .experts import ExpertsFn, UnquantizedExperts, grouped_matmul_npu, grouped_matmul_reference
-    from .forward import MoEPlan, build_moe_plan, moe_forward
-    from .gating import RoutingConfig, build_gate
-    from .layer import (
-        AscendFusedMoE,
-        AscendSharedFusedMoE,
-        AscendUnquantizedFusedMoEMethod,
-        build_layer_plan,
-        routing_config_of,
-    )
-
+# Lazy exports (PEP 562): name -> ".module:attr", imported on first access. The TYPE_CHECKING block and
+# __all__ mirror the table for type checkers and IDEs; tests/test_doors.py checks that the three agree.
 _EXPORTS = {
     "AscendFusedMoE": ".layer:AscendFusedMoE",
     "AscendSharedFusedMoE": ".layer:AscendSharedFusedMoE",
@@ -50,5 +37,35 @@ _EXPORTS = {
     "build_gate": ".gating:build_gate",
 }
 
-__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
-__all__ = sorted(_EXPORTS)
+if TYPE_CHECKING:
+    from .experts import ExpertsFn, UnquantizedExperts, grouped_matmul_npu, grouped_matmul_reference
+    from .forward import MoEPlan, build_moe_plan, moe_forward
+    from .gating import RoutingConfig, build_gate
+    from .layer import (
+        AscendFusedMoE,
+        AscendSharedFusedMoE,
+        AscendUnquantizedFusedMoEMethod,
+        build_layer_plan,
+        routing_config_of,
+    )
+else:
+    from vllm_npu.interface.lazy import lazy_exports
+
+    __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
+
+__all__ = [
+    "AscendFusedMoE",
+    "AscendSharedFusedMoE",
+    "AscendUnquantizedFusedMoEMethod",
+    "ExpertsFn",
+    "MoEPlan",
+    "RoutingConfig",
+    "UnquantizedExperts",
+    "build_gate",
+    "build_layer_plan",
+    "build_moe_plan",
+    "grouped_matmul_npu",
+    "grouped_matmul_reference",
+    "moe_forward",
+    "routing_config_of",
+]

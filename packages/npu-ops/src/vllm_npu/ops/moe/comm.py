@@ -20,7 +20,7 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any
 
 import torch
 
@@ -49,7 +49,7 @@ class LocalDispatcher:
     num_experts: int
     init_routing: InitRouting
     unpermute: Unpermute
-    expert_map: Optional[torch.Tensor] = None
+    expert_map: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
         if self.expert_map is None:

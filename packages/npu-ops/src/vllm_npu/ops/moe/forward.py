@@ -17,7 +17,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Optional, Union
 
 import torch
 from vllm_npu.interface import ConfigError, KernelBackend
@@ -27,7 +26,7 @@ from .experts import GROUPED_MATMUL, ExpertsFn, GroupedMatmul, UnquantizedExpert
 from .gating import Gate, RoutingConfig, build_gate, gate_path
 from .routing import INIT_ROUTING, build_unpermute
 
-Dispatcher = Union[LocalDispatcher, AllToAllDispatcher]
+Dispatcher = LocalDispatcher | AllToAllDispatcher
 
 
 @dataclass(frozen=True, eq=False)
@@ -58,10 +57,10 @@ def build_moe_plan(
     *,
     act_dtype: torch.dtype,
     activation: str = "silu",
-    expert_map: Optional[torch.Tensor] = None,
-    all_to_all: Optional[AllToAll] = None,
+    expert_map: torch.Tensor | None = None,
+    all_to_all: AllToAll | None = None,
     ep_rank: int = 0,
-    expert_maps: Optional[Sequence[torch.Tensor]] = None,
+    expert_maps: Sequence[torch.Tensor] | None = None,
     apply_router_weight_on_input: bool = False,
     backend: KernelBackend | None = None,
 ) -> MoEPlan:
@@ -101,7 +100,7 @@ def moe_forward(
     *,
     plan: MoEPlan,
     experts: ExpertsFn,
-    e_score_correction_bias: Optional[torch.Tensor] = None,
+    e_score_correction_bias: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Routed-expert output for ``hidden_states`` [T, H] (no shared experts, no reduction across ranks)."""
     if hidden_states.dim() != 2 or router_logits.shape != (hidden_states.shape[0], plan.num_experts):

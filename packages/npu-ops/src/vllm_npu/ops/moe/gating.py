@@ -26,15 +26,15 @@ plain torch that runs the same on the NPU and on the emulated device. The choice
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Optional
 
 import torch
 from vllm_npu.interface import ConfigError, Kernel, KernelBackend
 
 GateOutput = tuple[torch.Tensor, torch.Tensor]
-Gate = Callable[[torch.Tensor, torch.Tensor, Optional[torch.Tensor]], GateOutput]
+Gate = Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None], GateOutput]
 
 # npu_moe_gating_top_k's documented eps for the sigmoid renormalisation (sum + eps).
 GATING_EPS = 1e-20
@@ -50,12 +50,12 @@ class RoutingConfig:
     top_k: int
     renormalize: bool = True
     use_grouped_topk: bool = False
-    num_expert_group: Optional[int] = None
-    topk_group: Optional[int] = None
+    num_expert_group: int | None = None
+    topk_group: int | None = None
     scoring_func: str = "softmax"
     routed_scaling_factor: float = 1.0
     has_correction_bias: bool = False
-    custom_routing_function: Optional[Callable[..., GateOutput]] = None
+    custom_routing_function: Callable[..., GateOutput] | None = None
 
     def validate(self, num_experts: int) -> None:
         if not 1 <= self.top_k <= num_experts:
@@ -110,7 +110,7 @@ TOPK_SOFTMAX = Kernel("moe_gating_topk_softmax", npu=topk_softmax_npu, reference
 
 def grouped_topk_npu(
     router_logits: torch.Tensor,
-    bias: Optional[torch.Tensor],
+    bias: torch.Tensor | None,
     *,
     top_k: int,
     num_expert_group: int,
@@ -150,7 +150,7 @@ def _scores(router_logits: torch.Tensor, scoring_func: str) -> torch.Tensor:
 
 
 def _grouped_choice(
-    scores: torch.Tensor, bias: Optional[torch.Tensor], top_k: int, num_expert_group: int, topk_group: int
+    scores: torch.Tensor, bias: torch.Tensor | None, top_k: int, num_expert_group: int, topk_group: int
 ) -> torch.Tensor:
     """Expert ids [T, k] (int64) of grouped top-k: groups scored by their max (no bias) or the sum of their top-2
     biased scores; the best ``topk_group`` groups kept; the top-k biased scores inside them."""
@@ -166,7 +166,7 @@ def _grouped_choice(
 
 def grouped_topk_reference(
     router_logits: torch.Tensor,
-    bias: Optional[torch.Tensor],
+    bias: torch.Tensor | None,
     *,
     top_k: int,
     num_expert_group: int,
@@ -211,7 +211,7 @@ def fused_grouped_topk_supports(cfg: RoutingConfig, num_experts: int) -> bool:
 def select_experts_native(
     hidden_states: torch.Tensor,
     router_logits: torch.Tensor,
-    e_score_correction_bias: Optional[torch.Tensor],
+    e_score_correction_bias: torch.Tensor | None,
     cfg: RoutingConfig,
 ) -> GateOutput:
     """Every routing config vLLM 0.11 accepts, in plain torch (used on both backends for the non-fused configs)."""
@@ -264,14 +264,16 @@ def build_gate(cfg: RoutingConfig, num_experts: int, backend: KernelBackend | No
     if path == "topk_softmax":
         topk_softmax = TOPK_SOFTMAX.select(backend)
 
-        def gate(hidden_states: torch.Tensor, router_logits: torch.Tensor, bias: Optional[torch.Tensor]) -> GateOutput:
+        def softmax_gate(
+            hidden_states: torch.Tensor, router_logits: torch.Tensor, bias: torch.Tensor | None
+        ) -> GateOutput:
             return topk_softmax(router_logits, cfg.top_k, cfg.renormalize)
 
-        return gate
+        return softmax_gate
     if path == "grouped_topk":
-        grouped = GROUPED_TOPK.select(backend)
         assert cfg.num_expert_group is not None and cfg.topk_group is not None
-        kwargs = dict(
+        grouped = functools.partial(
+            GROUPED_TOPK.select(backend),
             top_k=cfg.top_k,
             num_expert_group=cfg.num_expert_group,
             topk_group=cfg.topk_group,
@@ -279,14 +281,16 @@ def build_gate(cfg: RoutingConfig, num_experts: int, backend: KernelBackend | No
             routed_scaling_factor=cfg.routed_scaling_factor,
         )
 
-        def gate(hidden_states: torch.Tensor, router_logits: torch.Tensor, bias: Optional[torch.Tensor]) -> GateOutput:
+        def grouped_gate(
+            hidden_states: torch.Tensor, router_logits: torch.Tensor, bias: torch.Tensor | None
+        ) -> GateOutput:
             if cfg.has_correction_bias and bias is None:
                 raise ValueError("this MoE layer was built with a correction bias but none was passed")
-            return grouped(router_logits, bias, **kwargs)
+            return grouped(router_logits, bias)
 
-        return gate
+        return grouped_gate
 
-    def gate(hidden_states: torch.Tensor, router_logits: torch.Tensor, bias: Optional[torch.Tensor]) -> GateOutput:
+    def gate(hidden_states: torch.Tensor, router_logits: torch.Tensor, bias: torch.Tensor | None) -> GateOutput:
         return select_experts_native(hidden_states, router_logits, bias, cfg)
 
     return gate

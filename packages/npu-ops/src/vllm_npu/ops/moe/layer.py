@@ -25,7 +25,7 @@ all-reduce) is vLLM's.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, ClassVar, Optional, Union
+from typing import Any, ClassVar
 
 import torch
 from vllm.model_executor.layers.fused_moe.layer import FusedMoE, UnquantizedFusedMoEMethod, determine_expert_map
@@ -81,9 +81,7 @@ def tokens_differ_per_ep_rank(layer: FusedMoE) -> bool:
     )
 
 
-def build_layer_plan(
-    layer: FusedMoE, *, all_to_all: Optional[AllToAll] = None, allow_all_to_all: bool = True
-) -> MoEPlan:
+def build_layer_plan(layer: FusedMoE, *, all_to_all: AllToAll | None = None, allow_all_to_all: bool = True) -> MoEPlan:
     """The :class:`MoEPlan` of a built vLLM ``FusedMoE`` layer (any quant method); see the module docstring.
 
     ``all_to_all`` overrides the EP group's exchange (tests); by default it is used only when
@@ -138,26 +136,28 @@ class AscendUnquantizedFusedMoEMethod(UnquantizedFusedMoEMethod):
         top_k: int,
         renormalize: bool,
         use_grouped_topk: bool = False,
-        topk_group: Optional[int] = None,
-        num_expert_group: Optional[int] = None,
+        topk_group: int | None = None,
+        num_expert_group: int | None = None,
         global_num_experts: int = -1,
-        expert_map: Optional[torch.Tensor] = None,
-        custom_routing_function: Optional[Callable] = None,
+        expert_map: torch.Tensor | None = None,
+        custom_routing_function: Callable | None = None,
         scoring_func: str = "softmax",
         routed_scaling_factor: float = 1.0,
-        e_score_correction_bias: Optional[torch.Tensor] = None,
+        e_score_correction_bias: torch.Tensor | None = None,
         apply_router_weight_on_input: bool = False,
         activation: str = "silu",
         enable_eplb: bool = False,
         **_: Any,
     ) -> torch.Tensor:
-        plan: Optional[MoEPlan] = getattr(layer, "moe_plan", None)
+        plan: MoEPlan | None = getattr(layer, "moe_plan", None)
         if plan is None:
             raise RuntimeError(
                 "AscendUnquantizedFusedMoEMethod.apply needs layer.moe_plan (built by AscendFusedMoE); "
                 "build the layer through vLLM's FusedMoE with npu-ops registered"
             )
-        experts = plan.unquantized_experts(layer.w13_weight, layer.w2_weight)
+        w13, w2 = layer.w13_weight, layer.w2_weight
+        assert isinstance(w13, torch.Tensor) and isinstance(w2, torch.Tensor)  # FusedMoE's registered parameters
+        experts = plan.unquantized_experts(w13, w2)
         return moe_forward(
             x, router_logits, plan=plan, experts=experts, e_score_correction_bias=e_score_correction_bias
         )
@@ -188,13 +188,13 @@ class AscendFusedMoE(FusedMoE):
 
     def forward_impl(
         self, hidden_states: torch.Tensor, router_logits: torch.Tensor
-    ) -> Union[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         if not self._moe_across_dp:
             return super().forward_impl(hidden_states, router_logits)
         self.ensure_moe_quant_config()
         shared = self.shared_experts(hidden_states) if self.shared_experts is not None else None
         if self.moe_plan.all_to_all:
-            routed = self._apply(hidden_states, router_logits)  # complete on this rank
+            routed = self._run_quant_method(hidden_states, router_logits)  # complete on this rank
         else:
             routed = self._gathered_apply(hidden_states, router_logits)  # partial over the TP group's experts
         # As vLLM's forward_impl: sum the attention-TP ranks' partial outputs (a no-op when TP is 1).
@@ -215,13 +215,14 @@ class AscendFusedMoE(FusedMoE):
         dp = get_dp_group()
         count = torch.tensor([hidden_states.shape[0]], dtype=torch.int64, device=hidden_states.device)
         sizes = [int(n) for n in dp.all_gather(count, dim=0).tolist()]
-        gathered = self._apply(
+        gathered = self._run_quant_method(
             dp.all_gatherv(hidden_states, dim=0, sizes=sizes), dp.all_gatherv(router_logits, dim=0, sizes=sizes)
         )
         return dp.reduce_scatterv(gathered, dim=0, sizes=sizes)
 
-    def _apply(self, hidden_states: torch.Tensor, router_logits: torch.Tensor) -> torch.Tensor:
-        return self.quant_method.apply(
+    # Not named _apply: that is nn.Module's hook behind .to()/.float()/.cuda(), which reaches every child module.
+    def _run_quant_method(self, hidden_states: torch.Tensor, router_logits: torch.Tensor) -> torch.Tensor:
+        out = self.quant_method.apply(
             layer=self,
             x=hidden_states,
             router_logits=router_logits,
@@ -243,6 +244,12 @@ class AscendFusedMoE(FusedMoE):
             logical_to_physical_map=self.logical_to_physical_map,
             logical_replica_count=self.logical_replica_count,
         )
+        if not isinstance(out, torch.Tensor):  # vLLM's type allows (shared, routed); shared experts run in forward
+            raise TypeError(
+                f"{type(self.quant_method).__name__}.apply returned {type(out).__name__}: AscendFusedMoE needs the "
+                "routed experts' output tensor (it runs shared experts itself)"
+            )
+        return out
 
 
 class AscendSharedFusedMoE(SharedFusedMoE, AscendFusedMoE):

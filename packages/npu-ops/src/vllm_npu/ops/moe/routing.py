@@ -27,7 +27,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
-from vllm_npu.interface import Kernel
+from vllm_npu.interface import Kernel, KernelBackend
 
 RoutingOutput = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 InitRouting = Callable[[torch.Tensor, torch.Tensor, int, tuple[int, int]], RoutingOutput]
@@ -125,7 +125,7 @@ def combine_masked(
     return out.to(out_dtype or rows.dtype)
 
 
-def build_unpermute(act_dtype: torch.dtype, backend: str | None = None) -> Unpermute:
+def build_unpermute(act_dtype: torch.dtype, backend: KernelBackend | None = None) -> Unpermute:
     """The full-permutation combine for a layer: the NPU op for bf16, :func:`combine_masked` for other dtypes."""
     if UNPERMUTE.select(backend) is not unpermute_npu:
         return unpermute_reference

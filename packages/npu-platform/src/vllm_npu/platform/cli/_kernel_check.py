@@ -101,8 +101,8 @@ def find_kernels_in(root: str, label: str | None = None) -> list[FoundKernel]:
                 if callee != "Kernel":
                     continue
                 first = node.args[0] if node.args else next((k.value for k in node.keywords if k.arg == "name"), None)
-                literal = isinstance(first, ast.Constant) and isinstance(first.value, str)
-                found.append(FoundKernel(first.value if literal else None, f"{rel}:{node.lineno}"))
+                kernel_name = first.value if isinstance(first, ast.Constant) and isinstance(first.value, str) else None
+                found.append(FoundKernel(kernel_name, f"{rel}:{node.lineno}"))
     return found
 
 

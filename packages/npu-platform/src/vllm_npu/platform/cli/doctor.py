@@ -162,8 +162,8 @@ def collect(*, vllm_surface: bool = False) -> dict[str, Any]:
         if environ.get(var) and not os.path.isdir(environ[var]):
             warnings.append(f"{var}={environ[var]!r} is not a directory")
 
-    for finding in find_ascend_settings(None, environ):
-        (errors if finding.severity == "error" else warnings).append(finding.message)
+    for ascend in find_ascend_settings(None, environ):
+        (errors if ascend.severity == "error" else warnings).append(ascend.message)
     surface = _vllm_surface() if vllm_surface and vllm is not None else None
     if surface is not None:
         errors.extend(surface["problems"])

@@ -93,14 +93,14 @@ def npu_device() -> Any:
     import torch
     import torch_npu  # noqa: F401  (registers the npu device)
 
-    return torch.device("npu", torch.npu.current_device())
+    return torch.device("npu", torch.npu.current_device())  # type: ignore[attr-defined]  # torch_npu's, at runtime
 
 
 def release_npu() -> None:
     """Hand the cases' NPU memory back before the generate's processes start."""
     import torch
 
-    torch.npu.empty_cache()
+    torch.npu.empty_cache()  # type: ignore[attr-defined]  # registered at runtime by torch_npu
 
 
 def _versions() -> dict[str, Any]:

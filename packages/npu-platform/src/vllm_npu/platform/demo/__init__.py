@@ -71,10 +71,11 @@ def main(argv: list[str] | None = None) -> int:
     n_tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
     # NPUWorker.npu_runtime_info: what actually ran in each worker (a method name, so no pickled code is sent).
     report = llm.collective_rpc("npu_runtime_info")
+    completions = [{"prompt": o.prompt, "completion": o.outputs[0].text} for o in outputs]
     result = {
         "model": str(model_dir),
         "device": os.environ["VLLM_NPU_DEVICE"],
-        "completions": [{"prompt": o.prompt, "completion": o.outputs[0].text} for o in outputs],
+        "completions": completions,
         "generated_tokens": n_tokens,
         "generate_seconds": round(gen_s, 3),
         "tokens_per_second": round(n_tokens / gen_s, 1) if gen_s > 0 else None,
@@ -86,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
         json_out.flush()
         return 0
     print()
-    for item in result["completions"]:
+    for item in completions:
         print(f"  {item['prompt']!r}\n    -> {item['completion']!r}")
     print(
         f"\n{n_tokens} tokens in {gen_s:.2f} s = {result['tokens_per_second']} tokens/s "

@@ -9,11 +9,17 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from vllm_npu.interface.lazy import lazy_exports
+# Lazy exports (PEP 562): name -> ".module:attr", imported on first access. The TYPE_CHECKING block and
+# __all__ mirror the table for type checkers and IDEs; tests/test_doors.py checks that the three agree.
+_EXPORTS = {"NPURejectionSampler": ".rejection_sampler:NPURejectionSampler"}
 
 if TYPE_CHECKING:
     from .rejection_sampler import NPURejectionSampler
+else:
+    from vllm_npu.interface.lazy import lazy_exports
 
-_EXPORTS = {"NPURejectionSampler": ".rejection_sampler:NPURejectionSampler"}
-__all__ = ["NPURejectionSampler"]
-__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
+    __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
+
+__all__ = [
+    "NPURejectionSampler",
+]

@@ -29,8 +29,6 @@ upstream by vllm-project/vllm#27077, which made the marker 0). Here a request is
 
 from __future__ import annotations
 
-from typing import Optional
-
 import torch
 from vllm.v1.sample.metadata import SamplingMetadata
 from vllm.v1.sample.ops.topk_topp_sampler import apply_top_k_top_p
@@ -50,7 +48,7 @@ class NPURejectionSampler(RejectionSampler):
     def forward(
         self,
         metadata: SpecDecodeMetadata,
-        draft_probs: Optional[torch.Tensor],
+        draft_probs: torch.Tensor | None,
         target_logits: torch.Tensor,
         bonus_token_ids: torch.Tensor,
         sampling_metadata: SamplingMetadata,
@@ -121,6 +119,7 @@ def compute_probs(
         return logits
     num_tokens = logits.shape[0]
     temperature = sampling_metadata.temperature
+    assert temperature is not None  # vLLM leaves it None only when every request is greedy
     temperature = expand_batch_to_tokens(
         temperature.masked_fill(_is_greedy(temperature), 1), cu_num_draft_tokens, num_tokens
     )
@@ -142,7 +141,7 @@ def rejection_sample(
     num_draft_tokens: list[int],
     max_spec_len: int,
     cu_num_draft_tokens: torch.Tensor,
-    draft_probs: Optional[torch.Tensor],
+    draft_probs: torch.Tensor | None,
     target_probs: torch.Tensor,
     bonus_token_ids: torch.Tensor,
     sampling_metadata: SamplingMetadata,
@@ -175,7 +174,8 @@ def rejection_sample(
     flat = ((cu_num_draft_tokens.to(device, torch.int64) - counts).unsqueeze(1) + pos).masked_fill(~valid, 0)
     draft = draft_token_ids.to(torch.int64)[flat]  # [B, K]
 
-    is_greedy = None if sampling_metadata.all_greedy else _is_greedy(sampling_metadata.temperature)
+    temperature = sampling_metadata.temperature  # None exactly when all_greedy (vLLM's input batch)
+    is_greedy = None if sampling_metadata.all_greedy or temperature is None else _is_greedy(temperature)
 
     greedy_out = None
     if not sampling_metadata.all_random:
@@ -198,7 +198,7 @@ def rejection_sample(
         # A zero draft probability rejects (vLLM's guard against 0/0).
         accept = (draft_p > 0) & (target_p / draft_p >= uniform)
     random_out = _emit(accept, draft, recovered.to(torch.int64)[flat], valid, counts, bonus)
-    if greedy_out is None:
+    if greedy_out is None or is_greedy is None:  # all random (a greedy-only batch returned above)
         return random_out
     return torch.where(is_greedy.to(device).unsqueeze(1), greedy_out, random_out)
 
@@ -233,7 +233,7 @@ def sample_recovered_tokens(
     num_draft_tokens: list[int],
     cu_num_draft_tokens: torch.Tensor,
     draft_token_ids: torch.Tensor,
-    draft_probs: Optional[torch.Tensor],
+    draft_probs: torch.Tensor | None,
     target_probs: torch.Tensor,
     sampling_metadata: SamplingMetadata,
     device: torch.device,

@@ -22,7 +22,7 @@ import math
 import torch
 
 from .. import kernels
-from ..params import FLOATS, QuantLoadError, TensorSpec, drop_param, loaded_names, replace_param
+from ..params import FLOATS, QuantLoadError, TensorSpec, drop_param, loaded_names, param, replace_param
 from .base import LinearScheme, LinearShape, flat2d, require_int_range, require_positive, require_zero_if_loaded
 
 
@@ -71,16 +71,16 @@ class W4A4FlatQuantScheme(LinearScheme):
 
     def process(self, layer: torch.nn.Module, shape: LinearShape) -> None:
         p = shape.prefix
-        require_int_range(layer.weight.data, -8, 7, f"{p}.weight (int4 values)")
-        require_positive(layer.weight_scale.data, f"{p}.weight_scale")
+        require_int_range(param(layer, "weight").data, -8, 7, f"{p}.weight (int4 values)")
+        require_positive(param(layer, "weight_scale").data, f"{p}.weight_scale")
         require_zero_if_loaded(layer, "weight_offset", loaded_names(layer), f"{p}.weight_offset")
-        clip = float(layer.clip_ratio.data.reshape(-1)[0])
+        clip = float(param(layer, "clip_ratio").data.reshape(-1)[0])
         if not 0.0 < clip <= 1.0:
             raise QuantLoadError(f"{p}.clip_ratio must lie in (0, 1], got {clip}")
         self.clip_ratio = clip
-        replace_param(layer, "weight", self._pack(layer.weight.data.to(torch.int32)))  # [N, K/8] int32
-        replace_param(layer, "left_trans", layer.left_trans.data.t().contiguous())  # the kernel's p1
-        replace_param(layer, "weight_scale", layer.weight_scale.data.reshape(-1).float())
+        replace_param(layer, "weight", self._pack(param(layer, "weight").data.to(torch.int32)))  # [N, K/8] int32
+        replace_param(layer, "left_trans", param(layer, "left_trans").data.t().contiguous())  # the kernel's p1
+        replace_param(layer, "weight_scale", param(layer, "weight_scale").data.reshape(-1).float())
         for name in ("weight_offset", "clip_ratio"):
             drop_param(layer, name)
 
@@ -88,9 +88,14 @@ class W4A4FlatQuantScheme(LinearScheme):
         x2, lead = flat2d(x)
         t = x2.shape[0]
         q, s = self._kq(
-            x2.reshape(t, self.l, self.r), layer.left_trans.to(x.dtype), layer.right_trans.to(x.dtype), self.clip_ratio
+            x2.reshape(t, self.l, self.r),
+            param(layer, "left_trans").to(x.dtype),
+            param(layer, "right_trans").to(x.dtype),
+            self.clip_ratio,
         )
-        out = self._qmm(q.reshape(t, -1), layer.weight.t(), layer.weight_scale, s.reshape(-1), None, x.dtype)
+        out = self._qmm(
+            q.reshape(t, -1), param(layer, "weight").t(), param(layer, "weight_scale"), s.reshape(-1), None, x.dtype
+        )
         if bias is not None:
             out = out + bias.to(out.dtype)
         return out.reshape(*lead, out.shape[-1])

@@ -23,7 +23,7 @@ from __future__ import annotations
 import torch
 
 from .. import kernels
-from ..params import FLOATS, QuantLoadError, TensorSpec, drop_param, loaded_names, replace_param
+from ..params import FLOATS, QuantLoadError, TensorSpec, drop_param, loaded_names, param, replace_param
 from .base import LinearScheme, LinearShape, flat2d, require_int_range, require_positive, require_zero_if_loaded
 
 
@@ -83,23 +83,25 @@ class W4A8DynamicScheme(LinearScheme):
     def process(self, layer: torch.nn.Module, shape: LinearShape) -> None:
         p, dt = shape.prefix, shape.params_dtype
         loaded = loaded_names(layer)
-        require_positive(layer.weight_scale.data, f"{p}.weight_scale")
+        require_positive(param(layer, "weight_scale").data, f"{p}.weight_scale")
         require_zero_if_loaded(layer, "weight_offset", loaded, f"{p}.weight_offset")
         if self.group_size:
-            require_positive(layer.weight_scale_second.data, f"{p}.weight_scale_second")
+            require_positive(param(layer, "weight_scale_second").data, f"{p}.weight_scale_second")
             require_zero_if_loaded(layer, "weight_offset_second", loaded, f"{p}.weight_offset_second")
-            scale = layer.weight_scale.data.float() * layer.weight_scale_second.data.float()  # [N, G]
+            scale = (
+                param(layer, "weight_scale").data.float() * param(layer, "weight_scale_second").data.float()
+            )  # [N, G]
         else:
-            scale = layer.weight_scale.data.float()  # [N, 1]
+            scale = param(layer, "weight_scale").data.float()  # [N, 1]
         if self.packed:
             # Two int4 per byte along N: after the transpose, 4 bytes in a row are 8 consecutive outputs -> int32.
-            w_kn = layer.weight.data.t().contiguous()  # [K, N/2]
+            w_kn = param(layer, "weight").data.t().contiguous()  # [K, N/2]
             if w_kn.shape[-1] % 4:
                 raise QuantLoadError(f"{p}.weight: packed width {w_kn.shape[-1]} is not a multiple of 4")
             packed = w_kn.view(torch.int32)  # [K, N/8]
         else:
-            require_int_range(layer.weight.data, -8, 7, f"{p}.weight (int4 values)")
-            packed = self._pack(layer.weight.data.t().contiguous().to(torch.int32))  # [K, N/8]
+            require_int_range(param(layer, "weight").data, -8, 7, f"{p}.weight (int4 values)")
+            packed = self._pack(param(layer, "weight").data.t().contiguous().to(torch.int32))  # [K, N/8]
         replace_param(layer, "weight", packed)
         replace_param(layer, "antiquant_scale", scale.t().contiguous().to(dt))  # [G, N] (or [1, N])
         for name in ("weight_scale", "weight_offset", "weight_scale_second", "weight_offset_second", "scale_bias"):
@@ -107,7 +109,7 @@ class W4A8DynamicScheme(LinearScheme):
 
     def apply(self, layer: torch.nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         x2, lead = flat2d(x)
-        out = self._wqbmm(x2, layer.weight, layer.antiquant_scale.to(x.dtype), self.group_size)
+        out = self._wqbmm(x2, param(layer, "weight"), param(layer, "antiquant_scale").to(x.dtype), self.group_size)
         if bias is not None:
             out = out + bias.to(out.dtype)
         return out.reshape(*lead, out.shape[-1])

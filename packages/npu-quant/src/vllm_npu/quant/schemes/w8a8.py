@@ -21,7 +21,7 @@ import torch
 
 from .. import kernels
 from ..kernels import decode_scale
-from ..params import FLOATS, TensorSpec, drop_param, loaded_names, replace_param
+from ..params import FLOATS, TensorSpec, drop_param, loaded_names, param, replace_param
 from .base import LinearScheme, LinearShape, flat2d, require_int_range, require_positive
 
 
@@ -49,31 +49,34 @@ class W8A8Scheme(LinearScheme):
 
     def process(self, layer: torch.nn.Module, shape: LinearShape) -> None:
         p = shape.prefix
-        require_positive(layer.input_scale.data, f"{p}.input_scale")
-        require_int_range(layer.input_offset.data, -128, 127, f"{p}.input_offset")
-        require_positive(layer.deq_scale.data, f"{p}.deq_scale")
-        k = layer.weight.shape[1]
+        require_positive(param(layer, "input_scale").data, f"{p}.input_scale")
+        require_int_range(param(layer, "input_offset").data, -128, 127, f"{p}.input_offset")
+        require_positive(param(layer, "deq_scale").data, f"{p}.deq_scale")
+        k = param(layer, "weight").shape[1]
         dt = shape.params_dtype
         # npu_quantize runs in multiply mode with per-channel vectors: 1/s_x and o_x repeated over K.
-        replace_param(layer, "aclnn_input_scale_reciprocal", (1.0 / layer.input_scale.data.float()).repeat(k).to(dt))
-        replace_param(layer, "aclnn_input_offset", layer.input_offset.data.float().repeat(k).to(dt))
-        replace_param(layer, "weight", layer.weight.data.t().contiguous())  # [K, N] for npu_quant_matmul
-        deq = layer.deq_scale.data.float()
+        replace_param(
+            layer, "aclnn_input_scale_reciprocal", (1.0 / param(layer, "input_scale").data.float()).repeat(k).to(dt)
+        )
+        replace_param(layer, "aclnn_input_offset", param(layer, "input_offset").data.float().repeat(k).to(dt))
+        replace_param(layer, "weight", param(layer, "weight").data.t().contiguous())  # [K, N] for npu_quant_matmul
+        deq = param(layer, "deq_scale").data.float()
         # fp16 output takes the int64 (FP19) scale form; bf16/fp32 outputs take float32 directly.
         replace_param(layer, "deq_scale", self._trans(deq) if dt == torch.float16 else deq)
         for name in ("weight_scale", "weight_offset"):
             if name not in loaded_names(layer):
                 drop_param(layer, name)
+        self._params_dtype = dt
         self._rank_adds_bias = not (shape.row_parallel and getattr(layer, "tp_rank", 0) > 0)
 
     def apply(self, layer: torch.nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         x2, lead = flat2d(x)
-        out_dtype = layer.params_dtype if x.dtype == torch.int8 else x.dtype
+        out_dtype = self._params_dtype if x.dtype == torch.int8 else x.dtype
         xq = (
             x2
             if x2.dtype == torch.int8
-            else self._quantize(x2, layer.aclnn_input_scale_reciprocal, layer.aclnn_input_offset)
+            else self._quantize(x2, param(layer, "aclnn_input_scale_reciprocal"), param(layer, "aclnn_input_offset"))
         )
-        qbias = layer.quant_bias if self._rank_adds_bias else None
-        out = self._qmm(xq, layer.weight, layer.deq_scale, None, qbias, out_dtype)
+        qbias = param(layer, "quant_bias") if self._rank_adds_bias else None
+        out = self._qmm(xq, param(layer, "weight"), param(layer, "deq_scale"), None, qbias, out_dtype)
         return out.reshape(*lead, out.shape[-1])

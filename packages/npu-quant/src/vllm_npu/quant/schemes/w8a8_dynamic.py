@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from .. import kernels
-from ..params import FLOATS, TensorSpec, drop_param, loaded_names, replace_param
+from ..params import FLOATS, TensorSpec, drop_param, loaded_names, param, replace_param
 from .base import LinearScheme, LinearShape, flat2d, require_int_range, require_positive, require_zero_if_loaded
 
 
@@ -32,15 +32,15 @@ class W8A8DynamicScheme(LinearScheme):
 
     def process(self, layer: torch.nn.Module, shape: LinearShape) -> None:
         p = shape.prefix
-        require_positive(layer.weight_scale.data, f"{p}.weight_scale")
-        require_int_range(layer.weight.data, -128, 127, f"{p}.weight")
+        require_positive(param(layer, "weight_scale").data, f"{p}.weight_scale")
+        require_int_range(param(layer, "weight").data, -128, 127, f"{p}.weight")
         require_zero_if_loaded(layer, "weight_offset", loaded_names(layer), f"{p}.weight_offset")
-        replace_param(layer, "weight", layer.weight.data.t().contiguous())  # [K, N]
-        replace_param(layer, "weight_scale", layer.weight_scale.data.reshape(-1).float())
+        replace_param(layer, "weight", param(layer, "weight").data.t().contiguous())  # [K, N]
+        replace_param(layer, "weight_scale", param(layer, "weight_scale").data.reshape(-1).float())
         drop_param(layer, "weight_offset")
 
     def apply(self, layer: torch.nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         x2, lead = flat2d(x)
         xq, s = self._dq(x2)
-        out = self._qmm(xq, layer.weight, layer.weight_scale, s, bias, x.dtype)
+        out = self._qmm(xq, param(layer, "weight"), param(layer, "weight_scale"), s, bias, x.dtype)
         return out.reshape(*lead, out.shape[-1])

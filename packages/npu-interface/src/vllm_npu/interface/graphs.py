@@ -1,0 +1,73 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
+"""Kernels inside a captured static graph whose host-side parameters change every step ("graph tasks").
+
+A captured graph (ACL graph on an NPU, the static-graph twin on the emulated device) freezes everything the host
+decided while capturing: shapes, scalars, Python lists handed to kernels. Only the *contents* of the captured
+tensors change between replays. A few kernels take per-step host parameters anyway: the decode attention kernels
+take the sequence lengths as ``SymInt[]``. vllm-ascend captures such a kernel as an updatable task group and, before
+each replay, re-issues it with new parameters (``graph_task_update_begin/end``).
+
+This module is the contract between the kernel's caller (npu-attention) and the graph runtime (npu-platform):
+
+- :func:`launch` runs ``kernel(*args, **params)``. Outside a capture that is all it does. While a full graph is
+  being captured it hands the call to the active :class:`TaskRecorder`, which captures it as a task and remembers
+  ``refresh``.
+- Before every replay the runtime calls each task's ``refresh()`` (a zero-argument callable, run on the host outside
+  the graph, typically reading the current step's attention metadata) and re-issues the task with the parameters it
+  returns. A task whose refresh is skipped keeps its capture-time parameters: on an NPU and on the emulated device
+  alike that gives wrong results, never stale-but-plausible ones that a test could miss.
+
+Only the parameters named in ``refresh``'s result may change; tensor arguments are captured by address. A task's
+kernel writes its results into tensor arguments (``out=``) and returns nothing: whatever a task produces must live
+at an address the graph captured. Nothing here imports torch or vLLM.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any, Protocol
+
+#: Parameters of one task refresh: keyword name -> new host value (e.g. ``{"context_lens": [5, 9, 1, 1]}``).
+Refresh = Callable[[], Mapping[str, Any]]
+
+
+class TaskRecorder(Protocol):
+    """What a graph runtime implements to capture updatable kernels (see the module docstring)."""
+
+    def record(
+        self, kernel: Callable[..., Any], args: tuple[Any, ...], params: dict[str, Any], refresh: Refresh
+    ) -> Any:
+        """Capture ``kernel(*args, **params)`` as a task (running it once)."""
+        ...
+
+
+_state = threading.local()
+
+
+def active_recorder() -> TaskRecorder | None:
+    """The recorder of the full-graph capture running on this thread, or None."""
+    return getattr(_state, "recorder", None)
+
+
+@contextlib.contextmanager
+def recording(recorder: TaskRecorder) -> Iterator[TaskRecorder]:
+    """Within the block, :func:`launch` on this thread records into ``recorder`` (captures do not nest)."""
+    if active_recorder() is not None:
+        raise RuntimeError("a graph capture is already recording tasks on this thread; captures do not nest")
+    _state.recorder = recorder
+    try:
+        yield recorder
+    finally:
+        _state.recorder = None
+
+
+def launch(kernel: Callable[..., Any], *args: Any, refresh: Refresh, **params: Any) -> Any:
+    """Run ``kernel(*args, **params)`` (which writes into its ``out`` tensors); inside a full-graph capture, as a task
+    refreshed before every replay."""
+    recorder = active_recorder()
+    if recorder is None:
+        return kernel(*args, **params)
+    return recorder.record(kernel, args, params, refresh)

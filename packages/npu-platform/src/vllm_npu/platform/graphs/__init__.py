@@ -1,0 +1,14 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
+"""Static graphs: vLLM's graph wrapper for the NPU (:mod:`.wrapper`), ACL graphs (:mod:`._npu`), the emulated
+device's twin (:mod:`._twin`), the graph mode of an engine (:mod:`.config`) and the capture-size limit
+(:mod:`.sizes`). Importing this package costs nothing."""
+
+from vllm_npu.interface.errors import NPUPluginError
+
+WRAPPER_CLS = "vllm_npu.platform.graphs.wrapper.NPUGraphWrapper"
+
+
+class GraphInputMovedError(NPUPluginError, RuntimeError):
+    """A captured graph was replayed with an input tensor at another address than at capture: the graph would read
+    the old buffer. The caller must copy new inputs into the captured buffers."""

@@ -1,0 +1,195 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
+"""The emulated device's static graphs: capture traces the runnable into an FX graph of aten ops, replay runs that
+graph on the captured input buffers and writes the result into the captured output.
+
+What this keeps from a real ACL/CUDA graph, on purpose (it is what makes graph mode hard):
+
+- Everything the host computed while capturing is frozen. Shapes and slice bounds are constants of the graph;
+  Python values (``.tolist()`` results, lists handed to kernels, branch decisions on metadata) were consumed by the
+  tracer and never run again; tensors the runnable reached through Python state (attention metadata, weights, KV
+  caches) are captured *by reference*, so in-place updates of persistent buffers are seen and freshly built tensors
+  are not. A step whose metadata was not routed into the graph's buffers computes with capture-time values.
+- Reading device values on the host while capturing (``.item()``, ``.tolist()`` of a traced tensor) fails, as a
+  host sync during an NPU capture does.
+- Input buffers must keep their addresses: replaying with a tensor argument at another address raises
+  :class:`GraphInputMovedError`.
+- Replay writes into the tensors returned at capture (their addresses stay fixed, as graph-pool outputs do).
+- Updatable kernels (:mod:`vllm_npu.interface.graphs`) become opaque ``vllm_npu_graph::task`` nodes whose host
+  parameters are those of the capture until the runtime refreshes them.
+
+Attention ops that vLLM registers as opaque custom ops (``vllm.unified_attention_with_output``...) are traced
+*through* (their Python implementation is the decomposition), so the attention backend's host logic is frozen too.
+Other custom ops (MoE dispatch, collectives) stay opaque nodes, like kernels.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch.fx.experimental.proxy_tensor import make_fx
+from torch.utils import _pytree as pytree
+from vllm_npu.interface.graphs import Refresh, recording
+
+from . import GraphInputMovedError
+
+
+@dataclass
+class _Task:
+    """One captured updatable kernel: its callable, argument structure with tensor holes, and host parameters."""
+
+    kernel: Callable[..., Any]
+    spec: pytree.TreeSpec
+    leaves: list[Any]  # non-tensor leaves; tensors are None holes filled at run time
+    params: dict[str, Any]
+    refresh: Refresh
+
+    def run(self, tensors: list[torch.Tensor]) -> None:
+        it = iter(tensors)
+        leaves = [next(it) if leaf is None else leaf for leaf in self.leaves]
+        args, kwargs = pytree.tree_unflatten(leaves, self.spec)
+        self.kernel(*args, **{**kwargs, **self.params})
+
+
+_TASKS: dict[int, _Task] = {}  # registry: task id -> task, owned by the EmulatedGraph that captured it
+_task_ids = itertools.count()
+
+
+@torch.library.custom_op("vllm_npu_graph::task", mutates_args=("tensors",))
+def _run_task(task_id: int, tensors: list[torch.Tensor]) -> None:
+    _TASKS[task_id].run(list(tensors))
+
+
+class _TwinRecorder:
+    """Records :func:`vllm_npu.interface.graphs.launch` calls during a trace as ``vllm_npu_graph::task`` nodes."""
+
+    def __init__(self) -> None:
+        self.task_ids: list[int] = []
+
+    def record(
+        self, kernel: Callable[..., Any], args: tuple[Any, ...], params: dict[str, Any], refresh: Refresh
+    ) -> Any:
+        tensor_kwargs = {k: v for k, v in params.items() if isinstance(v, torch.Tensor)}
+        host_params = {k: v for k, v in params.items() if k not in tensor_kwargs}
+        leaves, spec = pytree.tree_flatten((args, tensor_kwargs))
+        tensors = [x for x in leaves if isinstance(x, torch.Tensor)]
+        holes = [None if isinstance(x, torch.Tensor) else x for x in leaves]
+        task_id = next(_task_ids)
+        _TASKS[task_id] = _Task(kernel, spec, holes, host_params, refresh)
+        self.task_ids.append(task_id)
+        torch.ops.vllm_npu_graph.task(task_id, tensors)
+        return None
+
+
+def _attention_decompositions() -> dict[Any, Callable[..., Any]]:
+    """vLLM's attention custom ops -> their Python implementations, so tracing enters the attention backend."""
+    from vllm.attention import layer
+
+    table: dict[Any, Callable[..., Any]] = {}
+    for name in ("unified_attention", "unified_attention_with_output"):
+        op = getattr(torch.ops.vllm, name, None)
+        if op is not None:
+            table[op.default] = getattr(layer, name)
+    return table
+
+
+@contextlib.contextmanager
+def _plain_parameters(runnable: Any) -> Iterator[None]:
+    """While tracing, the runnable's parameters of tensor subclasses (vLLM's ``ModelWeightParameter``...) are plain
+    ``nn.Parameter``s: the tracer refuses tensor subclasses it does not know, and these add only weight-loading
+    metadata. The graph holds the same tensor objects, whose classes are restored afterwards."""
+    swapped: list[tuple[torch.Tensor, type]] = []
+    if isinstance(runnable, torch.nn.Module):
+        for t in itertools.chain(runnable.parameters(), runnable.buffers()):
+            if type(t) not in (torch.Tensor, torch.nn.Parameter):
+                swapped.append((t, type(t)))
+                t.__class__ = torch.nn.Parameter if isinstance(t, torch.nn.Parameter) else torch.Tensor
+    try:
+        yield
+    finally:
+        for t, cls in swapped:
+            t.__class__ = cls
+
+
+def _tensor_positions(flat: list[Any]) -> list[int]:
+    return [i for i, x in enumerate(flat) if isinstance(x, torch.Tensor)]
+
+
+@dataclass
+class EmulatedGraph:
+    """A captured static graph of the emulated device (see the module docstring)."""
+
+    module: torch.fx.GraphModule
+    spec: pytree.TreeSpec
+    flat: list[Any]  # capture-time leaves of (args, kwargs); tensors at `positions`
+    positions: list[int]
+    addresses: list[int]
+    output: Any
+    task_ids: list[int] = field(default_factory=list)
+    replays: int = 0
+
+    @classmethod
+    def capture(cls, runnable: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> EmulatedGraph:
+        flat, spec = pytree.tree_flatten((args, kwargs))
+        positions = _tensor_positions(flat)
+
+        def traced(*tensors: torch.Tensor) -> Any:
+            leaves = list(flat)
+            for i, t in zip(positions, tensors, strict=True):
+                leaves[i] = t
+            a, k = pytree.tree_unflatten(leaves, spec)
+            return runnable(*a, **k)
+
+        inputs = [flat[i] for i in positions]
+        recorder = _TwinRecorder()
+        with recording(recorder), _plain_parameters(runnable):
+            module = make_fx(traced, decomposition_table=_attention_decompositions(), tracing_mode="real")(*inputs)
+        graph = cls(module, spec, flat, positions, [t.data_ptr() for t in inputs], None, recorder.task_ids)
+        # The trace ran the step once with tracer tensors; this run produces the real output buffers.
+        graph.output = module(*inputs)
+        return graph
+
+    @property
+    def num_tasks(self) -> int:
+        return len(self.task_ids)
+
+    def refresh_tasks(self) -> None:
+        """Re-issue every task with the host parameters its ``refresh`` returns for the current step."""
+        for task_id in self.task_ids:
+            task = _TASKS[task_id]
+            task.params.update(task.refresh())
+
+    def inputs_of(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[torch.Tensor]:
+        """The tensor arguments of a replay, checked against the capture (same structure, same addresses)."""
+        flat, spec = pytree.tree_flatten((args, kwargs))
+        if spec != self.spec:
+            raise GraphInputMovedError(f"graph replayed with differently structured arguments: {spec} vs {self.spec}")
+        inputs = [flat[i] for i in self.positions]
+        for n, (t, addr) in enumerate(zip(inputs, self.addresses, strict=True)):
+            if not isinstance(t, torch.Tensor) or t.data_ptr() != addr:
+                got = t.data_ptr() if isinstance(t, torch.Tensor) else type(t).__name__
+                raise GraphInputMovedError(
+                    f"static graph input {n} moved: captured at {addr:#x}, replayed with {got}; a captured graph "
+                    "reads its input buffers by address, so the caller must copy new inputs into the captured buffers"
+                )
+        return inputs
+
+    def replay(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """Run the graph on the captured buffers; the result lands in (and is) the capture-time output."""
+        inputs = self.inputs_of(args, kwargs)
+        result = self.module(*inputs)
+        for dst, src in zip(pytree.tree_leaves(self.output), pytree.tree_leaves(result), strict=True):
+            if isinstance(dst, torch.Tensor) and dst is not src:
+                dst.copy_(src)
+        self.replays += 1
+        return self.output
+
+    def reset(self) -> None:
+        for task_id in self.task_ids:
+            _TASKS.pop(task_id, None)
+        self.task_ids = []

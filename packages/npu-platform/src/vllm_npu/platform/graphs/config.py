@@ -1,0 +1,182 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
+"""The graph mode of an engine, from vLLM's own knobs and the plugin's ``npu.graph_mode``.
+
+vLLM's knobs mean on the NPU what they mean on CUDA: ``--enforce-eager``, ``compilation_config.cudagraph_mode``,
+``cudagraph_capture_sizes`` (or ``--cuda-graph-sizes``; vLLM 0.11 derives ``max_capture_size`` from them).
+
+================== ===========================================================================================
+cudagraph_mode     on the NPU platform
+================== ===========================================================================================
+NONE               eager (no Dynamo, no graphs)
+PIECEWISE          Dynamo splits the model at every attention op; each piece is captured per batch size and
+                   replayed (ACL graphs / the emulated twin); attention runs eagerly between the pieces
+FULL_DECODE_ONLY   pure-decode batches run as one captured graph of the whole model per batch size, with the
+                   decode attention kernels' sequence lengths refreshed before every replay; other batches eager
+FULL_AND_PIECEWISE downgraded to PIECEWISE, with the reason logged: it is also vLLM's default when nothing is set,
+                   and full graphs are only supported for pure-decode batches (FULL_DECODE_ONLY)
+FULL               refused: it would capture mixed prefill/decode batches as full graphs, whose prefill kernels
+                   take per-request host parameters that change with every batch; use FULL_DECODE_ONLY
+================== ===========================================================================================
+
+Defaults: on an NPU, PIECEWISE (vllm-ascend's default). On the emulated device graphs are opt-in (an explicit
+``cudagraph_mode`` other than vLLM's default, or ``npu.graph_mode``): each capture traces the model, which would
+slow every engine start of the test suite; everything else is the same code path.
+
+``npu.graph_mode``: ``auto`` follows the above; ``eager`` / ``piecewise`` / ``full_decode_only`` set the mode (an
+explicit, different ``cudagraph_mode`` is a conflict). ``--enforce-eager`` with a graph mode is a conflict.
+Further modes (torchair) plug in as another entry of :data:`GRAPH_MODES`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from vllm_npu.interface.errors import ConfigError
+from vllm_npu.interface.log import get_logger
+
+from .sizes import max_capture_sizes, thin_sizes
+
+if TYPE_CHECKING:
+    from vllm.config import VllmConfig
+
+logger = get_logger(__name__)
+
+#: npu.graph_mode -> vLLM cudagraph_mode name (None: decided by vLLM's knobs).
+GRAPH_MODES: dict[str, str | None] = {
+    "auto": None,
+    "eager": "NONE",
+    "piecewise": "PIECEWISE",
+    "full_decode_only": "FULL_DECODE_ONLY",
+}
+
+
+@dataclass(frozen=True)
+class GraphPlan:
+    """What :func:`configure_graphs` decided (for the platform's log line and ``npu_runtime_info``)."""
+
+    mode: str  # the CUDAGraphMode name in effect
+    capture_sizes: tuple[int, ...]
+    reason: str
+
+
+def _resolve_mode(vllm_config: VllmConfig, graph_mode: str, emulated: bool) -> tuple[str, str]:
+    from vllm.config import CUDAGraphMode
+
+    compilation = vllm_config.compilation_config
+    model = vllm_config.model_config
+    enforce_eager = bool(model is not None and model.enforce_eager)
+    # None only when vLLM did not resolve a default (configs built outside VllmConfig): treat it like vLLM's default.
+    vllm_mode = compilation.cudagraph_mode or CUDAGraphMode.FULL_AND_PIECEWISE
+    requested = GRAPH_MODES[graph_mode]
+    if enforce_eager:
+        if requested not in (None, "NONE"):
+            raise ConfigError(
+                f"npu.graph_mode={graph_mode!r} conflicts with enforce_eager=True; drop --enforce-eager or set "
+                "npu.graph_mode to 'auto' or 'eager'"
+            )
+        return "NONE", "enforce_eager"
+    if requested is not None:
+        # FULL_AND_PIECEWISE is also vLLM's default, so it cannot conflict with an explicit npu.graph_mode.
+        if vllm_mode not in (CUDAGraphMode.FULL_AND_PIECEWISE, CUDAGraphMode[requested]):
+            raise ConfigError(
+                f"npu.graph_mode={graph_mode!r} conflicts with compilation_config.cudagraph_mode="
+                f"{vllm_mode.name}; set only one of them"
+            )
+        return requested, f"npu.graph_mode={graph_mode}"
+    if vllm_mode == CUDAGraphMode.FULL:
+        raise ConfigError(
+            "compilation_config.cudagraph_mode=FULL is not supported on the NPU platform: it captures mixed "
+            "prefill/decode batches as full graphs, and the NPU prefill attention kernels take per-request host "
+            "parameters that differ in every batch; use cudagraph_mode FULL_DECODE_ONLY (full graphs for decode "
+            "batches) or PIECEWISE"
+        )
+    if vllm_mode == CUDAGraphMode.FULL_AND_PIECEWISE:
+        if emulated:
+            return "NONE", (
+                "emulated device: graphs are opt-in (set compilation_config.cudagraph_mode to PIECEWISE or "
+                "FULL_DECODE_ONLY, or npu.graph_mode)"
+            )
+        return "PIECEWISE", (
+            "cudagraph_mode FULL_AND_PIECEWISE (vLLM's default) -> PIECEWISE: full graphs are captured only for "
+            "pure-decode batches (cudagraph_mode FULL_DECODE_ONLY)"
+        )
+    return vllm_mode.name, f"compilation_config.cudagraph_mode={vllm_mode.name}"
+
+
+def _check_sizes(vllm_config: VllmConfig, sizes: list[int]) -> None:
+    scheduler = getattr(vllm_config, "scheduler_config", None)
+    max_tokens = getattr(scheduler, "max_num_batched_tokens", None) or max([1, *sizes])
+    bad = [s for s in sizes if not isinstance(s, int) or s < 1 or s > max_tokens]
+    if bad:
+        raise ConfigError(
+            f"compilation_config.cudagraph_capture_sizes holds {bad}: every capture size must be an integer in "
+            f"[1, max_num_batched_tokens={max_tokens}]; fix the list (or raise --max-num-batched-tokens)"
+        )
+
+
+def _comm_groups(vllm_config: VllmConfig) -> int:
+    p = vllm_config.parallel_config
+    tp, dp = getattr(p, "tensor_parallel_size", 1), getattr(p, "data_parallel_size", 1)
+    groups = int(tp > 1) + int(dp > 1)
+    if getattr(p, "enable_expert_parallel", False) and tp * dp > 1:
+        groups += 1
+    return groups
+
+
+def _num_layers(vllm_config: VllmConfig) -> int:
+    model = vllm_config.model_config
+    if model is None or not hasattr(model, "get_num_layers"):
+        return 1
+    return int(model.get_num_layers(vllm_config.parallel_config))
+
+
+def configure_graphs(vllm_config: VllmConfig, graph_mode: str, emulated: bool) -> GraphPlan:
+    """Set vLLM's compilation config for the resolved graph mode (see the module docstring); returns the plan."""
+    from vllm.config import CompilationLevel, CUDAGraphMode
+    from vllm.config.compilation import CompilationConfig
+
+    compilation = vllm_config.compilation_config
+    mode, reason = _resolve_mode(vllm_config, graph_mode, emulated)
+    compilation.cudagraph_mode = CUDAGraphMode[mode]
+    if compilation.compile_sizes is None:
+        compilation.compile_sizes = []
+    model = vllm_config.model_config
+
+    if mode == "NONE":
+        compilation.level = CompilationLevel.NO_COMPILATION
+        if model is not None:
+            model.enforce_eager = True
+        compilation.cudagraph_capture_sizes = []
+        compilation.init_with_cudagraph_sizes([])
+        return GraphPlan(mode, (), reason)
+
+    sizes = list(compilation.cudagraph_capture_sizes or [])
+    _check_sizes(vllm_config, sizes)
+    if mode == "PIECEWISE":
+        # Dynamo captures the model, split at the attention ops (their metadata changes every step, so they run
+        # between the graphs); the pieces stay FX graphs (torch_npu has no supported inductor backend for vLLM).
+        compilation.level = CompilationLevel.PIECEWISE
+        compilation.use_inductor = False
+        user_ops = list(compilation.splitting_ops or [])
+        compilation.splitting_ops = user_ops + [op for op in CompilationConfig._attention_ops if op not in user_ops]
+        graphs_per_size = _num_layers(vllm_config) + 1
+    else:
+        # FULL_DECODE_ONLY: decode batches replay one graph of the whole model; every other batch runs eagerly.
+        # Dynamo pieces would run those eagerly too (no inductor on the NPU), so the model is not compiled.
+        compilation.level = CompilationLevel.NO_COMPILATION
+        graphs_per_size = 1
+    limit = max_capture_sizes(graphs_per_size, _comm_groups(vllm_config))
+    kept = thin_sizes(sizes, limit)
+    if len(kept) < len(set(sizes)):
+        logger.info(
+            "capture sizes %s -> %s: %d graphs per size fit %d sizes in the NPU's graph stream budget",
+            sorted(set(sizes)),
+            kept,
+            graphs_per_size,
+            limit,
+        )
+    compilation.cudagraph_capture_sizes = None
+    compilation.init_with_cudagraph_sizes(kept)
+    return GraphPlan(mode, tuple(sorted(kept)), reason)

@@ -1,0 +1,138 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
+"""NPUGraphWrapper: vLLM's static-graph wrapper on the NPU (ACL graphs) and on the emulated device (the twin).
+
+vLLM builds one wrapper per piecewise FX piece (``get_static_graph_wrapper_cls``, runtime mode PIECEWISE) and, for
+FULL_DECODE_ONLY, one around the whole model (the model runner's ``load_model``; runtime mode FULL). Each call reads
+vLLM's forward context: a runtime mode other than the wrapper's runs the runnable eagerly; otherwise the batch
+descriptor selects the graph, which is captured on first use (only while vLLM allows capturing) and replayed after.
+
+It subclasses vLLM's ``CUDAGraphWrapper`` so every ``isinstance`` check of vLLM (``get_model``'s unwrap...) holds;
+capture and replay go through the platform's device backend instead of ``torch.cuda``. Differences on purpose:
+
+- input addresses are checked on every replay, not only under ``VLLM_LOGGING_LEVEL=DEBUG``: a moved buffer would make
+  an NPU graph read stale memory, the check costs one ``data_ptr`` per tensor argument;
+- before a replay, the graph's updatable tasks (decode attention kernels) are refreshed with the current step's host
+  parameters (:mod:`vllm_npu.interface.graphs`).
+
+Captures are counted in vLLM's ``compilation_counter.num_cudagraph_captured`` (as vLLM's wrapper does), replays in
+:data:`GRAPH_STATS`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+from unittest.mock import patch
+
+from vllm.compilation.counter import compilation_counter
+from vllm.compilation.cuda_graph import CUDAGraphEntry, CUDAGraphOptions, CUDAGraphWrapper
+from vllm.compilation.monitor import validate_cudagraph_capturing_enabled
+from vllm.config import CUDAGraphMode, VllmConfig
+from vllm.forward_context import get_forward_context
+from vllm_npu.interface.log import get_logger
+
+logger = get_logger(__name__)
+
+
+@dataclass
+class GraphStats:
+    """Per-process graph counts (captures are also in vLLM's compilation_counter)."""
+
+    captures: Counter[str] = field(default_factory=Counter)  # runtime mode name -> graphs captured
+    replays: Counter[str] = field(default_factory=Counter)  # runtime mode name -> graph replays
+    tasks: int = 0  # updatable kernels captured inside graphs
+    # per captured batch size (tokens): seconds spent capturing, device memory taken (free-memory delta, bytes)
+    capture_seconds: Counter[int] = field(default_factory=Counter)
+    capture_bytes: Counter[int] = field(default_factory=Counter)
+
+    def reset(self) -> None:
+        self.captures.clear()
+        self.replays.clear()
+        self.tasks = 0
+        self.capture_seconds.clear()
+        self.capture_bytes.clear()
+
+    def snapshot(self) -> dict[str, Any]:
+        return {
+            "captures": dict(self.captures),
+            "replays": dict(self.replays),
+            "tasks": self.tasks,
+            "capture_seconds": dict(self.capture_seconds),
+            "capture_bytes": dict(self.capture_bytes),
+        }
+
+
+#: This process's counts since its model runner was built (the runner resets them: one engine per process).
+GRAPH_STATS = GraphStats()
+
+
+def _device_backend() -> Any:
+    from ..model_runner import device_backend
+
+    return device_backend()
+
+
+class NPUGraphWrapper(CUDAGraphWrapper):
+    def __init__(
+        self,
+        runnable: Callable[..., Any],
+        vllm_config: VllmConfig,
+        runtime_mode: CUDAGraphMode,
+        cudagraph_options: CUDAGraphOptions | None = None,
+    ) -> None:
+        super().__init__(runnable, vllm_config, runtime_mode, cudagraph_options)
+        self.device_backend = _device_backend()
+
+    def _capture_context(self) -> contextlib.AbstractContextManager:
+        stack = contextlib.ExitStack()
+        if self.cudagraph_options.gc_disable:
+            # Piecewise capture makes one graph per piece; collecting garbage before each (torch.npu.graph does)
+            # makes capture slow. vLLM's CUDA wrapper does the same for all pieces but the first.
+            stack.enter_context(patch("gc.collect", lambda: None))
+            if self.device_backend.type == "npu":
+                stack.enter_context(patch("torch.npu.empty_cache", lambda: None))
+        return stack
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        forward_context = get_forward_context()
+        mode = forward_context.cudagraph_runtime_mode
+        if mode == CUDAGraphMode.NONE or mode != self.runtime_mode:
+            return self.runnable(*args, **kwargs)
+        key = forward_context.batch_descriptor
+        entry = self.concrete_cudagraph_entries.get(key)
+        if entry is None:
+            validate_cudagraph_capturing_enabled()
+            if self.cudagraph_options.debug_log_enable:
+                logger.debug("capturing a static graph for (%s, %s)", self.runtime_mode.name, key)
+            free_before = self.device_backend.mem_get_info()[0]
+            start = time.perf_counter()
+            with self._capture_context():
+                graph = self.device_backend.capture_graph(self.runnable, args, kwargs, self.graph_pool, None)
+            size = getattr(key, "num_tokens", 0)
+            GRAPH_STATS.capture_seconds[size] += time.perf_counter() - start
+            GRAPH_STATS.capture_bytes[size] += max(0, free_before - self.device_backend.mem_get_info()[0])
+            output = graph.output
+            if self.device_backend.type == "npu":
+                graph.weaken_output()  # the graph pool owns the output memory (as in vLLM's CUDA wrapper)
+            self.concrete_cudagraph_entries[key] = CUDAGraphEntry(
+                batch_descriptor=key, cudagraph=graph, output=graph.output
+            )
+            compilation_counter.num_cudagraph_captured += 1
+            GRAPH_STATS.captures[self.runtime_mode.name] += 1
+            GRAPH_STATS.tasks += graph.num_tasks
+            return output
+        graph = entry.cudagraph
+        self.refresh(graph)
+        output = graph.replay(args, kwargs)
+        GRAPH_STATS.replays[self.runtime_mode.name] += 1
+        return output
+
+    @staticmethod
+    def refresh(graph: Any) -> None:
+        """Update the graph's in-graph kernel parameters for this step (a seam tests replace to prove it matters)."""
+        graph.refresh_tasks()

@@ -1,0 +1,83 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
+"""The emulated device's static-graph twin (vllm_npu.platform.graphs._twin): replay runs the traced graph on the
+captured buffers, host values are frozen at capture, moved inputs are refused, updatable tasks keep their capture
+parameters until refreshed."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from vllm_npu.interface import graphs
+from vllm_npu.platform.graphs import GraphInputMovedError
+from vllm_npu.platform.graphs._twin import EmulatedGraph
+
+
+def test_replay_reads_the_buffers_and_writes_the_captured_output():
+    x = torch.arange(4.0)
+    w = torch.full((4,), 2.0)  # reached through Python state, captured by reference
+
+    g = EmulatedGraph.capture(lambda t: t * w + 1, (x,), {})
+    out = g.output
+    assert torch.equal(out, x * 2 + 1)
+    x.copy_(torch.tensor([10.0, 20.0, 30.0, 40.0]))  # new contents, same buffer
+    w.fill_(3.0)  # in-place update of a captured tensor: seen
+    result = g.replay((x,), {})
+    assert result is out and torch.equal(out, torch.tensor([31.0, 61.0, 91.0, 121.0]))
+    assert g.replays == 1
+
+
+def test_host_values_are_frozen_at_capture():
+    state = {"scale": 2.0, "lens": torch.tensor([1, 2])}
+
+    def step(t: torch.Tensor) -> torch.Tensor:
+        n = sum(state["lens"].tolist())  # host value of a non-input tensor: a constant of the graph
+        return t[:n] * state["scale"]
+
+    x = torch.ones(5)
+    g = EmulatedGraph.capture(step, (x,), {})
+    state["scale"], state["lens"] = 10.0, torch.tensor([2, 2])  # new Python objects: not seen by the graph
+    assert torch.equal(g.replay((x,), {}), torch.full((3,), 2.0))
+
+
+def test_reading_a_traced_tensor_on_the_host_fails_like_an_npu_capture():
+    with pytest.raises(RuntimeError, match="get value out of a tracing tensor"):
+        EmulatedGraph.capture(lambda t: t * t.sum().item(), (torch.ones(2),), {})
+
+
+def test_a_moved_input_buffer_is_refused():
+    x = torch.ones(3)
+    g = EmulatedGraph.capture(lambda t: t + 1, (x,), {})
+    with pytest.raises(GraphInputMovedError, match="static graph input 0 moved"):
+        g.replay((x.clone(),), {})
+    with pytest.raises(GraphInputMovedError, match="differently structured"):
+        g.replay((x, x), {})
+
+
+def _kernel(q: torch.Tensor, *, lens: list[int], out: torch.Tensor) -> None:
+    out.copy_(q * torch.tensor(lens, dtype=q.dtype))
+
+
+def test_tasks_keep_capture_parameters_until_refreshed():
+    q, out = torch.ones(3), torch.empty(3)
+    step_lens = {"now": [1, 1, 1]}
+
+    def step(t: torch.Tensor) -> torch.Tensor:
+        graphs.launch(_kernel, t, refresh=lambda: {"lens": list(step_lens["now"])}, lens=step_lens["now"], out=out)
+        return out * 1
+
+    g = EmulatedGraph.capture(step, (q,), {})
+    assert g.num_tasks == 1 and torch.equal(g.output, torch.ones(3))
+    step_lens["now"] = [4, 5, 6]
+    assert torch.equal(g.replay((q,), {}), torch.ones(3))  # no refresh: capture-time lens
+    g.refresh_tasks()
+    assert torch.equal(g.replay((q,), {}), torch.tensor([4.0, 5.0, 6.0]))
+    g.reset()
+    assert g.num_tasks == 0
+
+
+def test_launch_outside_a_capture_is_a_plain_call():
+    out = torch.empty(2)
+    graphs.launch(_kernel, torch.ones(2), refresh=lambda: {}, lens=[3, 4], out=out)
+    assert torch.equal(out, torch.tensor([3.0, 4.0]))
+    assert graphs.active_recorder() is None

@@ -1,0 +1,68 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
+"""Shared scenario of the static-graph engine modules (``tests/e2e/test_graph_*``): one engine per module, each check
+compared token for token with HF transformers (float32, greedy).
+
+- :data:`CAPTURE_SIZES` are the captured batch sizes; :func:`check_every_batch_size` runs batches of every size
+  from 1 to one past the largest, so padding to a capture size and the eager fallback above it are both hit;
+- :func:`check_mixed_and_chunked`: prompts of 1..150 tokens with a 64-token step budget, so long prompts are
+  prefilled in chunks while the short ones already decode (mixed prefill/decode steps);
+- :func:`check_prefix_cache`: two prompts sharing ``prefix_blocks`` full KV blocks, the second served from the cache.
+
+Prompt seeds are chosen so that no HF greedy continuation hits EOS: ``hf_greedy`` forbids EOS (``min_new_tokens``)
+while vLLM's ``ignore_eos`` still emits it, which would be a reference mismatch, not a bug.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .engine import greedy, greedy_outputs, make_prompts
+from .models import hf_greedy
+
+CAPTURE_SIZES = [1, 2, 4, 8]
+MAX_BATCH = CAPTURE_SIZES[-1] + 1
+NEW_TOKENS = 8
+#: Prompt lengths of the mixed-batch check: very different lengths in one batch (1 to 150 tokens).
+MIXED_LENGTHS = [1, 5, 8, 40, 150]
+
+
+def engine_kwargs(mode: str, *, block_size: int) -> dict[str, Any]:
+    """``LLM`` arguments of a graph module: vLLM's own compilation knobs, chunked prefill, prefix caching."""
+    return {
+        "compilation_config": {"cudagraph_mode": mode, "cudagraph_capture_sizes": CAPTURE_SIZES},
+        "block_size": block_size,
+        "max_num_batched_tokens": 64,
+        "max_num_seqs": 16,
+        "enable_prefix_caching": True,
+    }
+
+
+def runtime_info(llm: Any) -> dict[str, Any]:
+    (info,) = llm.collective_rpc("npu_runtime_info")
+    return info
+
+
+def check_every_batch_size(llm: Any, model_dir: Any) -> None:
+    pool = make_prompts([3 + (7 * i) % 13 for i in range(MAX_BATCH)], seed=21)
+    ref = hf_greedy(model_dir, pool, NEW_TOKENS)
+    for n in range(1, MAX_BATCH + 1):
+        assert greedy(llm, pool[:n], NEW_TOKENS) == ref[:n], f"batch of {n}"
+
+
+def check_mixed_and_chunked(llm: Any, model_dir: Any) -> None:
+    prompts = make_prompts(MIXED_LENGTHS, seed=12)
+    assert greedy(llm, prompts, NEW_TOKENS) == hf_greedy(model_dir, prompts, NEW_TOKENS)
+
+
+def check_prefix_cache(llm: Any, model_dir: Any, *, block_size: int, prefix_blocks: int = 2) -> None:
+    prefix = make_prompts([block_size * prefix_blocks + 3], seed=13)[0]
+    first, second = prefix + [7, 8, 9], prefix + [21, 22]
+    assert greedy(llm, [first], NEW_TOKENS) == hf_greedy(model_dir, [first], NEW_TOKENS)
+    (out,) = greedy_outputs(llm, [second], NEW_TOKENS)
+    assert out.num_cached_tokens >= block_size * prefix_blocks, out.num_cached_tokens
+    assert [list(out.outputs[0].token_ids)] == hf_greedy(model_dir, [second], NEW_TOKENS)
+
+
+def replays(llm: Any, mode: str) -> int:
+    return int(runtime_info(llm)["graphs"]["replays"].get(mode, 0))

@@ -1,0 +1,78 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
+"""``cudagraph_mode=FULL_DECODE_ONLY`` on the emulated device with a tiny Llama (GQA), KV block size 128.
+
+Pure-decode batches replay one captured graph of the whole model per batch size (traced through the attention
+backend: its host-side decisions are frozen), with the decode kernel's sequence lengths refreshed before every
+replay through the graph-task path (``vllm_npu.interface.graphs``, the same path as ACL graph task updates on an
+NPU). Other batches run eagerly. Greedy output must equal HF (scenario: ``npu_testkit.graph_e2e``), and skipping the
+refresh must give wrong tokens: the twin freezes what an NPU graph freezes.
+"""
+
+from __future__ import annotations
+
+import pytest
+from npu_testkit.engine import emulated_env, engine, greedy, make_prompts
+from npu_testkit.graph_e2e import (
+    CAPTURE_SIZES,
+    NEW_TOKENS,
+    check_every_batch_size,
+    check_mixed_and_chunked,
+    check_prefix_cache,
+    engine_kwargs,
+    replays,
+    runtime_info,
+)
+from npu_testkit.models import hf_greedy
+
+pytestmark = pytest.mark.engine
+
+BLOCK = 128
+LAYERS = 2
+
+
+@pytest.fixture(scope="module")
+def llm(tiny_llama, tmp_path_factory):
+    env = emulated_env(tmp_path_factory.mktemp("full_decode"))
+    with engine(tiny_llama, env, **engine_kwargs("FULL_DECODE_ONLY", block_size=BLOCK)) as llm:
+        yield llm
+
+
+def test_one_full_graph_per_decode_size(llm):
+    comp = llm.llm_engine.vllm_config.compilation_config
+    assert comp.level == 0  # mixed batches run eagerly: nothing for Dynamo to do
+    info = runtime_info(llm)
+    assert info["cudagraph_mode"] == "FULL_DECODE_ONLY" and info["block_size"] == BLOCK
+    assert info["graphs"]["captures"] == {"FULL": len(CAPTURE_SIZES)}
+    assert info["cudagraph_captured"] == len(CAPTURE_SIZES)
+    # one updatable decode-attention task per layer per graph
+    assert info["graphs"]["tasks"] == LAYERS * len(CAPTURE_SIZES)
+
+
+def test_every_batch_size_matches_hf(llm, tiny_llama):
+    before = replays(llm, "FULL")
+    check_every_batch_size(llm, tiny_llama)
+    assert replays(llm, "FULL") > before
+
+
+def test_mixed_prefill_decode_and_chunked_prefill_match_hf(llm, tiny_llama):
+    check_mixed_and_chunked(llm, tiny_llama)
+
+
+def test_prefix_cache_hit_matches_hf(llm, tiny_llama):
+    check_prefix_cache(llm, tiny_llama, block_size=BLOCK, prefix_blocks=1)
+
+
+def test_skipping_the_in_graph_metadata_update_gives_wrong_tokens(llm, tiny_llama, monkeypatch):
+    from vllm_npu.platform.graphs.wrapper import NPUGraphWrapper
+
+    prompts = make_prompts([5, 8, 40], seed=14)
+    ref = hf_greedy(tiny_llama, prompts, NEW_TOKENS)
+    assert greedy(llm, prompts, NEW_TOKENS) == ref
+    # Replays keep the capture-time sequence lengths (all 1): each decode step attends to one cached token.
+    monkeypatch.setattr(NPUGraphWrapper, "refresh", staticmethod(lambda graph: None))
+    stale = greedy(llm, prompts, NEW_TOKENS)
+    assert stale != ref
+    assert all(s[0] == r[0] for s, r in zip(stale, ref, strict=True))  # the first token comes from the prefill
+    monkeypatch.undo()
+    assert greedy(llm, prompts, NEW_TOKENS) == ref
