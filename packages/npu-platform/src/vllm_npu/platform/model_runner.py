@@ -29,9 +29,10 @@ from __future__ import annotations
 
 import gc
 import time
-from typing import Any
+from typing import Any, cast
 
 import torch
+from torch import nn
 from vllm.compilation.counter import compilation_counter
 from vllm.compilation.cuda_graph import CUDAGraphWrapper
 from vllm.compilation.monitor import set_cudagraph_capturing_enabled
@@ -55,6 +56,9 @@ def device_backend() -> type[DeviceBackend]:
 
 
 class NPUModelRunner(GPUModelRunner):
+    #: vLLM's process-wide ``num_cudagraph_captured`` when this runner was built (its captures are counted from here).
+    cudagraph_captured_before: int
+
     def __init__(self, vllm_config: VllmConfig, device: torch.device) -> None:
         self.device_backend = device_backend()
         # Graph counts of this engine: vLLM's capture counter is process-wide, so remember where it stood.
@@ -88,9 +92,12 @@ class NPUModelRunner(GPUModelRunner):
 
     def load_model(self, eep_scale_up: bool = False) -> None:
         super().load_model(eep_scale_up)
-        if isinstance(self.model, CUDAGraphWrapper) and not isinstance(self.model, NPUGraphWrapper):
+        # vLLM types self.model as nn.Module but stores its CUDAGraphWrapper (not a Module) there: test it as an object.
+        model: object = self.model
+        if isinstance(model, CUDAGraphWrapper) and not isinstance(model, NPUGraphWrapper):
             # vLLM wraps the model for full graphs with its CUDA wrapper directly (not the platform's class).
-            self.model = NPUGraphWrapper(self.model.unwrap(), self.vllm_config, runtime_mode=CUDAGraphMode.FULL)
+            wrapper = NPUGraphWrapper(model.unwrap(), self.vllm_config, runtime_mode=CUDAGraphMode.FULL)
+            self.model = cast(nn.Module, wrapper)
 
     def estimate_graph_memory(self) -> int:
         """Device bytes the graph pool will hold once every size is captured, to keep out of the KV budget.
@@ -118,6 +125,7 @@ class NPUModelRunner(GPUModelRunner):
             return 0
         self.initialize_cudagraph_capture()  # may downgrade the mode from the attention backends' support
         mode = self.compilation_config.cudagraph_mode
+        assert mode is not None, "VllmConfig.__post_init__ always sets cudagraph_mode"
         compilation_counter.num_gpu_runner_capture_triggers += 1
         backend = self.device_backend
         backend.synchronize(self.device)
