@@ -14,10 +14,11 @@ from vllm_npu.platform.graphs.config import configure_graphs
 from vllm_npu.platform.graphs.sizes import GRAPH_STREAM_BUDGET, max_capture_sizes, thin_sizes
 
 
-def config(mode=None, sizes=(1, 2, 4, 8), *, enforce_eager=False, layers=2, tp=1, max_tokens=256):
+def config(mode=None, sizes=(1, 2, 4, 8), *, enforce_eager=False, layers=2, tp=1, max_tokens=256, lora=False):
     comp = CompilationConfig(cudagraph_mode=mode, cudagraph_capture_sizes=list(sizes))
     return SimpleNamespace(
         compilation_config=comp,
+        lora_config=SimpleNamespace(max_loras=2) if lora else None,
         model_config=SimpleNamespace(enforce_eager=enforce_eager, get_num_layers=lambda parallel: layers),
         parallel_config=SimpleNamespace(tensor_parallel_size=tp, data_parallel_size=1, enable_expert_parallel=False),
         scheduler_config=SimpleNamespace(max_num_batched_tokens=max_tokens),
@@ -55,6 +56,27 @@ def test_vllm_cudagraph_mode_decides(mode, emulated, expected, level):
 def test_npu_graph_mode_sets_the_mode(graph_mode, expected):
     cfg = config(CUDAGraphMode.FULL_AND_PIECEWISE)
     assert configure_graphs(cfg, graph_mode, True).mode == expected
+
+
+def test_lora_turns_the_default_graphs_off():
+    cfg = config(CUDAGraphMode.FULL_AND_PIECEWISE, lora=True)
+    plan = configure_graphs(cfg, "auto", False)  # on an NPU the default would be PIECEWISE
+    assert plan.mode == "NONE" and "LoRA" in plan.reason
+    assert cfg.compilation_config.cudagraph_mode == CUDAGraphMode.NONE and cfg.model_config.enforce_eager
+
+
+@pytest.mark.parametrize(
+    ("mode", "graph_mode", "key"),
+    [
+        (CUDAGraphMode.PIECEWISE, "auto", "compilation_config.cudagraph_mode=PIECEWISE"),
+        (CUDAGraphMode.FULL_DECODE_ONLY, "auto", "compilation_config.cudagraph_mode=FULL_DECODE_ONLY"),
+        (CUDAGraphMode.FULL_AND_PIECEWISE, "full_decode_only", "npu.graph_mode='full_decode_only'"),
+    ],
+)
+def test_lora_with_an_explicit_graph_mode_is_refused_naming_the_key(mode, graph_mode, key):
+    with pytest.raises(ConfigError, match="conflicts with LoRA") as err:
+        configure_graphs(config(mode, lora=True), graph_mode, True)
+    assert key in str(err.value) and "npu.graph_mode to 'eager'" in str(err.value)
 
 
 def test_full_graphs_of_mixed_batches_are_refused_naming_the_key():

@@ -27,6 +27,7 @@ from .ops.mla_cache import KV_RMSNORM_ROPE_CACHE, MLA_CACHE_WRITE, PAGED_CACHE_L
 from .ops.mla_layer import INTERLEAVE_ROPE
 from .ops.paged_attention import PAGED_DECODE, PAGED_DECODE_WINDOW, PAGED_PREFILL
 from .ops.sfa_kernels import INDEXER_CACHE_WRITE, LIGHTNING_INDEXER, SPARSE_MLA_ATTENTION
+from .ops.vision_attention import VISION_ATTENTION
 from .ops.weight_format import WEIGHT_TO_ND
 
 HALVES = ("bfloat16", "float16")
@@ -140,6 +141,19 @@ def _gqa_cases() -> list[KernelCase]:
 
                 label = f"q [34, {n}, {d}] kv heads {nkv}, seqs [4, 21, 9]" + (f", window {window}" if window else "")
                 cases.append(KernelCase(ENCODER_ATTENTION, label, dtype, encoder, note="audit #3"))
+
+    # Vision towers: Qwen2.5-VL's 16 heads of 80, Qwen3-VL's 16 of 72; two images, two frames of a video.
+    for n, d in ((16, 80), (16, 72)):
+        for dtype in HALVES:
+
+            def vision(device: Any, n: int = n, d: int = d, dt: str = dtype) -> KernelCall:
+                seq_lens = [64, 196, 36, 36]
+                q, k, v = (randn(60 + i, sum(seq_lens), n, d, dtype=_dt(dt), device=device) for i in range(3))
+                lens = torch.tensor(seq_lens, dtype=torch.int32)  # on the host, as the kernel reads it
+                kw = dict(num_heads=n, num_kv_heads=n, scale=d**-0.5, out=torch.zeros_like(q))
+                return KernelCall((q, k, v, lens), kw, _out)
+
+            cases.append(KernelCase(VISION_ATTENTION, f"q [332, {n}, {d}], seqs [64, 196, 36, 36]", dtype, vision))
 
     for n, nkv, d, bs in ((32, 8, 128, 128), (8, 1, 64, 16)):
         for dtype in HALVES:

@@ -120,6 +120,8 @@ class AdditionalConfig(BaseModel):
     kernels: KernelSetting = _field(f"{ADDITIONAL_CONFIG_KEY}.kernels")
     emulated_kv_cache_gb: float | None = _field(f"{ADDITIONAL_CONFIG_KEY}.emulated_kv_cache_gb", gt=0, le=1024)
     disabled_patches: tuple[str, ...] = _field(f"{ADDITIONAL_CONFIG_KEY}.disabled_patches")
+    torchair_cache: bool = _field(f"{ADDITIONAL_CONFIG_KEY}.torchair_cache")
+    torchair_cache_dir: str | None = _field(f"{ADDITIONAL_CONFIG_KEY}.torchair_cache_dir", min_length=1)
 
     @classmethod
     def from_vllm(cls, additional_config: Mapping[str, Any] | None) -> AdditionalConfig:
@@ -131,7 +133,7 @@ class AdditionalConfig(BaseModel):
                 f'{{"{ADDITIONAL_CONFIG_KEY}": {{"graph_mode": "eager"}}}}, got {type(section).__name__}'
             )
         try:
-            return cls.model_validate(dict(section))
+            config = cls.model_validate(dict(section))
         except ValidationError as exc:
             _raise_config_error(
                 cls,
@@ -139,4 +141,11 @@ class AdditionalConfig(BaseModel):
                 source="--additional-config",
                 naming=lambda loc: f"{ADDITIONAL_CONFIG_KEY}.{loc[0]}" if loc else ADDITIONAL_CONFIG_KEY,
             )
-        raise AssertionError("unreachable")
+        stray = sorted(k for k in config.model_fields_set if k.startswith("torchair_"))
+        if stray and config.graph_mode != "torchair":
+            raise ConfigError(
+                f"bad --additional-config: {ADDITIONAL_CONFIG_KEY}.{stray[0]} applies only to "
+                f"{ADDITIONAL_CONFIG_KEY}.graph_mode='torchair' (graph_mode is {config.graph_mode!r}); set "
+                f"graph_mode to 'torchair' or drop {', '.join(stray)}"
+            )
+        return config

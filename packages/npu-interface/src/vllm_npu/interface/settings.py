@@ -24,7 +24,7 @@ ENV_PATCHES = "VLLM_NPU_PATCHES"
 ENV_CACHE_DIR = "VLLM_NPU_CACHE_DIR"
 
 DeviceSetting = Literal["auto", "npu", "emulated", "off"]
-GraphMode = Literal["auto", "eager", "piecewise", "full_decode_only"]
+GraphMode = Literal["auto", "eager", "piecewise", "full_decode_only", "torchair"]
 KernelSetting = Literal["auto", "npu", "reference"]
 DEVICE_SETTINGS: tuple[str, ...] = get_args(DeviceSetting)
 GRAPH_MODES: tuple[str, ...] = get_args(GraphMode)
@@ -93,7 +93,8 @@ ADDITIONAL_CONFIG_SETTINGS: tuple[Setting, ...] = (
         "graph_mode",
         "auto",
         "`auto` follows vLLM's `cudagraph_mode` (PIECEWISE graphs by default on the NPU, eager on the emulated "
-        "device unless `cudagraph_mode` is set); the others set the mode (see docs/graphs.md)",
+        "device unless `cudagraph_mode` is set); `torchair` compiles the decode forward per padded batch size "
+        "(docs/torchair.md); the others set the mode (see docs/graphs.md)",
         choices=GRAPH_MODES,
     ),
     _key(
@@ -109,6 +110,19 @@ ADDITIONAL_CONFIG_SETTINGS: tuple[Setting, ...] = (
         values="a float in (0, 1024], in GiB",
     ),
     _key("disabled_patches", (), f"patches to skip, as `-<id>` in `{ENV_PATCHES}` does", values="a list of patch ids"),
+    _key(
+        "torchair_cache",
+        True,
+        "`graph_mode` `torchair`: keep the compiled decode graphs in `torchair_cache_dir`, one directory per key "
+        "(model, dtype, parallel ranks, versions, plugin sources), reused across restarts",
+        values="`true` or `false`",
+    ),
+    _key(
+        "torchair_cache_dir",
+        None,
+        "`graph_mode` `torchair`: the compile cache's root",
+        values=f"a directory (default `${ENV_CACHE_DIR}/torchair`)",
+    ),
 )
 
 

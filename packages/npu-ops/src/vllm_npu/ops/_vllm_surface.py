@@ -45,4 +45,29 @@ SURFACE: tuple[VllmName, ...] = (
         "the per-forward cos/sin cache is keyed on the current ForwardContext; it reads the global directly because "
         "get_forward_context() asserts outside a forward",
     ),
+    VllmName(
+        "vllm.lora.punica_wrapper.punica_base:PunicaWrapperBase",
+        "_apply_bias",
+        "method",
+        "calls",
+        ("vllm_npu.ops.lora.punica",),
+        "PunicaWrapperNPU.add_expand adds the LoRA bias (enable_lora_bias) through vLLM's own helper",
+        signature="(self, indices, output, output_slices, lora_bias_stacked)",
+    ),
+    VllmName(
+        "vllm.lora.punica_wrapper.punica_base:PunicaWrapperBase",
+        "_seq_lengths",
+        "instance_attribute",
+        "reads",
+        ("vllm_npu.ops.lora.punica",),
+        "the prefill kernels take the batch's segment lengths that PunicaWrapperBase.update_metadata fills",
+    ),
+    VllmName(
+        "vllm.lora.punica_wrapper.punica_base:PunicaWrapperBase",
+        "_lora_indices_per_batch",
+        "instance_attribute",
+        "reads",
+        ("vllm_npu.ops.lora.punica",),
+        "the prefill kernels take the LoRA slot of each segment that PunicaWrapperBase.update_metadata fills",
+    ),
 )

@@ -9,6 +9,7 @@ Sizes are the ones models send: hidden 4096 (Llama/Qwen) and 7168 (DeepSeek-V3),
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any
 
@@ -17,6 +18,7 @@ from vllm_npu.interface.selftest import KernelCall, KernelCase, randn, randperm
 
 from .activation import FAST_GELU
 from .layernorm import ADD_RMS_NORM, GEMMA_RMS_NORM, RMS_NORM
+from .lora.kernels import BGMV_EXPAND, BGMV_SHRINK, SGMV_EXPAND, SGMV_SHRINK
 from .moe.experts import GROUPED_MATMUL
 from .moe.gating import GROUPED_TOPK, TOPK_SOFTMAX
 from .moe.routing import INIT_ROUTING, UNPERMUTE
@@ -204,6 +206,44 @@ def _moe_cases() -> list[KernelCase]:
     return cases
 
 
+def _lora_y(result: Any, args: tuple, kwargs: dict) -> dict[str, torch.Tensor]:
+    return {"y": args[2]}  # the LoRA kernels write their output in place
+
+
+def _lora_cases() -> list[KernelCase]:
+    """Multi-LoRA shrink/expand at hidden 4096, rank 16, 4 slots; segments include an empty one and a no-LoRA one."""
+    cases = []
+    seg_lens, seg_loras = [5, 0, 9, 1, 3], [2, 0, -1, 3, 2]
+    tokens, hidden, rank, slots = sum(seg_lens), 4096, 16, 4
+    for dtype in FLOATS:
+
+        def shrink(device: Any, d: str = dtype, segmented: bool = True) -> KernelCall:
+            x = randn(30, tokens, hidden, dtype=_dt(d), device=device)
+            w = randn(31, slots, 1, rank, hidden, dtype=_dt(d), device=device, scale=1 / math.sqrt(hidden))
+            y = torch.zeros(tokens, rank, dtype=torch.float32, device=device)
+            lens, loras = torch.tensor(seg_lens, device=device), torch.tensor(seg_loras, device=device)
+            mapping = (lens, loras) if segmented else (torch.repeat_interleave(loras, lens),)
+            return KernelCall((x, w, y, *mapping, 0.5), {}, _lora_y)
+
+        def expand(device: Any, d: str = dtype, segmented: bool = True) -> KernelCall:
+            x = randn(32, tokens, rank, dtype=torch.float32, device=device)
+            w = randn(33, slots, 1, 1024, rank, dtype=_dt(d), device=device, scale=0.25)
+            y = randn(34, tokens, 1536, dtype=_dt(d), device=device)
+            lens, loras = torch.tensor(seg_lens, device=device), torch.tensor(seg_loras, device=device)
+            mapping = (lens, loras) if segmented else (torch.repeat_interleave(loras, lens),)
+            return KernelCall((x, w, y, *mapping, 256, 1024, True), {}, _lora_y)
+
+        shape = f"x [{tokens}, {hidden}], A [{slots}, {rank}, {hidden}], segments {seg_lens} -> slots {seg_loras}"
+        eshape = f"x [{tokens}, {rank}], B [{slots}, 1024, {rank}] into y[:, 256:1280] of [{tokens}, 1536]"
+        cases += [
+            KernelCase(SGMV_SHRINK, shape, dtype, shrink),
+            KernelCase(BGMV_SHRINK, shape, dtype, functools.partial(shrink, d=dtype, segmented=False)),
+            KernelCase(SGMV_EXPAND, eshape, dtype, expand),
+            KernelCase(BGMV_EXPAND, eshape, dtype, functools.partial(expand, d=dtype, segmented=False)),
+        ]
+    return cases
+
+
 def selftest_cases() -> list[KernelCase]:
     """Every ops kernel pair over its grid of shapes and dtypes."""
     return [
@@ -212,4 +252,5 @@ def selftest_cases() -> list[KernelCase]:
         *_rope_cases(),
         *_gating_cases(),
         *_moe_cases(),
+        *_lora_cases(),
     ]

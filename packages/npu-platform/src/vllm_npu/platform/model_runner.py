@@ -17,7 +17,9 @@ sampling and logprobs, KV-cache allocation) is vLLM's own code. The overrides:
 - static graphs (:mod:`.graphs`): ``load_model`` puts :class:`.graphs.wrapper.NPUGraphWrapper` around the model
   where vLLM put its CUDA wrapper (FULL_DECODE_ONLY); ``capture_model`` is vLLM's capture loop (warm-up and capture
   per size, largest first, so smaller graphs reuse the pool) with memory, streams and sync from the device backend,
-  and without vLLM's ``graph_capture`` context (it asserts a CUDA communicator under tensor parallelism).
+  and without vLLM's ``graph_capture`` context (it asserts a CUDA communicator under tensor parallelism). With
+  ``npu.graph_mode='torchair'`` the wrapper is :class:`.graphs.torchair.TorchairWrapper`, and the same loop compiles
+  each decode size instead of capturing it.
 - ``initialize_kv_cache_tensors``: when several cache layers share a decoder-layer index (DeepSeek-V3.2: the MLA
   latent cache ``...self_attn.attn`` and the indexer key cache ``...self_attn.indexer.k_cache``), vLLM 0.11's
   ``bind_kv_cache`` raises ``NotImplementedError`` on every platform but CUDA/XPU. The override binds them the
@@ -29,9 +31,10 @@ from __future__ import annotations
 
 import gc
 import time
-from typing import Any
+from typing import Any, cast
 
 import torch
+from torch import nn
 from vllm.compilation.counter import compilation_counter
 from vllm.compilation.cuda_graph import CUDAGraphWrapper
 from vllm.compilation.monitor import set_cudagraph_capturing_enabled
@@ -45,6 +48,7 @@ from vllm.v1.worker.utils import bind_kv_cache
 from vllm_npu.interface.log import get_logger
 
 from ._device import DeviceBackend, EmulatedDevice, _torch_npu, cuda_stream_api_as
+from .graphs.torchair import TorchairWrapper, torchair_enabled
 from .graphs.wrapper import GRAPH_STATS, NPUGraphWrapper
 
 logger = get_logger(__name__)
@@ -59,6 +63,9 @@ def device_backend() -> type[DeviceBackend]:
 
 
 class NPUModelRunner(GPUModelRunner):
+    #: vLLM's process-wide ``num_cudagraph_captured`` when this runner was built (its captures are counted from here).
+    cudagraph_captured_before: int
+
     def __init__(self, vllm_config: VllmConfig, device: torch.device) -> None:
         self.device_backend = device_backend()
         # Graph counts of this engine: vLLM's capture counter is process-wide, so remember where it stood.
@@ -118,9 +125,13 @@ class NPUModelRunner(GPUModelRunner):
 
     def load_model(self, eep_scale_up: bool = False) -> None:
         super().load_model(eep_scale_up)
-        if isinstance(self.model, CUDAGraphWrapper) and not isinstance(self.model, NPUGraphWrapper):
+        # vLLM types self.model as nn.Module but stores its CUDAGraphWrapper (not a Module) there: test it as an object.
+        model: object = self.model
+        wrapper_cls = TorchairWrapper if torchair_enabled(self.vllm_config) else NPUGraphWrapper
+        if isinstance(model, CUDAGraphWrapper) and not isinstance(model, wrapper_cls):
             # vLLM wraps the model for full graphs with its CUDA wrapper directly (not the platform's class).
-            self.model = NPUGraphWrapper(self.model.unwrap(), self.vllm_config, runtime_mode=CUDAGraphMode.FULL)
+            wrapper = wrapper_cls(model.unwrap(), self.vllm_config, runtime_mode=CUDAGraphMode.FULL)
+            self.model = cast(nn.Module, wrapper)
 
     def estimate_graph_memory(self) -> int:
         """Device bytes the graph pool will hold once every size is captured, to keep out of the KV budget.
@@ -141,6 +152,17 @@ class NPUModelRunner(GPUModelRunner):
         backend.synchronize(self.device)
         return max(0, backend.peak_memory_allocated(self.device) - base)
 
+    def initialize_cudagraph_capture(self) -> None:
+        if torchair_enabled(self.vllm_config):
+            # torchair compiles the decode forward instead of capturing it: attention stays an op called with each
+            # step's metadata, so the backends' graph support (MLA's is NEVER) must not downgrade the mode to NONE.
+            mode = self.compilation_config.cudagraph_mode
+            if mode is None:  # VllmConfig resolves it before any runner exists
+                raise RuntimeError("compilation_config.cudagraph_mode was not resolved")
+            self.cudagraph_dispatcher.initialize_cudagraph_keys(mode, self.uniform_decode_query_len)
+            return
+        super().initialize_cudagraph_capture()
+
     def capture_model(self) -> int:
         """Capture every configured graph; returns the device memory the graphs took (bytes, as vLLM's)."""
         mode = self.compilation_config.cudagraph_mode
@@ -148,6 +170,7 @@ class NPUModelRunner(GPUModelRunner):
             return 0
         self.initialize_cudagraph_capture()  # may downgrade the mode from the attention backends' support
         mode = self.compilation_config.cudagraph_mode
+        assert mode is not None, "VllmConfig.__post_init__ always sets cudagraph_mode"
         compilation_counter.num_gpu_runner_capture_triggers += 1
         backend = self.device_backend
         backend.synchronize(self.device)

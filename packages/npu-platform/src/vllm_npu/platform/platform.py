@@ -223,6 +223,14 @@ class NPUPlatform(Platform):
         return COMMUNICATOR_CLS
 
     @classmethod
+    def get_punica_wrapper(cls) -> str:
+        # Multi-LoRA shrink/expand kernels and the LoRA layer classes for our linear/embedding classes: npu-ops.
+        from vllm_npu.interface.registry import require
+
+        require("ops", "LoRA (--enable-lora) on the NPU is provided by the npu-ops layer")
+        return "vllm_npu.ops.lora.PunicaWrapperNPU"  # vLLM resolves a dotted module.attr name, not module:attr
+
+    @classmethod
     def opaque_attention_op(cls) -> bool:
         # Attention runs as one registered op (`vllm.unified_attention_with_output`, under `dispatch_key`), which
         # is also the split point of piecewise graphs.

@@ -91,6 +91,9 @@ def _qualname(obj: Any) -> str | None:
 
 
 class NPUWorker(Worker):
+    # vLLM's Worker types it as GPUModelRunner; ours always builds the subclass (init_device).
+    model_runner: NPUModelRunner
+
     def __init__(
         self,
         vllm_config: Any,
@@ -295,9 +298,12 @@ class NPUWorker(Worker):
         from vllm.config import get_layers_from_vllm_config
         from vllm.distributed.parallel_state import get_tp_group
 
+        from .graphs.torchair import TORCHAIR_STATS
         from .graphs.wrapper import GRAPH_STATS
 
         runner = self.model_runner
+        cudagraph_mode = self.vllm_config.compilation_config.cudagraph_mode
+        assert cudagraph_mode is not None, "VllmConfig.__post_init__ always sets cudagraph_mode"
         attn_layers = get_layers_from_vllm_config(self.vllm_config, Attention)
         backends = sorted({_class_path(layer.attn_backend) for layer in attn_layers.values()})
         impls = sorted({_class_path(type(layer.impl)) for layer in attn_layers.values()})
@@ -327,12 +333,14 @@ class NPUWorker(Worker):
             "rank": self.rank,
             "compilation_level": self.vllm_config.compilation_config.level,
             "piecewise_graphs_seen": compilation_counter.num_piecewise_graphs_seen,
-            "cudagraph_mode": self.vllm_config.compilation_config.cudagraph_mode.name,
+            "cudagraph_mode": cudagraph_mode.name,
             "capture_sizes": sorted(self.vllm_config.compilation_config.cudagraph_capture_sizes or []),
             # Static graphs of this engine: vLLM's own capture counter (process-wide, so counted from the runner's
             # start), and our per-mode captures/replays and in-graph tasks.
             "cudagraph_captured": compilation_counter.num_cudagraph_captured - runner.cudagraph_captured_before,
             "graphs": GRAPH_STATS.snapshot(),
+            # The torchair mode's compiles, recompiles, cache hits/writes and compiled steps (this process).
+            "torchair": TORCHAIR_STATS.snapshot(),
             "tp_communicator": type(get_tp_group().device_communicator).__qualname__,
             "tp_backend": str(torch.distributed.get_backend(get_tp_group().device_group)),
             # Bytes released by sleep() and not yet woken up, per tag.

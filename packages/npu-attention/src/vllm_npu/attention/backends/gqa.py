@@ -19,7 +19,7 @@ on the emulated device.
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, TypedDict
+from typing import Any, ClassVar, TypedDict, cast
 
 import torch
 from vllm.attention.backends.abstract import AttentionBackend, AttentionImpl, AttentionLayer, AttentionType
@@ -45,7 +45,8 @@ def decode_lens_refresh(layer_name: str, batch: int) -> graphs.Refresh:
     def refresh() -> dict[str, list[int]]:
         from vllm.forward_context import get_forward_context
 
-        metadata = get_forward_context().attn_metadata
+        # vLLM types attn_metadata as every runner's shape; the V1 runner with this backend sets one per layer name.
+        metadata = cast("dict[str, AscendMetadata]", get_forward_context().attn_metadata)
         lens = list(metadata[layer_name].seq_lens_list)
         return {"context_lens": lens + [1] * (batch - len(lens))}
 

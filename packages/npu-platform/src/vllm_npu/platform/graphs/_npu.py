@@ -35,7 +35,7 @@ from . import GraphInputMovedError
 def _npu() -> Any:
     import torch_npu  # noqa: F401  (registers torch.npu)
 
-    return torch.npu
+    return torch.npu  # type: ignore[attr-defined]  # torch_npu adds torch.npu at import; torch's stubs lack it
 
 
 def _weak_ref(x: Any) -> Any:

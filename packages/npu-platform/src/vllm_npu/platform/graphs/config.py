@@ -25,7 +25,8 @@ slow every engine start of the test suite; everything else is the same code path
 
 ``npu.graph_mode``: ``auto`` follows the above; ``eager`` / ``piecewise`` / ``full_decode_only`` set the mode (an
 explicit, different ``cudagraph_mode`` is a conflict). ``--enforce-eager`` with a graph mode is a conflict.
-Further modes (torchair) plug in as another entry of :data:`GRAPH_MODES`.
+``torchair`` uses FULL_DECODE_ONLY's dispatch and compiles each decode size instead of capturing it
+(:mod:`.torchair`).
 """
 
 from __future__ import annotations
@@ -49,6 +50,9 @@ GRAPH_MODES: dict[str, str | None] = {
     "eager": "NONE",
     "piecewise": "PIECEWISE",
     "full_decode_only": "FULL_DECODE_ONLY",
+    # FULL_DECODE_ONLY's dispatch (padded pure-decode batches, the rest eager); the model runner compiles instead
+    # of capturing (.torchair).
+    "torchair": "FULL_DECODE_ONLY",
 }
 
 
@@ -77,6 +81,25 @@ def _resolve_mode(vllm_config: VllmConfig, graph_mode: str, emulated: bool) -> t
                 "npu.graph_mode to 'auto' or 'eager'"
             )
         return "NONE", "enforce_eager"
+    if getattr(vllm_config, "lora_config", None) is not None:
+        # PunicaWrapperNPU picks its kernels per batch on the host (which slots are active, how many segments); a
+        # captured graph would replay the first batch's choice for every later batch: wrong tokens, no error.
+        explicit = requested not in (None, "NONE") or vllm_mode not in (
+            CUDAGraphMode.FULL_AND_PIECEWISE,
+            CUDAGraphMode.NONE,
+        )
+        if explicit:
+            chosen = (
+                f"npu.graph_mode={graph_mode!r}"
+                if requested is not None
+                else (f"compilation_config.cudagraph_mode={vllm_mode.name}")
+            )
+            raise ConfigError(
+                f"{chosen} conflicts with LoRA (--enable-lora): the NPU LoRA kernels choose their work per batch on "
+                "the host, which a captured graph would freeze; set npu.graph_mode to 'eager' (or "
+                "compilation_config.cudagraph_mode to NONE, or --enforce-eager) to serve LoRA adapters"
+            )
+        return "NONE", "LoRA: the NPU LoRA kernels choose their work per batch on the host, so graphs stay off"
     if requested is not None:
         # FULL_AND_PIECEWISE is also vLLM's default, so it cannot conflict with an explicit npu.graph_mode.
         if vllm_mode not in (CUDAGraphMode.FULL_AND_PIECEWISE, CUDAGraphMode[requested]):

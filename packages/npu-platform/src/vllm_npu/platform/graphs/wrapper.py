@@ -26,7 +26,7 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 from unittest.mock import patch
 
 from vllm.compilation.counter import compilation_counter
@@ -47,7 +47,7 @@ class GraphStats:
     replays: Counter[str] = field(default_factory=Counter)  # runtime mode name -> graph replays
     tasks: int = 0  # updatable kernels captured inside graphs
     # per captured batch size (tokens): seconds spent capturing, device memory taken (free-memory delta, bytes)
-    capture_seconds: Counter[int] = field(default_factory=Counter)
+    capture_seconds: dict[int, float] = field(default_factory=dict)
     capture_bytes: Counter[int] = field(default_factory=Counter)
 
     def reset(self) -> None:
@@ -104,6 +104,9 @@ class NPUGraphWrapper(CUDAGraphWrapper):
         if mode == CUDAGraphMode.NONE or mode != self.runtime_mode:
             return self.runnable(*args, **kwargs)
         key = forward_context.batch_descriptor
+        # vLLM's dispatcher returns a descriptor with every mode but NONE (and _dummy_run forces a mode only when it
+        # agrees with the dispatcher), so a graph-mode step always has one.
+        assert key is not None, f"{self.runtime_mode.name} graph step without a batch descriptor"
         entry = self.concrete_cudagraph_entries.get(key)
         if entry is None:
             validate_cudagraph_capturing_enabled()
@@ -113,8 +116,8 @@ class NPUGraphWrapper(CUDAGraphWrapper):
             start = time.perf_counter()
             with self._capture_context():
                 graph = self.device_backend.capture_graph(self.runnable, args, kwargs, self.graph_pool, None)
-            size = getattr(key, "num_tokens", 0)
-            GRAPH_STATS.capture_seconds[size] += time.perf_counter() - start
+            size = key.num_tokens
+            GRAPH_STATS.capture_seconds[size] = GRAPH_STATS.capture_seconds.get(size, 0.0) + time.perf_counter() - start
             GRAPH_STATS.capture_bytes[size] += max(0, free_before - self.device_backend.mem_get_info()[0])
             output = graph.output
             if self.device_backend.type == "npu":
@@ -126,7 +129,8 @@ class NPUGraphWrapper(CUDAGraphWrapper):
             GRAPH_STATS.captures[self.runtime_mode.name] += 1
             GRAPH_STATS.tasks += graph.num_tasks
             return output
-        graph = entry.cudagraph
+        # vLLM types the entry's graph as torch.cuda.CUDAGraph; ours holds the device backend's (NPUGraph, EmulatedGraph).
+        graph = cast(Any, entry.cudagraph)
         self.refresh(graph)
         output = graph.replay(args, kwargs)
         GRAPH_STATS.replays[self.runtime_mode.name] += 1

@@ -1,0 +1,30 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
+"""vllm_npu.ops.lora: multi-LoRA on the NPU (vLLM's ``get_punica_wrapper`` target and the LoRA layer classes).
+
+Lazy exports: importing this package imports neither torch nor vLLM.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+# Lazy exports (PEP 562): name -> ".module:attr", imported on first access. The TYPE_CHECKING block and
+# __all__ mirror the table for type checkers and IDEs; tests/test_doors.py checks that the three agree.
+_EXPORTS: dict[str, str] = {
+    "PunicaWrapperNPU": ".punica:PunicaWrapperNPU",
+    "NPU_LORA_CLASSES": ".layers:NPU_LORA_CLASSES",
+}
+
+if TYPE_CHECKING:
+    from .layers import NPU_LORA_CLASSES
+    from .punica import PunicaWrapperNPU
+else:
+    from vllm_npu.interface.lazy import lazy_exports
+
+    __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
+
+__all__ = [
+    "NPU_LORA_CLASSES",
+    "PunicaWrapperNPU",
+]

@@ -1,0 +1,185 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
+"""The torchair mode (``--additional-config '{"npu": {"graph_mode": "torchair"}}'``): the decode forward compiled
+per padded batch size, prefill and mixed steps eager.
+
+How it plugs into vLLM: ``npu.graph_mode='torchair'`` runs vLLM's FULL_DECODE_ONLY dispatch (:mod:`.config`):
+pure-decode batches are padded to a size of ``compilation_config.cudagraph_capture_sizes`` and reach the model with
+runtime mode FULL and that size in the batch descriptor; every other batch runs with mode NONE. The model runner
+puts :class:`TorchairWrapper` around the model where FULL_DECODE_ONLY puts its graph wrapper, and vLLM's capture
+loop (warm-up, then one FULL call per size, largest first) is where each size is compiled.
+
+What is compiled: the model's own ``forward`` (one code path: the same modules, attention and MoE stacks as eager),
+through ``torch.compile(fullgraph=True, dynamic=False)``, one compiled function per batch size, each a copy of
+``forward`` with its own code object and name (:func:`forward_for`; Dynamo keeps its cache per code object, so sizes
+never evict each other and torchair's cache can key by name). Attention stays vLLM's opaque custom op
+(``vllm.unified_attention_with_output``, registered with a fake implementation): inside the compiled graph it is one
+call that reads the step's attention metadata from vLLM's forward context when it runs, so the per-step sequence
+lengths and block tables are never baked into the graph nor guarded on (no recompiles as they change). Everything
+else (embedding, norms, RoPE, linear layers, MoE) is traced by Dynamo, our CustomOp overrides included.
+
+Backends: on an NPU torchair's (:mod:`._torchair_npu`); on the emulated device :class:`._standin.StandInBackend`
+(``aot_eager`` with the on-disk cache). The cache directory is :class:`.compile_cache.CompileCache` of this worker's
+key under ``npu.torchair_cache_dir`` (``npu.torchair_cache=false`` turns it off).
+
+Counts (this process, all engines): :data:`TORCHAIR_STATS`. ``compiles`` counts, per batch size, every graph Dynamo
+handed to the compiler; a second compile of the same size by the same wrapper (a guard failed) is a ``recompile``.
+"""
+
+from __future__ import annotations
+
+import time
+import types
+from collections import Counter
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, cast
+
+import torch
+from vllm.compilation.cuda_graph import CUDAGraphOptions, CUDAGraphWrapper
+from vllm.config import CUDAGraphMode, VllmConfig
+from vllm.forward_context import get_forward_context
+from vllm_npu.interface.config import AdditionalConfig
+from vllm_npu.interface.log import get_logger
+
+from .compile_cache import CompileCache, cache_key, default_cache_root
+
+logger = get_logger(__name__)
+
+
+@dataclass
+class TorchairStats:
+    """Per-process counts of the torchair mode (see the module docstring)."""
+
+    compiles: Counter[int] = field(default_factory=Counter)  # batch size -> graphs handed to the compiler
+    recompiles: int = 0  # compiles of an already compiled (wrapper, batch size)
+    lowerings: int = 0  # emulated: AOTAutograd lowerings run (cache misses and uncached compiles)
+    cache_hits: int = 0  # emulated: lowered graphs loaded from the cache directory
+    cache_writes: int = 0  # emulated: lowered graphs written to the cache directory
+    uncacheable: int = 0  # emulated: lowered graphs that could not be cached (reason logged)
+    compiled_calls: Counter[int] = field(default_factory=Counter)  # batch size -> decode steps run compiled
+    eager_calls: int = 0  # steps run eagerly (prefill, mixed, or larger than every compiled size)
+    compile_seconds: dict[int, float] = field(default_factory=dict)  # batch size -> first call (compile + run), last
+    backend_seconds: dict[int, float] = field(default_factory=dict)  # emulated: size -> lowering or loading, last
+
+    def snapshot(self) -> dict[str, Any]:
+        return {
+            "compiles": dict(self.compiles),
+            "recompiles": self.recompiles,
+            "lowerings": self.lowerings,
+            "cache_hits": self.cache_hits,
+            "cache_writes": self.cache_writes,
+            "uncacheable": self.uncacheable,
+            "compiled_calls": dict(self.compiled_calls),
+            "eager_calls": self.eager_calls,
+            "compile_seconds": dict(self.compile_seconds),
+            "backend_seconds": dict(self.backend_seconds),
+        }
+
+
+TORCHAIR_STATS = TorchairStats()
+
+
+def _npu_config(vllm_config: VllmConfig) -> AdditionalConfig:
+    # The platform refused a non-object --additional-config when it checked the config.
+    extra = vllm_config.additional_config
+    return AdditionalConfig.from_vllm(extra if isinstance(extra, Mapping) else None)
+
+
+def torchair_enabled(vllm_config: VllmConfig) -> bool:
+    """Whether this engine runs the torchair mode."""
+    return _npu_config(vllm_config).graph_mode == "torchair"
+
+
+def forward_for(model: torch.nn.Module, batch_size: int) -> Callable[..., Any]:
+    """``model.forward`` bound to ``model`` with a code object and name of its own (``<forward>_torchair_bs<N>``)."""
+    forward = type(model).forward
+    name = f"{forward.__name__}_torchair_bs{batch_size}"
+    code = forward.__code__.replace(co_name=name)
+    fn = types.FunctionType(code, forward.__globals__, name, forward.__defaults__, forward.__closure__)
+    fn.__kwdefaults__ = forward.__kwdefaults__
+    fn.__qualname__ = f"{forward.__qualname__}_torchair_bs{batch_size}"
+    return types.MethodType(fn, model)
+
+
+def _compile_cache(vllm_config: VllmConfig, device_type: str) -> CompileCache | None:
+    from vllm.distributed.parallel_state import get_pp_group, get_tensor_model_parallel_rank
+
+    npu = _npu_config(vllm_config)
+    if not npu.torchair_cache:
+        return None
+    root = default_cache_root() if npu.torchair_cache_dir is None else Path(npu.torchair_cache_dir)
+    key = cache_key(
+        vllm_config,
+        device_type=device_type,
+        kernels=npu.kernels,
+        tp_rank=get_tensor_model_parallel_rank(),
+        pp_rank=get_pp_group().rank_in_group,
+    )
+    return CompileCache(root.expanduser().resolve(), key)
+
+
+class TorchairWrapper(CUDAGraphWrapper):
+    """The model, with pure-decode steps run through its compiled forward for the step's padded batch size.
+
+    A ``CUDAGraphWrapper`` subclass so that vLLM's checks of the model (``get_model`` unwrapping) hold; no graph
+    is captured. Batches dispatched with runtime mode FULL must carry the padded size in the forward context's
+    batch descriptor (vLLM's dispatcher does); the first call of a size compiles it.
+    """
+
+    def __init__(
+        self,
+        runnable: Callable[..., Any],
+        vllm_config: VllmConfig,
+        runtime_mode: CUDAGraphMode = CUDAGraphMode.FULL,
+        cudagraph_options: CUDAGraphOptions | None = None,
+    ) -> None:
+        from ..model_runner import device_backend
+
+        super().__init__(runnable, vllm_config, runtime_mode, cudagraph_options)
+        self.device_type = device_backend().type
+        self.cache = _compile_cache(vllm_config, self.device_type)
+        self.compiled: dict[int, Callable[..., Any]] = {}
+        self.compile_counts: Counter[int] = Counter()
+        if self.cache is not None:
+            directory = self.cache.prepare()
+            logger.info("torchair mode: compile cache %s", directory)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        context = get_forward_context()
+        if context.cudagraph_runtime_mode != self.runtime_mode or context.batch_descriptor is None:
+            TORCHAIR_STATS.eager_calls += 1
+            return self.runnable(*args, **kwargs)
+        size = context.batch_descriptor.num_tokens
+        TORCHAIR_STATS.compiled_calls[size] += 1
+        compiled = self.compiled.get(size)
+        if compiled is not None:
+            return compiled(*args, **kwargs)
+        start = time.perf_counter()
+        compiled = self.compiled[size] = self._compile(size)
+        output = compiled(*args, **kwargs)  # Dynamo and the backend run on this first call
+        TORCHAIR_STATS.compile_seconds[size] = time.perf_counter() - start
+        return output
+
+    def _counted(self, size: int, backend: Callable[..., Any]) -> Callable[..., Any]:
+        def count_then_compile(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
+            self.compile_counts[size] += 1
+            TORCHAIR_STATS.compiles[size] += 1
+            if self.compile_counts[size] > 1:
+                TORCHAIR_STATS.recompiles += 1
+                logger.warning("torchair mode: batch size %d recompiled (a Dynamo guard failed)", size)
+            return backend(gm, example_inputs)
+
+        return count_then_compile
+
+    def _compile(self, size: int) -> Callable[..., Any]:
+        fn = forward_for(cast(torch.nn.Module, self.runnable), size)
+        if self.device_type == "npu":
+            from ._torchair_npu import compile_npu
+
+            return compile_npu(fn, None if self.cache is None else str(self.cache.directory))
+        from ._standin import StandInBackend
+
+        backend = self._counted(size, StandInBackend(size, self.cache, TORCHAIR_STATS))
+        return torch.compile(fn, backend=backend, fullgraph=True, dynamic=False)

@@ -1,0 +1,286 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
+"""The torchair mode without an engine: its config, the cache key, the emulated stand-in backend and its cache, and
+the NPU wiring against a fake ``torchair`` module that enforces the documented signatures."""
+
+from __future__ import annotations
+
+import sys
+import types
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+from vllm.config import CompilationLevel, CUDAGraphMode
+from vllm.config.compilation import CompilationConfig
+from vllm_npu.interface.config import AdditionalConfig
+from vllm_npu.interface.errors import ConfigError
+from vllm_npu.platform.graphs import compile_cache
+from vllm_npu.platform.graphs._standin import StandInBackend
+from vllm_npu.platform.graphs.compile_cache import CompileCache, cache_key
+from vllm_npu.platform.graphs.config import configure_graphs
+from vllm_npu.platform.graphs.torchair import TorchairStats, forward_for
+
+# --- config -------------------------------------------------------------------------------------------------------
+
+
+def graph_config(*, enforce_eager=False, mode=None):
+    return SimpleNamespace(
+        compilation_config=CompilationConfig(cudagraph_mode=mode, cudagraph_capture_sizes=[1, 2, 4]),
+        model_config=SimpleNamespace(enforce_eager=enforce_eager, get_num_layers=lambda parallel: 2),
+        parallel_config=SimpleNamespace(tensor_parallel_size=1, data_parallel_size=1, enable_expert_parallel=False),
+        scheduler_config=SimpleNamespace(max_num_batched_tokens=64),
+    )
+
+
+def test_torchair_runs_full_decode_only_dispatch_without_dynamo_pieces():
+    cfg = graph_config(mode=CUDAGraphMode.FULL_AND_PIECEWISE)  # vLLM's default does not conflict
+    plan = configure_graphs(cfg, "torchair", emulated=True)
+    comp = cfg.compilation_config
+    assert plan.mode == "FULL_DECODE_ONLY" and "torchair" in plan.reason
+    assert comp.level == CompilationLevel.NO_COMPILATION and comp.cudagraph_capture_sizes == [4, 2, 1]
+    assert comp.bs_to_padded_graph_size[3] == 4  # decode batches pad to the next compiled size
+
+
+def test_torchair_with_enforce_eager_names_the_key():
+    with pytest.raises(ConfigError, match=r"npu.graph_mode='torchair' conflicts with enforce_eager=True"):
+        configure_graphs(graph_config(enforce_eager=True), "torchair", emulated=True)
+
+
+def test_torchair_with_another_cudagraph_mode_names_both_keys():
+    with pytest.raises(ConfigError, match=r"npu.graph_mode='torchair' conflicts with .*cudagraph_mode=PIECEWISE"):
+        configure_graphs(graph_config(mode=CUDAGraphMode.PIECEWISE), "torchair", emulated=True)
+
+
+@pytest.mark.parametrize(
+    ("section", "match"),
+    [
+        ({"graph_mode": "torchair", "torchair_cachedir": "/x"}, r"npu.torchair_cachedir is not a known key"),
+        ({"graph_mode": "torchair", "torchair_cache": "sometimes"}, r"npu.torchair_cache='sometimes' is invalid"),
+        ({"graph_mode": "torchair", "torchair_cache_dir": ""}, r"npu.torchair_cache_dir=''"),
+        ({"graph_mode": "piecewise", "torchair_cache": False}, r"npu.torchair_cache applies only to .*'torchair'"),
+    ],
+)
+def test_bad_torchair_options_name_the_key(section, match):
+    with pytest.raises(ConfigError, match=match):
+        AdditionalConfig.from_vllm({"npu": section})
+
+
+# --- cache key ----------------------------------------------------------------------------------------------------
+
+
+def key_config(dtype="torch.float32", block_size=16, tp=1, model_hash="abc"):
+    return SimpleNamespace(
+        model_config=SimpleNamespace(model="/m", dtype=dtype, compute_hash=lambda: model_hash),
+        cache_config=SimpleNamespace(cache_dtype="auto", block_size=block_size),
+        parallel_config=SimpleNamespace(tensor_parallel_size=tp, pipeline_parallel_size=1, data_parallel_size=1),
+    )
+
+
+def digest(cfg, *, rank=0, kernels="auto"):
+    key = cache_key(cfg, device_type="emulated", kernels=kernels, tp_rank=rank, pp_rank=0)
+    return CompileCache(Path("/c"), key).digest
+
+
+def test_cache_key_changes_with_everything_that_invalidates_it(monkeypatch):
+    base = digest(key_config())
+    assert digest(key_config()) == base  # stable
+    changed = [
+        digest(key_config(dtype="torch.bfloat16")),
+        digest(key_config(block_size=128)),
+        digest(key_config(tp=2)),
+        digest(key_config(model_hash="def")),
+        digest(key_config(), rank=1),
+        digest(key_config(), kernels="reference"),
+    ]
+    monkeypatch.setattr(compile_cache, "_version", lambda dist: "9.9" if dist == "torch" else None)
+    changed.append(digest(key_config()))
+    monkeypatch.undo()
+    compile_cache.plugin_source_digest.cache_clear()
+    monkeypatch.setattr(compile_cache, "plugin_source_digest", lambda: "edited")
+    changed.append(digest(key_config()))
+    assert base not in changed and len(set(changed)) == len(changed)
+
+
+def test_cache_directory_holds_the_key_in_clear(tmp_path):
+    cache = CompileCache(tmp_path, cache_key(key_config(), device_type="npu", kernels="auto", tp_rank=0, pp_rank=0))
+    directory = cache.prepare()
+    assert directory.parent == tmp_path and (directory / "key.json").read_text().count('"tp_rank": 0') == 1
+    assert cache.artifact(4, "f" * 64).name == f"bs4-{'f' * 24}.pt"
+
+
+# --- per-size forward copies --------------------------------------------------------------------------------------
+
+
+class Tiny(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = torch.nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor, scale: float = 2.0) -> torch.Tensor:
+        return torch.relu(self.proj(x)) * scale
+
+
+def test_forward_for_gives_each_size_its_own_code_object():
+    model = Tiny()
+    one, two = forward_for(model, 1), forward_for(model, 2)
+    assert one.__code__ is not two.__code__ and one.__name__ == "forward_torchair_bs1"
+    x = torch.randn(3, 4)
+    assert torch.equal(one(x), model(x)) and torch.equal(two(x, scale=3.0), model(x, scale=3.0))
+
+
+# --- the emulated stand-in and its cache --------------------------------------------------------------------------
+
+
+def compiled(model, size, cache, stats):
+    return torch.compile(forward_for(model, size), backend=StandInBackend(size, cache, stats), fullgraph=True)
+
+
+def test_stand_in_caches_the_lowered_graph_and_a_fresh_compile_loads_it(tmp_path):
+    torch.manual_seed(0)
+    model, x = Tiny(), torch.randn(2, 4)
+    cache = CompileCache(tmp_path, {"k": 1})
+    cache.prepare()
+    cold, warm = TorchairStats(), TorchairStats()
+    with torch.inference_mode():
+        expected = model(x)
+        assert torch.equal(compiled(model, 2, cache, cold)(x), expected)
+        assert (cold.lowerings, cold.cache_writes, cold.cache_hits) == (1, 1, 0)
+        # A new compile of the same graph (a restarted engine: a new code object, Dynamo traces again).
+        assert torch.equal(compiled(model, 2, cache, warm)(x), expected)
+        assert (warm.lowerings, warm.cache_hits) == (0, 1)
+        # The loaded graph is what runs: new weights are graph inputs, not baked into the artifact.
+        model.proj.weight.mul_(-1)
+        assert torch.equal(compiled(model, 2, cache, warm)(x), model(x))
+        assert warm.cache_hits == 2
+        # Another shape is another graph: a miss, a second artifact.
+        assert torch.equal(compiled(model, 3, cache, warm)(torch.ones(3, 4)), model(torch.ones(3, 4)))
+    assert (warm.lowerings, warm.cache_writes) == (1, 1)
+    assert len(list(cache.directory.glob("bs*.pt"))) == 2
+
+
+def test_stand_in_without_cache_writes_nothing(tmp_path):
+    stats = TorchairStats()
+    with torch.inference_mode():
+        compiled(Tiny(), 1, None, stats)(torch.randn(1, 4))
+    assert (stats.lowerings, stats.cache_writes, stats.cache_hits) == (1, 0, 0)
+    assert list(tmp_path.iterdir()) == []
+
+
+# --- NPU wiring ---------------------------------------------------------------------------------------------------
+
+
+class FakeTorchair(types.ModuleType):
+    """``torchair`` as documented (CompilerConfig, get_npu_backend, inference.cache_compile), recording calls."""
+
+    def __init__(self) -> None:
+        super().__init__("torchair")
+        self.calls: list[tuple[str, dict]] = []
+        fake = self
+
+        class CompilerConfig:
+            def __init__(self) -> None:
+                self.mode = "max-autotune"
+                self.experimental_config = SimpleNamespace(frozen_parameter=False, tiling_schedule_optimize=False)
+
+        def get_npu_backend(*, compiler_config=None, custom_decompositions={}):  # noqa: B006 (the documented default)
+            fake.calls.append(("get_npu_backend", {"compiler_config": compiler_config}))
+
+            def npu_backend(gm, example_inputs):
+                fake.calls.append(("backend", {"graph": gm}))
+                return gm.forward
+
+            npu_backend.compiler_config = compiler_config
+            return npu_backend
+
+        def cache_compile(
+            func, *, config=None, backend=None, dynamic=True, cache_dir=None, global_rank=None, tp_rank=None,
+            pp_rank=None, custom_decompositions=None, ge_cache=False, **kwargs,
+        ):  # fmt: skip
+            fake.calls.append(
+                ("cache_compile", {"func": func, "backend": backend, "dynamic": dynamic, "cache_dir": cache_dir,
+                                   "ge_cache": ge_cache, **kwargs})
+            )  # fmt: skip
+            return func
+
+        self.CompilerConfig = CompilerConfig
+        self.get_npu_backend = get_npu_backend
+        self.inference = SimpleNamespace(cache_compile=cache_compile)
+
+
+@pytest.fixture
+def fake_torchair(monkeypatch):
+    fake = FakeTorchair()
+    monkeypatch.setitem(sys.modules, "torchair", fake)
+    return fake
+
+
+def test_npu_compiles_with_torchairs_backend_fullgraph_static(fake_torchair):
+    from vllm_npu.platform.graphs._torchair_npu import compile_npu
+
+    model = Tiny()
+    fn = compile_npu(forward_for(model, 2), cache_dir=None)
+    x = torch.randn(2, 4)
+    assert torch.equal(fn(x), model(x))
+    (name, args), *rest = fake_torchair.calls
+    assert name == "get_npu_backend" and args["compiler_config"].experimental_config.frozen_parameter is True
+    assert args["compiler_config"].mode == "max-autotune"
+    assert [c[0] for c in rest] == ["backend"]  # torch.compile handed Dynamo's graph to torchair's backend
+    torch._dynamo.reset()
+
+
+def test_npu_cache_goes_through_torchair_cache_compile(fake_torchair, tmp_path):
+    from vllm_npu.platform.graphs._torchair_npu import compile_npu
+
+    fn = forward_for(Tiny(), 4)
+    assert compile_npu(fn, cache_dir=str(tmp_path)) is fn
+    (_, backend_args), (name, args) = fake_torchair.calls
+    assert name == "cache_compile" and args["func"] is fn and args["cache_dir"] == str(tmp_path)
+    assert args["backend"].compiler_config is backend_args["compiler_config"]
+    assert args["dynamic"] is False and args["fullgraph"] is True and args["ge_cache"] is False
+
+
+def bare_wrapper(tmp_path, device_type):
+    """A TorchairWrapper around Tiny without vLLM's engine state (no __init__): what dispatch and compile use."""
+    from collections import Counter
+
+    from vllm_npu.platform.graphs.torchair import TorchairWrapper
+
+    wrapper = object.__new__(TorchairWrapper)
+    wrapper.runnable, wrapper.runtime_mode, wrapper.device_type = Tiny(), CUDAGraphMode.FULL, device_type
+    wrapper.cache = CompileCache(tmp_path, {"k": device_type})
+    wrapper.compiled, wrapper.compile_counts = {}, Counter()
+    return wrapper
+
+
+def test_wrapper_on_npu_compiles_each_decode_size_through_torchair(fake_torchair, tmp_path, monkeypatch):
+    from vllm.forward_context import BatchDescriptor
+    from vllm_npu.platform.graphs import torchair
+
+    wrapper = bare_wrapper(tmp_path, "npu")
+    x = torch.randn(2, 4)
+    context = SimpleNamespace(cudagraph_runtime_mode=CUDAGraphMode.FULL, batch_descriptor=BatchDescriptor(2, True))
+    monkeypatch.setattr(torchair, "get_forward_context", lambda: context)
+    assert torch.equal(wrapper(x), wrapper.runnable(x))
+    assert torch.equal(wrapper(x), wrapper.runnable(x))  # the second step reuses the compiled size
+    names = [name for name, _ in fake_torchair.calls]
+    assert names == ["get_npu_backend", "cache_compile"]
+    args = fake_torchair.calls[1][1]
+    assert args["func"].__name__ == "forward_torchair_bs2" and args["cache_dir"] == str(wrapper.cache.directory)
+    context.cudagraph_runtime_mode = CUDAGraphMode.NONE  # a prefill/mixed step: eager, nothing compiled
+    assert torch.equal(wrapper(torch.ones(5, 4)), wrapper.runnable(torch.ones(5, 4)))
+    assert list(wrapper.compiled) == [2] and len(fake_torchair.calls) == 2
+
+
+def test_wrapper_counts_a_second_compile_of_a_size_as_a_recompile(tmp_path):
+    from vllm_npu.platform.graphs import torchair
+
+    wrapper = bare_wrapper(tmp_path, "emulated")
+    before = torchair.TORCHAIR_STATS.recompiles
+    count = wrapper._counted(3, lambda gm, inputs: gm.forward)
+    graph = torch.fx.symbolic_trace(Tiny())
+    count(graph, [])
+    assert torchair.TORCHAIR_STATS.recompiles == before and wrapper.compile_counts[3] == 1
+    count(graph, [])
+    assert torchair.TORCHAIR_STATS.recompiles == before + 1 and wrapper.compile_counts[3] == 2

@@ -1,0 +1,138 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
+"""``npu.graph_mode='torchair'`` on the emulated device with a tiny Qwen2: the decode forward compiled per padded
+batch size (``torch.compile(fullgraph=True, dynamic=False)`` with the stand-in backend), prefill and mixed steps
+eager, and the compile cache across engine restarts.
+
+Three engines run one after the other on one cache root (the fixture records what each did; the engines must not
+overlap in one process):
+
+- ``cold``: an empty cache. Every size is compiled once during start-up, its lowered graph written to the cache;
+  batches of 1..5 requests (3 pads to 4, 5 runs eagerly) must equal HF's greedy output (what the eager engine
+  produces, see ``test_qwen2_engine``) with zero compiles after start-up;
+- ``warm``: the same key. Dynamo traces again (a new process would too), but every lowered graph is loaded from the
+  cache instead of being lowered (cache hits, no lowering), and the loaded graphs produce the same tokens;
+- ``changed``: another KV block size, so another key: a new directory, everything lowered again, nothing loaded.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+import pytest
+from npu_testkit.engine import emulated_env, engine, greedy, make_prompts
+from npu_testkit.models import hf_greedy
+
+pytestmark = pytest.mark.engine
+
+SIZES = [1, 2, 4]
+BATCHES = range(1, SIZES[-1] + 2)
+NEW_TOKENS = 6
+
+
+def _stats() -> dict[str, Any]:
+    from vllm_npu.platform.graphs.torchair import TORCHAIR_STATS
+
+    return TORCHAIR_STATS.snapshot()
+
+
+def _delta(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for name, value in after.items():
+        if isinstance(value, dict):
+            diff = Counter(value)
+            diff.subtract(before[name])
+            out[name] = {k: v for k, v in diff.items() if v}
+        else:
+            out[name] = value - before[name]
+    return out
+
+
+def _run(model_dir, tmp_path, cache_root, prompts, *, block_size: int) -> dict[str, Any]:
+    before = _stats()
+    npu = {"graph_mode": "torchair", "torchair_cache_dir": str(cache_root)}
+    kwargs = {"compilation_config": {"cudagraph_capture_sizes": SIZES}, "block_size": block_size}
+    with engine(model_dir, emulated_env(tmp_path), additional_config={"npu": npu}, **kwargs) as llm:
+        started = _stats()
+        outputs = {n: greedy(llm, prompts[:n], NEW_TOKENS) for n in BATCHES}
+        served = _stats()
+        model = llm.llm_engine.model_executor.driver_worker.worker.model_runner.model
+        directory = model.cache.directory
+    return {
+        "startup": _delta(before, started),
+        "serving": _delta(started, served),
+        "outputs": outputs,
+        "wrapper": type(model).__name__,
+        "directory": directory,
+        "artifacts": sorted(p.name for p in directory.glob("bs*.pt")),
+    }
+
+
+@pytest.fixture(scope="module")
+def runs(tiny_qwen2, tmp_path_factory):
+    cache_root = tmp_path_factory.mktemp("torchair-cache")
+    prompts = make_prompts([3 + (7 * i) % 13 for i in BATCHES], seed=11)
+    result = {"reference": hf_greedy(tiny_qwen2, prompts, NEW_TOKENS)}
+    for name, block_size in (("cold", 16), ("warm", 16), ("changed", 32)):
+        result[name] = _run(tiny_qwen2, tmp_path_factory.mktemp(name), cache_root, prompts, block_size=block_size)
+    return result
+
+
+def test_every_decode_size_is_compiled_once_at_startup_and_cached(runs):
+    cold = runs["cold"]
+    assert cold["wrapper"] == "TorchairWrapper"
+    assert cold["startup"]["compiles"] == dict.fromkeys(SIZES, 1)
+    assert cold["startup"]["lowerings"] == len(SIZES) and cold["startup"]["cache_writes"] == len(SIZES)
+    assert cold["startup"]["cache_hits"] == 0 and cold["startup"]["uncacheable"] == 0
+    assert [name.split("-")[0] for name in cold["artifacts"]] == [f"bs{n}" for n in sorted(SIZES)]
+    assert (cold["directory"] / "key.json").is_file()
+
+
+@pytest.mark.parametrize("name", ["cold", "warm", "changed"])
+def test_greedy_matches_hf_for_every_batch_size(runs, name):
+    for n in BATCHES:
+        assert runs[name]["outputs"][n] == runs["reference"][:n], f"{name}: batch of {n}"
+
+
+@pytest.mark.parametrize("name", ["cold", "warm", "changed"])
+def test_zero_recompiles_after_warm_up(runs, name):
+    serving = runs[name]["serving"]
+    assert serving["compiles"] == {} and serving["recompiles"] == 0 and serving["lowerings"] == 0, serving
+    # Decode steps of every padded size ran compiled; prefill steps and the batch of 5 ran eagerly.
+    assert set(serving["compiled_calls"]) == set(SIZES) and serving["eager_calls"] > 0, serving
+
+
+def test_second_engine_loads_every_graph_from_the_cache(runs):
+    warm = runs["warm"]["startup"]
+    assert runs["warm"]["directory"] == runs["cold"]["directory"]
+    assert warm["compiles"] == dict.fromkeys(SIZES, 1)  # Dynamo traced again ...
+    assert warm["cache_hits"] == len(SIZES) and warm["lowerings"] == 0 and warm["cache_writes"] == 0  # ... no lowering
+    assert runs["warm"]["artifacts"] == runs["cold"]["artifacts"]
+
+
+def test_changed_key_invalidates_the_cache(runs):
+    changed = runs["changed"]
+    assert changed["directory"] != runs["cold"]["directory"]
+    assert changed["directory"].parent == runs["cold"]["directory"].parent
+    assert changed["startup"]["cache_hits"] == 0 and changed["startup"]["lowerings"] == len(SIZES)
+    assert len(changed["artifacts"]) == len(SIZES)
+
+
+@pytest.mark.parametrize(
+    ("npu", "extra", "match"),
+    [
+        (
+            {"graph_mode": "torchair"},
+            {"enforce_eager": True},
+            r"npu.graph_mode='torchair' conflicts with enforce_eager",
+        ),
+        ({"graph_mode": "torchair", "torchair_dir": "/x"}, {}, r"npu.torchair_dir is not a known key"),
+    ],
+)
+def test_bad_torchair_input_names_the_key(tiny_qwen2, tmp_path, npu, extra, match):
+    with (
+        pytest.raises(Exception, match=match),
+        engine(tiny_qwen2, emulated_env(tmp_path), additional_config={"npu": npu}, **extra),
+    ):
+        pass
