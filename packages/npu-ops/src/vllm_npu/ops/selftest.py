@@ -23,7 +23,7 @@ from .moe.experts import GROUPED_MATMUL
 from .moe.gating import GROUPED_TOPK, TOPK_SOFTMAX
 from .moe.routing import INIT_ROUTING, UNPERMUTE
 from .mrope import MROPE
-from .rotary_embedding import ROTARY_MUL
+from .rotary_embedding import ROTARY_MUL, ROTARY_MUL_QK
 from .swiglu import SWIGLU
 
 FLOATS = ("bfloat16", "float16", "float32")
@@ -111,6 +111,25 @@ def _rope_cases() -> list[KernelCase]:
                     return KernelCall((randn(11, 1, t, n, r, dtype=_dt(d), device=device), cos, sin, m), {})
 
                 cases.append(KernelCase(ROTARY_MUL, f"x [1, {tokens}, {heads}, {rot}] {mode}", dtype, rope))
+    for adjacent in (True, False):
+        for dtype in FLOATS:
+            # q and k as slices of one qkv-like buffer (the layer's layout: the twin rotates both in one pass over a
+            # view) and as separate tensors (the twin concatenates).
+            def rope_qk(device: Any, adj: bool = adjacent, d: str = dtype) -> KernelCall:
+                t, n, nkv, r = 7, 16, 4, 128
+                c, s = _angles(16, t, r // 2)
+                cos = torch.cat((c, c), -1).view(1, t, 1, r).to(device=device, dtype=_dt(d))
+                sin = torch.cat((s, s), -1).view(1, t, 1, r).to(device=device, dtype=_dt(d))
+                if adj:
+                    qk = randn(17, 1, t, n + nkv, r, dtype=_dt(d), device=device)
+                    q, k = qk[:, :, :n], qk[:, :, n:]
+                else:
+                    q = randn(17, 1, t, n, r, dtype=_dt(d), device=device)
+                    k = randn(18, 1, t, nkv, r, dtype=_dt(d), device=device)
+                return KernelCall((q, k, cos, sin, "half"), {})
+
+            layout = "q,k slices of one buffer" if adjacent else "q,k separate"
+            cases.append(KernelCase(ROTARY_MUL_QK, f"q [1, 7, 16, 128] k [1, 7, 4, 128] {layout}", dtype, rope_qk))
     for sections in ([16, 24, 24], None):
         for dtype in HALVES:
 

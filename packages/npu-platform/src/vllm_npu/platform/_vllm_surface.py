@@ -182,4 +182,22 @@ SURFACE: tuple[VllmName, ...] = (
         signature="(self, num_tokens, cudagraph_runtime_mode=None, force_attention=False, uniform_decode=False, "
         "allow_microbatching=True, skip_eplb=False, is_profile=False, create_mixed_batch=False, remove_lora=True)",
     ),
+    VllmName(
+        _RUNNER,
+        "_dummy_sampler_run",
+        "method",
+        "calls",
+        _MODEL_RUNNER,
+        "the emulated profile_run samples once from its (smaller) dummy forward, as vLLM's profile_run does",
+        signature="(self, hidden_states)",
+    ),
+    VllmName(
+        _RUNNER,
+        "_dummy_pooler_run",
+        "method",
+        "calls",
+        _MODEL_RUNNER,
+        "the emulated profile_run pools once from its dummy forward for pooling models, as vLLM's profile_run does",
+        signature="(self, hidden_states)",
+    ),
 )
