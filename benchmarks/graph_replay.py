@@ -17,45 +17,23 @@ Run: ``.venv/bin/python benchmarks/graph_replay.py [--tokens 32] [--repeats 3] [
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import tempfile
-import time
 from typing import Any
 
 os.environ.setdefault("VLLM_NPU_DEVICE", "emulated")
+
+from _engine_bench import parse_args, step_ms, tiny_qwen2, write_json  # noqa: E402
 
 BATCHES = (1, 8, 32)
 MODES = ("NONE", "PIECEWISE", "FULL_DECODE_ONLY")
 
 
-def step_ms(llm: Any, prompts: list[list[int]], tokens: int, repeats: int) -> float:
-    from vllm import SamplingParams
-
-    def run(n: int) -> float:
-        params = SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)
-        start = time.perf_counter()
-        llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
-        return time.perf_counter() - start
-
-    run(1 + tokens)  # warm-up
-    best = min(run(1 + tokens) - run(1) for _ in range(repeats))
-    return 1000.0 * best / tokens
-
-
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--tokens", type=int, default=32)
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--layers", type=int, default=2)
-    ap.add_argument("--json")
-    args = ap.parse_args()
+    args = parse_args(__doc__)
+    from npu_testkit.engine import emulated_env, engine, make_prompts
 
-    from npu_testkit.engine import emulated_env, engine, make_prompts, tiny_config
-    from npu_testkit.models import build_tiny_model
-
-    model = build_tiny_model(tiny_config("qwen2", num_hidden_layers=args.layers))
+    model = tiny_qwen2(args.layers)
     results: dict[str, Any] = {}
     for mode in MODES:
         kwargs = {"compilation_config": {"cudagraph_mode": mode, "cudagraph_capture_sizes": list(BATCHES)}}
@@ -79,9 +57,7 @@ def main() -> None:
         secs, mem = results[mode]["capture_seconds"], results[mode]["capture_bytes"]
         for size in sorted(secs, key=int):
             print(f"capture {mode:>16} size {size:>3}: {secs[size]:.3f} s, {mem.get(size, 0) / 2**20:.1f} MiB")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(results, f, indent=2)
+    write_json(args.json, results)
 
 
 if __name__ == "__main__":

@@ -18,31 +18,22 @@ Run: ``.venv/bin/python benchmarks/torchair_compile.py [--tokens 32] [--repeats 
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import tempfile
 from typing import Any
 
 os.environ.setdefault("VLLM_NPU_DEVICE", "emulated")
 
-from graph_replay import step_ms  # noqa: E402  (same measurement as the static-graph benchmark)
+from _engine_bench import parse_args, step_ms, tiny_qwen2, write_json  # noqa: E402
 
 BATCHES = (1, 8, 32)
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--tokens", type=int, default=32)
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--layers", type=int, default=2)
-    ap.add_argument("--json")
-    args = ap.parse_args()
+    args = parse_args(__doc__)
+    from npu_testkit.engine import emulated_env, engine, make_prompts
 
-    from npu_testkit.engine import emulated_env, engine, make_prompts, tiny_config
-    from npu_testkit.models import build_tiny_model
-
-    model = build_tiny_model(tiny_config("qwen2", num_hidden_layers=args.layers))
+    model = tiny_qwen2(args.layers)
     results: dict[str, Any] = {}
     with tempfile.TemporaryDirectory() as cache_root:
         runs = {
@@ -75,9 +66,7 @@ def main() -> None:
             print(
                 f"  size {size:>3}: first call {secs[size]:.3f} s, of which lowering/loading {stats['backend_seconds'][size]:.3f} s"
             )
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(results, f, indent=2)
+    write_json(args.json, results)
 
 
 if __name__ == "__main__":

@@ -2,7 +2,8 @@
 # SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
 """The shared cases of the Qwen VL engine tests (one test module per architecture binds them to its engine).
 
-A module calls :func:`install` with its architecture: that defines the module-scoped fixtures (``vl_model`` the tiny
+A module loads this file with ``npu_testkit.sibling.import_sibling`` and calls :func:`install` with its
+architecture (a key of :data:`ARCHITECTURES`): that defines the module-scoped fixtures (``vl_model`` the tiny
 checkpoint dir, ``llm`` its engine built with :data:`ENGINE_ARGS`, ``architecture`` the vLLM class name expected,
 ``image_factor`` the pixels of one merged cell, ``vl_requests`` the mixed batch) and binds the ``test_*`` functions
 below into the module, so pytest collects them there with that module's one engine.
@@ -28,6 +29,13 @@ from npu_testkit.vl_models import (
     tiny_vl_config,
 )
 
+#: The vLLM model class (last dotted name) each :func:`npu_testkit.vl_models.tiny_vl_config` name must load as.
+ARCHITECTURES = {
+    "qwen2_vl": "Qwen2VLForConditionalGeneration",
+    "qwen2_5_vl": "Qwen2_5_VLForConditionalGeneration",
+    "qwen3_vl": "Qwen3VLForConditionalGeneration",
+    "qwen3_vl_moe": "Qwen3VLMoeForConditionalGeneration",
+}
 MAX_TOKENS = 16
 MAX_BATCHED_TOKENS = 32
 ENGINE_ARGS = {
@@ -97,9 +105,14 @@ def test_prefix_cache_hits_only_for_the_same_image(llm, vl_model, image_factor):
     assert list(miss.outputs[0].token_ids) == expected[1]
 
 
-def install(namespace: dict[str, Any], *, arch: str, architecture: str) -> None:
+def install(namespace: dict[str, Any], *, arch: str) -> None:
     """Define this suite's fixtures and tests in a test module's ``namespace`` (its ``globals()``) for ``arch``
-    (a :func:`npu_testkit.vl_models.tiny_vl_config` name) whose vLLM class is ``architecture``."""
+    (a :func:`npu_testkit.vl_models.tiny_vl_config` name and a key of :data:`ARCHITECTURES`)."""
+    if arch not in ARCHITECTURES:
+        raise KeyError(
+            f"unknown Qwen VL arch {arch!r}: add its vLLM class name to ARCHITECTURES (known: {sorted(ARCHITECTURES)})"
+        )
+    architecture = ARCHITECTURES[arch]
     config = tiny_vl_config(arch)
     factor = config.vision_config.patch_size * config.vision_config.spatial_merge_size
     qwen3 = arch.startswith("qwen3")  # Qwen3-VL writes frame timestamps into the prompt: videos carry metadata

@@ -12,15 +12,14 @@ refresh must give wrong tokens: the twin freezes what an NPU graph freezes.
 from __future__ import annotations
 
 import pytest
-from npu_testkit.engine import emulated_env, engine, greedy, make_prompts
+from npu_testkit.engine import greedy, make_prompts
 from npu_testkit.graph_e2e import (
     CAPTURE_SIZES,
     NEW_TOKENS,
-    check_every_batch_size,
+    check_every_batch_size_replayed,
     check_mixed_and_chunked,
     check_prefix_cache,
-    engine_kwargs,
-    replays,
+    graph_engine,
     runtime_info,
 )
 from npu_testkit.models import hf_greedy
@@ -33,8 +32,7 @@ LAYERS = 2
 
 @pytest.fixture(scope="module")
 def llm(tiny_llama, tmp_path_factory):
-    env = emulated_env(tmp_path_factory.mktemp("full_decode"))
-    with engine(tiny_llama, env, **engine_kwargs("FULL_DECODE_ONLY", block_size=BLOCK)) as llm:
+    with graph_engine(tiny_llama, tmp_path_factory, "full_decode", "FULL_DECODE_ONLY", block_size=BLOCK) as llm:
         yield llm
 
 
@@ -50,9 +48,7 @@ def test_one_full_graph_per_decode_size(llm):
 
 
 def test_every_batch_size_matches_hf(llm, tiny_llama):
-    before = replays(llm, "FULL")
-    check_every_batch_size(llm, tiny_llama)
-    assert replays(llm, "FULL") > before
+    check_every_batch_size_replayed(llm, tiny_llama, "FULL")
 
 
 def test_mixed_prefill_decode_and_chunked_prefill_match_hf(llm, tiny_llama):

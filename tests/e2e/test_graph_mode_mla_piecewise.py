@@ -8,14 +8,13 @@ k-norm/rope/write outside it is eager-only: graphs would freeze it). Greedy outp
 from __future__ import annotations
 
 import pytest
-from npu_testkit.engine import emulated_env, engine, tiny_config
+from npu_testkit.engine import tiny_config
 from npu_testkit.graph_e2e import (
     CAPTURE_SIZES,
-    check_every_batch_size,
+    check_every_batch_size_replayed,
     check_mixed_and_chunked,
     check_prefix_cache,
-    engine_kwargs,
-    replays,
+    graph_engine,
     runtime_info,
 )
 from npu_testkit.models import build_tiny_model
@@ -32,8 +31,7 @@ def tiny_model():
 
 @pytest.fixture(scope="module")
 def llm(tiny_model, tmp_path_factory):
-    env = emulated_env(tmp_path_factory.mktemp("mla_piecewise"))
-    with engine(tiny_model, env, **engine_kwargs("PIECEWISE", block_size=BLOCK)) as llm:
+    with graph_engine(tiny_model, tmp_path_factory, "mla_piecewise", "PIECEWISE", block_size=BLOCK) as llm:
         yield llm
 
 
@@ -45,9 +43,7 @@ def test_mla_pieces_captured(llm):
 
 
 def test_every_batch_size_matches_hf(llm, tiny_model):
-    before = replays(llm, "PIECEWISE")
-    check_every_batch_size(llm, tiny_model)
-    assert replays(llm, "PIECEWISE") > before
+    check_every_batch_size_replayed(llm, tiny_model, "PIECEWISE")
 
 
 def test_mixed_prefill_decode_and_chunked_prefill_match_hf(llm, tiny_model):

@@ -10,14 +10,12 @@ must equal HF for every batch size, mixed/chunked steps and prefix-cache hits (s
 from __future__ import annotations
 
 import pytest
-from npu_testkit.engine import emulated_env, engine
 from npu_testkit.graph_e2e import (
     CAPTURE_SIZES,
-    check_every_batch_size,
+    check_every_batch_size_replayed,
     check_mixed_and_chunked,
     check_prefix_cache,
-    engine_kwargs,
-    replays,
+    graph_engine,
     runtime_info,
 )
 
@@ -28,9 +26,7 @@ BLOCK = 16
 
 @pytest.fixture(scope="module")
 def llm(tiny_qwen2, tmp_path_factory):
-    with engine(
-        tiny_qwen2, emulated_env(tmp_path_factory.mktemp("piecewise")), **engine_kwargs("PIECEWISE", block_size=BLOCK)
-    ) as llm:
+    with graph_engine(tiny_qwen2, tmp_path_factory, "piecewise", "PIECEWISE", block_size=BLOCK) as llm:
         yield llm
 
 
@@ -46,9 +42,7 @@ def test_pieces_are_captured_per_size(llm):
 
 
 def test_every_batch_size_matches_hf(llm, tiny_qwen2):
-    before = replays(llm, "PIECEWISE")
-    check_every_batch_size(llm, tiny_qwen2)
-    assert replays(llm, "PIECEWISE") > before
+    check_every_batch_size_replayed(llm, tiny_qwen2, "PIECEWISE")
 
 
 def test_mixed_prefill_decode_and_chunked_prefill_match_hf(llm, tiny_qwen2):

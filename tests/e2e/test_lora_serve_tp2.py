@@ -14,32 +14,19 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import subprocess
-import sys
-import time
 import urllib.error
 import urllib.request
-from pathlib import Path
 
 import pytest
 from npu_testkit.engine import emulated_env, make_prompts, tiny_config
 from npu_testkit.lora import ALL_PROJECTIONS, ATTENTION, merge_adapters, write_peft_adapter
 from npu_testkit.models import build_tiny_model, hf_greedy
+from npu_testkit.serve import vllm_server
 
 pytestmark = pytest.mark.engine
 
 MAX_TOKENS = 8
-STARTUP_TIMEOUT_S = 900
 PROMPT = make_prompts([13], seed=21)[0]
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _post(url: str, body: dict) -> tuple[int, dict | str]:
@@ -85,44 +72,16 @@ def references(base, adapters, tmp_path_factory):
 @pytest.fixture(scope="module")
 def server(base, adapters, references, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("serve")
-    port = _free_port()
     extra = {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "1", "VLLM_WORKER_MULTIPROC_METHOD": "spawn"}
     env = {**os.environ, **emulated_env(tmp, multiprocessing=True, extra=extra)}
     args = [
-        str(Path(sys.executable).with_name("vllm")),
-        "serve",
         str(base),
-        *("--host", "127.0.0.1", "--port", str(port), "--dtype", "float32", "--max-model-len", "512"),
+        *("--dtype", "float32", "--max-model-len", "512"),
         *("--max-num-seqs", "8", "--served-model-name", "tiny", "--tensor-parallel-size", "2"),
         *("--enable-lora", "--max-lora-rank", "16", "--max-loras", "2", "--lora-modules", f"A={adapters['A']}"),
     ]
-    with open(tmp / "server.log", "w") as log:
-        proc = subprocess.Popen(args, env=env, stdout=log, stderr=subprocess.STDOUT)
-        url = f"http://127.0.0.1:{port}"
-        try:
-            deadline = time.monotonic() + STARTUP_TIMEOUT_S
-            while True:
-                if proc.poll() is not None:
-                    pytest.fail(
-                        f"vllm serve exited with {proc.returncode}:\n{(tmp / 'server.log').read_text()[-4000:]}"
-                    )
-                try:
-                    with urllib.request.urlopen(f"{url}/v1/models", timeout=5) as resp:
-                        if resp.status == 200:
-                            break
-                except (urllib.error.URLError, ConnectionError, TimeoutError):
-                    pass
-                if time.monotonic() > deadline:
-                    pytest.fail(f"vllm serve not ready after {STARTUP_TIMEOUT_S}s")
-                time.sleep(1)
-            yield url
-        finally:
-            proc.send_signal(signal.SIGINT)
-            try:
-                proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(timeout=30)
+    with vllm_server(args, env, tmp / "server.log") as url:
+        yield url
 
 
 def _complete(url: str, model: str) -> tuple[int, dict | str]:

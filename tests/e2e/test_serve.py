@@ -8,29 +8,16 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import socket
-import subprocess
-import sys
-import time
-import urllib.error
 import urllib.request
-from pathlib import Path
 
 import pytest
 from npu_testkit.engine import emulated_env, make_prompts
 from npu_testkit.models import hf_greedy
+from npu_testkit.serve import vllm_server
 
 pytestmark = pytest.mark.engine
 
 MAX_TOKENS = 12
-STARTUP_TIMEOUT_S = 900
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _post(url: str, body: dict) -> dict:
@@ -42,61 +29,10 @@ def _post(url: str, body: dict) -> dict:
 @pytest.fixture(scope="module")
 def server(tiny_qwen2, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("serve")
-    port = _free_port()
     env = {**os.environ, **emulated_env(tmp, multiprocessing=True)}
-    vllm_bin = Path(sys.executable).with_name("vllm")
-    with open(tmp / "server.log", "w") as log:
-        yield from _run_server(tiny_qwen2, tmp, port, env, vllm_bin, log)
-
-
-def _run_server(tiny_qwen2, tmp, port, env, vllm_bin, log):
-    proc = subprocess.Popen(
-        [
-            str(vllm_bin),
-            "serve",
-            str(tiny_qwen2),
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--dtype",
-            "float32",
-            "--max-model-len",
-            "512",
-            "--max-num-seqs",
-            "8",
-            "--served-model-name",
-            "tiny",
-        ],
-        env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + STARTUP_TIMEOUT_S
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(f"vllm serve exited with {proc.returncode}:\n{(tmp / 'server.log').read_text()[-4000:]}")
-            try:
-                with urllib.request.urlopen(f"{base}/v1/models", timeout=5) as resp:
-                    if resp.status == 200:
-                        break
-            except (urllib.error.URLError, ConnectionError, TimeoutError):
-                pass
-            if time.monotonic() > deadline:
-                pytest.fail(
-                    f"vllm serve not ready after {STARTUP_TIMEOUT_S}s:\n{(tmp / 'server.log').read_text()[-4000:]}"
-                )
-            time.sleep(1)
+    args = [str(tiny_qwen2), "--dtype", "float32", "--max-model-len", "512"]
+    with vllm_server([*args, "--max-num-seqs", "8", "--served-model-name", "tiny"], env, tmp / "server.log") as base:
         yield base
-    finally:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=30)
 
 
 def test_completion_matches_offline_greedy(server, tiny_qwen2):

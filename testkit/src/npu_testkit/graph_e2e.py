@@ -3,8 +3,10 @@
 """Shared scenario of the static-graph engine modules (``tests/e2e/test_graph_*``): one engine per module, each check
 compared token for token with HF transformers (float32, greedy).
 
+- :func:`graph_engine` starts a module's engine with :func:`engine_kwargs`;
 - :data:`CAPTURE_SIZES` are the captured batch sizes; :func:`check_every_batch_size` runs batches of every size
-  from 1 to one past the largest, so padding to a capture size and the eager fallback above it are both hit;
+  from 1 to one past the largest, so padding to a capture size and the eager fallback above it are both hit
+  (:func:`check_every_batch_size_replayed` also asserts the graphs were replayed);
 - :func:`check_mixed_and_chunked`: prompts of 1..150 tokens with a 64-token step budget, so long prompts are
   prefilled in chunks while the short ones already decode (mixed prefill/decode steps);
 - :func:`check_prefix_cache`: two prompts sharing ``prefix_blocks`` full KV blocks, the second served from the cache.
@@ -15,9 +17,12 @@ while vLLM's ``ignore_eos`` still emits it, which would be a reference mismatch,
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
-from .engine import greedy, greedy_outputs, make_prompts
+from .engine import emulated_env, engine, greedy, greedy_outputs, make_prompts
 from .models import hf_greedy
 
 CAPTURE_SIZES = [1, 2, 4, 8]
@@ -38,6 +43,18 @@ def engine_kwargs(mode: str, *, block_size: int) -> dict[str, Any]:
     }
 
 
+@contextlib.contextmanager
+def graph_engine(
+    model_dir: str | Path, tmp_path_factory: Any, name: str, mode: str, *, block_size: int
+) -> Iterator[Any]:
+    """The module's engine: ``model_dir`` on the emulated device (state under a fresh ``name`` temp dir of pytest's
+    ``tmp_path_factory``) with :func:`engine_kwargs` for cudagraph ``mode`` and KV ``block_size``."""
+    with engine(
+        model_dir, emulated_env(tmp_path_factory.mktemp(name)), **engine_kwargs(mode, block_size=block_size)
+    ) as llm:
+        yield llm
+
+
 def runtime_info(llm: Any) -> dict[str, Any]:
     (info,) = llm.collective_rpc("npu_runtime_info")
     return info
@@ -48,6 +65,13 @@ def check_every_batch_size(llm: Any, model_dir: Any) -> None:
     ref = hf_greedy(model_dir, pool, NEW_TOKENS)
     for n in range(1, MAX_BATCH + 1):
         assert greedy(llm, pool[:n], NEW_TOKENS) == ref[:n], f"batch of {n}"
+
+
+def check_every_batch_size_replayed(llm: Any, model_dir: Any, mode: str) -> None:
+    """:func:`check_every_batch_size`, and the ``mode`` graphs (``"PIECEWISE"`` or ``"FULL"``) were replayed."""
+    before = replays(llm, mode)
+    check_every_batch_size(llm, model_dir)
+    assert replays(llm, mode) > before
 
 
 def check_mixed_and_chunked(llm: Any, model_dir: Any) -> None:

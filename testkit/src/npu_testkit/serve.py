@@ -1,0 +1,70 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
+"""``vllm serve`` as a subprocess of a test module: started on a free 127.0.0.1 port, polled until
+``/v1/models`` answers, stopped with SIGINT (then killed) when the block ends."""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+
+import pytest
+
+#: Seconds a server may take to answer ``/v1/models`` (a cold start on a loaded 2-core host is slow).
+STARTUP_TIMEOUT_S = 900
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _log_tail(log_path: Path) -> str:
+    return log_path.read_text()[-4000:]
+
+
+@contextlib.contextmanager
+def vllm_server(
+    args: Sequence[str], env: Mapping[str, str], log_path: Path, *, timeout_s: float = STARTUP_TIMEOUT_S
+) -> Iterator[str]:
+    """Run ``vllm serve <args> --host 127.0.0.1 --port <free port>`` (the venv's ``vllm`` script, ``env`` as its
+    whole environment, stdout and stderr into ``log_path``) and yield its base URL ``http://127.0.0.1:<port>`` once
+    ``/v1/models`` returns 200. Fails the test, with the end of the log, if the server exits or is not ready within
+    ``timeout_s`` seconds."""
+    port = free_port()
+    cmd = [str(Path(sys.executable).with_name("vllm")), "serve", *args, "--host", "127.0.0.1", "--port", str(port)]
+    base = f"http://127.0.0.1:{port}"
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(cmd, env=dict(env), stdout=log, stderr=subprocess.STDOUT)
+        try:
+            deadline = time.monotonic() + timeout_s
+            while True:
+                if proc.poll() is not None:
+                    pytest.fail(f"vllm serve exited with {proc.returncode}:\n{_log_tail(log_path)}")
+                try:
+                    with urllib.request.urlopen(f"{base}/v1/models", timeout=5) as resp:
+                        if resp.status == 200:
+                            break
+                except (urllib.error.URLError, ConnectionError, TimeoutError):
+                    pass
+                if time.monotonic() > deadline:
+                    pytest.fail(f"vllm serve not ready after {timeout_s}s:\n{_log_tail(log_path)}")
+                time.sleep(1)
+            yield base
+        finally:
+            proc.send_signal(signal.SIGINT)
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=30)
