@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -54,7 +55,6 @@ def build_tiny_model(
     ``std`` is the init std of every weight matrix (large enough that greedy decoding is not degenerate).
     Returns the checkpoint directory. Rebuilding the same config is skipped (a ``.complete`` marker).
     """
-    import torch
     import transformers
 
     tokenizer = build_tokenizer(vocab_size=min(getattr(config, "vocab_size", 512), 512))
@@ -66,12 +66,34 @@ def build_tiny_model(
     if hasattr(config, "initializer_range"):
         config.initializer_range = std
     key = _fingerprint(config.to_dict(), seed, std, auto_class)
+    return _save_random_checkpoint(
+        config, key, path, getattr(transformers, auto_class), lambda: tokenizer, seed=seed, std=std, dtype=dtype
+    )
+
+
+def _save_random_checkpoint(
+    config: Any,
+    key: str,
+    path: str | os.PathLike[str] | None,
+    model_class: Any,
+    make_processor: Callable[[], Any],
+    *,
+    seed: int,
+    std: float,
+    dtype: str,
+) -> Path:
+    """Build ``model_class`` from ``config`` with seeded random weights and save it, then what ``make_processor()``
+    returns (anything with ``save_pretrained``), to ``path`` or the cache dir named by ``key``; a dir whose
+    ``.complete`` marker holds ``key`` is returned as it is (nothing is built). Matrices are drawn N(0, std), norm
+    scales U(0.5, 1.5), the rest N(0, std/4)."""
+    import torch
+
     out = Path(path) if path is not None else default_cache_dir() / f"{config.model_type}-{key}"
-    if (out / ".complete").read_text() == key if (out / ".complete").exists() else False:
+    if (out / ".complete").exists() and (out / ".complete").read_text() == key:
         return out
     out.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(seed)
-    model = getattr(transformers, auto_class).from_config(config, dtype=getattr(torch, dtype))
+    model = model_class.from_config(config, dtype=getattr(torch, dtype))
     with torch.no_grad():
         for name, param in model.named_parameters():
             if param.dim() >= 2:
@@ -81,7 +103,7 @@ def build_tiny_model(
             else:
                 param.normal_(0.0, std / 4)
     model.save_pretrained(out, safe_serialization=True)
-    tokenizer.save_pretrained(out)
+    make_processor().save_pretrained(out)
     (out / ".complete").write_text(key)
     return out
 

@@ -15,7 +15,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from .models import _fingerprint, build_tokenizer, default_cache_dir
+from .models import _fingerprint, _save_random_checkpoint, build_tokenizer
 
 #: The vision special tokens of the Qwen VL family, in the order their ids are assigned after the text vocabulary.
 VISION_TOKENS = ("<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>")
@@ -197,7 +197,6 @@ def build_tiny_vl_model(
     ``vision_start_token_id`` / ``vision_end_token_id`` point at them. Weights are drawn like
     :func:`npu_testkit.models.build_tiny_model` (matrices N(0, std), norm scales U(0.5, 1.5), the rest N(0, std/4)).
     """
-    import torch
     import transformers
 
     tokenizer = build_vl_tokenizer()
@@ -216,24 +215,16 @@ def build_tiny_vl_model(
     key = _fingerprint(
         config.to_dict(), seed, std, f"vl:{IMAGE_PIXELS}:{VIDEO_PIXELS}:{VL_CHAT_TEMPLATE}:{VISION_TOKENS}"
     )
-    out = Path(path) if path is not None else default_cache_dir() / f"{config.model_type}-{key}"
-    if (out / ".complete").exists() and (out / ".complete").read_text() == key:
-        return out
-    out.mkdir(parents=True, exist_ok=True)
-    torch.manual_seed(seed)
-    model = transformers.AutoModelForImageTextToText.from_config(config, dtype=getattr(torch, dtype))
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if param.dim() >= 2:
-                param.normal_(0.0, std)
-            elif "norm" in name and name.endswith("weight"):
-                param.uniform_(0.5, 1.5)
-            else:
-                param.normal_(0.0, std / 4)
-    model.save_pretrained(out, safe_serialization=True)
-    _processor(config, tokenizer).save_pretrained(out)
-    (out / ".complete").write_text(key)
-    return out
+    return _save_random_checkpoint(
+        config,
+        key,
+        path,
+        transformers.AutoModelForImageTextToText,
+        lambda: _processor(config, tokenizer),
+        seed=seed,
+        std=std,
+        dtype=dtype,
+    )
 
 
 # --- synthetic media --------------------------------------------------------------------------------------------

@@ -57,6 +57,27 @@ def _slots(table: torch.Tensor, positions: list[tuple[int, int]], block_size: in
     return torch.tensor([int(cpu[b, p // block_size]) * block_size + p % block_size for b, p in positions])
 
 
+def _paged_inputs(
+    seeds: tuple[int, int, int, int],
+    seq_lens: list[int],
+    num_tokens: int,
+    *,
+    n: int,
+    nkv: int,
+    d: int,
+    bs: int,
+    dtype: torch.dtype,
+    device: Any,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(block_table, key_cache, value_cache, query)`` for a paged case: caches ``[nb, bs, nkv, d]`` and query
+    ``[num_tokens, n, d]``, drawn from ``seeds`` (table, K, V, query) in that order."""
+    table, nb = _block_table(seeds[0], seq_lens, bs, device)
+    kc = randn(seeds[1], nb, bs, nkv, d, dtype=dtype, device=device)
+    vc = randn(seeds[2], nb, bs, nkv, d, dtype=dtype, device=device)
+    q = randn(seeds[3], num_tokens, n, d, dtype=dtype, device=device)
+    return table, kc, vc, q
+
+
 def _new_token_positions(q_lens: list[int], seq_lens: list[int]) -> list[tuple[int, int]]:
     return [(b, s - q + i) for b, (q, s) in enumerate(zip(q_lens, seq_lens)) for i in range(q)]
 
@@ -162,12 +183,9 @@ def _gqa_cases() -> list[KernelCase]:
                 device: Any, n: int = n, nkv: int = nkv, d: int = d, bs: int = bs, dt: str = dtype
             ) -> KernelCall:
                 context = [1, 37, 300, 129]
-                table, nb = _block_table(41, context, bs, device)
-                kc, vc = (
-                    randn(42, nb, bs, nkv, d, dtype=_dt(dt), device=device),
-                    randn(43, nb, bs, nkv, d, dtype=_dt(dt), device=device),
+                table, kc, vc, q = _paged_inputs(
+                    (41, 42, 43, 44), context, len(context), n=n, nkv=nkv, d=d, bs=bs, dtype=_dt(dt), device=device
                 )
-                q = randn(44, len(context), n, d, dtype=_dt(dt), device=device)
                 kw = dict(num_heads=n, num_kv_heads=nkv, scale=d**-0.5, out=torch.zeros_like(q))
                 return KernelCall((q, kc, vc, table, context), kw, _out)
 
@@ -186,12 +204,9 @@ def _gqa_cases() -> list[KernelCase]:
 
             def decode_window(device: Any, n: int = n, nkv: int = nkv, w: int = window, dt: str = dtype) -> KernelCall:
                 d, bs, context = 128, 128, [1, 37, 300, 129]
-                table, nb = _block_table(49, context, bs, device)
-                kc, vc = (
-                    randn(42, nb, bs, nkv, d, dtype=_dt(dt), device=device),
-                    randn(43, nb, bs, nkv, d, dtype=_dt(dt), device=device),
+                table, kc, vc, q = _paged_inputs(
+                    (49, 42, 43, 44), context, len(context), n=n, nkv=nkv, d=d, bs=bs, dtype=_dt(dt), device=device
                 )
-                q = randn(44, len(context), n, d, dtype=_dt(dt), device=device)
                 lens = torch.tensor(context, dtype=torch.int32, device=device)
                 kw = dict(num_heads=n, num_kv_heads=nkv, scale=d**-0.5, sliding_window=w, out=torch.zeros_like(q))
                 return KernelCall((q, kc, vc, table, lens, context), kw, _out)
@@ -228,13 +243,9 @@ def _gqa_cases() -> list[KernelCase]:
                 dt: str = dtype,
             ):
                 q_lens, seq_lens = batches[batch]
-                bs = 128
-                table, nb = _block_table(45, seq_lens, bs, device)
-                kc, vc = (
-                    randn(46, nb, bs, nkv, d, dtype=_dt(dt), device=device),
-                    randn(47, nb, bs, nkv, d, dtype=_dt(dt), device=device),
+                table, kc, vc, q = _paged_inputs(
+                    (45, 46, 47, 48), seq_lens, sum(q_lens), n=n, nkv=nkv, d=d, bs=128, dtype=_dt(dt), device=device
                 )
-                q = randn(48, sum(q_lens), n, d, dtype=_dt(dt), device=device)
                 mask = AttentionMaskBuilder(device).splitfuse_mask()
                 kw = dict(
                     num_heads=n,
