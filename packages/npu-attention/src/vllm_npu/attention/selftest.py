@@ -22,7 +22,7 @@ from vllm_npu.interface.selftest import KernelCall, KernelCase, randn, randperm
 from .masks import AttentionMaskBuilder
 from .ops.flash_attention import ENCODER_ATTENTION, PREFILL_NO_CACHE
 from .ops.kv_cache import RESHAPE_AND_CACHE
-from .ops.mla_attention import MLA_DECODE, RING_MLA, ring_mla_mask
+from .ops.mla_attention import MLA_DECODE, MLA_SPEC_DECODE, RING_MLA, ring_mla_mask
 from .ops.mla_cache import KV_RMSNORM_ROPE_CACHE, MLA_CACHE_WRITE, PAGED_CACHE_LOAD, latent_cache_planes
 from .ops.mla_layer import INTERLEAVE_ROPE
 from .ops.paged_attention import PAGED_DECODE, PAGED_DECODE_WINDOW, PAGED_PREFILL
@@ -335,6 +335,31 @@ def _mla_cases() -> list[KernelCase]:
                     dtype,
                     decode,
                     note="audit #9, #15",
+                )
+            )
+
+    for n, bs in ((32, 128), (128, 16)):
+        for dtype in HALVES:
+
+            def spec_decode(device: Any, n: int = n, bs: int = bs, dt: str = dtype) -> KernelCall:
+                # mixed draft windows (1..4 query tokens), one crossing a block boundary, one short prompt
+                query_lens, seq_lens = [4, 1, 3, 2], [150, 37, 130, 2]
+                table, nb = _block_table(66, seq_lens, bs, device)
+                nope, rope = _latent_planes(67, nb, bs, _dt(dt), device)
+                t = sum(query_lens)
+                ql = randn(68, t, n, L, dtype=_dt(dt), device=device)
+                qpe = randn(69, t, n, R, dtype=_dt(dt), device=device)
+                mask = AttentionMaskBuilder(device).splitfuse_mask()
+                args = (ql, qpe, nope, rope, table, query_lens, seq_lens, (P + R) ** -0.5)
+                return KernelCall(args, {"attn_mask": mask})
+
+            cases.append(
+                KernelCase(
+                    MLA_SPEC_DECODE,
+                    f"ql_nope [10, {n}, {L}] q_pe [10, {n}, {R}], block {bs}, query lens [4, 1, 3, 2]",
+                    dtype,
+                    spec_decode,
+                    note="issue #15",
                 )
             )
 

@@ -43,6 +43,7 @@ from vllm.distributed.parallel_state import get_pp_group
 from vllm.model_executor.models.utils import extract_layer_index
 from vllm.platforms import current_platform
 from vllm.v1.kv_cache_interface import KVCacheConfig
+from vllm.v1.utils import CpuGpuBuffer
 from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 from vllm.v1.worker.utils import bind_kv_cache
 from vllm_npu.interface.log import get_logger
@@ -77,6 +78,16 @@ class NPUModelRunner(GPUModelRunner):
             from .sample import NPURejectionSampler
 
             self.rejection_sampler = NPURejectionSampler()
+
+    def _make_buffer(self, *size: int | torch.SymInt, dtype: torch.dtype, numpy: bool = True) -> CpuGpuBuffer:
+        """vLLM's host/device buffer pair. On the emulated device the device half is its own tensor: vLLM's
+        ``CpuGpuBuffer`` makes it with ``cpu.to(device)``, which for a CPU device returns the host tensor itself, and
+        code that updates both halves would then update one tensor twice (EAGLE/MTP drafting does
+        ``seq_lens += 1; seq_lens_cpu += 1`` per draft position on the two halves of one buffer)."""
+        buffer = super()._make_buffer(*size, dtype=dtype, numpy=numpy)
+        if buffer.gpu.data_ptr() == buffer.cpu.data_ptr():
+            buffer.gpu = buffer.cpu.clone()
+        return buffer
 
     def _init_device_properties(self) -> None:
         if self.device_backend.type == "npu":

@@ -90,6 +90,20 @@ def _qualname(obj: Any) -> str | None:
     return None if obj is None else _class_path(type(obj))
 
 
+def _multi_token_decode_builds(runner: Any) -> dict[str, int]:
+    """``multi_token_decode_builds`` of every attention metadata builder of ``runner`` that counts them, summed per
+    builder class path."""
+    counts: dict[str, int] = {}
+    for group in getattr(runner, "attn_groups", []):
+        for attn_group in group:
+            for builder in getattr(attn_group, "metadata_builders", []):
+                n = getattr(builder, "multi_token_decode_builds", None)
+                if isinstance(n, int):
+                    key = _qualname(builder) or ""
+                    counts[key] = counts.get(key, 0) + n
+    return counts
+
+
 class NPUWorker(Worker):
     # vLLM's Worker types it as GPUModelRunner; ours always builds the subclass (init_device).
     model_runner: NPUModelRunner
@@ -330,6 +344,12 @@ class NPUWorker(Worker):
             "reorder_batch_threshold": runner.reorder_batch_threshold,
             # The speculative-decoding verifier (None without a speculative config).
             "rejection_sampler": _qualname(getattr(runner, "rejection_sampler", None)),
+            # The speculative-decoding proposer and its draft model (None without one / for ngram).
+            "drafter": _qualname(getattr(runner, "drafter", None)),
+            "draft_model": _qualname(getattr(getattr(runner, "drafter", None), "model", None)),
+            # Metadata builds whose decodes carried several query tokens per request, per builder class (builders
+            # that count them: the MLA backend's).
+            "multi_token_decode_builds": _multi_token_decode_builds(runner),
             "rank": self.rank,
             "compilation_level": self.vllm_config.compilation_config.level,
             "piecewise_graphs_seen": compilation_counter.num_piecewise_graphs_seen,

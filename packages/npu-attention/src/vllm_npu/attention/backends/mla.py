@@ -8,11 +8,13 @@ Built on vLLM 0.11's MLA seams: the backend subclasses ``MLACommonBackend`` (cac
 ``CommonAttentionMetadata`` and the vLLM config, never the model (a builder that reads the model's rotary caches
 fails on MLA models whose rotary embedding has none, vllm-ascend#5385).
 
-Per step (decodes first: ``reorder_batch_threshold = 1``):
+Per step (decodes first: ``reorder_batch_threshold = 1``, or ``1 + k`` with ``k`` speculative tokens, so a
+verification step's requests of up to ``1 + k`` tokens are decodes):
 
 - the layer's new latent ``kv_c`` and rotated ``k_pe`` go to the cache (:data:`~..ops.mla_cache.MLA_CACHE_WRITE`);
 - decode tokens: absorbed attention over the latent cache (``q_nope @ W_UK`` then MQA with head size ``L + R``,
-  then ``W_UV``; :data:`~..ops.mla_attention.MLA_DECODE`);
+  then ``W_UV``; :data:`~..ops.mla_attention.MLA_DECODE`, or :data:`~..ops.mla_attention.MLA_SPEC_DECODE` when a
+  decode request carries several tokens: causal inside its draft window);
 - prefill tokens: compute-friendly attention: the new tokens attend causally to themselves (``kv_b_proj`` up-projects
   their latents), then the prior context is loaded from the cache chunk by chunk (a bounded workspace,
   :data:`~..ops.mla_cache.PAGED_CACHE_LOAD`), up-projected, and merged with a running log-sum-exp
@@ -41,10 +43,12 @@ from vllm.v1.attention.backends.utils import (
     split_decodes_and_prefills,
 )
 from vllm.v1.kv_cache_interface import AttentionSpec
+from vllm_npu.interface.device import kernel_backend
 from vllm_npu.interface.errors import ConfigError, KernelContractError
 
-from ..metadata import reject_decode_context_parallel
-from ..ops.mla_attention import MLA_DECODE, RING_MLA, ring_mla_mask
+from ..masks import AttentionMaskBuilder
+from ..metadata import MAX_DECODE_THRESHOLD, reject_decode_context_parallel
+from ..ops.mla_attention import MLA_DECODE, MLA_SPEC_DECODE, RING_MLA, ring_mla_mask
 from ..ops.mla_cache import MLA_CACHE_WRITE, PAGED_CACHE_LOAD, latent_cache_planes
 from ..ops.weight_format import kv_b_proj_to_nd
 
@@ -104,6 +108,11 @@ class AscendMLADecodeMetadata:
     block_table: torch.Tensor  # [num_decodes, max_blocks] int32
     seq_lens: torch.Tensor  # [num_decodes] device
     seq_lens_list: list[int]  # the same on the host (the NPU kernel takes a list)
+    # Speculative decoding: query tokens per decode request (1 + accepted-so-far drafts, mixed), on the host.
+    query_lens: list[int] = field(default_factory=list)
+    max_query_len: int = 1
+    # The multi-token NPU kernel's 2048 splitfuse mask (None on the reference backend and for one-token decodes).
+    attn_mask: torch.Tensor | None = None
 
 
 @dataclass
@@ -140,6 +149,10 @@ class AscendMLAMetadataBuilder(AttentionMetadataBuilder[AscendMLAMetadata]):
     Context chunks: each prefill request with cached context gets an equal share of a token budget per chunk
     (vLLM's ``determine_chunked_prefill_workspace_size``), rounded down to whole blocks so chunk starts are
     block-aligned (never less than one block per request). Set :attr:`context_chunk_tokens` to change the budget.
+
+    Speculative decoding: ``reorder_batch_threshold = 1 + num_speculative_tokens`` (at most 16, the NPU kernel's
+    query limit), so verification steps (and drafting steps of an EAGLE/MTP head) run as decodes with several query
+    tokens per request; the decode part then carries each request's query length.
     """
 
     # No full graphs yet (FULL_DECODE_ONLY is downgraded by vLLM, PIECEWISE works): the decode kernel returns a fresh
@@ -151,6 +164,17 @@ class AscendMLAMetadataBuilder(AttentionMetadataBuilder[AscendMLAMetadata]):
     def __init__(self, kv_cache_spec: AttentionSpec, layer_names: list[str], vllm_config: Any, device: torch.device):
         super().__init__(kv_cache_spec, layer_names, vllm_config, device)
         reject_decode_context_parallel(vllm_config, "AscendMLABackend")
+        self._init_reorder_batch_threshold(1, supports_spec_as_decode=True)
+        threshold = int(self.reorder_batch_threshold or 1)
+        if threshold > MAX_DECODE_THRESHOLD:
+            raise ConfigError(
+                f"speculative decoding with {threshold - 1} speculative tokens gives AscendMLABackend a decode "
+                f"threshold of {threshold}, above the NPU kernel's {MAX_DECODE_THRESHOLD} query tokens per request; "
+                f"use num_speculative_tokens <= {MAX_DECODE_THRESHOLD - 1}"
+            )
+        self._masks = AttentionMaskBuilder(device) if kernel_backend() == "npu" else None
+        #: Builds whose decode part had several query tokens per request (read by ``npu_runtime_info``).
+        self.multi_token_decode_builds = 0
         self.block_size = kv_cache_spec.block_size
         self.context_chunk_tokens: int = MLACommonMetadataBuilder.determine_chunked_prefill_workspace_size(vllm_config)
 
@@ -187,10 +211,16 @@ class AscendMLAMetadataBuilder(AttentionMetadataBuilder[AscendMLAMetadata]):
 
         decode = None
         if num_decodes > 0:
+            query_lens = (qsl_cpu[1 : num_decodes + 1] - qsl_cpu[:num_decodes]).tolist()
+            max_query_len = max(query_lens)
+            self.multi_token_decode_builds += max_query_len > 1
             decode = AscendMLADecodeMetadata(
                 block_table=m.block_table_tensor[:num_decodes],
                 seq_lens=m.seq_lens[:num_decodes],
                 seq_lens_list=seq_lens_cpu[:num_decodes].tolist(),
+                query_lens=query_lens,
+                max_query_len=max_query_len,
+                attn_mask=self._masks.splitfuse_mask() if self._masks is not None and max_query_len > 1 else None,
             )
 
         prefill = None
@@ -246,6 +276,7 @@ class AscendMLAImpl(MLACommonBaseImpl[AscendMLAMetadata]):
         self._write = MLA_CACHE_WRITE.select()
         self._load = PAGED_CACHE_LOAD.select()
         self._decode = MLA_DECODE.select()
+        self._spec_decode = MLA_SPEC_DECODE.select()
         self._ring = RING_MLA.select()
         self._ring_mask: torch.Tensor | None = None
         # True when the MLA layer writes the latent cache itself with the fused k-norm + rope + write kernel
@@ -333,6 +364,12 @@ class AscendMLAImpl(MLACommonBaseImpl[AscendMLAMetadata]):
         self, q: torch.Tensor, nope: torch.Tensor, rope: torch.Tensor, meta: AscendMLADecodeMetadata
     ) -> torch.Tensor:
         q_nope, q_pe = q.split([self.qk_nope_head_dim, self.qk_rope_head_dim], dim=-1)
-        ql_nope = torch.bmm(q_nope.transpose(0, 1), self.W_UK_T).transpose(0, 1)  # [B, N, L]
-        latent = self._decode(ql_nope, q_pe, nope, rope, meta.block_table, meta.seq_lens_list, self.scale)
-        return torch.bmm(latent.transpose(0, 1), self.W_UV).transpose(0, 1)  # [B, N, V]
+        ql_nope = torch.bmm(q_nope.transpose(0, 1), self.W_UK_T).transpose(0, 1)  # [T, N, L]
+        if meta.max_query_len > 1:  # verification step: several tokens per request, causal in the draft window
+            latent = self._spec_decode(
+                ql_nope, q_pe, nope, rope, meta.block_table, meta.query_lens, meta.seq_lens_list, self.scale,
+                attn_mask=meta.attn_mask,
+            )  # fmt: skip
+        else:
+            latent = self._decode(ql_nope, q_pe, nope, rope, meta.block_table, meta.seq_lens_list, self.scale)
+        return torch.bmm(latent.transpose(0, 1), self.W_UV).transpose(0, 1)  # [T, N, V]

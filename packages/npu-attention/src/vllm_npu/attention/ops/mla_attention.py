@@ -1,6 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
-"""MLA attention kernels: absorbed decode over the paged latent cache, and ring prefill with a running LSE.
+"""MLA attention kernels: absorbed decode over the paged latent cache (one query token per request, or several:
+speculative-decoding verification), and ring prefill with a running LSE.
 
 Notation: ``N`` heads, ``L`` kv_lora_rank, ``R`` rope dim, ``P`` qk_nope_head_dim, ``V`` v_head_dim, ``bs`` block size.
 All references compute the softmax in float32 and return the input dtype; LSEs are float32 natural logs.
@@ -109,6 +110,126 @@ def mla_decode_npu(
 
 
 MLA_DECODE = Kernel("mla_decode", npu=mla_decode_npu, reference=mla_decode_reference)
+
+
+# --- multi-token decode (speculative-decoding verification: 1 + k query tokens per request) ----------------------
+
+#: Query tokens per request the NPU kernel's MLA mode takes (torch_npu 2.8.0 docs: query_rope needs Q_S in 1..16).
+MAX_SPEC_QUERY_LEN = 16
+
+
+def _check_spec_lens(t: int, query_lens: Sequence[int], seq_lens: Sequence[int]) -> None:
+    if len(query_lens) != len(seq_lens) or sum(query_lens) != t:
+        raise KernelContractError(
+            f"mla_spec_decode: query_lens {list(query_lens)} / seq_lens {list(seq_lens)} do not describe {t} tokens"
+        )
+    if any(q < 1 or q > s for q, s in zip(query_lens, seq_lens, strict=True)):
+        raise KernelContractError(
+            f"mla_spec_decode: every request needs 1 <= query_len <= seq_len, got query_lens {list(query_lens)}, "
+            f"seq_lens {list(seq_lens)}"
+        )
+
+
+def mla_spec_decode_reference(
+    ql_nope: torch.Tensor,
+    q_pe: torch.Tensor,
+    nope_cache: torch.Tensor,
+    rope_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    query_lens: Sequence[int],
+    seq_lens: Sequence[int],
+    scale: float,
+    attn_mask: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Absorbed MQA of several query tokens per request over the latent cache, causal inside the draft window.
+
+    ``ql_nope [T, N, L]``, ``q_pe [T, N, R]``: the requests' tokens packed in order, ``query_lens[b]`` of request
+    ``b`` (``T = sum(query_lens)``, mixed lengths allowed), its new tokens already in the cache; ``seq_lens[b]``
+    cached tokens including them; caches ``[nb, bs, 1, L|R]``, ``block_table [B, max_blocks]``. Token ``i``
+    (0-based) of request ``b`` sees cache positions ``s < seq_lens[b] - query_lens[b] + i + 1`` (bottom-right
+    aligned: the last token sees the whole sequence, the draft tokens after it are hidden). Returns ``[T, N, L]``
+    (``softmax(score) @ kv_c``; the caller applies ``W_UV``). ``attn_mask`` is the NPU kernel's, unused here."""
+    t = ql_nope.shape[0]
+    _check_spec_lens(t, query_lens, seq_lens)
+    dev = ql_nope.device
+    bs = nope_cache.shape[1]
+    q_lens = torch.as_tensor(list(query_lens), dtype=torch.int64)
+    req = torch.repeat_interleave(torch.arange(len(q_lens)), q_lens)  # [T] request of each token
+    first = torch.cumsum(q_lens, 0) - q_lens
+    offset = torch.arange(t) - first[req]  # token's index inside its request
+    visible = (torch.as_tensor(list(seq_lens), dtype=torch.int64) - q_lens)[req] + offset + 1  # [T]
+    pos = torch.arange(int(max(seq_lens)), device=dev)
+    rows = block_table[req.to(dev)].long()  # [T, max_blocks]
+    slots = rows[:, pos // bs] * bs + pos % bs  # [T, S]; entries past the visible length are masked
+    return latent_attention(
+        ql_nope, q_pe, nope_cache, rope_cache, slots, pos[None, :] < visible.to(dev)[:, None], scale
+    )
+
+
+def mla_spec_decode_npu(
+    ql_nope: torch.Tensor,
+    q_pe: torch.Tensor,
+    nope_cache: torch.Tensor,
+    rope_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    query_lens: Sequence[int],
+    seq_lens: Sequence[int],
+    scale: float,
+    attn_mask: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """NPU twin of :func:`mla_spec_decode_reference`: ``npu_fused_infer_attention_score`` in its MLA mode with
+    ``Q_S = max(query_lens)`` query tokens per request: BNSD, each request's tokens right-padded to ``Q_S``,
+    ``actual_seq_lengths`` = the per-request query lengths, right-down causal ``sparse_mode=3`` with the 2048
+    splitfuse mask (:meth:`~vllm_npu.attention.masks.AttentionMaskBuilder.splitfuse_mask`). The padded rows are
+    dropped. torch_npu 2.8.0 documents the rope inputs for BSH/BSND/BNSD with Q_S 1..16 (not TND); limits as for
+    :func:`mla_decode_npu`, plus ``max(query_lens) <= 16``."""
+    t, N, L = ql_nope.shape
+    nb, bs, _, _ = nope_cache.shape
+    R = rope_cache.shape[-1]
+    _check_spec_lens(t, query_lens, seq_lens)
+    q_max = max(query_lens)
+    if L != 512 or R != 64 or N not in (32, 64, 128) or bs not in (16, 128) or q_max > MAX_SPEC_QUERY_LEN:
+        raise KernelContractError(
+            f"npu_fused_infer_attention_score (MLA mode, several query tokens) needs kv_lora_rank 512, rope dim 64, "
+            f"32/64/128 local heads, block size 16 or 128 and at most {MAX_SPEC_QUERY_LEN} query tokens per request; "
+            f"got L={L}, R={R}, N={N}, block_size={bs}, query_lens {list(query_lens)}. Use the reference kernels "
+            "(additional_config npu.kernels='reference') for other shapes"
+        )
+    if attn_mask is None:
+        raise KernelContractError("mla_spec_decode on the NPU needs the 2048 splitfuse mask (sparse_mode=3)")
+    import torch_npu
+
+    B = len(query_lens)
+    q_lens = torch.as_tensor(list(query_lens), dtype=torch.int64)
+    req = torch.repeat_interleave(torch.arange(B), q_lens)
+    rows = (torch.arange(t) - (torch.cumsum(q_lens, 0) - q_lens)[req] + req * q_max).to(ql_nope.device)
+
+    def padded(x: torch.Tensor) -> torch.Tensor:  # [T, N, D] -> right-padded BNSD [B, N, Q_S, D]
+        out = x.new_zeros(B * q_max, N, x.shape[-1])
+        out[rows] = x
+        return out.view(B, q_max, N, -1).transpose(1, 2).contiguous()
+
+    out, _ = torch_npu.npu_fused_infer_attention_score(
+        padded(ql_nope),
+        nope_cache.view(nb, 1, bs, L),
+        nope_cache.view(nb, 1, bs, L),
+        query_rope=padded(q_pe),
+        key_rope=rope_cache.view(nb, 1, bs, R),
+        atten_mask=attn_mask,
+        actual_seq_lengths=list(query_lens),
+        actual_seq_lengths_kv=list(seq_lens),
+        num_heads=N,
+        num_key_value_heads=1,
+        input_layout="BNSD",
+        sparse_mode=3,
+        scale=scale,
+        block_table=block_table.to(torch.int32),
+        block_size=bs,
+    )
+    return out.transpose(1, 2).reshape(B * q_max, N, L)[rows]
+
+
+MLA_SPEC_DECODE = Kernel("mla_spec_decode", npu=mla_spec_decode_npu, reference=mla_spec_decode_reference)
 
 
 # --- ring prefill (one ring step: attention of new queries over one KV segment, merged into a running result) ------
