@@ -241,7 +241,7 @@ def build_mtp_model(config: Any, *, seed: int = 0, std: float = 0.2) -> Path:
     config.initializer_range = std
     n = config.num_hidden_layers
     full = transformers.DeepseekV3Config(**{**config.to_dict(), "num_hidden_layers": n + 1})
-    key = _key("mtp-v1", config.to_dict(), seed, std)
+    key = _key("mtp-v2", config.to_dict(), seed, std)
     out = default_cache_dir() / f"deepseek_v3-mtp-{key}"
     if _done(out, key):
         return out
@@ -259,6 +259,15 @@ def build_mtp_model(config: Any, *, seed: int = 0, std: float = 0.2) -> Path:
     weights[p + "eh_proj.weight"] = torch.randn(H, 2 * H, generator=gen) * std
     weights[p + "shared_head.head.weight"] = torch.randn(V, H, generator=gen) * std
     weights[p + "embed_tokens.weight"] = weights["model.embed_tokens.weight"].clone()
+    freq = int(getattr(config, "moe_layer_freq", 1) or 1)
+    if n >= config.first_k_dense_replace and n % freq:
+        # vLLM's rule makes this layer dense (HF's has no moe_layer_freq and built it MoE): a dense MLP instead
+        for key in [k for k in weights if k.startswith(p + "mlp.")]:
+            del weights[key]
+        inter = config.intermediate_size
+        weights[p + "mlp.gate_proj.weight"] = torch.randn(inter, H, generator=gen) * std
+        weights[p + "mlp.up_proj.weight"] = torch.randn(inter, H, generator=gen) * std
+        weights[p + "mlp.down_proj.weight"] = torch.randn(H, inter, generator=gen) * std
     save_file(weights, str(shard), metadata={"format": "pt"})
     config.num_nextn_predict_layers = 1
     config.architectures = ["DeepseekV3ForCausalLM"]

@@ -10,6 +10,13 @@ calibrated experts' ranges for the same projection) and W8A8_DYNAMIC otherwise.
 Embeddings, norms and ``lm_head`` stay FLOAT. W8A8 (static) calibrates per-tensor input ranges by running the HF
 model on calibration prompts.
 
+Multi-token-prediction layers (DeepSeek-V3 ``num_nextn_predict_layers``: ``model.layers.<n>.*`` past the decoder
+layers, which HF transformers does not load) are copied from the source safetensors: with a dynamic scheme
+(W8A8_DYNAMIC, W4A8_DYNAMIC) their decoder-block linears (the same names as the decoder layers' quantized ones)
+are quantized like the decoder layers' and everything else (``enorm``, ``hnorm``, ``eh_proj``,
+``shared_head.{norm,head}``, ``embed_tokens``, norms, the router) stays FLOAT; with a static scheme (W8A8,
+W4A4_FLATQUANT) the MTP layers stay FLOAT, since the HF forward that calibrates never runs them.
+
 The output directory gets: ``quant_model_weights.safetensors``, ``quant_model_description.json``, ``config.json``
 (the input's, plus ``"quantization_config": {"quant_method": "ascend"}`` so vLLM selects the method by itself),
 ``generation_config.json`` and tokenizer files copied.
@@ -67,6 +74,32 @@ _COPY_FILES = (
 _ROUTER = re.compile(r"(\.gate|shared_expert_gate|router)$")
 _EXPERT = re.compile(r"\.experts\.\d+\.")
 _ROW_PARALLEL = re.compile(r"(o_proj|down_proj|dense|out_proj|w2)$")
+
+
+_LAYER = re.compile(r"^.*?\.layers\.\d+\.")
+
+
+def _mtp_tensors(model_dir: Path, config: dict[str, Any]) -> dict[str, torch.Tensor]:
+    """The source checkpoint's multi-token-prediction layers: every tensor under ``model.layers.<i>.`` for
+    ``num_hidden_layers <= i < num_hidden_layers + num_nextn_predict_layers`` (empty without such layers)."""
+    from safetensors import safe_open
+
+    n, extra = int(config.get("num_hidden_layers") or 0), int(config.get("num_nextn_predict_layers") or 0)
+    if not extra:
+        return {}
+    prefixes = tuple(f"model.layers.{i}." for i in range(n, n + extra))
+    out: dict[str, torch.Tensor] = {}
+    for shard in sorted(model_dir.glob("*.safetensors")):
+        with safe_open(str(shard), framework="pt") as f:
+            for key in f.keys():  # noqa: SIM118 (safe_open has no __iter__)
+                if key.startswith(prefixes):
+                    out[key] = f.get_tensor(key)
+    if not out:
+        raise QuantizeError(
+            f"config.json says num_nextn_predict_layers={extra} but {model_dir} has no tensor under "
+            f"{', '.join(prefixes)}; fix the config or add the MTP weights"
+        )
+    return out
 
 
 class QuantizeError(ValueError):
@@ -241,6 +274,22 @@ def quantize_checkpoint(
     expert_type = qtype if qtype in MOE_SCHEMES else MOE_SCHEME
     for name, mod in experts.items():
         emit(name, expert_type, quantize(name, mod, expert_type, None))
+    mtp = _mtp_tensors(model_dir, config)
+    if mtp:
+        suffixes = {_LAYER.sub("", n) for n in targets}
+        for key, tensor in mtp.items():
+            state[key] = tensor.to(dtype) if tensor.is_floating_point() else tensor
+            description[key] = "FLOAT"
+        if qtype in ("W8A8_DYNAMIC", "W4A8_DYNAMIC"):
+            for key in list(mtp):
+                name = key[: -len(".weight")] if key.endswith(".weight") else None
+                if name is None or _LAYER.sub("", name) not in suffixes or state[key].dim() != 2:
+                    continue
+                t = expert_type if _EXPERT.search(name) else qtype
+                linear = torch.nn.Linear(state[key].shape[1], state[key].shape[0], bias=False, dtype=dtype)
+                linear.weight.data.copy_(state[key])
+                bias = state.get(f"{name}.bias")
+                emit(name, t, quantize(name, linear, t, bias if t != expert_type else None))
     description.update(settings)
 
     out_dir.mkdir(parents=True, exist_ok=True)
