@@ -66,7 +66,7 @@ def _built_layers(worker):
 
 def test_the_model_runs_on_our_stack(llm):
     (info,) = llm.collective_rpc(_built_layers)
-    assert info["model"] == "PanguProMoEForCausalLM" and info["config"] == "PanguProMoEConfig"
+    assert info["model"] == "AscendPanguProMoEForCausalLM" and info["config"] == "PanguProMoEConfig"
     assert info["moe"] == [("AscendFusedMoE", "native", True)] * 2
     assert info["attn_impl"] == ["AscendAttentionImpl"]
     assert info["norm"] == ["NPURMSNorm"] and info["act"] == ["NPUSiluAndMul"]

@@ -136,4 +136,4 @@ def test_the_architecture_is_registered_lazily():
 
     register_models()
     entry = ModelRegistry.models["PanguProMoEForCausalLM"]
-    assert (entry.module_name, entry.class_name) == ("vllm_npu.models.pangu_moe", "PanguProMoEForCausalLM")
+    assert (entry.module_name, entry.class_name) == ("vllm_npu.models.pangu_moe", "AscendPanguProMoEForCausalLM")

@@ -23,7 +23,7 @@ _EXPORTS: dict[str, str] = {
     "AscendIndexer": ".deepseek_v32:AscendIndexer",
     "AscendIndexerKeyCache": ".deepseek_v32:AscendIndexerKeyCache",
     "PanguProMoEConfig": ".pangu_config:PanguProMoEConfig",
-    "PanguProMoEForCausalLM": ".pangu_moe:PanguProMoEForCausalLM",
+    "AscendPanguProMoEForCausalLM": ".pangu_moe:AscendPanguProMoEForCausalLM",
     "moge_select_experts": ".pangu_moe:moge_select_experts",
 }
 
@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from ._hooks import MODEL_CONFIGS, MODEL_OVERRIDES, register_configs, register_models
     from .deepseek_v32 import AscendDeepseekV32ForCausalLM, AscendIndexer, AscendIndexerKeyCache
     from .pangu_config import PanguProMoEConfig
-    from .pangu_moe import PanguProMoEForCausalLM, moge_select_experts
+    from .pangu_moe import AscendPanguProMoEForCausalLM, moge_select_experts
 else:
     from vllm_npu.interface.lazy import lazy_exports
 
@@ -43,8 +43,8 @@ __all__ = [
     "AscendDeepseekV32ForCausalLM",
     "AscendIndexer",
     "AscendIndexerKeyCache",
+    "AscendPanguProMoEForCausalLM",
     "PanguProMoEConfig",
-    "PanguProMoEForCausalLM",
     "__version__",
     "moge_select_experts",
     "register_configs",

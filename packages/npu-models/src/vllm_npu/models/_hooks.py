@@ -22,7 +22,7 @@ MODEL_OVERRIDES: dict[str, str] = {
     # vLLM 0.11 maps this architecture to DeepseekV3ForCausalLM, whose sparse (V3.2) path is CUDA-only.
     "DeepseekV32ForCausalLM": "vllm_npu.models.deepseek_v32:AscendDeepseekV32ForCausalLM",
     # Not in vLLM 0.11 at all.
-    "PanguProMoEForCausalLM": "vllm_npu.models.pangu_moe:PanguProMoEForCausalLM",
+    "PanguProMoEForCausalLM": "vllm_npu.models.pangu_moe:AscendPanguProMoEForCausalLM",
 }
 
 #: HF ``model_type`` -> ``"module:Class"`` of its ``PretrainedConfig``, for model types transformers (< 5) lacks.
@@ -51,7 +51,7 @@ def register_models() -> list[str]:
 def register_configs() -> list[str]:
     """Register :data:`MODEL_CONFIGS` with transformers' ``AutoConfig`` once per process (so a local checkpoint's
     ``config.json`` with that ``model_type`` loads without remote code); returns the model types registered now. A
-    model type transformers already maps (remote code registered first) is left as it is."""
+    model type transformers already maps is left as it is."""
     import importlib
 
     from transformers import AutoConfig
@@ -59,7 +59,7 @@ def register_configs() -> list[str]:
 
     done = []
     for model_type, target in MODEL_CONFIGS.items():
-        # transformers' own mapping is the idempotence guard: a second call (ours or remote code's) finds it there.
+        # transformers' own mapping is the idempotence guard: a second call finds the type there.
         if model_type in CONFIG_MAPPING:
             continue
         module, _, name = target.partition(":")

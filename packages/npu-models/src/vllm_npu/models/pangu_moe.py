@@ -288,7 +288,8 @@ class PanguProMoEDecoderLayer(nn.Module):
 class PanguProMoEModel(nn.Module):
     def __init__(self, *, vllm_config: VllmConfig, prefix: str = "") -> None:
         super().__init__()
-        config = vllm_config.model_config.hf_config
+        # A PanguProMoEConfig, or the checkpoint's own class under --trust-remote-code (same fields).
+        config: Any = vllm_config.model_config.hf_config
         _check_config(config)
         self.config = config
         self.embed_tokens = VocabParallelEmbedding(
@@ -343,8 +344,8 @@ _STACKED = (
 )
 
 
-class PanguProMoEForCausalLM(nn.Module):
-    """vLLM model class of ``PanguProMoEForCausalLM`` checkpoints (config: :class:`PanguProMoEConfig`).
+class AscendPanguProMoEForCausalLM(nn.Module):
+    """vLLM model class registered for ``PanguProMoEForCausalLM`` checkpoints (config: :class:`PanguProMoEConfig`).
 
     Checkpoint names: ``model.embed_tokens.weight``, ``model.layers.N.{input,post_attention}_layernorm.weight``,
     ``model.layers.N.self_attn.{q,k,v,o}_proj.{weight,bias}``, ``model.layers.N.mlp.gate.weight`` [E, H],
@@ -419,11 +420,11 @@ class PanguProMoEForCausalLM(nn.Module):
                     param.weight_loader(param, tensor, target, shard_id=shard_id, expert_id=expert_id)  # type: ignore[attr-defined]
                     return target
             raise ValueError(f"PanguProMoE checkpoint tensor {name!r} names no known expert projection")
-        for ckpt_piece, param_piece, shard_id in _STACKED:
+        for ckpt_piece, param_piece, stack_id in _STACKED:
             if ckpt_piece in name:
                 target = name.replace(ckpt_piece, param_piece)
                 param = _param(params, target, name)
-                param.weight_loader(param, tensor, shard_id)  # type: ignore[attr-defined]
+                param.weight_loader(param, tensor, stack_id)  # type: ignore[attr-defined]
                 return target
         param = _param(params, name, name)
         getattr(param, "weight_loader", default_weight_loader)(param, tensor)
