@@ -137,3 +137,25 @@ def test_the_architecture_is_registered_lazily():
     register_models()
     entry = ModelRegistry.models["PanguProMoEForCausalLM"]
     assert (entry.module_name, entry.class_name) == ("vllm_npu.models.pangu_moe", "AscendPanguProMoEForCausalLM")
+
+
+# --- weight loading helpers ------------------------------------------------------------------------------------
+
+
+def test_router_scale_loads_from_either_checkpoint_shape_and_refuses_a_wrong_size():
+    from vllm_npu.models.pangu_moe import _load_router_scale
+
+    param = torch.nn.Parameter(torch.ones(4), requires_grad=False)
+    _load_router_scale(param, torch.tensor([[1.0, 2.0, 3.0, 4.0]]))
+    assert param.tolist() == [1.0, 2.0, 3.0, 4.0]
+    _load_router_scale(param, torch.tensor([4.0, 3.0, 2.0, 1.0]))
+    assert param.tolist() == [4.0, 3.0, 2.0, 1.0]
+    with pytest.raises(ValueError, match="does not fit 4 experts"):
+        _load_router_scale(param, torch.ones(1, 8))
+
+
+def test_a_checkpoint_tensor_without_a_parameter_is_an_error_naming_both():
+    from vllm_npu.models.pangu_moe import _param
+
+    with pytest.raises(ValueError, match=r"'model.layers.0.mlp.extra'.*does not match"):
+        _param({}, "model.layers.0.mlp.extra", "model.layers.0.mlp.extra")
