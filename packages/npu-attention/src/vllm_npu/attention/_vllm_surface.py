@@ -13,8 +13,9 @@ SURFACE: tuple[VllmName, ...] = (
         "_init_reorder_batch_threshold",
         "method",
         "calls",
-        ("vllm_npu.attention.metadata",),
-        "the GQA metadata builder sets its decode threshold (speculative steps counted as decodes) through it; the "
+        ("vllm_npu.attention.backends.mla", "vllm_npu.attention.metadata"),
+        "the GQA and MLA metadata builders set their decode threshold (speculative steps counted as decodes) through "
+        "it; the "
         "batch reordering of the model runner reads the result",
         signature="(self, reorder_batch_threshold=1, supports_spec_as_decode=False)",
     ),

@@ -27,6 +27,16 @@ SURFACE: tuple[VllmName, ...] = (
     ),
     VllmName(
         _RUNNER,
+        "_make_buffer",
+        "method",
+        "overrides",
+        _MODEL_RUNNER,
+        "on the emulated (CPU) device vLLM's CpuGpuBuffer aliases its host and device halves; EAGLE/MTP drafting "
+        "increments both halves of seq_lens, i.e. one tensor twice",
+        signature="(self, *size, dtype, numpy=True)",
+    ),
+    VllmName(
+        _RUNNER,
         "_init_device_properties",
         "method",
         "overrides",

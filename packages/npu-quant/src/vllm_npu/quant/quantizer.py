@@ -282,14 +282,16 @@ def quantize_checkpoint(
             description[key] = "FLOAT"
         if qtype in ("W8A8_DYNAMIC", "W4A8_DYNAMIC"):
             for key in list(mtp):
-                name = key[: -len(".weight")] if key.endswith(".weight") else None
-                if name is None or _LAYER.sub("", name) not in suffixes or state[key].dim() != 2:
+                if not key.endswith(".weight"):
                     continue
-                t = expert_type if _EXPERT.search(name) else qtype
+                lin = key[: -len(".weight")]
+                if _LAYER.sub("", lin) not in suffixes or state[key].dim() != 2:
+                    continue
+                t = expert_type if _EXPERT.search(lin) else qtype
                 linear = torch.nn.Linear(state[key].shape[1], state[key].shape[0], bias=False, dtype=dtype)
                 linear.weight.data.copy_(state[key])
-                bias = state.get(f"{name}.bias")
-                emit(name, t, quantize(name, linear, t, bias if t != expert_type else None))
+                bias = state.get(f"{lin}.bias")
+                emit(lin, t, quantize(lin, linear, t, bias if t != expert_type else None))
     description.update(settings)
 
     out_dir.mkdir(parents=True, exist_ok=True)

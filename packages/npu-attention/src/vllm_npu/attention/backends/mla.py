@@ -211,14 +211,14 @@ class AscendMLAMetadataBuilder(AttentionMetadataBuilder[AscendMLAMetadata]):
 
         decode = None
         if num_decodes > 0:
-            query_lens = (qsl_cpu[1 : num_decodes + 1] - qsl_cpu[:num_decodes]).tolist()
-            max_query_len = max(query_lens)
+            decode_query_lens: list[int] = (qsl_cpu[1 : num_decodes + 1] - qsl_cpu[:num_decodes]).tolist()
+            max_query_len = max(decode_query_lens)
             self.multi_token_decode_builds += max_query_len > 1
             decode = AscendMLADecodeMetadata(
                 block_table=m.block_table_tensor[:num_decodes],
                 seq_lens=m.seq_lens[:num_decodes],
                 seq_lens_list=seq_lens_cpu[:num_decodes].tolist(),
-                query_lens=query_lens,
+                query_lens=decode_query_lens,
                 max_query_len=max_query_len,
                 attn_mask=self._masks.splitfuse_mask() if self._masks is not None and max_query_len > 1 else None,
             )
