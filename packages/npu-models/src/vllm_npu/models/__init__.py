@@ -20,11 +20,31 @@ _EXPORTS: dict[str, str] = {
     "AscendDeepseekV32ForCausalLM": ".deepseek_v32:AscendDeepseekV32ForCausalLM",
     "AscendIndexer": ".deepseek_v32:AscendIndexer",
     "AscendIndexerKeyCache": ".deepseek_v32:AscendIndexerKeyCache",
+    "AscendQwen2VLForConditionalGeneration": ".qwen_vl:AscendQwen2VLForConditionalGeneration",
+    "AscendQwen2_5_VLForConditionalGeneration": ".qwen_vl:AscendQwen2_5_VLForConditionalGeneration",
+    "AscendQwen3VLForConditionalGeneration": ".qwen_vl:AscendQwen3VLForConditionalGeneration",
+    "AscendQwen3VLMoeForConditionalGeneration": ".qwen_vl:AscendQwen3VLMoeForConditionalGeneration",
+    "AscendQwen2VisionAttention": ".vision:AscendQwen2VisionAttention",
+    "AscendQwen2_5_VisionAttention": ".vision:AscendQwen2_5_VisionAttention",
+    "adopt_vision_attention": ".vision:adopt_vision_attention",
+    "pad_vision_heads": ".vision:pad_vision_heads",
 }
 
 if TYPE_CHECKING:
     from ._hooks import MODEL_OVERRIDES, register_models
     from .deepseek_v32 import AscendDeepseekV32ForCausalLM, AscendIndexer, AscendIndexerKeyCache
+    from .qwen_vl import (
+        AscendQwen2_5_VLForConditionalGeneration,
+        AscendQwen2VLForConditionalGeneration,
+        AscendQwen3VLForConditionalGeneration,
+        AscendQwen3VLMoeForConditionalGeneration,
+    )
+    from .vision import (
+        AscendQwen2_5_VisionAttention,
+        AscendQwen2VisionAttention,
+        adopt_vision_attention,
+        pad_vision_heads,
+    )
 else:
     from vllm_npu.interface.lazy import lazy_exports
 
@@ -35,6 +55,14 @@ __all__ = [
     "AscendDeepseekV32ForCausalLM",
     "AscendIndexer",
     "AscendIndexerKeyCache",
+    "AscendQwen2VLForConditionalGeneration",
+    "AscendQwen2VisionAttention",
+    "AscendQwen2_5_VLForConditionalGeneration",
+    "AscendQwen2_5_VisionAttention",
+    "AscendQwen3VLForConditionalGeneration",
+    "AscendQwen3VLMoeForConditionalGeneration",
     "__version__",
+    "adopt_vision_attention",
+    "pad_vision_heads",
     "register_models",
 ]

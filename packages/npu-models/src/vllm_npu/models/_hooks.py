@@ -19,6 +19,11 @@ logger = get_logger(__name__)
 MODEL_OVERRIDES: dict[str, str] = {
     # vLLM 0.11 maps this architecture to DeepseekV3ForCausalLM, whose sparse (V3.2) path is CUDA-only.
     "DeepseekV32ForCausalLM": "vllm_npu.models.deepseek_v32:AscendDeepseekV32ForCausalLM",
+    # The Qwen VL family: vLLM's classes with the vision attention on the NPU kernels (vllm_npu.models.vision).
+    "Qwen2VLForConditionalGeneration": "vllm_npu.models.qwen_vl:AscendQwen2VLForConditionalGeneration",
+    "Qwen2_5_VLForConditionalGeneration": "vllm_npu.models.qwen_vl:AscendQwen2_5_VLForConditionalGeneration",
+    "Qwen3VLForConditionalGeneration": "vllm_npu.models.qwen_vl:AscendQwen3VLForConditionalGeneration",
+    "Qwen3VLMoeForConditionalGeneration": "vllm_npu.models.qwen_vl:AscendQwen3VLMoeForConditionalGeneration",
 }
 
 

@@ -136,6 +136,23 @@ SURFACE: tuple[VllmName, ...] = (
     ),
     VllmName(
         _PLATFORM,
+        "get_vit_attn_backend",
+        "method",
+        "overrides",
+        _PLATFORM_MODULE,
+        "vLLM's vision towers ask it (through vision.get_vit_attn_backend) which ViT attention kernel to build",
+        signature="(head_size, dtype)",
+    ),
+    VllmName(
+        "vllm.platforms",
+        "_Backend",
+        "module_global",
+        "reads",
+        _PLATFORM_MODULE,
+        "get_vit_attn_backend answers with its TORCH_SDPA member",
+    ),
+    VllmName(
+        _PLATFORM,
         "check_and_update_config",
         "method",
         "overrides",
