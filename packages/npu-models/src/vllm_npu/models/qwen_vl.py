@@ -33,16 +33,21 @@ class _NPUVisionTower:
 
     #: Whether the vision head dim is padded to 128 after loading (vllm-ascend v0.11.0's choice per architecture).
     pad_vision_head_dim: bool = False
-    visual: nn.Module | None
+
+    def _tower(self) -> nn.Module | None:
+        visual: nn.Module | None = getattr(self, "visual", None)  # vLLM's attribute (None: no modality enabled)
+        return visual
 
     def _adopt_npu_vision(self) -> None:
-        if self.visual is not None:
-            adopt_vision_attention(self.visual, pad_head_dim=self.pad_vision_head_dim)
+        tower = self._tower()
+        if tower is not None:
+            adopt_vision_attention(tower, pad_head_dim=self.pad_vision_head_dim)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         loaded: set[str] = super().load_weights(weights)  # type: ignore[misc]
-        if self.visual is not None:
-            pad_vision_heads(self.visual)
+        tower = self._tower()
+        if tower is not None:
+            pad_vision_heads(tower)
         return loaded
 
 

@@ -97,12 +97,6 @@ class _NPUVisionAttention:
     npu_calls: int
     _rotary_mul_qk: Callable[..., tuple[torch.Tensor, torch.Tensor]]
     _vision_attention: Callable[..., None]
-    # vLLM's attributes this forward reads.
-    qkv: nn.Module
-    proj: nn.Module
-    num_attention_heads_per_partition: int
-    hidden_size_per_attention_head: int
-    split_qkv: Callable[[torch.Tensor], tuple[torch.Tensor, ...]]
 
     def forward(
         self,
@@ -112,8 +106,9 @@ class _NPUVisionAttention:
         max_seqlen: int | None = None,
         seqlens: list[int] | None = None,
     ) -> torch.Tensor:
-        qkv, _ = self.qkv(x)
-        q, k, v = self.split_qkv(qkv)  # each [S, B, N, D]
+        vllm: Any = self  # vLLM's half of the class: qkv, split_qkv, proj
+        qkv, _ = vllm.qkv(x)
+        q, k, v = vllm.split_qkv(qkv)  # each [S, B, N, D]
         s, b, n, d = q.shape
         # The kernels take batch-major [B, S, N, D] (BSND); the towers run one packed sequence (B = 1).
         q, k, v = (t.transpose(0, 1) for t in (q, k, v))
@@ -126,7 +121,7 @@ class _NPUVisionAttention:
         self._vision_attention(q, k, v, seq_lens, num_heads=n, num_kv_heads=n, scale=self.npu_scale, out=out)
         self.npu_calls += 1
         context = out.view(b, s, n * d).transpose(0, 1)  # [S, B, N * D]
-        output, _ = self.proj(context)
+        output, _ = vllm.proj(context)
         return output
 
     def _cos_sin(self, freqs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -159,8 +154,10 @@ _OVERRIDES: dict[type[nn.Module], type[nn.Module]] = {
 }
 
 
-def _vision_attentions(tower: nn.Module) -> Iterator[nn.Module]:
-    for block in tower.blocks:  # type: ignore[union-attr]
+def _vision_attentions(tower: nn.Module) -> Iterator[Any]:
+    """Each block's attention (typed ``Any``: vLLM's modules, with the attributes this module sets on them)."""
+    blocks: Any = tower.blocks
+    for block in blocks:
         yield block.attn
 
 
@@ -207,6 +204,10 @@ def _pad_cols(t: torch.Tensor, half: int, tail: int) -> torch.Tensor:
     return nn.functional.pad(grouped, (0, tail)).reshape(t.shape[0], -1)
 
 
+def _is_npu(attn: Any) -> bool:
+    return isinstance(attn, _NPUVisionAttention)
+
+
 def _unquantised(linear: nn.Module) -> bool:
     return isinstance(getattr(linear, "quant_method", None), UnquantizedLinearMethod)
 
@@ -217,7 +218,7 @@ def pad_vision_heads(tower: nn.Module) -> int:
     no-op. Attentions split over tensor-parallel ranks, or with quantised linears, stay unpadded."""
     padded = 0
     for attn in _vision_attentions(tower):
-        if not isinstance(attn, _NPUVisionAttention) or attn.npu_pad or not getattr(attn, "npu_wants_pad", False):
+        if not _is_npu(attn) or attn.npu_pad or not getattr(attn, "npu_wants_pad", False):
             continue
         if getattr(attn, "tp_size", 1) != 1 or not (_unquantised(attn.qkv) and _unquantised(attn.proj)):
             continue

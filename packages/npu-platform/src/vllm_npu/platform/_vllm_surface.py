@@ -144,14 +144,6 @@ SURFACE: tuple[VllmName, ...] = (
         signature="(head_size, dtype)",
     ),
     VllmName(
-        "vllm.platforms",
-        "_Backend",
-        "module_global",
-        "reads",
-        _PLATFORM_MODULE,
-        "get_vit_attn_backend answers with its TORCH_SDPA member",
-    ),
-    VllmName(
         _PLATFORM,
         "check_and_update_config",
         "method",
