@@ -15,11 +15,16 @@ from ._version import __version__
 # Lazy exports (PEP 562): name -> ".module:attr", imported on first access. The TYPE_CHECKING block and
 # __all__ mirror the table for type checkers and IDEs; tests/test_doors.py checks that the three agree.
 _EXPORTS: dict[str, str] = {
+    "MODEL_CONFIGS": "._hooks:MODEL_CONFIGS",
     "MODEL_OVERRIDES": "._hooks:MODEL_OVERRIDES",
+    "register_configs": "._hooks:register_configs",
     "register_models": "._hooks:register_models",
     "AscendDeepseekV32ForCausalLM": ".deepseek_v32:AscendDeepseekV32ForCausalLM",
     "AscendIndexer": ".deepseek_v32:AscendIndexer",
     "AscendIndexerKeyCache": ".deepseek_v32:AscendIndexerKeyCache",
+    "PanguProMoEConfig": ".pangu_config:PanguProMoEConfig",
+    "AscendPanguProMoEForCausalLM": ".pangu_moe:AscendPanguProMoEForCausalLM",
+    "moge_select_experts": ".pangu_moe:moge_select_experts",
     "AscendQwen2VLForConditionalGeneration": ".qwen_vl:AscendQwen2VLForConditionalGeneration",
     "AscendQwen2_5_VLForConditionalGeneration": ".qwen_vl:AscendQwen2_5_VLForConditionalGeneration",
     "AscendQwen3VLForConditionalGeneration": ".qwen_vl:AscendQwen3VLForConditionalGeneration",
@@ -31,8 +36,10 @@ _EXPORTS: dict[str, str] = {
 }
 
 if TYPE_CHECKING:
-    from ._hooks import MODEL_OVERRIDES, register_models
+    from ._hooks import MODEL_CONFIGS, MODEL_OVERRIDES, register_configs, register_models
     from .deepseek_v32 import AscendDeepseekV32ForCausalLM, AscendIndexer, AscendIndexerKeyCache
+    from .pangu_config import PanguProMoEConfig
+    from .pangu_moe import AscendPanguProMoEForCausalLM, moge_select_experts
     from .qwen_vl import (
         AscendQwen2_5_VLForConditionalGeneration,
         AscendQwen2VLForConditionalGeneration,
@@ -51,18 +58,23 @@ else:
     __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 
 __all__ = [
+    "MODEL_CONFIGS",
     "MODEL_OVERRIDES",
     "AscendDeepseekV32ForCausalLM",
     "AscendIndexer",
     "AscendIndexerKeyCache",
+    "AscendPanguProMoEForCausalLM",
     "AscendQwen2VLForConditionalGeneration",
     "AscendQwen2VisionAttention",
     "AscendQwen2_5_VLForConditionalGeneration",
     "AscendQwen2_5_VisionAttention",
     "AscendQwen3VLForConditionalGeneration",
     "AscendQwen3VLMoeForConditionalGeneration",
+    "PanguProMoEConfig",
     "__version__",
     "adopt_vision_attention",
+    "moge_select_experts",
     "pad_vision_heads",
+    "register_configs",
     "register_models",
 ]
