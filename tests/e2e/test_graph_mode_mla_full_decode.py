@@ -88,3 +88,48 @@ def test_skipping_the_in_graph_metadata_update_gives_wrong_tokens(llm, tiny_mode
     assert all(s[0] == r[0] for s, r in zip(stale, ref, strict=True))  # the first token comes from the prefill
     monkeypatch.undo()
     assert greedy(llm, prompts, NEW_TOKENS) == ref
+
+
+def _estimate_graph_pool(worker) -> dict:
+    """The runner's real graph-pool estimate, with the device backend's memory counters scripted (the emulated
+    device's RSS says nothing about a graph pool): what it runs and what it returns."""
+    runner = worker.model_runner
+    real_backend, real_dummy_run = runner.device_backend, runner._dummy_run
+    calls: list = []
+
+    class Counters:
+        def __getattr__(self, name):
+            return getattr(real_backend, name)
+
+        def synchronize(self, device=None):
+            calls.append("synchronize")
+
+        def reset_peak_memory_stats(self, device=None):
+            calls.append("reset_peak")
+
+        def memory_allocated(self, device=None):
+            return 1000
+
+        def peak_memory_allocated(self, device=None):
+            return 1000 + 64 * max((c[1] for c in calls if isinstance(c, tuple)), default=0)
+
+    def dummy_run(num_tokens, **kwargs):
+        calls.append(("dummy_run", num_tokens, kwargs.get("cudagraph_runtime_mode").name))
+        return real_dummy_run(num_tokens, **kwargs)
+
+    runner.device_backend, runner._dummy_run = Counters(), dummy_run
+    try:
+        estimate = runner.estimate_graph_memory()
+    finally:
+        runner.device_backend, runner._dummy_run = real_backend, real_dummy_run
+    return {"estimate": estimate, "calls": calls}
+
+
+def test_graph_pool_estimate_runs_one_eager_forward_at_the_largest_size(llm, tiny_model):
+    (report,) = llm.collective_rpc(_estimate_graph_pool)
+    largest = max(CAPTURE_SIZES)
+    assert report["calls"] == ["synchronize", "reset_peak", ("dummy_run", largest, "NONE"), "synchronize"]
+    assert report["estimate"] == 64 * largest  # the allocator peak over the dummy forward, above its start
+    # the eager dummy forward after capture leaves the graphs and the cache intact
+    prompts = make_prompts([5, 9], seed=15)
+    assert greedy(llm, prompts, NEW_TOKENS) == hf_greedy(tiny_model, prompts, NEW_TOKENS)
