@@ -31,6 +31,7 @@ token count is the graph's padded batch size, whose padding rows go to slot ``-1
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -66,7 +67,8 @@ def _model_is_traced() -> bool:
     config = get_current_vllm_config()
     if config.compilation_config.level not in (None, CompilationLevel.NO_COMPILATION):
         return True
-    return AdditionalConfig.from_vllm(config.additional_config).graph_mode == "torchair"
+    extra = config.additional_config  # the platform refused a non-object --additional-config already
+    return AdditionalConfig.from_vllm(extra if isinstance(extra, Mapping) else None).graph_mode == "torchair"
 
 
 def _fusable(layer: MultiHeadLatentAttention) -> bool:
