@@ -77,9 +77,23 @@ def _fake_torch_npu(calls: list[tuple[str, dict]], soc: str) -> types.ModuleType
     return m
 
 
+class _Int8Rows:
+    """Float experts that also take per-token int8 rows (dequantised first): MC2's dynamic-quant mode."""
+
+    def __init__(self, float_experts):
+        self.float_experts = float_experts
+
+    def __call__(self, rows, counts):
+        return self.float_experts(rows, counts)
+
+    def run_int8(self, rows, scales, counts, out_dtype):
+        return self.float_experts((rows.float() * scales.unsqueeze(1)).to(out_dtype), counts)
+
+
 @pytest.mark.parametrize("soc", ["A2", "A3"])
 @pytest.mark.parametrize("tokens", [1, 7])
-def test_mc2_npu_calls_equal_the_reference(monkeypatch, soc, tokens):
+@pytest.mark.parametrize("quant", [False, True])
+def test_mc2_npu_calls_equal_the_reference(monkeypatch, soc, tokens, quant):
     calls: list[tuple[str, dict]] = []
     monkeypatch.setitem(sys.modules, "torch_npu", _fake_torch_npu(calls, soc))
     gen = torch.Generator().manual_seed(5)
@@ -97,9 +111,10 @@ def test_mc2_npu_calls_equal_the_reference(monkeypatch, soc, tokens):
         assert mc2 is not None
         if backend == "npu":  # the gate stays the reference one: this test is about the MC2 pair
             mc2.dispatch, mc2.combine = mc2_dispatch_npu, mc2_combine_npu
-        outs[backend] = moe_forward(x, logits, plan=plan, experts=plan.unquantized_experts(w13, w2))
+        experts = plan.unquantized_experts(w13, w2)
+        outs[backend] = moe_forward(x, logits, plan=plan, experts=_Int8Rows(experts) if quant else experts)
     assert [c for c, _ in calls] == ["dispatch", "combine"]
-    assert calls[0][1]["global_bs"] == 8 and calls[0][1]["quant_mode"] == 0
+    assert calls[0][1]["global_bs"] == 8 and calls[0][1]["quant_mode"] == (2 if quant else 0)
     torch.testing.assert_close(outs["npu"], outs["reference"], atol=1e-5, rtol=1e-5)
 
 
