@@ -82,7 +82,7 @@ SURFACE: tuple[VllmName, ...] = (
         signature="(self, lora_request)",
     ),
     VllmName(
-        "vllm.lora.worker_manager:WorkerLoRAManager",
+        "vllm.lora.worker_manager:LRUCacheWorkerLoRAManager",
         "_adapter_manager",
         "instance_attribute",
         "reads",

@@ -115,6 +115,8 @@ class NPUWorkerLoRAManager(LRUCacheWorkerLoRAManager):
 
     def _load_adapter(self, lora_request: Any) -> Any:
         lora = super()._load_adapter(lora_request)
+        if self.lora_config is None:  # vLLM builds a worker LoRA manager only with a LoRA config
+            raise RuntimeError("NPUWorkerLoRAManager needs vLLM's lora_config (start vLLM with --enable-lora)")
         manager = self._adapter_manager
         expected = expected_shapes(manager.modules, manager.packed_modules, lora.extra_vocab_size)
         check_adapter_shapes(lora_request.lora_name, lora.loras, expected, self.lora_config.max_lora_rank)
