@@ -146,6 +146,15 @@ SURFACE: tuple[VllmName, ...] = (
     ),
     VllmName(
         _PLATFORM,
+        "get_vit_attn_backend",
+        "method",
+        "overrides",
+        _PLATFORM_MODULE,
+        "vLLM's vision towers ask it (through vision.get_vit_attn_backend) which ViT attention kernel to build",
+        signature="(head_size, dtype)",
+    ),
+    VllmName(
+        _PLATFORM,
         "check_and_update_config",
         "method",
         "overrides",

@@ -224,6 +224,18 @@ class NPUPlatform(Platform):
         )
 
     @classmethod
+    def get_vit_attn_backend(cls, head_size: int, dtype: torch.dtype) -> Any:
+        """The vision-encoder attention vLLM's own ViTs use here: ``TORCH_SDPA``.
+
+        vLLM's towers accept only FLASH_ATTN / TORCH_SDPA / XFORMERS / ROCM_AITER_FA and build the kernel from it;
+        of those only SDPA runs on an NPU (plain torch). The Qwen VL towers, npu-models' overrides, ignore this
+        answer: their attention runs npu-attention's ``vision_attention`` kernel. Stated explicitly rather than
+        inherited so that a change of vLLM's default cannot pick a CUDA kernel for us."""
+        from vllm.platforms import _Backend
+
+        return _Backend.TORCH_SDPA
+
+    @classmethod
     def get_device_communicator_cls(cls) -> str:
         return COMMUNICATOR_CLS
 
