@@ -73,6 +73,16 @@ SURFACE: tuple[VllmName, ...] = (
     ),
     VllmName(
         _RUNNER,
+        "load_lora_model",
+        "method",
+        "overrides",
+        _MODEL_RUNNER,
+        "the override builds npu-ops' worker LoRA manager (it checks adapter tensor shapes) where vLLM's mixin builds "
+        "its LRU manager; a change of vLLM's body (checks, arguments) must be mirrored",
+        signature="(self, model, vllm_config, device)",
+    ),
+    VllmName(
+        _RUNNER,
         "shared_kv_cache_layers",
         "instance_attribute",
         "reads",
