@@ -154,3 +154,23 @@ def test_vllm_platform_resolution_under_vllm_plugins(vllm_view: dict) -> None:
     assert vllm_view["emulated"] == ours and vllm_view["listed"] == ours
     assert not vllm_view["platform filtered"].startswith("vllm_npu")
     assert not vllm_view["off"].startswith("vllm_npu")
+
+
+_TEXT_SUFFIXES = {".py", ".md", ".toml", ".txt", ".yml", ".yaml", ".json", ".cfg", ".ini", ".sh"}
+_SKIP_DIRS = {".git", ".venv", "__pycache__", ".mypy_cache", ".ruff_cache", ".pytest_cache", "node_modules"}
+
+
+def test_no_merge_conflict_markers_are_committed() -> None:
+    """A merge resolved by `git add` on a file still holding `<<<<<<<` / `>>>>>>>` lines passes every other check
+    when the file is a CHANGELOG or a doc; this one reads every text file of the tree for them."""
+    offenders = []
+    for dirpath, dirnames, filenames in os.walk(REPO):
+        dirnames[:] = [d for d in dirnames if d not in _SKIP_DIRS]
+        for filename in filenames:
+            path = Path(dirpath) / filename
+            if path.suffix not in _TEXT_SUFFIXES and filename != "run":
+                continue
+            for number, line in enumerate(path.read_text(encoding="utf-8", errors="replace").splitlines(), 1):
+                if line.startswith(("<<<<<<< ", ">>>>>>> ")):
+                    offenders.append(f"{path.relative_to(REPO)}:{number}: {line}")
+    assert not offenders, "merge conflict markers committed:\n" + "\n".join(offenders)
