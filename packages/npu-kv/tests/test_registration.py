@@ -10,7 +10,6 @@ import subprocess
 import sys
 
 import pytest
-
 from vllm_npu.kv._component import COMPONENT
 from vllm_npu.kv.engine import APT_LINE, MooncakeUnavailableError, TransferEngineHandle
 
