@@ -21,10 +21,11 @@ _EXPORTS: dict[str, str] = {
     "PDScheduler": ".scheduler:PDScheduler",
     "TransferEngineHandle": ".engine:TransferEngineHandle",
     "register": "._hooks:register",
+    "select_scheduler": "._hooks:select_scheduler",
 }
 
 if TYPE_CHECKING:
-    from ._hooks import CONNECTORS, register
+    from ._hooks import CONNECTORS, register, select_scheduler
     from .connector import MooncakeConnector
     from .engine import MooncakeUnavailableError, TransferEngineHandle
     from .scheduler import PDScheduler
@@ -41,4 +42,5 @@ __all__ = [
     "TransferEngineHandle",
     "__version__",
     "register",
+    "select_scheduler",
 ]

@@ -33,3 +33,17 @@ def register() -> list[str]:
 def on_load(ctx: HookContext) -> None:
     """Every process, when vLLM loads general plugins: register the connectors."""
     register()
+
+
+#: vLLM's own V1 scheduler (the default) and the one that recomputes a request whose KV pull failed.
+VLLM_SCHEDULER = "vllm.v1.core.sched.scheduler.Scheduler"
+PD_SCHEDULER = "vllm_npu.kv.scheduler.PDScheduler"
+
+
+def select_scheduler(kv_connector: str | None, scheduler_cls: object) -> object:
+    """The scheduler class an instance should use: :data:`PD_SCHEDULER` when it runs one of :data:`CONNECTORS` with
+    vLLM's default scheduler, otherwise ``scheduler_cls`` unchanged (an explicit choice is the user's; the async
+    scheduler keeps vLLM 0.11's behaviour, where a failed pull is not recomputed)."""
+    if kv_connector in CONNECTORS and scheduler_cls in (VLLM_SCHEDULER, "vllm.core.scheduler.Scheduler"):
+        return PD_SCHEDULER
+    return scheduler_cls
