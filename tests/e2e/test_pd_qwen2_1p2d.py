@@ -1,11 +1,12 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
 """Prefill-decode disaggregation on the emulated device, everything on 127.0.0.1: one prefill instance
-(``kv_producer``), two decode instances (``kv_consumer``), npu-kv's MooncakeConnector over Mooncake TCP between them,
+(``kv_producer``), two decode instances (``kv_consumer``), a second prefill instance with tensor parallelism 2, npu-kv's MooncakeConnector over Mooncake TCP between them,
 and ``vllm-npu pd-proxy`` in front (least-loaded). Tiny Qwen2 (GQA), float32, block size 16.
 
 One set of instances for the module (three ``vllm serve`` and the proxy). A request through the proxy with one
-decode instance busy is 1P1D; 32 concurrent requests spread over both decode instances are 1P2D. References: HF
+decode instance busy is 1P1D; 32 concurrent requests spread over both decode instances are 1P2D; a second proxy
+puts the TP=2 prefill instance in front of a TP=1 decode instance (the GQA head split). References: HF
 float32 greedy, and a decode instance's own greedy for the same request without remote prefill (single instance).
 The decode side computed only the last prompt token (``prompt_tokens_details.cached_tokens``), and the prefill
 side's KV usage returns to zero. Faults: a decode request pointing at a prefill side that does not exist, and a
@@ -18,10 +19,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import re
-import socket
-import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
@@ -32,93 +29,16 @@ import pytest
 from npu_testkit.engine import emulated_env, make_prompts
 from npu_testkit.models import hf_greedy
 from npu_testkit.serve import free_port, vllm_server
+from npu_testkit.sibling import import_sibling
+
+pd = import_sibling(__file__, "pd_support")
 
 pytestmark = pytest.mark.engine
 
 MAX_TOKENS = 6
 #: Prompt lengths: within one block, on a block boundary, over several blocks (block size 16).
 LENGTHS = [3, 16, 17, 45, 130]
-ABORT_TIMEOUT_S = 8
-
-
-def _post(url: str, body: dict, timeout: float = 300) -> tuple[int, dict]:
-    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as resp:
-            return resp.status, json.loads(resp.read())
-    except urllib.error.HTTPError as err:
-        return err.code, {"error": err.read().decode()}
-
-
-def _completion(prompt: list[int], **extra) -> dict:
-    return {
-        "model": "tiny",
-        "prompt": prompt,
-        "max_tokens": MAX_TOKENS,
-        "temperature": 0.0,
-        "ignore_eos": True,
-        "return_token_ids": True,
-        **extra,
-    }
-
-
-def _kv_usage(url: str) -> float:
-    with urllib.request.urlopen(f"{url}/metrics", timeout=30) as resp:
-        text = resp.read().decode()
-    (value,) = re.findall(r"^vllm:kv_cache_usage_perc\{[^}]*\} (\S+)$", text, re.M)
-    return float(value)
-
-
-def _wait_usage_zero(url: str, poke, timeout: float = 60) -> float:
-    """The instance's KV usage once it is zero (``poke()`` sends it a small request: an idle engine does not step,
-    and a prefill engine frees released blocks at its next step)."""
-    deadline = time.monotonic() + timeout
-    usage = _kv_usage(url)
-    while usage != 0.0 and time.monotonic() < deadline:
-        poke()
-        time.sleep(0.5)
-        usage = _kv_usage(url)
-    return usage
-
-
-def _port_block(n: int) -> int:
-    for _ in range(50):
-        base = free_port()
-        if base + n >= 65536:
-            continue
-        try:
-            with contextlib.ExitStack() as stack:
-                for i in range(n):
-                    s = stack.enter_context(socket.socket())
-                    s.bind(("127.0.0.1", base + i))
-            return base
-        except OSError:
-            continue
-    raise RuntimeError("no free port block")
-
-
-@contextlib.contextmanager
-def _proxy(prefill: list[str], decode: list[str], log: Path):
-    port = free_port()
-    cmd = [str(Path(sys.executable).with_name("vllm-npu")), "pd-proxy", "--prefill", *prefill, "--decode", *decode]
-    cmd += ["--port", str(port), "--policy", "least_loaded"]
-    with open(log, "w") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
-        url = f"http://127.0.0.1:{port}"
-        try:
-            deadline = time.monotonic() + 60
-            while True:
-                assert proc.poll() is None, log.read_text()
-                try:
-                    with urllib.request.urlopen(f"{url}/health", timeout=5):
-                        break
-                except (urllib.error.URLError, ConnectionError):
-                    assert time.monotonic() < deadline, log.read_text()
-                    time.sleep(0.3)
-            yield url
-        finally:
-            proc.terminate()
-            proc.wait(timeout=30)
+ABORT_TIMEOUT_S = 15
 
 
 @pytest.fixture(scope="module")
@@ -136,7 +56,7 @@ def cluster(tiny_qwen2, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("pd")
     common = [str(tiny_qwen2), "--dtype", "float32", "--max-model-len", "512", "--block-size", "16"]
     common += ["--max-num-seqs", "16", "--served-model-name", "tiny", "--enable-prompt-tokens-details"]
-    kv_port = _port_block(1)
+    kv_port = pd.port_block(1)
     producer = {
         "kv_connector": "MooncakeConnector",
         "kv_role": "kv_producer",
@@ -148,15 +68,24 @@ def cluster(tiny_qwen2, tmp_path_factory):
         "kv_role": "kv_consumer",
         "kv_connector_extra_config": {"handshake_timeout_s": 3},
     }
+    producer_tp2 = {**producer, "kv_port": pd.port_block(2)}
+    instances = [
+        ("prefill", producer, []),
+        ("decode0", consumer, []),
+        ("decode1", consumer, []),
+        ("prefill_tp2", producer_tp2, ["--tensor-parallel-size", "2"]),
+    ]
     with contextlib.ExitStack() as stack:
         urls = {}
-        for name, cfg in (("prefill", producer), ("decode0", consumer), ("decode1", consumer)):
-            env = {**os.environ, **emulated_env(tmp / name, multiprocessing=True)}
-            args = [*common, "--kv-transfer-config", json.dumps(cfg)]
+        for name, cfg, more in instances:
+            extra = {"VLLM_WORKER_MULTIPROC_METHOD": "spawn"} if more else None
+            env = {**os.environ, **emulated_env(tmp / name, multiprocessing=True, extra=extra)}
+            args = [*common, *more, "--kv-transfer-config", json.dumps(cfg)]
             urls[name] = stack.enter_context(vllm_server(args, env, tmp / f"{name}.log"))
         urls["proxy"] = stack.enter_context(
-            _proxy([urls["prefill"]], [urls["decode0"], urls["decode1"]], tmp / "proxy.log")
+            pd.proxy([urls["prefill"]], [urls["decode0"], urls["decode1"]], tmp / "proxy.log")
         )
+        urls["proxy_tp2"] = stack.enter_context(pd.proxy([urls["prefill_tp2"]], [urls["decode0"]], tmp / "proxy2.log"))
         urls["kv_port"] = str(kv_port)
         urls["logs"] = str(tmp)
         yield urls
@@ -164,22 +93,22 @@ def cluster(tiny_qwen2, tmp_path_factory):
 
 def test_single_requests_through_the_proxy_equal_hf_and_compute_only_after_the_prompt(cluster, prompts, references):
     for prompt, want in zip(prompts, references):
-        status, out = _post(f"{cluster['proxy']}/v1/completions", _completion(prompt))
+        status, out = pd.post(f"{cluster['proxy']}/v1/completions", pd.completion(prompt))
         assert status == 200, out
         assert out["choices"][0]["token_ids"] == want, len(prompt)
         # The decode side took all but the last prompt token from the prefill side's KV.
         assert out["usage"]["prompt_tokens_details"]["cached_tokens"] == len(prompt) - 1
         # A decode instance on its own (no remote prefill) gives the same answer: the single-instance greedy.
-        status, alone = _post(f"{cluster['decode0']}/v1/completions", _completion(prompt))
+        status, alone = pd.post(f"{cluster['decode0']}/v1/completions", pd.completion(prompt))
         assert status == 200 and alone["choices"][0]["token_ids"] == want
 
 
 def test_chat_streaming_and_not(cluster):
     messages = [{"role": "user", "content": "It was the best of times, it was the worst of times"}]
     body = {"model": "tiny", "messages": messages, "max_tokens": MAX_TOKENS, "temperature": 0.0, "ignore_eos": True}
-    status, direct = _post(f"{cluster['decode1']}/v1/chat/completions", body)
+    status, direct = pd.post(f"{cluster['decode1']}/v1/chat/completions", body)
     assert status == 200
-    status, proxied = _post(f"{cluster['proxy']}/v1/chat/completions", body)
+    status, proxied = pd.post(f"{cluster['proxy']}/v1/chat/completions", body)
     assert status == 200, proxied
     assert proxied["choices"][0]["message"]["content"] == direct["choices"][0]["message"]["content"]
     assert proxied["usage"]["prompt_tokens_details"]["cached_tokens"] == proxied["usage"]["prompt_tokens"] - 1
@@ -201,7 +130,7 @@ def test_chat_streaming_and_not(cluster):
 def test_streaming_completion(cluster, prompts, references):
     req = urllib.request.Request(
         f"{cluster['proxy']}/v1/completions",
-        data=json.dumps(_completion(prompts[3], stream=True)).encode(),
+        data=json.dumps(pd.completion(prompts[3], stream=True)).encode(),
         headers={"Content-Type": "application/json"},
     )
     tokens: list[int] = []
@@ -218,7 +147,7 @@ def test_1p2d_32_concurrent_requests(cluster, tiny_qwen2):
     with urllib.request.urlopen(f"{cluster['proxy']}/health", timeout=30) as resp:
         before = json.load(resp)["decode"]["served"]
     with ThreadPoolExecutor(max_workers=32) as pool:
-        results = list(pool.map(lambda p: _post(f"{cluster['proxy']}/v1/completions", _completion(p)), prompts))
+        results = list(pool.map(lambda p: pd.post(f"{cluster['proxy']}/v1/completions", pd.completion(p)), prompts))
     for (status, out), want in zip(results, references):
         assert status == 200, out
         assert out["choices"][0]["token_ids"] == want
@@ -229,13 +158,31 @@ def test_1p2d_32_concurrent_requests(cluster, tiny_qwen2):
     assert sum(served.values()) == 32 and min(served.values()) > 0, served  # both decode instances took requests
 
 
+def test_prefill_tp2_to_decode_tp1(cluster, prompts, references):
+    """Prefill with TP=2 (each rank holds one of the two KV heads), decode with TP=1: the decode rank pulls from both
+    prefill ranks and puts each rank's head in its place."""
+    for prompt, want in zip(prompts, references):
+        status, out = pd.post(f"{cluster['proxy_tp2']}/v1/completions", pd.completion(prompt))
+        assert status == 200, out
+        assert out["choices"][0]["token_ids"] == want, len(prompt)
+        assert out["usage"]["prompt_tokens_details"]["cached_tokens"] == len(prompt) - 1
+
+    def poke() -> None:
+        pd.post(f"{cluster['prefill_tp2']}/v1/completions", pd.completion(prompts[0], max_tokens=1))
+
+    assert pd.wait_usage_zero(cluster["prefill_tp2"], poke, timeout=ABORT_TIMEOUT_S / 2) == 0.0
+    assert "no decode instance pulled its KV" not in (Path(cluster["logs"]) / "prefill_tp2.log").read_text()
+
+
 def test_prefill_kv_usage_returns_to_zero(cluster, prompts):
     def poke() -> None:
-        _post(f"{cluster['prefill']}/v1/completions", _completion(prompts[0], max_tokens=1))
+        pd.post(f"{cluster['prefill']}/v1/completions", pd.completion(prompts[0], max_tokens=1))
 
-    assert _wait_usage_zero(cluster["prefill"], poke) == 0.0
+    assert pd.wait_usage_zero(cluster["prefill"], poke, timeout=ABORT_TIMEOUT_S / 2) == 0.0
+    # Every proxied request was released by its decode instance, none by the timeout.
+    assert "no decode instance pulled its KV" not in (Path(cluster["logs"]) / "prefill.log").read_text()
     for name in ("decode0", "decode1"):
-        assert _kv_usage(cluster[name]) == 0.0
+        assert pd.kv_usage(cluster[name]) == 0.0
 
 
 def test_decode_recomputes_when_the_prefill_side_is_gone(cluster, prompts, references):
@@ -250,29 +197,29 @@ def test_decode_recomputes_when_the_prefill_side_is_gone(cluster, prompts, refer
         "remote_port": free_port(),
         "tp_size": 1,
     }
-    status, out = _post(f"{cluster['decode0']}/v1/completions", _completion(prompts[4], kv_transfer_params=dead))
+    status, out = pd.post(f"{cluster['decode0']}/v1/completions", pd.completion(prompts[4], kv_transfer_params=dead))
     assert status == 200, out
     assert out["choices"][0]["token_ids"] == references[4]
     assert out["usage"]["prompt_tokens_details"]["cached_tokens"] < len(prompts[4]) - 1
     assert "its prompt is recomputed here" in (Path(cluster["logs"]) / "decode0.log").read_text()
-    assert _kv_usage(cluster["decode0"]) == 0.0
+    assert pd.kv_usage(cluster["decode0"]) == 0.0
 
 
 def test_unpulled_blocks_are_freed_at_the_timeout(cluster, prompts):
     """A prefill request whose decode side never comes: its blocks are held, then freed after abort_timeout_s."""
-    status, out = _post(
+    status, out = pd.post(
         f"{cluster['prefill']}/v1/completions",
-        _completion(prompts[4], max_tokens=1, kv_transfer_params={"do_remote_decode": True}),
+        pd.completion(prompts[4], max_tokens=1, kv_transfer_params={"do_remote_decode": True}),
     )
     assert status == 200, out
     params = out["kv_transfer_params"]
     assert params["do_remote_prefill"] and params["remote_port"] == int(cluster["kv_port"])
     assert len(params["remote_block_ids"]) == -(-len(prompts[4]) // 16)
-    assert _kv_usage(cluster["prefill"]) > 0.0  # held for the decode side
+    assert pd.kv_usage(cluster["prefill"]) > 0.0  # held for the decode side
     time.sleep(ABORT_TIMEOUT_S + 1)
 
     def poke() -> None:
-        _post(f"{cluster['prefill']}/v1/completions", _completion(prompts[0], max_tokens=1))
+        pd.post(f"{cluster['prefill']}/v1/completions", pd.completion(prompts[0], max_tokens=1))
 
-    assert _wait_usage_zero(cluster["prefill"], poke) == 0.0
-    assert "no decode instance pulled its KV" in (Path(cluster["logs"]) / "prefill.log").read_text()
+    assert pd.wait_usage_zero(cluster["prefill"], poke) == 0.0
+    assert (Path(cluster["logs"]) / "prefill.log").read_text().count("no decode instance pulled its KV") == 1

@@ -31,8 +31,9 @@ logger = get_logger(__name__)
 
 
 class SchedulerSide:
-    def __init__(self, settings: ConnectorSettings, engine_id: str, tp_size: int) -> None:
+    def __init__(self, settings: ConnectorSettings, engine_id: str, tp_size: int, block_size: int) -> None:
         self.settings = settings
+        self.block_size = block_size
         self.engine_id = engine_id
         self.tp_size = tp_size
         self._recv: dict[str, RecvTask] = {}
@@ -84,8 +85,15 @@ class SchedulerSide:
             # Aborted, stopped on EOS, or nothing cached: there is nothing for a decode instance to pull.
             return False, None
         self._send[request.request_id] = time.monotonic() + self.settings.abort_timeout_s
+        # Only the prompt's blocks carry KV the decode side needs (all are held until it is done).
+        prompt_blocks = -(-len(request.prompt_token_ids or ()) // self.block_size)
         remote = RemotePrefill(
-            tuple(block_ids), self.engine_id, self.settings.host, self.settings.base_port, self.tp_size
+            tuple(block_ids[:prompt_blocks]),
+            self.engine_id,
+            self.settings.host,
+            self.settings.base_port,
+            self.tp_size,
+            request.request_id,
         )
         return True, remote.to_params()
 

@@ -201,9 +201,11 @@ class WorkerSide:
                 # A failed handshake may mean the prefill instance restarted: handshake again next time.
                 self._agents = {k: v for k, v in self._agents.items() if k[0] != remote.host}
         elapsed = time.perf_counter() - start
+        # The prefill instance knows the request by its own id (older peers send none: then both ids agree).
+        remote_id = remote.request_id or req_id
         for rank in range(remote.tp_size):
             try:
-                self._client(remote.host, remote.port + rank).done(req_id, self.tp_rank, self.tp_size)
+                self._client(remote.host, remote.port + rank).done(remote_id, self.tp_rank, self.tp_size)
             except Exception as exc:  # the prefill side frees at its timeout instead
                 logger.warning("npu-kv: request %s: could not tell prefill rank %d it is done: %s", req_id, rank, exc)
         with self._lock:

@@ -47,7 +47,12 @@ class MooncakeConnector(KVConnectorBase_V1):
         self.scheduler: SchedulerSide | None = None
         self.worker: WorkerSide | None = None
         if role == KVConnectorRole.SCHEDULER:
-            self.scheduler = SchedulerSide(settings, engine_id, vllm_config.parallel_config.tensor_parallel_size)
+            self.scheduler = SchedulerSide(
+                settings,
+                engine_id,
+                vllm_config.parallel_config.tensor_parallel_size,
+                vllm_config.cache_config.block_size,
+            )
         else:
             from vllm.distributed.parallel_state import (
                 get_tensor_model_parallel_rank,

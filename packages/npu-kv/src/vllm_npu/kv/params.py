@@ -7,7 +7,9 @@ examples work against these instances too:
 
 - request to the prefill instance: ``{"do_remote_decode": true}`` (and ``max_tokens: 1``);
 - the prefill instance's response: ``{"do_remote_prefill": true, "do_remote_decode": false, "remote_block_ids":
-  [...], "remote_engine_id": ..., "remote_host": ..., "remote_port": ..., "tp_size": ...}``;
+  [...], "remote_engine_id": ..., "remote_host": ..., "remote_port": ..., "tp_size": ..., "remote_request_id": ...}``
+  (``remote_request_id``: the prefill instance's id of the request, which the decode side names when it releases the
+  blocks; the two instances give one client request different ids);
 - request to the decode instance: that response's params, unchanged.
 
 ``remote_port`` is the prefill instance's side-channel base port (its TP rank ``r`` listens on ``remote_port + r``).
@@ -35,6 +37,7 @@ class RemotePrefill:
     host: str
     port: int
     tp_size: int
+    request_id: str | None = None
 
     @classmethod
     def parse(cls, params: Mapping[str, Any]) -> RemotePrefill:
@@ -53,7 +56,15 @@ class RemotePrefill:
             raise TransferParamsError(f"remote_port must be a TCP port, got {port!r}")
         if not isinstance(tp, int) or tp < 1:
             raise TransferParamsError(f"tp_size must be a positive int, got {tp!r}")
-        return cls(tuple(blocks), str(params["remote_engine_id"]), str(params["remote_host"]), port, tp)
+        rid = params.get("remote_request_id")
+        return cls(
+            tuple(blocks),
+            str(params["remote_engine_id"]),
+            str(params["remote_host"]),
+            port,
+            tp,
+            None if rid is None else str(rid),
+        )
 
     def to_params(self) -> dict[str, Any]:
         """The response params of the prefill instance (what the decode request carries)."""
@@ -65,4 +76,5 @@ class RemotePrefill:
             "remote_host": self.host,
             "remote_port": self.port,
             "tp_size": self.tp_size,
+            "remote_request_id": self.request_id,
         }
