@@ -16,6 +16,7 @@ Instances are picked per pool by ``round_robin`` or ``least_loaded`` (fewest req
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import itertools
 import json
@@ -82,9 +83,16 @@ def create_app(
 ) -> FastAPI:
     """The proxy's ASGI app over the given instance base URLs (``http://host:port``)."""
     pools = {"prefill": Pool(list(prefill), policy), "decode": Pool(list(decode), policy)}
-    app = FastAPI(title="vllm-npu pd-proxy")
-    app.state.pools = pools
     state: dict[str, aiohttp.ClientSession] = {}
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        yield
+        if "session" in state:
+            await state.pop("session").close()
+
+    app = FastAPI(title="vllm-npu pd-proxy", lifespan=lifespan)
+    app.state.pools = pools
 
     def session() -> aiohttp.ClientSession:
         if "session" not in state:
@@ -92,11 +100,6 @@ def create_app(
                 timeout=aiohttp.ClientTimeout(total=timeout_s), connector=aiohttp.TCPConnector(limit=0)
             )
         return state["session"]
-
-    @app.on_event("shutdown")
-    async def _close() -> None:
-        if "session" in state:
-            await state.pop("session").close()
 
     async def run_prefill(path: str, body: dict[str, Any], headers: dict[str, str]) -> dict[str, Any] | None:
         url = pools["prefill"].pick()
