@@ -54,3 +54,16 @@ def test_missing_engine_names_the_packages_and_the_apt_line(monkeypatch: pytest.
     assert "mooncake-transfer-engine-non-cuda" in msg and "mooncake-transfer-engine-npu" in msg
     assert APT_LINE == "apt-get install -y libibverbs1 librdmacm1 libnuma1" and APT_LINE in msg
     assert isinstance(info.value, ImportError)
+
+
+def test_select_scheduler() -> None:
+    from vllm_npu.kv import select_scheduler
+
+    pd = "vllm_npu.kv.scheduler.PDScheduler"
+    assert select_scheduler("MooncakeConnector", "vllm.v1.core.sched.scheduler.Scheduler") == pd
+    assert select_scheduler("MooncakeConnectorV1", "vllm.core.scheduler.Scheduler") == pd
+    # An explicit or async scheduler, or another connector, is left alone.
+    async_cls = "vllm.v1.core.sched.async_scheduler.AsyncScheduler"
+    assert select_scheduler("MooncakeConnector", async_cls) == async_cls
+    assert select_scheduler("NixlConnector", "vllm.v1.core.sched.scheduler.Scheduler") != pd
+    assert select_scheduler(None, "x.Y") == "x.Y"
