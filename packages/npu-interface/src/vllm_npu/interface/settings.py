@@ -94,7 +94,8 @@ ADDITIONAL_CONFIG_SETTINGS: tuple[Setting, ...] = (
         "auto",
         "`auto` follows vLLM's `cudagraph_mode` (PIECEWISE graphs by default on the NPU, eager on the emulated "
         "device unless `cudagraph_mode` is set); `torchair` compiles the decode forward per padded batch size "
-        "(docs/torchair.md); the others set the mode (see docs/graphs.md)",
+        "on the emulated device (refused on an NPU) (docs/torchair.md); the others set the mode (see "
+        "docs/graphs.md)",
         choices=GRAPH_MODES,
     ),
     _key(

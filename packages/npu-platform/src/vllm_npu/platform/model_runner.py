@@ -155,7 +155,7 @@ class NPUModelRunner(GPUModelRunner):
     def initialize_cudagraph_capture(self) -> None:
         if torchair_enabled(self.vllm_config):
             # torchair compiles the decode forward instead of capturing it: attention stays an op called with each
-            # step's metadata, so the backends' graph support (MLA's is NEVER) must not downgrade the mode to NONE.
+            # step's metadata, so the backends' graph support (SFA's is NEVER) must not downgrade the mode to NONE.
             mode = self.compilation_config.cudagraph_mode
             if mode is None:  # VllmConfig resolves it before any runner exists
                 raise RuntimeError("compilation_config.cudagraph_mode was not resolved")
