@@ -15,26 +15,38 @@ from ._version import __version__
 # Lazy exports (PEP 562): name -> ".module:attr", imported on first access. The TYPE_CHECKING block and
 # __all__ mirror the table for type checkers and IDEs; tests/test_doors.py checks that the three agree.
 _EXPORTS: dict[str, str] = {
+    "MODEL_CONFIGS": "._hooks:MODEL_CONFIGS",
     "MODEL_OVERRIDES": "._hooks:MODEL_OVERRIDES",
+    "register_configs": "._hooks:register_configs",
     "register_models": "._hooks:register_models",
     "AscendDeepseekV32ForCausalLM": ".deepseek_v32:AscendDeepseekV32ForCausalLM",
     "AscendIndexer": ".deepseek_v32:AscendIndexer",
     "AscendIndexerKeyCache": ".deepseek_v32:AscendIndexerKeyCache",
+    "PanguProMoEConfig": ".pangu_config:PanguProMoEConfig",
+    "AscendPanguProMoEForCausalLM": ".pangu_moe:AscendPanguProMoEForCausalLM",
+    "moge_select_experts": ".pangu_moe:moge_select_experts",
 }
 
 if TYPE_CHECKING:
-    from ._hooks import MODEL_OVERRIDES, register_models
+    from ._hooks import MODEL_CONFIGS, MODEL_OVERRIDES, register_configs, register_models
     from .deepseek_v32 import AscendDeepseekV32ForCausalLM, AscendIndexer, AscendIndexerKeyCache
+    from .pangu_config import PanguProMoEConfig
+    from .pangu_moe import AscendPanguProMoEForCausalLM, moge_select_experts
 else:
     from vllm_npu.interface.lazy import lazy_exports
 
     __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 
 __all__ = [
+    "MODEL_CONFIGS",
     "MODEL_OVERRIDES",
     "AscendDeepseekV32ForCausalLM",
     "AscendIndexer",
     "AscendIndexerKeyCache",
+    "AscendPanguProMoEForCausalLM",
+    "PanguProMoEConfig",
     "__version__",
+    "moge_select_experts",
+    "register_configs",
     "register_models",
 ]

@@ -13,7 +13,7 @@ COMPONENT = Component(
     version=__version__,
     interface=">=1.0,<2",
     vllm=SUPPORTED_VLLM,
-    summary="model overrides: DeepSeek-V3.2 (DeepseekV32ForCausalLM)",
+    summary="model classes: DeepSeek-V3.2 (DeepseekV32ForCausalLM), Pangu Pro MoE (PanguProMoEForCausalLM)",
     on_load="vllm_npu.models._hooks:on_load",
 )
 

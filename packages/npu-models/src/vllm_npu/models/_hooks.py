@@ -1,10 +1,12 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
-"""Hooks of the models component: register our model overrides with vLLM's ``ModelRegistry``.
+"""Hooks of the models component: register our model classes with vLLM's ``ModelRegistry`` and the configs of model
+types transformers does not know with its ``AutoConfig``.
 
 The load hook runs only where our platform is active (``registry.load_component`` checks that), in every process
 that loads vLLM's general plugins; the worker init runs it again (once per process). Registration uses vLLM's lazy
-``"module:Class"`` form, so nothing model-related is imported until vLLM builds that architecture.
+``"module:Class"`` form, so nothing model-related is imported until vLLM builds that architecture; a config class is
+imported when its model type is registered (it needs only transformers, which vLLM has imported by then).
 """
 
 from __future__ import annotations
@@ -15,10 +17,17 @@ from vllm_npu.interface.registry import once
 
 logger = get_logger(__name__)
 
-#: HF architecture name -> ``"module:Class"`` of our override.
+#: HF architecture name -> ``"module:Class"`` of our model class for it (an override, or one vLLM lacks).
 MODEL_OVERRIDES: dict[str, str] = {
     # vLLM 0.11 maps this architecture to DeepseekV3ForCausalLM, whose sparse (V3.2) path is CUDA-only.
     "DeepseekV32ForCausalLM": "vllm_npu.models.deepseek_v32:AscendDeepseekV32ForCausalLM",
+    # Not in vLLM 0.11 at all.
+    "PanguProMoEForCausalLM": "vllm_npu.models.pangu_moe:AscendPanguProMoEForCausalLM",
+}
+
+#: HF ``model_type`` -> ``"module:Class"`` of its ``PretrainedConfig``, for model types transformers (< 5) lacks.
+MODEL_CONFIGS: dict[str, str] = {
+    "PanguProMoE": "vllm_npu.models.pangu_config:PanguProMoEConfig",
 }
 
 
@@ -39,5 +48,27 @@ def register_models() -> list[str]:
     return done
 
 
+def register_configs() -> list[str]:
+    """Register :data:`MODEL_CONFIGS` with transformers' ``AutoConfig`` once per process (so a local checkpoint's
+    ``config.json`` with that ``model_type`` loads without remote code); returns the model types registered now. A
+    model type transformers already maps is left as it is."""
+    import importlib
+
+    from transformers import AutoConfig
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    done = []
+    for model_type, target in MODEL_CONFIGS.items():
+        # transformers' own mapping is the idempotence guard: a second call finds the type there.
+        if model_type in CONFIG_MAPPING:
+            continue
+        module, _, name = target.partition(":")
+        AutoConfig.register(model_type, getattr(importlib.import_module(module), name))
+        logger.debug("config %s -> %s", model_type, target)
+        done.append(model_type)
+    return done
+
+
 def on_load(ctx: HookContext) -> None:
+    register_configs()
     register_models()
