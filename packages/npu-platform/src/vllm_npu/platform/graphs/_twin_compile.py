@@ -83,11 +83,29 @@ def state_nodes(graph: torch.fx.Graph) -> set[torch.fx.Node]:
     return eager
 
 
+class _CompileOnFirstRun(torch.fx.Interpreter):
+    """Runs the split graph once; each pending (pure) submodule is compiled with inductor on the inputs it gets and
+    replaces itself in the split graph (an attribute of the same name, called by the graph's generated code)."""
+
+    def __init__(self, split: torch.fx.GraphModule, pending: set[str]) -> None:
+        super().__init__(split)
+        self.split, self.pending = split, pending
+
+    def call_module(self, target: Any, args: Any, kwargs: Any) -> Any:
+        from torch._inductor.compile_fx import compile_fx
+
+        if target not in self.pending:
+            return super().call_module(target, args, kwargs)
+        compiled = cast(Callable[..., Any], compile_fx(getattr(self.split, target), list(args)))
+        delattr(self.split, target)  # the submodule; a plain callable of the same name takes its place
+        setattr(self.split, target, compiled)
+        self.pending.discard(target)
+        return compiled(*args)
+
+
 def compile_graph(module: torch.fx.GraphModule, inputs: list[torch.Tensor]) -> Callable[..., Any]:
     """``module`` with its pure pieces compiled by inductor; called like ``module``. Runs it once on ``inputs``
     (a real step on the captured buffers, as the capture's own first run is) to compile each piece."""
-    from torch._inductor.compile_fx import compile_fx
-
     eager = state_nodes(module.graph)
     part: dict[torch.fx.Node, int] = {}
     current, kind = 0, None
@@ -107,19 +125,8 @@ def compile_graph(module: torch.fx.GraphModule, inputs: list[torch.Tensor]) -> C
         if name.startswith("submod_") and int(name.removeprefix("submod_")) not in eager_parts
     }
 
-    class _CompileOnFirstRun(torch.fx.Interpreter):
-        def call_module(self, target: Any, args: Any, kwargs: Any) -> Any:
-            if target in pending:
-                sub = getattr(split, target)
-                compiled = cast(Callable[..., Any], compile_fx(sub, list(args)))
-                del split._modules[target]
-                object.__setattr__(split, target, compiled)
-                pending.discard(target)
-                return compiled(*args)
-            return super().call_module(target, args, kwargs)
-
     # Inductor's default compiles C++ in a pool of worker processes started on first use: on a small host (2 cores
     # shared with vLLM's own threads) starting that pool costs more than it saves for a few kernels per piece.
     with torch._inductor.config.patch(compile_threads=1):
-        _CompileOnFirstRun(split).run(*inputs)
+        _CompileOnFirstRun(split, pending).run(*inputs)
     return split
