@@ -20,7 +20,7 @@ from vllm_npu.models._hooks import MODEL_OVERRIDES
 REPO = Path(__file__).resolve().parent.parent
 PACKAGE = REPO / "packages" / "npu-models"
 # HF architecture names as vLLM's ModelRegistry keys them (`DeepseekV32ForCausalLM`, `Qwen2VLForConditionalGeneration`).
-ARCHITECTURE = re.compile(r"\b[A-Z][A-Za-z0-9]*For(?:CausalLM|ConditionalGeneration)\b")
+ARCHITECTURE = re.compile(r"\b[A-Z][A-Za-z0-9_]*For(?:CausalLM|ConditionalGeneration)\b")
 
 
 # Our override classes look like architectures too (`AscendDeepseekV32ForCausalLM`); they are not claims.
@@ -71,3 +71,25 @@ def test_package_readme_table_is_the_override_table() -> None:
     assert dict(rows) == MODEL_OVERRIDES
     # No architecture is claimed anywhere else in the README either.
     assert _architectures(text) == set(MODEL_OVERRIDES)
+
+
+def test_vllm_registry_builds_each_declared_override() -> None:
+    """The load hook's registration is what vLLM's ModelRegistry then resolves, and each override subclasses the
+    class vLLM itself maps that architecture to (an override changes only what differs); an architecture vLLM does
+    not know (no class of its own) needs only the registration."""
+    import importlib
+
+    from vllm import ModelRegistry
+    from vllm.model_executor.models.registry import _VLLM_MODELS
+    from vllm_npu.models._hooks import register_models
+
+    register_models()
+    for arch, target in MODEL_OVERRIDES.items():
+        entry = ModelRegistry.models[arch]
+        assert f"{entry.module_name}:{entry.class_name}" == target, (arch, entry)
+        module, _, name = target.partition(":")
+        ours = getattr(importlib.import_module(module), name)
+        if arch in _VLLM_MODELS:
+            vllm_module, vllm_name = _VLLM_MODELS[arch]
+            base = getattr(importlib.import_module(f"vllm.model_executor.models.{vllm_module}"), vllm_name)
+            assert issubclass(ours, base) and ours is not base, (arch, ours, base)

@@ -34,8 +34,8 @@ def test_every_import_edge_is_in_the_release_graph() -> None:
     edges = {(e.importer.member.name, e.target.member.name) for e in layering.cross_imports(workspace)}
     missing = sorted((owner, target) for owner, target in edges if owner not in dependents[target])
     assert not missing, f"imports that release.py's graph lacks: {missing}"
-    # the two sideways seams that stayed imports are declared, and so visible to affected()
-    assert ("npu-quant", "npu-ops") in edges and ("npu-models", "npu-attention") in edges
+    # the sideways seams that stayed imports are declared, and so visible to affected()
+    assert {("npu-quant", "npu-ops"), ("npu-models", "npu-attention"), ("npu-models", "npu-ops")} <= edges
 
 
 # --- throwaway workspaces -------------------------------------------------------------------------------------

@@ -38,6 +38,7 @@ OTHER_LIBRARIES = {
     "_parameters": "torch.nn.Module (read and deleted directly: nn.Module.__getattr__ is slow, del of a Parameter)",
     "_actions": "argparse.ArgumentParser (vLLM's CLI parser: the quant layer reads its --quantization choices)",
     "_SubParsersAction": "argparse",
+    "_get_backend": "torch.distributed.ProcessGroup (the EP group's HCCL backend, for MC2's communicator name)",
 }
 
 

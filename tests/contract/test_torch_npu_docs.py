@@ -17,6 +17,7 @@ from npu_testkit.torch_npu_docs import (
     parse_binding_schemas,
     parse_docs_module,
     parse_meta_registrations,
+    parse_registered_schemas,
     parse_signature,
 )
 
@@ -253,6 +254,32 @@ def test_binding_schemas_only_api_list_default_overloads() -> None:
     docs = TorchNPUDocs(bindings=sigs)
     assert docs.check_call("", "_npu_reshape_and_cache", 5, []) == []
     assert docs.signatures("atb", "_npu_reshape_and_cache") is None  # bound as torch_npu.<name>, not torch_npu.atb
+
+
+def test_registered_schemas_add_overloads_the_prose_docs_lack() -> None:
+    binary = (
+        b"\x00npu::npu_x.out(Tensor q, *, Tensor? workspace=None, Tensor[] out) -> (Tensor, Tensor)\x00"
+        b"xnpu_x.out(Tensor bogus) -> Tensor\x00npu_x(Tensor q) -> Tensor\x00"
+    )
+    sigs = parse_registered_schemas(binary, ["npu_x.out"])
+    (sig,) = sigs["npu_x.out"]  # the name glued to another identifier is not this op; the default overload is skipped
+    assert sig.source == "registered" and [p.name for p in sig.params] == ["q", "workspace", "out"]
+    docs = TorchNPUDocs(
+        ops={"npu_x.out": [parse_signature("npu_x.out(Tensor q, *, Tensor(a!) attention_out) -> Tensor(a!)")]},
+        registered=sigs,
+    )
+    assert docs.check_call("", "npu_x.out", 1, ["out", "workspace"]) == []  # fits the registered schema
+    assert docs.check_call("", "npu_x.out", 1, ["attention_out"]) == []  # and still the documented one
+    assert docs.check_call("", "npu_x.out", 1, ["softmax_lse"])  # neither
+
+
+def test_the_fia_graph_ops_are_read_with_their_registered_schemas() -> None:
+    """The MLA decode graph path's two calls, as registered in torch_npu 2.8.0's ``libtorch_npu.so``."""
+    docs = load_docs()
+    out_params = {p.name for s in docs.signatures("", "npu_fused_infer_attention_score.out") or [] for p in s.params}
+    assert {"out", "workspace", "query_rope", "key_rope", "attention_out"} <= out_params
+    (ws,) = docs.registered["_npu_fused_infer_attention_score_get_max_workspace"]
+    assert {"query_rope", "key_rope", "block_table", "actual_seq_lengths_kv"} <= {p.name for p in ws.params}
 
 
 def test_call_sites_carry_their_enclosing_function() -> None:

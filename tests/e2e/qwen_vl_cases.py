@@ -8,6 +8,12 @@ checkpoint dir, ``llm`` its engine built with :data:`ENGINE_ARGS`, ``architectur
 ``image_factor`` the pixels of one merged cell, ``vl_requests`` the mixed batch) and binds the ``test_*`` functions
 below into the module, so pytest collects them there with that module's one engine.
 
+The engine builds npu-models' override of each architecture (``vllm_npu.models.qwen_vl``): vLLM's class with the
+vision attention on the NPU kernels' reference twins (vision rotary ``rotary_mul_qk``, ``vision_attention``), and
+for Qwen2-VL / Qwen2.5-VL the vision head dim 80 padded to 128 after load. So the HF comparisons below are the
+overrides' correctness tests; the tests assert that the override classes are the ones built and that their
+attention ran.
+
 The engine runs with chunked prefill (32-token steps, smaller than the mixed prompt and than the largest image, so
 prefill stops inside a multimodal item and the encoder cache carries it over) and prefix caching on. Reference: HF
 transformers float32, greedy, one request at a time, from the same checkpoint and processor.
@@ -29,12 +35,20 @@ from npu_testkit.vl_models import (
     tiny_vl_config,
 )
 
-#: The vLLM model class (last dotted name) each :func:`npu_testkit.vl_models.tiny_vl_config` name must load as.
+#: The vLLM architecture each :func:`npu_testkit.vl_models.tiny_vl_config` name is (npu-models overrides each one as
+#: ``vllm_npu.models.qwen_vl:Ascend<architecture>``).
 ARCHITECTURES = {
     "qwen2_vl": "Qwen2VLForConditionalGeneration",
     "qwen2_5_vl": "Qwen2_5_VLForConditionalGeneration",
     "qwen3_vl": "Qwen3VLForConditionalGeneration",
     "qwen3_vl_moe": "Qwen3VLMoeForConditionalGeneration",
+}
+#: The vision attention class of each override and the head dim its kernels see (80 padded to 128 for Qwen2/2.5).
+VISION_ATTENTION = {
+    "qwen2_vl": ("vllm_npu.models.vision.AscendQwen2VisionAttention", 128),
+    "qwen2_5_vl": ("vllm_npu.models.vision.AscendQwen2_5_VisionAttention", 128),
+    "qwen3_vl": ("vllm_npu.models.vision.AscendQwen2_5_VisionAttention", 16),
+    "qwen3_vl_moe": ("vllm_npu.models.vision.AscendQwen2_5_VisionAttention", 16),
 }
 MAX_TOKENS = 16
 MAX_BATCHED_TOKENS = 32
@@ -59,15 +73,27 @@ def _model_class(worker) -> str:
     return f"{type(model).__module__}.{type(model).__qualname__}"
 
 
-def test_vllm_model_class_on_our_platform(llm, architecture):
+def _vision_attention(worker) -> list[tuple[str, int, int]]:
+    """(class, head dim the kernels see, forward calls so far) of each vision block's attention."""
+    blocks = worker.model_runner.get_model().visual.blocks
+    return [
+        (f"{type(b.attn).__module__}.{type(b.attn).__qualname__}", b.attn.npu_head_dim, b.attn.npu_calls)
+        for b in blocks
+    ]
+
+
+def test_override_model_class_on_our_platform(llm, architecture, vision_attention):
     (info,) = llm.collective_rpc("npu_runtime_info")
     assert info["platform"] == "vllm_npu.platform.platform.EmulatedNPUPlatform"
     assert info["model_runner"] == "vllm_npu.platform.model_runner.NPUModelRunner"
     assert info["attention_backends"] == ["vllm_npu.attention.backends.gqa.AscendAttentionBackend"]
-    # vLLM's own model class (no VL override in npu-models yet); its MRoPE runs through our MRotaryEmbedding op.
+    assert info["kernel_backend"] == "reference"
+    # npu-models' override of vLLM's class; its MRoPE runs through our MRotaryEmbedding op.
     (cls,) = llm.collective_rpc(_model_class)
-    assert cls.startswith("vllm.model_executor.models.") and cls.endswith(f".{architecture}"), cls
+    assert cls == f"vllm_npu.models.qwen_vl.Ascend{architecture}", cls
     assert info["plugin_modules"].get("NPUMRotaryEmbedding", 0) >= 1, info["plugin_modules"]
+    (attns,) = llm.collective_rpc(_vision_attention)
+    assert [(c, d) for c, d, _ in attns] == [vision_attention] * len(attns) and attns, attns
     config = llm.llm_engine.vllm_config
     assert config.scheduler_config.chunked_prefill_enabled
     assert config.scheduler_config.max_num_batched_tokens == MAX_BATCHED_TOKENS
@@ -84,6 +110,9 @@ def test_images_video_and_text_in_one_batch_match_hf(llm, vl_model, vl_requests)
     counts = [p.count(image_id) for p, _ in expected]
     assert counts[0] != counts[1] and counts[0] > 0 and counts[3] == 0, counts
     assert [list(o.outputs[0].token_ids) for o in outputs] == [g for _, g in expected]
+    # The images and the video went through the override's vision attention (not only the profiling run).
+    (after,) = llm.collective_rpc(_vision_attention)
+    assert all(calls >= 2 for _, _, calls in after), after
 
 
 def test_prefix_cache_hits_only_for_the_same_image(llm, vl_model, image_factor):
@@ -121,6 +150,10 @@ def install(namespace: dict[str, Any], *, arch: str) -> None:
     def _architecture() -> str:
         return architecture
 
+    @pytest.fixture(scope="module", name="vision_attention")
+    def _vision_attention_expected() -> tuple[str, int]:
+        return VISION_ATTENTION[arch]
+
     @pytest.fixture(scope="module", name="image_factor")
     def _image_factor() -> int:
         return factor
@@ -139,8 +172,11 @@ def install(namespace: dict[str, Any], *, arch: str) -> None:
             yield llm
 
     namespace.update(
-        {f.__name__: f for f in (_architecture, _image_factor, _vl_requests, _vl_model, _llm)},
-        test_vllm_model_class_on_our_platform=test_vllm_model_class_on_our_platform,
+        {
+            f.__name__: f
+            for f in (_architecture, _vision_attention_expected, _image_factor, _vl_requests, _vl_model, _llm)
+        },
+        test_override_model_class_on_our_platform=test_override_model_class_on_our_platform,
         test_images_video_and_text_in_one_batch_match_hf=test_images_video_and_text_in_one_batch_match_hf,
         test_prefix_cache_hits_only_for_the_same_image=test_prefix_cache_hits_only_for_the_same_image,
     )

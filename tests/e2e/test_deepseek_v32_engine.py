@@ -9,13 +9,16 @@ DeepSeek-V3 (HF transformers; our MLA backend is checked against the same HF mod
 independent sparse reference (HF DeepSeek-V3 with each layer's attention masked to a float64 brute-force indexer's
 selection, ``deepseek_v32_support``), and the engine's own selection must equal that brute-force selection.
 
-The engine runs the normal NPUWorker with the default KV-cache dtype: NPUPlatform turns V3.2's "fp8_ds_mla" into the
+The engine is asked for FULL_DECODE_ONLY graphs, which the sparse backend does not support (``cudagraph_support
+NEVER``, as vllm-ascend v0.11.0's SFA builder): vLLM downgrades it to eager and logs why (checked), so the rest runs
+eagerly. The engine runs the normal NPUWorker with the default KV-cache dtype: NPUPlatform turns V3.2's "fp8_ds_mla" into the
 model dtype, and NPUModelRunner binds the two cache layers of each decoder layer (latent cache and indexer keys).
 """
 
 from __future__ import annotations
 
 import importlib.util
+import logging
 import sys
 from pathlib import Path
 
@@ -54,12 +57,44 @@ def sparse_reference(checkpoints):
     return support.SparseHFReference(dense, v32, TOPK)
 
 
+class _Records(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
 @pytest.fixture(scope="module")
-def llm(checkpoints, tmp_path_factory):
+def runner_warnings():
+    """Warnings of vLLM's model runner while the module's engine starts (the graph-mode downgrade is one)."""
+    return _Records()
+
+
+@pytest.fixture(scope="module")
+def llm(checkpoints, tmp_path_factory, runner_warnings):
     v32, _ = checkpoints
     env = emulated_env(tmp_path_factory.mktemp("deepseek_v32"))
-    with engine(v32, env, max_num_batched_tokens=MAX_BATCHED_TOKENS) as llm:
-        yield llm
+    # FULL_DECODE_ONLY is asked for and refused by the sparse backend (cudagraph_support NEVER): vLLM downgrades the
+    # engine to eager, so every check below runs eagerly, as without the request.
+    graphs = {"cudagraph_mode": "FULL_DECODE_ONLY", "cudagraph_capture_sizes": [1, 2, 4, 8]}
+    log = logging.getLogger("vllm.v1.worker.gpu_model_runner")
+    log.addHandler(runner_warnings)
+    try:
+        with engine(v32, env, max_num_batched_tokens=MAX_BATCHED_TOKENS, compilation_config=graphs) as llm:
+            log.removeHandler(runner_warnings)
+            yield llm
+    finally:
+        log.removeHandler(runner_warnings)
+
+
+def test_full_decode_graphs_are_downgraded_to_eager_with_the_reason_logged(llm, runner_warnings):
+    (info,) = llm.collective_rpc("npu_runtime_info")
+    assert info["cudagraph_mode"] == "NONE"
+    assert info["cudagraph_captured"] == 0 and info["graphs"]["captures"] == {}
+    (reason,) = [m for m in runner_warnings.messages if "FULL_DECODE_ONLY is not supported" in m]
+    assert "AscendSFAMetadataBuilder" in reason and "NEVER" in reason and "cudagraph_mode=NONE" in reason, reason
 
 
 def _model_report(worker) -> dict:

@@ -2,9 +2,9 @@
 # SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
 """``npu.graph_mode='torchair'`` with a tiny DeepSeek-V3 (MLA, KV block 128) and the compile cache turned off.
 
-The MLA backend cannot be captured in a full graph (``cudagraph_support = NEVER``), which would make vLLM drop
-FULL_DECODE_ONLY to eager; in the torchair mode attention is a call inside the compiled decode graph, so the mode is
-kept and the MLA decode runs compiled. Greedy output must equal HF's for batches of 1..5 (3 pads to 4, 5 is eager),
+In the torchair mode attention is an opaque call inside the compiled decode graph (the backend's graph-capture
+support does not apply: the sparse backend's NEVER would otherwise drop FULL_DECODE_ONLY to eager), so the MLA decode
+runs compiled. Greedy output must equal HF's for batches of 1..5 (3 pads to 4, 5 is eager),
 with no compile after start-up and nothing written to the cache directory.
 """
 

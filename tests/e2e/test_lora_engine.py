@@ -15,6 +15,8 @@ adapters in and out of the two slots; ``max_num_batched_tokens=64`` makes the lo
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from npu_testkit.engine import emulated_env, engine, make_prompts, tiny_config, token_prompts
 from npu_testkit.lora import ALL_PROJECTIONS, ATTENTION, MLP, merge_adapters, write_peft_adapter
@@ -174,3 +176,42 @@ def test_unknown_target_module_is_a_clear_error_and_the_engine_keeps_serving(llm
         llm.llm_engine.add_lora(LoRARequest("bad", 10, str(bad)))
     got, _ = _run(llm, adapters, ["B", None], PROMPTS[:2])
     assert got == [references["B"][0], references[None][1]]
+
+
+_LAYER0 = "base_model.model.model.layers.0"
+
+
+@pytest.mark.parametrize(
+    ("tensor", "shape", "message"),
+    [
+        # wider than the layer: vLLM alone fails in an anonymous copy_ ("The size of tensor a (64) must match ...")
+        ("self_attn.q_proj.lora_A.weight", (4, 128), r"q_proj lora_a is \[4, 128\], the base model needs \[4, 64\]"),
+        # narrower than the layer: vLLM alone copies it into a corner of the slot and serves a wrong answer
+        ("self_attn.q_proj.lora_A.weight", (4, 32), r"q_proj lora_a is \[4, 32\], the base model needs \[4, 64\]"),
+        ("self_attn.k_proj.lora_B.weight", (64, 4), r"k_proj lora_b is \[64, 4\], the base model needs \[32, 4\]"),
+        ("self_attn.o_proj.lora_B.weight", (32, 4), r"o_proj lora_b is \[32, 4\], the base model needs \[64, 4\]"),
+        ("mlp.down_proj.lora_A.weight", (2, 128), r"down_proj has lora_a \[2, 128\] and lora_b \[64, 4\]: rank 2 vs 4"),
+    ],
+    ids=["wider-in", "narrower-in", "wider-out", "narrower-out", "ranks-differ"],
+)
+def test_tensor_shape_mismatch_is_a_clear_error_and_the_engine_keeps_serving(
+    llm, base, adapters, references, tmp_path, tensor, shape, message
+):
+    import torch
+    from safetensors.torch import load_file, save_file
+    from vllm.lora.request import LoRARequest
+
+    bad = write_peft_adapter(base, tmp_path / "mismatch", targets=ALL_PROJECTIONS, rank=4, seed=6)
+    tensors = load_file(str(bad / "adapter_model.safetensors"))
+    key = f"{_LAYER0}.{tensor}"
+    assert key in tensors and tuple(tensors[key].shape) != shape
+    tensors[key] = torch.full(shape, 0.1)
+    save_file(tensors, str(bad / "adapter_model.safetensors"))
+    with pytest.raises(ValueError) as err:
+        llm.llm_engine.add_lora(LoRARequest("mismatch", 11, str(bad)))
+    text = str(err.value)
+    assert text.startswith("LoRA adapter 'mismatch' does not match the base model: model.layers.0."), text
+    assert re.search(message, text), text
+    # nothing of the refused adapter stayed: both slots serve A and B, the base model is untouched
+    got, _ = _run(llm, adapters, ["A", "B", None], PROMPTS[:3])
+    assert got == [references["A"][0], references["B"][1], references[None][2]]

@@ -1,7 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
-"""LoRA on top of a W8A8-quantized base (the ``ascend`` quant method), one engine: tiny Qwen2 quantized by
-``vllm-npu quantize``, an adapter (rank 8) on every projection in float32.
+"""LoRA on top of a quantized base (the ``ascend`` quant method): tiny Qwen2 quantized by ``vllm-npu quantize`` as
+W8A8 (static activation scales) and as W8A8_DYNAMIC (per-token activation scales), one engine per scheme (the
+module's fixtures are parametrized over the two), an adapter (rank 8) on every projection in float32.
 
 Reference: ``vllm_npu.quant.simulate`` (HF transformers with each quantized linear replaced by the scheme's maths)
 plus the adapter applied by forward hooks, ``y += (alpha/r) * x @ A^T @ B^T``, on the simulated modules: the LoRA
@@ -21,12 +22,20 @@ from npu_testkit.quant_e2e import PROMPTS, QuantCase, dense_methods, quantize
 pytestmark = pytest.mark.engine
 
 MAX_TOKENS = 8
-CASE = QuantCase("w8a8", "W8A8", "qwen2", 0.1, dense_methods("W8A8Scheme"))
+CASES = [
+    QuantCase("w8a8", "W8A8", "qwen2", 0.1, dense_methods("W8A8Scheme")),
+    QuantCase("w8a8_dynamic", "W8A8_DYNAMIC", "qwen2", 0.05, dense_methods("W8A8DynamicScheme")),
+]
+
+
+@pytest.fixture(scope="module", params=CASES, ids=[c.id for c in CASES])
+def case(request):
+    return request.param
 
 
 @pytest.fixture(scope="module")
-def checkpoints(tmp_path_factory):
-    return quantize(CASE, tmp_path_factory.mktemp("quant"))
+def checkpoints(case, tmp_path_factory):
+    return quantize(case, tmp_path_factory.mktemp("quant"))
 
 
 @pytest.fixture(scope="module")
@@ -77,7 +86,7 @@ def llm(checkpoints, references, tmp_path_factory):
         yield llm
 
 
-def test_lora_wraps_the_quantized_linears(llm):
+def test_lora_wraps_the_quantized_linears(llm, case):
     def lora_of(worker):
         model = worker.model_runner.get_model()
         return sorted(
@@ -93,10 +102,11 @@ def test_lora_wraps_the_quantized_linears(llm):
         )
 
     (found,) = llm.collective_rpc(lora_of)
+    (scheme,) = {s for _, _, s in case.methods}
     assert found == [
-        ("MergedColumnParallelLinearWithLoRA", "AscendLinearMethod", "W8A8Scheme"),
-        ("MergedQKVParallelLinearWithLoRA", "AscendLinearMethod", "W8A8Scheme"),
-        ("RowParallelLinearWithLoRA", "AscendLinearMethod", "W8A8Scheme"),
+        ("MergedColumnParallelLinearWithLoRA", "AscendLinearMethod", scheme),
+        ("MergedQKVParallelLinearWithLoRA", "AscendLinearMethod", scheme),
+        ("RowParallelLinearWithLoRA", "AscendLinearMethod", scheme),
     ]
 
 

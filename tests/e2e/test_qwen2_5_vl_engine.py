@@ -1,7 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
-"""Real vLLM on the emulated device, tiny Qwen2.5-VL through vLLM's own model class, float32: images of two sizes, a
-video and text in one batch, chunked prefill and prefix caching on (cases: ``qwen_vl_cases``)."""
+"""Real vLLM on the emulated device, tiny Qwen2.5-VL through npu-models' override of vLLM's class (NPU vision attention
+on the reference twins), float32: images of two sizes, a video and text in one batch, chunked prefill and prefix
+caching on (cases: ``qwen_vl_cases``)."""
 
 from __future__ import annotations
 

@@ -72,3 +72,29 @@ def test_chat_completion_matches_offline_greedy(server, tiny_qwen2):
     assert prompt_ids == tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
     (choice,) = out["choices"]
     assert choice["token_ids"] == hf_greedy(tiny_qwen2, [prompt_ids], MAX_TOKENS)[0]
+
+
+def test_image_for_a_text_only_model_is_vllms_error_and_the_server_keeps_serving(server, tiny_qwen2):
+    import base64
+    import io
+    import urllib.error
+
+    from npu_testkit.vl_models import synthetic_image
+
+    buf = io.BytesIO()
+    synthetic_image(56, 56).save(buf, format="PNG")
+    uri = f"data:image/png;base64,{base64.b64encode(buf.getvalue()).decode()}"
+    body = {
+        "model": "tiny",
+        "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": uri}}]}],
+        "max_tokens": MAX_TOKENS,
+        "temperature": 0.0,
+    }
+    with pytest.raises(urllib.error.HTTPError) as err:
+        _post(f"{server}/v1/chat/completions", body)
+    assert err.value.code == 400
+    message = json.load(err.value)["error"]["message"]
+    assert f"{tiny_qwen2} is not a multimodal model" in message, message
+    # The server keeps serving.
+    out = _post(f"{server}/v1/completions", {"model": "tiny", "prompt": "It was", "max_tokens": 2})
+    assert len(out["choices"]) == 1

@@ -20,8 +20,20 @@ import torch
 pytest.importorskip("vllm")
 
 from npu_testkit import npu_binding_rules as rules  # noqa: E402
-from vllm_npu.attention.ops.mla_attention import ring_mla_mask, ring_mla_npu, ring_mla_reference  # noqa: E402
-from vllm_npu.attention.ops.mla_cache import paged_cache_load_npu, paged_cache_load_reference  # noqa: E402
+from vllm_npu.attention.backends.mla import AscendMLADecodeMetadata, AscendMLAImpl  # noqa: E402
+from vllm_npu.attention.ops.mla_attention import (  # noqa: E402
+    mla_decode_npu,
+    mla_decode_reference,
+    ring_mla_mask,
+    ring_mla_npu,
+    ring_mla_reference,
+)
+from vllm_npu.attention.ops.mla_cache import (  # noqa: E402
+    latent_cache_planes,
+    paged_cache_load_npu,
+    paged_cache_load_reference,
+)
+from vllm_npu.interface import graphs  # noqa: E402
 
 
 class FakeATB:
@@ -164,3 +176,100 @@ def test_paged_cache_load_sizes_its_outputs_on_the_host(atb: FakeATB) -> None:
     want = paged_cache_load_reference(nope, rope, block_table, lens, starts, 27)
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
     assert atb.calls == ["npu_paged_cache_load.out"] and atb.host_syncs == 0
+
+
+# --- the absorbed decode as a graph task ---------------------------------------------------------------------------
+
+
+class FakeFIA:
+    """``npu_fused_infer_attention_score.out`` (MLA mode) and its workspace query, behind their registered 2.8.0
+    schemas; the decode maths of the reference, written into ``out[0]``."""
+
+    def __init__(self) -> None:
+        self.workspaces: list[torch.Tensor] = []
+        self.out_calls: list[dict] = []
+
+    def workspace(self, query, key, value, **kwargs):
+        assert kwargs["query_rope"] is not None and kwargs["key_rope"] is not None
+        ws = torch.empty(1024, dtype=query.dtype)
+        self.workspaces.append(ws)
+        return ws
+
+    def out(self, query, key, value, *, query_rope, key_rope, block_table, block_size, actual_seq_lengths_kv,
+            num_heads, num_key_value_heads, input_layout, scale, workspace, out):  # fmt: skip
+        assert input_layout == "BNSD" and num_key_value_heads == 1 and key is value
+        attention_out, lse = out
+        self.out_calls.append({"out": attention_out, "lse": lse, "workspace": workspace})
+        B, N, _, L = query.shape
+        nb, _, bs, R = key_rope.shape
+        result = torch.empty(B, N, L, dtype=query.dtype)
+        mla_decode_reference(
+            query.view(B, N, L), query_rope.view(B, N, R), key.view(nb, bs, 1, L), key_rope.view(nb, bs, 1, R),
+            block_table, actual_seq_lengths_kv, scale, out=result,
+        )  # fmt: skip
+        attention_out.copy_(result.view(attention_out.shape))
+        return attention_out, lse
+
+
+@pytest.fixture
+def fia(monkeypatch) -> FakeFIA:
+    fake = FakeFIA()
+    module = types.ModuleType("torch_npu")
+    module.npu_fused_infer_attention_score = types.SimpleNamespace(
+        out=rules.documented(fake.out, name="npu_fused_infer_attention_score.out")
+    )
+    module._npu_fused_infer_attention_score_get_max_workspace = rules.documented(
+        fake.workspace, name="_npu_fused_infer_attention_score_get_max_workspace"
+    )
+    monkeypatch.setitem(sys.modules, "torch_npu", module)
+    return fake
+
+
+class _Recorder:
+    def __init__(self) -> None:
+        self.tasks: list[tuple] = []
+
+    def record(self, kernel, args, params, refresh):
+        self.tasks.append((kernel, args, dict(params), refresh))
+        return kernel(*args, **params)
+
+
+def test_captured_mla_decode_task_reissues_on_its_captured_buffers(fia: FakeFIA) -> None:
+    """On the NPU backend, a full-graph capture gets the decode as one task whose output, workspace and softmax_lse
+    were allocated before it; re-issuing it with new sequence lengths (a task update) writes the new result into the
+    same output buffer, with the same workspace."""
+    g = torch.Generator().manual_seed(7)
+    B, N, P, R, L, V, bs = 2, 32, 16, 64, 512, 16, 16
+    impl = types.SimpleNamespace(
+        qk_nope_head_dim=P, qk_rope_head_dim=R, scale=0.1, _npu=True, _decode=mla_decode_npu,
+        W_UK_T=torch.randn(N, P, L, generator=g) * 0.05, W_UV=torch.randn(N, L, V, generator=g) * 0.05,
+    )  # fmt: skip
+    nope, rope = latent_cache_planes(torch.randn(5, bs, L + R, generator=g), L, R)
+    meta = AscendMLADecodeMetadata(
+        block_table=torch.tensor([[1, 3], [4, 2]], dtype=torch.int32), seq_lens=torch.tensor([5, 20]),
+        seq_lens_list=[5, 20],
+    )  # fmt: skip
+    q = torch.randn(B, N, P + R, generator=g)
+    recorder = _Recorder()
+    with graphs.recording(recorder):
+        captured = AscendMLAImpl._forward_decode(impl, q, nope, rope, meta, "layers.0.attn")  # type: ignore[arg-type]
+
+    (task,) = recorder.tasks
+    kernel, args, params, _ = task
+    assert kernel is mla_decode_npu and params["seq_lens"] == [5, 20]
+    assert params["workspace"] is fia.workspaces[0] and params["lse"].shape == (B,)
+    assert fia.out_calls[0]["workspace"] is params["workspace"] and fia.out_calls[0]["lse"] is params["lse"]
+
+    def expected(lens: list[int]) -> torch.Tensor:
+        ql = torch.bmm(q[..., :P].transpose(0, 1), impl.W_UK_T).transpose(0, 1)
+        latent = torch.empty(B, N, L)
+        mla_decode_reference(ql, q[..., P:], nope, rope, meta.block_table, lens, 0.1, out=latent)
+        return torch.bmm(latent.transpose(0, 1), impl.W_UV).transpose(0, 1)
+
+    torch.testing.assert_close(captured, expected([5, 20]))
+    # a task update: the same kernel, buffers and workspace, new lengths
+    kernel(*args, **{**params, "seq_lens": [9, 31]})
+    assert fia.out_calls[1]["out"].data_ptr() == params["out"].data_ptr()
+    assert fia.out_calls[1]["workspace"] is params["workspace"] and len(fia.workspaces) == 1
+    latent = params["out"]
+    torch.testing.assert_close(torch.bmm(latent.transpose(0, 1), impl.W_UV).transpose(0, 1), expected([9, 31]))

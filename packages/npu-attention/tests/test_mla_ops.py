@@ -155,7 +155,8 @@ def test_decode_reference_equals_plain_softmax_per_request() -> None:
     bt = torch.tensor([[4, 2], [1, 0], [5, 3]], dtype=torch.int32)
     lens = [20, 3, 32]
     ql, qp = torch.randn(B, N, L), torch.randn(B, N, R)
-    got = mla_decode_reference(ql, qp, nope, rope, bt, lens, 0.3)
+    got = torch.full((B, N, L), float("nan"))
+    assert mla_decode_reference(ql, qp, nope, rope, bt, lens, 0.3, out=got) is None
     for b in range(B):
         slots = [int(bt[b, p // bs]) * bs + p % bs for p in range(lens[b])]
         kc, kr = nope.view(-1, L)[slots], rope.view(-1, R)[slots]
@@ -169,8 +170,9 @@ def test_npu_twins_refuse_shapes_outside_the_documented_limits() -> None:
     nope, rope = latent_cache_planes(cache, 32, 16)
     with pytest.raises(KernelContractError, match="kv_lora_rank 512"):
         mla_decode_npu(
-            torch.zeros(1, 4, 32), torch.zeros(1, 4, 16), nope, rope, torch.zeros(1, 1, dtype=torch.int32), [1], 1.0
-        )
+            torch.zeros(1, 4, 32), torch.zeros(1, 4, 16), nope, rope, torch.zeros(1, 1, dtype=torch.int32), [1], 1.0,
+            out=torch.zeros(1, 4, 32),
+        )  # fmt: skip
     z = torch.zeros(2, 4, 24)
     with pytest.raises(KernelContractError, match="qk_nope_head_dim 128"):
         ring_mla_npu(z, torch.zeros(2, 4, 16), z, torch.zeros(2, 1, 16), torch.zeros(2, 4, 20), [2], [2], 1.0, True)

@@ -69,6 +69,17 @@ def test_one_hierarchy_only_device_facts_differ():
     assert NPUPlatform.supported_quantization == ["ascend"]
 
 
+def test_vit_attention_backend_is_torch_sdpa_for_every_head_size_and_dtype():
+    from vllm.model_executor.models.vision import get_vit_attn_backend
+    from vllm.platforms import _Backend
+
+    for cls in (NPUPlatform, EmulatedNPUPlatform):
+        for head_size, dtype in ((80, torch.bfloat16), (72, torch.float16), (16, torch.float32)):
+            assert cls.get_vit_attn_backend(head_size, dtype) is _Backend.TORCH_SDPA
+    # vLLM's towers ask through vision.get_vit_attn_backend, which reaches the active (emulated) platform.
+    assert get_vit_attn_backend(head_size=80, dtype=torch.float32) is _Backend.TORCH_SDPA
+
+
 def test_torch_npu_is_never_imported_by_the_emulated_path():
     code = (
         "import os, sys; os.environ['VLLM_NPU_DEVICE']='emulated'\n"

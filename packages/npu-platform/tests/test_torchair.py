@@ -43,6 +43,11 @@ def test_torchair_runs_full_decode_only_dispatch_without_dynamo_pieces():
     assert comp.bs_to_padded_graph_size[3] == 4  # decode batches pad to the next compiled size
 
 
+def test_torchair_is_refused_on_an_npu_with_the_reason():
+    with pytest.raises(ConfigError, match=r"npu.graph_mode='torchair' is not supported on an NPU: .*full_decode_only"):
+        configure_graphs(graph_config(), "torchair", emulated=False)
+
+
 def test_torchair_with_enforce_eager_names_the_key():
     with pytest.raises(ConfigError, match=r"npu.graph_mode='torchair' conflicts with enforce_eager=True"):
         configure_graphs(graph_config(enforce_eager=True), "torchair", emulated=True)
@@ -101,6 +106,20 @@ def test_cache_key_changes_with_everything_that_invalidates_it(monkeypatch):
     monkeypatch.setattr(compile_cache, "plugin_source_digest", lambda: "edited")
     changed.append(digest(key_config()))
     assert base not in changed and len(set(changed)) == len(changed)
+
+
+def test_cache_key_holds_the_cann_version(monkeypatch, tmp_path):
+    """A CANN upgrade (GE compiles torchair's graphs for CANN's operator library) is a new cache directory."""
+    info = tmp_path / "cann" / "aarch64-linux" / "ascend_toolkit_install.info"
+    info.parent.mkdir(parents=True)
+    monkeypatch.setenv("ASCEND_TOOLKIT_HOME", str(tmp_path / "cann"))
+    info.write_text("version=8.2.RC1\n")
+    key = cache_key(key_config(), device_type="npu", kernels="auto", tp_rank=0, pp_rank=0)
+    assert key["cann"] == "8.2.RC1"
+    before = CompileCache(tmp_path, key).digest
+    info.write_text("version=8.3.RC1\n")
+    after = CompileCache(tmp_path, cache_key(key_config(), device_type="npu", kernels="auto", tp_rank=0, pp_rank=0))
+    assert after.key["cann"] == "8.3.RC1" and after.digest != before
 
 
 def test_cache_directory_holds_the_key_in_clear(tmp_path):

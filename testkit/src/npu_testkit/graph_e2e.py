@@ -79,8 +79,9 @@ def check_mixed_and_chunked(llm: Any, model_dir: Any) -> None:
     assert greedy(llm, prompts, NEW_TOKENS) == hf_greedy(model_dir, prompts, NEW_TOKENS)
 
 
-def check_prefix_cache(llm: Any, model_dir: Any, *, block_size: int, prefix_blocks: int = 2) -> None:
-    prefix = make_prompts([block_size * prefix_blocks + 3], seed=13)[0]
+def check_prefix_cache(llm: Any, model_dir: Any, *, block_size: int, prefix_blocks: int = 2, seed: int = 13) -> None:
+    """``seed`` draws the shared prefix (pick one whose continuations avoid EOS, see the module docstring)."""
+    prefix = make_prompts([block_size * prefix_blocks + 3], seed=seed)[0]
     first, second = prefix + [7, 8, 9], prefix + [21, 22]
     assert greedy(llm, [first], NEW_TOKENS) == hf_greedy(model_dir, [first], NEW_TOKENS)
     (out,) = greedy_outputs(llm, [second], NEW_TOKENS)

@@ -14,6 +14,8 @@ Importing torch_npu on a host without CANN breaks ``import torch``, so this modu
 - ``torch_npu/op_plugin/meta/_meta_registrations.py``: ``@impl(m, "<name>") def f(...)`` meta kernels; their Python
   parameter lists are the only written contract of ops the docs leave out (``npu_add_rms_norm``,
   ``npu_apply_rotary_pos_emb``, ...).
+- ``torch_npu/lib/libtorch_npu.so``'s registered schema strings of :data:`REGISTERED_SCHEMA_OPS`, ops whose
+  prose docs disagree with the schema they are registered with (both count as documented).
 - the ATB bindings the docs leave out: ``torch_npu/op_plugin/atb/_atb_ops.py`` binds every name of its ``API_LIST``
   (``_npu_reshape_and_cache``, ``_npu_paged_attention``, ...) as ``torch_npu.<name>``, and
   ``torch_npu/lib/libop_plugin_atb.so`` holds the ``TORCH_LIBRARY`` schema strings those ops are registered with
@@ -48,6 +50,12 @@ ATB_DOCS_PATH = "torch_npu/op_plugin/atb/_atb_api_docs.py"
 META_PATH = "torch_npu/op_plugin/meta/_meta_registrations.py"
 ATB_OPS_PATH = "torch_npu/op_plugin/atb/_atb_ops.py"
 ATB_LIB_PATH = "torch_npu/lib/libop_plugin_atb.so"
+TORCH_NPU_LIB_PATH = "torch_npu/lib/libtorch_npu.so"
+#: Ops whose prose docs disagree with the schema they are registered with (``libtorch_npu.so``); a call fits either.
+#: ``.out``: the docs name its outputs ``attention_out, softmax_lse``, the registered schema takes ``Tensor[] out``
+#: (as the docs' own example and torch_npu's ``npu/graphs.py`` call it); the workspace query: the docs omit
+#: ``query_rope`` / ``key_rope``, the registered schema has them, like the op itself.
+REGISTERED_SCHEMA_OPS = ("npu_fused_infer_attention_score.out", "_npu_fused_infer_attention_score_get_max_workspace")
 
 # torch_npu 2.8.0 is built on manylinux_2_28; older tags are tried too so the code survives a re-tagged upload.
 _PLATFORMS = {
@@ -366,6 +374,24 @@ def parse_binding_schemas(binary: bytes, names: Iterable[str]) -> dict[str, list
     return out
 
 
+def parse_registered_schemas(binary: bytes, names: Iterable[str]) -> dict[str, list[Signature]]:
+    """Op name (with its overload, ``npu_x.out``) -> the schema strings ``name(...) -> ...`` a binary registers."""
+    out: dict[str, list[Signature]] = {}
+    for name in names:
+        start = binary.find(name.encode() + b"(")
+        while start >= 0:
+            end = binary.find(b"\x00", start)
+            if start == 0 or not (binary[start - 1 : start].isalnum() or binary[start - 1 : start] in (b"_", b".")):
+                try:
+                    sig = parse_signature(binary[start:end].decode("ascii"), "registered")
+                except (UnicodeDecodeError, ValueError):
+                    sig = None
+                if sig is not None and sig.name == name and all(s.text != sig.text for s in out.get(name, [])):
+                    out.setdefault(name, []).append(sig)
+            start = binary.find(name.encode() + b"(", end)
+    return out
+
+
 # --- the documented set ---------------------------------------------------------------------------------------
 
 
@@ -377,15 +403,19 @@ class TorchNPUDocs:
     atb: dict[str, list[Signature]] = field(default_factory=dict)
     meta: dict[str, list[Signature]] = field(default_factory=dict)
     bindings: dict[str, list[Signature]] = field(default_factory=dict)
+    registered: dict[str, list[Signature]] = field(default_factory=dict)
 
     def signatures(self, namespace: str, name: str) -> list[Signature] | None:
         """Overloads to check a call against; None when the op is not documented anywhere.
 
         ``namespace`` is ``""`` for ``torch_npu.<name>`` and ``"atb"`` for ``torch_npu.atb.<name>``. A docs entry
         without a parsable schema falls back to the meta registration, then (for the undocumented ATB ops bound as
-        ``torch_npu.<name>``) to the registered binding schema; an op known only by name gives ``[]``.
+        ``torch_npu.<name>``) to the registered binding schema; an op known only by name gives ``[]``. Ops of
+        :data:`REGISTERED_SCHEMA_OPS` fit their docs or their registered schema.
         """
         table = self.atb if namespace == "atb" else self.ops
+        if namespace != "atb" and name in self.registered:
+            return [*table.get(name, []), *self.registered[name]]
         if name in table and table[name]:
             return table[name]
         if namespace != "atb" and name in self.meta:
@@ -430,11 +460,13 @@ def parse_wheel(wheel: Path) -> TorchNPUDocs:
         meta_src = zf.read(META_PATH).decode("utf-8")
         atb_ops_src = zf.read(ATB_OPS_PATH).decode("utf-8")
         atb_lib = zf.read(ATB_LIB_PATH)
+        torch_npu_lib = zf.read(TORCH_NPU_LIB_PATH)
     return TorchNPUDocs(
         ops=parse_docs_module(op_src, "_add_torch_npu_docstr", "docs"),
         atb=parse_docs_module(atb_src, "_add_torch_npu_atb_docstr", "atb"),
         meta=parse_meta_registrations(meta_src),
         bindings=parse_binding_schemas(atb_lib, parse_atb_api_list(atb_ops_src)),
+        registered=parse_registered_schemas(torch_npu_lib, REGISTERED_SCHEMA_OPS),
     )
 
 

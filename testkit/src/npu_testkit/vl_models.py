@@ -53,10 +53,11 @@ _TEXT_TINY: dict[str, Any] = {
     "tie_word_embeddings": False,
 }
 
-#: Qwen2-VL's vision tower: 2 blocks, width 32, 2 heads (head dim 16), 14-pixel patches merged 2x2.
+#: Qwen2-VL's vision tower: 2 blocks, width 160, 2 heads of dim 80 (the released towers' head dim, which the NPU
+#: override pads to 128), 14-pixel patches merged 2x2.
 QWEN2_VL_VISION_TINY: dict[str, Any] = {
     "depth": 2,
-    "embed_dim": 32,
+    "embed_dim": 160,
     "hidden_size": 64,  # the merger's output = the LLM's hidden size
     "mlp_ratio": 2,
     "num_heads": 2,
@@ -66,10 +67,11 @@ QWEN2_VL_VISION_TINY: dict[str, Any] = {
 }
 
 #: Qwen2.5-VL's vision tower: 3 blocks, block 1 full attention and blocks 0/2 window attention over 2x2 merged cells
-#: (window_size 56 pixels), so images wider than one window are split (and padded where not divisible).
+#: (window_size 56 pixels), so images wider than one window are split (and padded where not divisible); width 160,
+#: 2 heads of dim 80 like the released towers (padded to 128 by the NPU override).
 QWEN2_5_VL_VISION_TINY: dict[str, Any] = {
     "depth": 3,
-    "hidden_size": 32,
+    "hidden_size": 160,
     "intermediate_size": 64,
     "num_heads": 2,
     "out_hidden_size": 64,

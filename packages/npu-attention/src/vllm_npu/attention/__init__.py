@@ -31,6 +31,8 @@ _EXPORTS: dict[str, str] = {
     "AscendSFAIndexerBackend": ".backends.sfa:AscendSFAIndexerBackend",
     "AscendLightningIndexer": ".backends.sfa:AscendLightningIndexer",
     "ascend_indexer_forward": ".backends.sfa:ascend_indexer_forward",
+    # The vision-encoder attention kernel pair npu-models' Qwen VL overrides call.
+    "VISION_ATTENTION": ".ops.vision_attention:VISION_ATTENTION",
 }
 
 if TYPE_CHECKING:
@@ -38,6 +40,7 @@ if TYPE_CHECKING:
     from .backends.sfa import AscendLightningIndexer, AscendSFAImpl, AscendSFAIndexerBackend, ascend_indexer_forward
     from .masks import AttentionMaskBuilder
     from .metadata import AscendAttentionMetadataBuilder, AscendAttentionState, AscendMetadata
+    from .ops.vision_attention import VISION_ATTENTION
     from .selector import GQA_BACKEND, MLA_BACKEND, SFA_BACKEND, select_backend
     from .selftest import selftest_cases
 else:
@@ -49,6 +52,7 @@ __all__ = [
     "GQA_BACKEND",
     "MLA_BACKEND",
     "SFA_BACKEND",
+    "VISION_ATTENTION",
     "AscendAttentionBackend",
     "AscendAttentionImpl",
     "AscendAttentionMetadataBuilder",

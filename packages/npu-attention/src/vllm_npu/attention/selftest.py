@@ -22,7 +22,7 @@ from vllm_npu.interface.selftest import KernelCall, KernelCase, randn, randperm
 from .masks import AttentionMaskBuilder
 from .ops.flash_attention import ENCODER_ATTENTION, PREFILL_NO_CACHE
 from .ops.kv_cache import RESHAPE_AND_CACHE
-from .ops.mla_attention import MLA_DECODE, RING_MLA, ring_mla_mask
+from .ops.mla_attention import MLA_DECODE, RING_MLA, mla_decode_workspace_npu, ring_mla_mask
 from .ops.mla_cache import KV_RMSNORM_ROPE_CACHE, MLA_CACHE_WRITE, PAGED_CACHE_LOAD, latent_cache_planes
 from .ops.mla_layer import INTERLEAVE_ROPE
 from .ops.paged_attention import PAGED_DECODE, PAGED_DECODE_WINDOW, PAGED_PREFILL
@@ -316,25 +316,31 @@ def _mla_cases() -> list[KernelCase]:
             cases.append(
                 KernelCase(WEIGHT_TO_ND, f"kv_b_proj [{heads}*({P}+{V}), {L}]", dtype, to_nd, note="audit #27")
             )
-    for n, bs in ((32, 128), (128, 16), (64, 128)):
+    for n, bs, graph in ((32, 128, False), (128, 16, False), (64, 128, False), (32, 16, True)):
         for dtype in HALVES:
 
-            def decode(device: Any, n: int = n, bs: int = bs, dt: str = dtype) -> KernelCall:
+            def decode(device: Any, n: int = n, bs: int = bs, dt: str = dtype, graph: bool = graph) -> KernelCall:
                 seq_lens = [1, 150, 37]
                 table, nb = _block_table(50, seq_lens, bs, device)
                 nope, rope = _latent_planes(51, nb, bs, _dt(dt), device)
                 b = len(seq_lens)
                 ql = randn(52, b, n, L, dtype=_dt(dt), device=device)
                 qpe = randn(53, b, n, R, dtype=_dt(dt), device=device)
-                return KernelCall((ql, qpe, nope, rope, table, seq_lens, (P + R) ** -0.5), {})
+                args = (ql, qpe, nope, rope, table, seq_lens, (P + R) ** -0.5)
+                kwargs: dict[str, Any] = {"out": torch.empty_like(ql)}
+                if graph and torch.device(device).type == "npu":
+                    # the full-graph call: max workspace and a softmax_lse buffer passed in (the reference ignores both)
+                    kwargs.update(workspace=mla_decode_workspace_npu(*args), lse=ql.new_empty(b))
+                return KernelCall(args, kwargs, lambda r, a, k: {"out": k["out"]})
 
             cases.append(
                 KernelCase(
                     MLA_DECODE,
-                    f"ql_nope [3, {n}, {L}] q_pe [3, {n}, {R}], block {bs}, seqs [1, 150, 37]",
+                    f"ql_nope [3, {n}, {L}] q_pe [3, {n}, {R}], block {bs}, seqs [1, 150, 37]"
+                    + (", max workspace (graph task)" if graph else ""),
                     dtype,
                     decode,
-                    note="audit #9, #15",
+                    note="audit #9, #15" + (", graph-task form of the call" if graph else ""),
                 )
             )
 

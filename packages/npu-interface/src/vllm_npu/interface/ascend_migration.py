@@ -92,7 +92,13 @@ ADDITIONAL_CONFIG: dict[str, AscendSetting] = {
             "an int8-quantised KV cache",
             f"{NOT_SUPPORTED}: the NPU attention backends keep the KV cache in the model dtype (--kv-cache-dtype auto)",
         ),
-        _s("expert_map_path", "error", "a static expert placement file (EPLB)", _EPLB),
+        _s(
+            "expert_map_path",
+            "error",
+            "a static expert placement file (EPLB)",
+            f'our key is --additional-config \'{{"{ADDITIONAL_CONFIG_KEY}": {{"expert_map_path": <file>}}}}\' (same '
+            "JSON layout; docs/moe.md)",
+        ),
         _s("expert_map_record_path", "error", "writes the expert load heat-map after dynamic EPLB", _EPLB),
         _s("dynamic_eplb", "warning", "dynamic expert load balancing", _EPLB, False),
         _s("init_redundancy_expert", "warning", "redundant experts at start-up", _EPLB, 0),
@@ -120,7 +126,14 @@ ADDITIONAL_CONFIG: dict[str, AscendSetting] = {
             "o_proj sharded over pure data-parallel ranks (less memory per rank)",
             f"{NOT_SUPPORTED}: each rank holds the whole o_proj; plan memory for it",
         ),
-        _s("multistream_overlap_shared_expert", "warning", "shared experts on a second stream", _PERF, False),
+        _s(
+            "multistream_overlap_shared_expert",
+            "warning",
+            "shared experts on a second stream",
+            f'our key is --additional-config \'{{"{ADDITIONAL_CONFIG_KEY}": {{"multistream_overlap_shared_expert": '
+            "true}}'",
+            False,
+        ),
         _s("recompute_scheduler_enable", "warning", "vllm-ascend's recompute scheduler", _SCHEDULER, False),
         _s(
             "enable_cpu_binding",

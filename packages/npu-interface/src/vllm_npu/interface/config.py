@@ -28,6 +28,7 @@ from .settings import (
     EmulatedCompile,
     GraphMode,
     KernelSetting,
+    MoEMC2Setting,
     read_device_setting,
     setting,
 )
@@ -122,6 +123,9 @@ class AdditionalConfig(BaseModel):
     kernels: KernelSetting = _field(f"{ADDITIONAL_CONFIG_KEY}.kernels")
     emulated_kv_cache_gb: float | None = _field(f"{ADDITIONAL_CONFIG_KEY}.emulated_kv_cache_gb", gt=0, le=1024)
     disabled_patches: tuple[str, ...] = _field(f"{ADDITIONAL_CONFIG_KEY}.disabled_patches")
+    moe_mc2: MoEMC2Setting = _field(f"{ADDITIONAL_CONFIG_KEY}.moe_mc2")
+    expert_map_path: str | None = _field(f"{ADDITIONAL_CONFIG_KEY}.expert_map_path", min_length=1)
+    multistream_overlap_shared_expert: bool = _field(f"{ADDITIONAL_CONFIG_KEY}.multistream_overlap_shared_expert")
     torchair_cache: bool = _field(f"{ADDITIONAL_CONFIG_KEY}.torchair_cache")
     torchair_cache_dir: str | None = _field(f"{ADDITIONAL_CONFIG_KEY}.torchair_cache_dir", min_length=1)
 

@@ -27,10 +27,12 @@ DeviceSetting = Literal["auto", "npu", "emulated", "off"]
 GraphMode = Literal["auto", "eager", "piecewise", "full_decode_only", "torchair"]
 KernelSetting = Literal["auto", "npu", "reference"]
 EmulatedCompile = Literal["none", "inductor"]
+MoEMC2Setting = Literal["auto", "on", "off"]
 DEVICE_SETTINGS: tuple[str, ...] = get_args(DeviceSetting)
 GRAPH_MODES: tuple[str, ...] = get_args(GraphMode)
 KERNEL_SETTINGS: tuple[str, ...] = get_args(KernelSetting)
 EMULATED_COMPILE_MODES: tuple[str, ...] = get_args(EmulatedCompile)
+MOE_MC2_SETTINGS: tuple[str, ...] = get_args(MoEMC2Setting)
 
 #: The key of the plugin's section inside vLLM's ``--additional-config``.
 ADDITIONAL_CONFIG_KEY = "npu"
@@ -96,7 +98,8 @@ ADDITIONAL_CONFIG_SETTINGS: tuple[Setting, ...] = (
         "auto",
         "`auto` follows vLLM's `cudagraph_mode` (PIECEWISE graphs by default on the NPU, eager on the emulated "
         "device unless `cudagraph_mode` is set); `torchair` compiles the decode forward per padded batch size "
-        "(docs/torchair.md); the others set the mode (see docs/graphs.md)",
+        "on the emulated device (refused on an NPU) (docs/torchair.md); the others set the mode (see "
+        "docs/graphs.md)",
         choices=GRAPH_MODES,
     ),
     _key(
@@ -120,6 +123,26 @@ ADDITIONAL_CONFIG_SETTINGS: tuple[Setting, ...] = (
         values="a float in (0, 1024], in GiB",
     ),
     _key("disabled_patches", (), f"patches to skip, as `-<id>` in `{ENV_PATCHES}` does", values="a list of patch ids"),
+    _key(
+        "moe_mc2",
+        "auto",
+        "expert-parallel MoE steps up to the MC2 token capacity (`min(max_num_seqs * (1 + speculative tokens), "
+        "512)`) use MC2's fused dispatch/combine; `auto` on an NPU: A3, or A2 from 16 EP ranks, never on the "
+        "emulated device; `on` everywhere (the emulated device runs its gloo twin); see docs/moe.md",
+        choices=MOE_MC2_SETTINGS,
+    ),
+    _key(
+        "expert_map_path",
+        None,
+        "a static expert placement (with redundant replicas) for expert parallelism, per MoE layer (docs/moe.md)",
+        values="a JSON file",
+    ),
+    _key(
+        "multistream_overlap_shared_expert",
+        False,
+        "run MoE shared experts on a side stream while the routed experts run",
+        values="`true` or `false`",
+    ),
     _key(
         "torchair_cache",
         True,

@@ -25,6 +25,14 @@ _EXPORTS: dict[str, str] = {
     "PanguProMoEConfig": ".pangu_config:PanguProMoEConfig",
     "AscendPanguProMoEForCausalLM": ".pangu_moe:AscendPanguProMoEForCausalLM",
     "moge_select_experts": ".pangu_moe:moge_select_experts",
+    "AscendQwen2VLForConditionalGeneration": ".qwen_vl:AscendQwen2VLForConditionalGeneration",
+    "AscendQwen2_5_VLForConditionalGeneration": ".qwen_vl:AscendQwen2_5_VLForConditionalGeneration",
+    "AscendQwen3VLForConditionalGeneration": ".qwen_vl:AscendQwen3VLForConditionalGeneration",
+    "AscendQwen3VLMoeForConditionalGeneration": ".qwen_vl:AscendQwen3VLMoeForConditionalGeneration",
+    "AscendQwen2VisionAttention": ".vision:AscendQwen2VisionAttention",
+    "AscendQwen2_5_VisionAttention": ".vision:AscendQwen2_5_VisionAttention",
+    "adopt_vision_attention": ".vision:adopt_vision_attention",
+    "pad_vision_heads": ".vision:pad_vision_heads",
 }
 
 if TYPE_CHECKING:
@@ -32,6 +40,18 @@ if TYPE_CHECKING:
     from .deepseek_v32 import AscendDeepseekV32ForCausalLM, AscendIndexer, AscendIndexerKeyCache
     from .pangu_config import PanguProMoEConfig
     from .pangu_moe import AscendPanguProMoEForCausalLM, moge_select_experts
+    from .qwen_vl import (
+        AscendQwen2_5_VLForConditionalGeneration,
+        AscendQwen2VLForConditionalGeneration,
+        AscendQwen3VLForConditionalGeneration,
+        AscendQwen3VLMoeForConditionalGeneration,
+    )
+    from .vision import (
+        AscendQwen2_5_VisionAttention,
+        AscendQwen2VisionAttention,
+        adopt_vision_attention,
+        pad_vision_heads,
+    )
 else:
     from vllm_npu.interface.lazy import lazy_exports
 
@@ -44,9 +64,17 @@ __all__ = [
     "AscendIndexer",
     "AscendIndexerKeyCache",
     "AscendPanguProMoEForCausalLM",
+    "AscendQwen2VLForConditionalGeneration",
+    "AscendQwen2VisionAttention",
+    "AscendQwen2_5_VLForConditionalGeneration",
+    "AscendQwen2_5_VisionAttention",
+    "AscendQwen3VLForConditionalGeneration",
+    "AscendQwen3VLMoeForConditionalGeneration",
     "PanguProMoEConfig",
     "__version__",
+    "adopt_vision_attention",
     "moge_select_experts",
+    "pad_vision_heads",
     "register_configs",
     "register_models",
 ]

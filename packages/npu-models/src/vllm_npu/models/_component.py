@@ -13,7 +13,12 @@ COMPONENT = Component(
     version=__version__,
     interface=">=1.0,<2",
     vllm=SUPPORTED_VLLM,
-    summary="model classes: DeepSeek-V3.2 (DeepseekV32ForCausalLM), Pangu Pro MoE (PanguProMoEForCausalLM)",
+    summary=(
+        "model classes: DeepSeek-V3.2 (DeepseekV32ForCausalLM), Pangu Pro MoE (PanguProMoEForCausalLM); "
+        "Qwen2-VL (Qwen2VLForConditionalGeneration), Qwen2.5-VL (Qwen2_5_VLForConditionalGeneration), "
+        "Qwen3-VL (Qwen3VLForConditionalGeneration), Qwen3-VL-MoE (Qwen3VLMoeForConditionalGeneration): NPU "
+        "vision attention"
+    ),
     on_load="vllm_npu.models._hooks:on_load",
 )
 

@@ -23,6 +23,11 @@ MODEL_OVERRIDES: dict[str, str] = {
     "DeepseekV32ForCausalLM": "vllm_npu.models.deepseek_v32:AscendDeepseekV32ForCausalLM",
     # Not in vLLM 0.11 at all.
     "PanguProMoEForCausalLM": "vllm_npu.models.pangu_moe:AscendPanguProMoEForCausalLM",
+    # The Qwen VL family: vLLM's classes with the vision attention on the NPU kernels (vllm_npu.models.vision).
+    "Qwen2VLForConditionalGeneration": "vllm_npu.models.qwen_vl:AscendQwen2VLForConditionalGeneration",
+    "Qwen2_5_VLForConditionalGeneration": "vllm_npu.models.qwen_vl:AscendQwen2_5_VLForConditionalGeneration",
+    "Qwen3VLForConditionalGeneration": "vllm_npu.models.qwen_vl:AscendQwen3VLForConditionalGeneration",
+    "Qwen3VLMoeForConditionalGeneration": "vllm_npu.models.qwen_vl:AscendQwen3VLMoeForConditionalGeneration",
 }
 
 #: HF ``model_type`` -> ``"module:Class"`` of its ``PretrainedConfig``, for model types transformers (< 5) lacks.

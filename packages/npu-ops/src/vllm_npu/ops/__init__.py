@@ -18,10 +18,13 @@ _EXPORTS: dict[str, str] = {
     "selftest_cases": ".selftest:selftest_cases",
     "OOT_OPS": "._registry:OOT_OPS",
     "register_oot_ops": "._registry:register_oot_ops",
+    # The rotary kernel pair npu-models' vision-tower overrides call (q and k with one cos/sin).
+    "ROTARY_MUL_QK": ".rotary_embedding:ROTARY_MUL_QK",
 }
 
 if TYPE_CHECKING:
     from ._registry import OOT_OPS, register_oot_ops
+    from .rotary_embedding import ROTARY_MUL_QK
     from .selftest import selftest_cases
 else:
     from vllm_npu.interface.lazy import lazy_exports
@@ -30,6 +33,7 @@ else:
 
 __all__ = [
     "OOT_OPS",
+    "ROTARY_MUL_QK",
     "__version__",
     "register_oot_ops",
     "selftest_cases",

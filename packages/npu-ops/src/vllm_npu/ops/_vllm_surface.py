@@ -70,4 +70,23 @@ SURFACE: tuple[VllmName, ...] = (
         ("vllm_npu.ops.lora.punica",),
         "the prefill kernels take the LoRA slot of each segment that PunicaWrapperBase.update_metadata fills",
     ),
+    VllmName(
+        "vllm.lora.worker_manager:WorkerLoRAManager",
+        "_load_adapter",
+        "method",
+        "overrides",
+        ("vllm_npu.ops.lora.manager",),
+        "NPUWorkerLoRAManager checks an adapter's tensor shapes right after vLLM's loader reads it, before the "
+        "adapter takes a cache entry or a slot; without the override a mismatched adapter fails in an anonymous "
+        "tensor copy or is silently applied to a corner of the layer",
+        signature="(self, lora_request)",
+    ),
+    VllmName(
+        "vllm.lora.worker_manager:LRUCacheWorkerLoRAManager",
+        "_adapter_manager",
+        "instance_attribute",
+        "reads",
+        ("vllm_npu.ops.lora.manager",),
+        "the shape check reads the LoRA-wrapped modules (modules, packed_modules) of vLLM's LoRA model manager",
+    ),
 )

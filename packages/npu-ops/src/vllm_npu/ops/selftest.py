@@ -21,6 +21,7 @@ from .layernorm import ADD_RMS_NORM, GEMMA_RMS_NORM, RMS_NORM
 from .lora.kernels import BGMV_EXPAND, BGMV_SHRINK, SGMV_EXPAND, SGMV_SHRINK
 from .moe.experts import GROUPED_MATMUL
 from .moe.gating import GROUPED_TOPK, TOPK_SOFTMAX
+from .moe.mc2 import MC2_COMBINE, MC2_DISPATCH
 from .moe.routing import INIT_ROUTING, UNPERMUTE
 from .mrope import MROPE
 from .rotary_embedding import ROTARY_MUL, ROTARY_MUL_QK
@@ -225,6 +226,65 @@ def _moe_cases() -> list[KernelCase]:
     return cases
 
 
+@functools.cache
+def _mc2_comm(device_type: str) -> Any:
+    """A one-rank MC2 group: identity exchange for the twin; on the NPU a one-rank HCCL group (made on first use)."""
+    from .moe.mc2 import MC2Comm
+
+    if device_type == "cpu":
+        return MC2Comm(0, 1, lambda x, out_splits, in_splits: x.clone())
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        dist.init_process_group("hccl", init_method="tcp://127.0.0.1:29517", rank=0, world_size=1)
+    backend: Any = dist.group.WORLD._get_backend(torch.device("npu"))  # type: ignore[union-attr]  # ProcessGroupHCCL
+    from vllm.platforms import current_platform
+
+    soc = current_platform.device_backend.soc()
+    return MC2Comm(0, 1, None, backend.get_hccl_comm_name(0), soc)
+
+
+def _mc2_inputs(device: Any, dtype: str) -> tuple[Any, ...]:
+    tokens, hidden, experts, k = 16, 1024, 16, 8  # a decode batch, Qwen3-MoE-like top-8 (of 16 here)
+    x = randn(40, tokens, hidden, dtype=_dt(dtype), device=device)
+    ids = _routing_ids(device, tokens, k, experts).to(torch.int32)
+    return x, ids, _mc2_comm(torch.device(device).type), experts, 32
+
+
+def _valid_dispatch(result: Any, args: tuple, kwargs: dict) -> dict[str, torch.Tensor]:
+    n = int(result.expert_token_nums.sum())  # rows past the valid ones are the kernel's own; assist info is opaque
+    out = {"expand_x": result.expand_x[:n], "expert_token_nums": result.expert_token_nums}
+    if args[5]:  # dynamic-quant mode: the per-row scales too
+        out["dynamic_scales"] = result.dynamic_scales[:n]
+    return out
+
+
+def _mc2_cases() -> list[KernelCase]:
+    note = "one rank (the kernels' EP sizes may start at 2 on some CANN releases; then this row reports their error)"
+    cases = []
+    for dtype in HALVES:
+        for quant in (False, True):
+
+            def dispatch(device: Any, d: str = dtype, q: bool = quant) -> KernelCall:
+                return KernelCall((*_mc2_inputs(device, d), q), {}, _valid_dispatch)
+
+            label = "x [16, 1024], ids [16, 8] of 16, capacity 32" + (", dynamic int8" if quant else "")
+            cases.append(KernelCase(MC2_DISPATCH, label, dtype, dispatch, int_atol=1 if quant else 0, note=note))
+
+        def combine(device: Any, d: str = dtype) -> KernelCall:
+            x, ids, comm, experts, global_bs = _mc2_inputs(device, d)
+            side = MC2_DISPATCH.npu if torch.device(device).type != "cpu" else MC2_DISPATCH.reference
+            dispatched = side(x, ids, comm, experts, global_bs, False)
+            out = randn(41, *dispatched.expand_x.shape, dtype=_dt(d), device=device)
+            weights = torch.softmax(randn(42, *ids.shape, dtype=torch.float32, device=device), -1)
+            return KernelCall((out, ids, dispatched, weights, comm, experts, global_bs), {})
+
+        cases.append(
+            KernelCase(MC2_COMBINE, "expert rows [256, 1024] back to [16, 1024], top-8", dtype, combine, note=note)
+        )
+    return cases
+
+
 def _lora_y(result: Any, args: tuple, kwargs: dict) -> dict[str, torch.Tensor]:
     return {"y": args[2]}  # the LoRA kernels write their output in place
 
@@ -271,5 +331,6 @@ def selftest_cases() -> list[KernelCase]:
         *_rope_cases(),
         *_gating_cases(),
         *_moe_cases(),
+        *_mc2_cases(),
         *_lora_cases(),
     ]

@@ -8,15 +8,19 @@ emulated device; only the answers below differ:
 - :class:`NPUDevice` maps every call to ``torch.npu`` (importing ``torch_npu`` on first use, never at module import,
   because importing it without CANN breaks ``import torch``).
 - :class:`EmulatedDevice` is the CPU: synchronisation and streams are no-ops (CPU ops complete in order), memory is
-  the process's resident set and the host's RAM.
+  the process's resident set and the host's RAM. Its streams keep a bounded log of the stream calls made through
+  its stream API (``wait_stream`` / ``wait_event``, entering and leaving ``stream(s)``), and ``current_stream``
+  follows ``stream(s)`` blocks, so tests can check the order a multi-stream feature intends.
 
 Memory numbers are bytes. ``device`` arguments accept anything ``torch.device`` accepts, or None (current device).
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import functools
+import itertools
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any, ClassVar
@@ -60,20 +64,27 @@ class _NoopEvent:
         return True
 
 
+#: The emulated streams' log: ``(call, stream id, other stream id or None)`` tuples, oldest first, bounded (a
+#: recorder, not state anything reads back to compute with). Stream 0 is the default stream.
+STREAM_LOG: collections.deque[tuple[str, int, int | None]] = collections.deque(maxlen=4096)
+_stream_ids = itertools.count(1)
+_current = threading.local()
+
+
 class _NoopStream:
-    """The one in-order CPU "stream"."""
+    """An in-order CPU "stream" (all of them run in program order; each has an ``id`` for the log)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
-        pass
+        self.id = next(_stream_ids)
 
     def synchronize(self) -> None:
         pass
 
     def wait_stream(self, stream: Any) -> None:
-        pass
+        STREAM_LOG.append(("wait_stream", self.id, getattr(stream, "id", None)))
 
     def wait_event(self, event: Any) -> None:
-        pass
+        STREAM_LOG.append(("wait_event", self.id, None))
 
     def record_event(self, event: Any = None) -> _NoopEvent:
         return event if event is not None else _NoopEvent()
@@ -89,6 +100,7 @@ class _NoopStream:
 
 
 _CPU_STREAM = _NoopStream()
+_CPU_STREAM.id = 0
 
 
 class DeviceBackend:
@@ -148,6 +160,11 @@ class DeviceBackend:
     def stream_api() -> dict[str, Any]:
         """``{"Stream", "Event", "current_stream", "default_stream", "stream"}`` for this device."""
         raise NotImplementedError
+
+    @staticmethod
+    def soc() -> str:
+        """The chip family: "A2" (Atlas A2, 910B), "A3" (Atlas A3, 910_93), or "" (other, or not an NPU)."""
+        return ""
 
     # Static graphs (see :mod:`.graphs`).
     @staticmethod
@@ -215,6 +232,13 @@ class NPUDevice(DeviceBackend):
         return str(_torch_npu().get_device_name(device_id))
 
     @staticmethod
+    def soc() -> str:
+        # torch_npu.npu.get_soc_version() codes, as vllm-ascend v0.11.0 (utils.py) reads them: 220-225 are the
+        # Ascend 910B family (A2), 250-255 the 910_93 family (A3).
+        version = int(_torch_npu().get_soc_version())
+        return "A2" if 220 <= version <= 225 else "A3" if 250 <= version <= 255 else ""
+
+    @staticmethod
     def stream_api() -> dict[str, Any]:
         npu = _torch_npu()
         return {
@@ -248,7 +272,23 @@ def _rss_bytes() -> int:
 
 @contextlib.contextmanager
 def _noop_stream_context(stream: Any = None) -> Iterator[None]:
-    yield
+    """``stream(s)``: ``current_stream()`` is ``s`` inside the block (logged as enter / exit)."""
+    if stream is None:
+        yield
+        return
+    stack = _current.__dict__.setdefault("stack", [])
+    stack.append(stream)
+    STREAM_LOG.append(("enter", getattr(stream, "id", -1), None))
+    try:
+        yield
+    finally:
+        stack.pop()
+        STREAM_LOG.append(("exit", getattr(stream, "id", -1), None))
+
+
+def _emulated_current_stream(device: Any = None) -> Any:
+    stack = _current.__dict__.get("stack")
+    return stack[-1] if stack else _CPU_STREAM
 
 
 class EmulatedDevice(DeviceBackend):
@@ -311,7 +351,7 @@ class EmulatedDevice(DeviceBackend):
         return {
             "Stream": _NoopStream,
             "Event": _NoopEvent,
-            "current_stream": lambda device=None: _CPU_STREAM,
+            "current_stream": _emulated_current_stream,
             "default_stream": lambda device=None: _CPU_STREAM,
             "stream": _noop_stream_context,
         }

@@ -73,6 +73,16 @@ SURFACE: tuple[VllmName, ...] = (
     ),
     VllmName(
         _RUNNER,
+        "load_lora_model",
+        "method",
+        "overrides",
+        _MODEL_RUNNER,
+        "the override builds npu-ops' worker LoRA manager (it checks adapter tensor shapes) where vLLM's mixin builds "
+        "its LRU manager; a change of vLLM's body (checks, arguments) must be mirrored",
+        signature="(self, model, vllm_config, device)",
+    ),
+    VllmName(
+        _RUNNER,
         "shared_kv_cache_layers",
         "instance_attribute",
         "reads",
@@ -133,6 +143,15 @@ SURFACE: tuple[VllmName, ...] = (
         "vLLM calls the override with these arguments to pick the attention backend",
         signature="(selected_backend, head_size, dtype, kv_cache_dtype, block_size, use_v1, use_mla, has_sink, "
         "use_sparse)",
+    ),
+    VllmName(
+        _PLATFORM,
+        "get_vit_attn_backend",
+        "method",
+        "overrides",
+        _PLATFORM_MODULE,
+        "vLLM's vision towers ask it (through vision.get_vit_attn_backend) which ViT attention kernel to build",
+        signature="(head_size, dtype)",
     ),
     VllmName(
         _PLATFORM,

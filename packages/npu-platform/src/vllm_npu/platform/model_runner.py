@@ -121,6 +121,24 @@ class NPUModelRunner(GPUModelRunner):
         with cuda_stream_api_as(self.device_backend):
             return super().execute_model(scheduler_output, intermediate_tensors)
 
+    def load_lora_model(self, model: nn.Module, vllm_config: VllmConfig, device: torch.device) -> nn.Module:
+        """vLLM's ``load_lora_model`` with npu-ops' worker LoRA manager in place of vLLM's LRU one: the same manager
+        plus a check of each adapter's tensor shapes against the model when it loads (vLLM checks none)."""
+        from vllm.model_executor.models import supports_lora, supports_multimodal
+        from vllm_npu.interface.registry import require
+
+        require("ops", "LoRA (--enable-lora) on the NPU is provided by the npu-ops layer")
+        from vllm_npu.ops.lora import NPUWorkerLoRAManager
+
+        if not supports_lora(model):
+            raise ValueError(f"{model.__class__.__name__} does not support LoRA yet.")
+        if supports_multimodal(model):
+            logger.warning("for multimodal models vLLM adds LoRA to the language model only")
+        self.lora_manager = NPUWorkerLoRAManager(
+            vllm_config, device, model.embedding_modules, model.embedding_padding_modules
+        )
+        return self.lora_manager.create_lora_manager(model)
+
     # --- static graphs ------------------------------------------------------------------------------------------
 
     def load_model(self, eep_scale_up: bool = False) -> None:
@@ -155,7 +173,7 @@ class NPUModelRunner(GPUModelRunner):
     def initialize_cudagraph_capture(self) -> None:
         if torchair_enabled(self.vllm_config):
             # torchair compiles the decode forward instead of capturing it: attention stays an op called with each
-            # step's metadata, so the backends' graph support (MLA's is NEVER) must not downgrade the mode to NONE.
+            # step's metadata, so the backends' graph support (SFA's is NEVER) must not downgrade the mode to NONE.
             mode = self.compilation_config.cudagraph_mode
             if mode is None:  # VllmConfig resolves it before any runner exists
                 raise RuntimeError("compilation_config.cudagraph_mode was not resolved")

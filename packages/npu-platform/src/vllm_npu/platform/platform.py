@@ -20,6 +20,7 @@ import torch
 from vllm.platforms.interface import Platform, PlatformEnum
 from vllm_npu.interface.device import current_device
 from vllm_npu.interface.log import get_logger
+from vllm_npu.interface.settings import ENV_SETTINGS
 
 from ._device import DeviceBackend, EmulatedDevice, NPUDevice
 
@@ -49,6 +50,10 @@ class NPUPlatform(Platform):
     # logprob gather): compiling them would fail or fall back per call.
     simple_compile_backend: str = "eager"
     supported_quantization: list[str] = ["ascend"]
+    #: Copied by vLLM's Ray executor from the driver to every worker actor (with vLLM's own VLLM_* variables). The
+    #: device mode (VLLM_NPU_DEVICE) must already be in the Ray cluster's environment: an actor resolves its
+    #: platform before this copy arrives.
+    additional_env_vars: list[str] = [s.name for s in ENV_SETTINGS]
 
     #: The device backend (memory, sync, streams) of this mode.
     device_backend: ClassVar[type[DeviceBackend]] = NPUDevice
@@ -221,6 +226,18 @@ class NPUPlatform(Platform):
         )
 
     @classmethod
+    def get_vit_attn_backend(cls, head_size: int, dtype: torch.dtype) -> Any:
+        """The vision-encoder attention vLLM's own ViTs use here: ``TORCH_SDPA``.
+
+        vLLM's towers accept only FLASH_ATTN / TORCH_SDPA / XFORMERS / ROCM_AITER_FA and build the kernel from it;
+        of those only SDPA runs on an NPU (plain torch). The Qwen VL towers, npu-models' overrides, ignore this
+        answer: their attention runs npu-attention's ``vision_attention`` kernel. Stated explicitly rather than
+        inherited so that a change of vLLM's default cannot pick a CUDA kernel for us."""
+        from vllm.platforms import _Backend
+
+        return _Backend.TORCH_SDPA
+
+    @classmethod
     def get_device_communicator_cls(cls) -> str:
         return COMMUNICATOR_CLS
 
@@ -319,7 +336,10 @@ class EmulatedNPUPlatform(NPUPlatform):
     device_name: str = "cpu"  # vLLM builds `torch.device(device_name)` for OOT process groups
     device_type: str = "cpu"
     dispatch_key: str = "CPU"
-    ray_device_key: str = ""  # Ray is not supported on the emulated device
+    # Ray's NPU resource, as on NPUs: a CPU host declares it (`ray start --resources '{"NPU": 2}'`, or
+    # `ray.init(resources=...)`). A custom resource name would not do: vLLM reads each actor's device ids from
+    # ray.get_runtime_context().get_accelerator_ids(), which lists only Ray's accelerator resources.
+    ray_device_key: str = "NPU"
     # Not under VLLM_NPU_*: vLLM writes this variable for data-parallel ranks, and unknown VLLM_NPU_* names are errors.
     device_control_env_var: str = "NPU_EMULATED_VISIBLE_DEVICES"
     dist_backend: str = "gloo"

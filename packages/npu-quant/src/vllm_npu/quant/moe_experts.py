@@ -129,9 +129,16 @@ class W8A8DynamicExperts:
         return self._scales[key]
 
     def __call__(self, rows: torch.Tensor, group_counts: torch.Tensor) -> torch.Tensor:
-        layer, dt = self.layer, rows.dtype
         xq, s = self._dq(rows)
-        h = self._gqmm(xq, param(layer, "w13_weight"), self._scale("w13_weight_scale", dt), s, group_counts, dt)
+        return self.run_int8(xq, s, group_counts, rows.dtype)
+
+    def run_int8(
+        self, xq: torch.Tensor, scales: torch.Tensor, group_counts: torch.Tensor, out_dtype: torch.dtype
+    ) -> torch.Tensor:
+        """The same MLP over rows already quantised per token (xq int8 [N, H], scales float32 [N]): what MC2's
+        dynamic-quant dispatch delivers (npu-ops' ``QuantizedRowsExperts``), so the rows travel as int8."""
+        layer, dt = self.layer, out_dtype
+        h = self._gqmm(xq, param(layer, "w13_weight"), self._scale("w13_weight_scale", dt), scales, group_counts, dt)
         hq, s2 = self._dq(self.activation(h))
         return self._gqmm(hq, param(layer, "w2_weight"), self._scale("w2_weight_scale", dt), s2, group_counts, dt)
 

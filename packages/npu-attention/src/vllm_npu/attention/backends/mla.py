@@ -24,7 +24,7 @@ Kernels are chosen once per impl (``Kernel.select()``): torch_npu on an NPU, the
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 import torch
 from vllm.attention.backends.abstract import AttentionLayer
@@ -41,10 +41,12 @@ from vllm.v1.attention.backends.utils import (
     split_decodes_and_prefills,
 )
 from vllm.v1.kv_cache_interface import AttentionSpec
+from vllm_npu.interface import graphs
+from vllm_npu.interface.device import kernel_backend
 from vllm_npu.interface.errors import ConfigError, KernelContractError
 
 from ..metadata import reject_decode_context_parallel
-from ..ops.mla_attention import MLA_DECODE, RING_MLA, ring_mla_mask
+from ..ops.mla_attention import MLA_DECODE, RING_MLA, mla_decode_workspace_npu, ring_mla_mask
 from ..ops.mla_cache import MLA_CACHE_WRITE, PAGED_CACHE_LOAD, latent_cache_planes
 from ..ops.weight_format import kv_b_proj_to_nd
 
@@ -142,10 +144,10 @@ class AscendMLAMetadataBuilder(AttentionMetadataBuilder[AscendMLAMetadata]):
     block-aligned (never less than one block per request). Set :attr:`context_chunk_tokens` to change the budget.
     """
 
-    # No full graphs yet (FULL_DECODE_ONLY is downgraded by vLLM, PIECEWISE works): the decode kernel returns a fresh
-    # tensor, and on the NPU it would have to become an updatable task writing into captured buffers
-    # (npu_fused_infer_attention_score.out with a workspace), as the GQA decode kernel does.
-    cudagraph_support: ClassVar[AttentionCGSupport] = AttentionCGSupport.NEVER
+    # Full graphs for pure-decode batches (FULL_DECODE_ONLY): the decode kernel is an updatable task whose sequence
+    # lengths are refreshed before every replay; block tables and slot mappings are views of vLLM's persistent
+    # buffers. Prefill kernels take per-request host lists (query/context lengths, chunk plans) no update follows.
+    cudagraph_support: ClassVar[AttentionCGSupport] = AttentionCGSupport.UNIFORM_SINGLE_TOKEN_DECODE
     reorder_batch_threshold: int = 1
 
     def __init__(self, kv_cache_spec: AttentionSpec, layer_names: list[str], vllm_config: Any, device: torch.device):
@@ -222,6 +224,33 @@ class AscendMLAMetadataBuilder(AttentionMetadataBuilder[AscendMLAMetadata]):
             prefill=prefill,
         )
 
+    def build_for_cudagraph_capture(self, common_attn_metadata: CommonAttentionMetadata) -> AscendMLAMetadata:
+        """Metadata of the dummy decode batch a full graph is captured with: one token per request, all decodes."""
+        if common_attn_metadata.max_query_len != 1:
+            raise ValueError(
+                "AscendMLABackend captures full graphs only for single-token decode batches "
+                f"(max_query_len={common_attn_metadata.max_query_len})"
+            )
+        md = self.build(0, common_attn_metadata)
+        assert md.prefill is None and md.decode is not None  # every request of the batch has one query token
+        return md
+
+
+def decode_seq_lens_refresh(layer_name: str, batch: int) -> graphs.Refresh:
+    """The refresh of a captured MLA decode kernel: this step's sequence lengths of ``layer_name``'s decode requests,
+    padded to the graph's ``batch`` with 1 (a padding request attends to one cached slot; its row is discarded)."""
+
+    def refresh() -> dict[str, list[int]]:
+        from vllm.forward_context import get_forward_context
+
+        # vLLM types attn_metadata as every runner's shape; the V1 runner with this backend sets one per layer name.
+        metadata = cast("dict[str, AscendMLAMetadata]", get_forward_context().attn_metadata)
+        decode = metadata[layer_name].decode
+        lens = list(decode.seq_lens_list) if decode is not None else []
+        return {"seq_lens": lens + [1] * (batch - len(lens))}
+
+    return refresh
+
 
 # --- impl -------------------------------------------------------------------------------------------------------
 
@@ -245,6 +274,7 @@ class AscendMLAImpl(MLACommonBaseImpl[AscendMLAMetadata]):
             )
         self._write = MLA_CACHE_WRITE.select()
         self._load = PAGED_CACHE_LOAD.select()
+        self._npu = kernel_backend() == "npu"
         self._decode = MLA_DECODE.select()
         self._ring = RING_MLA.select()
         self._ring_mask: torch.Tensor | None = None
@@ -290,7 +320,7 @@ class AscendMLAImpl(MLACommonBaseImpl[AscendMLAMetadata]):
             out = self._forward_prefill(q[nd:], kv_c[nd:], k_pe[nd:], nope, rope, attn_metadata.prefill)
             output[nd:n] = out.reshape(n - nd, -1).to(output.dtype)
         if attn_metadata.decode is not None:
-            out = self._forward_decode(q[:nd], nope, rope, attn_metadata.decode)
+            out = self._forward_decode(q[:nd], nope, rope, attn_metadata.decode, getattr(layer, "layer_name", ""))
             output[:nd] = out.reshape(nd, -1).to(output.dtype)
         return output
 
@@ -330,9 +360,24 @@ class AscendMLAImpl(MLACommonBaseImpl[AscendMLAMetadata]):
         return out
 
     def _forward_decode(
-        self, q: torch.Tensor, nope: torch.Tensor, rope: torch.Tensor, meta: AscendMLADecodeMetadata
+        self, q: torch.Tensor, nope: torch.Tensor, rope: torch.Tensor, meta: AscendMLADecodeMetadata, layer_name: str
     ) -> torch.Tensor:
         q_nope, q_pe = q.split([self.qk_nope_head_dim, self.qk_rope_head_dim], dim=-1)
         ql_nope = torch.bmm(q_nope.transpose(0, 1), self.W_UK_T).transpose(0, 1)  # [B, N, L]
-        latent = self._decode(ql_nope, q_pe, nope, rope, meta.block_table, meta.seq_lens_list, self.scale)
+        b = ql_nope.shape[0]
+        latent = ql_nope.new_empty(ql_nope.shape)
+        scratch: dict[str, torch.Tensor] = {}
+        args = (ql_nope, q_pe, nope, rope, meta.block_table)
+        if self._npu and graphs.active_recorder() is not None:
+            # A captured task is re-issued on the addresses it was captured with: its workspace and softmax_lse must
+            # be allocated here, before it (vllm-ascend queries the maximum workspace the same way).
+            scratch = {
+                "workspace": mla_decode_workspace_npu(*args, meta.seq_lens_list, self.scale),
+                "lse": ql_nope.new_empty(b),
+            }
+        # Inside a full decode graph the sequence lengths (a host list) are refreshed before every replay.
+        graphs.launch(
+            self._decode, *args, refresh=decode_seq_lens_refresh(layer_name, b), seq_lens=meta.seq_lens_list,
+            scale=self.scale, out=latent, **scratch,
+        )  # fmt: skip
         return torch.bmm(latent.transpose(0, 1), self.W_UV).transpose(0, 1)  # [B, N, V]

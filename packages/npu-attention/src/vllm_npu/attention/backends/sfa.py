@@ -59,8 +59,12 @@ class AscendSFAMetadata:
 class AscendSFAMetadataBuilder(AttentionMetadataBuilder[AscendSFAMetadata]):
     """No decode/prefill split: sparse attention treats every token alike (top-k keys each)."""
 
-    # No full graphs (PIECEWISE works): the indexer's top-k selection and the sparse kernel take per-step host
-    # parameters that are not graph tasks.
+    # No full graphs (PIECEWISE works; vLLM downgrades FULL_DECODE_ONLY to eager and logs why). The indexer's top-k
+    # selection and the sparse kernel take per-step host lists (query starts, sequence lengths), and the NPU has no
+    # graph-task update for them to follow: vllm-ascend v0.11.0's SFA builder is NEVER too (sfa_v1.py
+    # aclgraph_support), its full-graph DeepSeek-V3.2 path being torchair (torchair_sfa.py), and its ACL graph task
+    # updates (compilation/acl_graph.py) cover only npu_fused_infer_attention_score and _npu_paged_attention, not
+    # the custom npu_sparse_flash_attention / npu_lightning_indexer ops.
     cudagraph_support: ClassVar[AttentionCGSupport] = AttentionCGSupport.NEVER
     reorder_batch_threshold: int | None = None
 

@@ -27,23 +27,33 @@ def mla_decode_reference(
     block_table: torch.Tensor,
     seq_lens: Sequence[int],
     scale: float,
-) -> torch.Tensor:
-    """Multi-query attention of one token per request over its whole cached sequence, in latent space.
+    *,
+    out: torch.Tensor,
+    workspace: torch.Tensor | None = None,
+    lse: torch.Tensor | None = None,
+) -> None:
+    """Multi-query attention of one token per request over its whole cached sequence, in latent space, written
+    into ``out``.
 
     ``ql_nope [B, N, L]`` (q_nope already multiplied by ``W_UK``), ``q_pe [B, N, R]``; caches ``[nb, bs, 1, L|R]``;
     ``block_table [B, max_blocks]`` int; ``seq_lens`` B ints (tokens in the cache, including the current one).
     ``score[b, n, s] = scale * (ql_nope[b, n] . kv_c[b, s] + q_pe[b, n] . k_pe[b, s])`` for ``s < seq_lens[b]``;
-    returns ``softmax(score) @ kv_c`` as ``[B, N, L]`` (the caller applies ``W_UV``).
+    writes ``softmax(score) @ kv_c`` into ``out [B, N, L]`` (the caller applies ``W_UV``) and returns nothing, so a
+    captured graph can hold the call as an updatable task (:func:`vllm_npu.interface.graphs.launch`).
+    ``workspace`` and ``lse`` are the NPU kernel's scratch (:func:`mla_decode_npu`); the reference ignores them.
     """
     B = ql_nope.shape[0]
     bs = nope_cache.shape[1]
     lens = torch.as_tensor(list(seq_lens), dtype=torch.int64)
     if lens.numel() != B or (lens <= 0).any():
         raise KernelContractError(f"mla_decode: need {B} positive seq_lens, got {lens.tolist()}")
+    if out.shape != ql_nope.shape:
+        raise KernelContractError(f"mla_decode: out must be {tuple(ql_nope.shape)}, got {tuple(out.shape)}")
     dev = ql_nope.device
     pos = torch.arange(int(lens.max()), device=dev)
     slots = block_table[:, pos // bs].long() * bs + pos % bs  # [B, S]; entries past seq_len are masked
-    return latent_attention(ql_nope, q_pe, nope_cache, rope_cache, slots, pos[None, :] < lens.to(dev)[:, None], scale)
+    valid = pos[None, :] < lens.to(dev)[:, None]
+    out.copy_(latent_attention(ql_nope, q_pe, nope_cache, rope_cache, slots, valid, scale))
 
 
 def latent_attention(
@@ -69,17 +79,12 @@ def latent_attention(
     return torch.einsum("tnk,tkl->tnl", p, k_c).to(ql_nope.dtype)
 
 
-def mla_decode_npu(
-    ql_nope: torch.Tensor,
-    q_pe: torch.Tensor,
-    nope_cache: torch.Tensor,
-    rope_cache: torch.Tensor,
-    block_table: torch.Tensor,
-    seq_lens: Sequence[int],
-    scale: float,
-) -> torch.Tensor:
-    """NPU twin of :func:`mla_decode_reference`: ``npu_fused_infer_attention_score`` in its MLA mode (query_rope /
-    key_rope, one KV head, BNSD, paged). Documented limits: L = 512, R = 64, N in {32, 64, 128}, block size 16/128."""
+def _mla_decode_npu_inputs(
+    ql_nope: torch.Tensor, q_pe: torch.Tensor, nope_cache: torch.Tensor, rope_cache: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(query, query_rope, key_cache, key_rope)`` of ``npu_fused_infer_attention_score`` in its MLA mode (BNSD,
+    one KV head, paged: caches ``[nb, 1, bs, L|R]``). Documented limits: L = 512, R = 64, N in {32, 64, 128}, block
+    size 16/128."""
     B, N, L = ql_nope.shape
     nb, bs, _, _ = nope_cache.shape
     R = rope_cache.shape[-1]
@@ -89,23 +94,90 @@ def mla_decode_npu(
             f"and block size 16 or 128; got L={L}, R={R}, N={N}, block_size={bs}. Use the reference kernels "
             "(additional_config npu.kernels='reference') for other shapes"
         )
+    return (
+        ql_nope.reshape(B, N, 1, L).contiguous(),
+        q_pe.reshape(B, N, 1, R).contiguous(),
+        nope_cache.view(nb, 1, bs, L),
+        rope_cache.view(nb, 1, bs, R),
+    )
+
+
+def mla_decode_npu(
+    ql_nope: torch.Tensor,
+    q_pe: torch.Tensor,
+    nope_cache: torch.Tensor,
+    rope_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    seq_lens: Sequence[int],
+    scale: float,
+    *,
+    out: torch.Tensor,
+    workspace: torch.Tensor | None = None,
+    lse: torch.Tensor | None = None,
+) -> None:
+    """NPU twin of :func:`mla_decode_reference`: ``npu_fused_infer_attention_score.out`` in its MLA mode
+    (query_rope / key_rope, one KV head, BNSD, paged).
+
+    The registered 2.8.0 schema of ``.out`` (``libtorch_npu.so``) ends in ``Tensor? workspace=None, Tensor[] out``:
+    the outputs go as ``out=[attention_out, softmax_lse]`` (the prose docs name the two outputs; their own example,
+    torch_npu's ``npu/graphs.py`` and vllm-ascend v0.11.0's graph path pass ``out=[...]``). Inside a captured graph
+    ``workspace`` is the kernel's maximum workspace (:func:`mla_decode_workspace_npu`) and ``lse`` a ``[B]`` buffer,
+    both allocated before the capture's task so that every task update re-issues the kernel on the same addresses;
+    eagerly both may be None (the kernel then sizes its own workspace; ``softmax_lse`` is reserved, "暂不支持", and
+    discarded)."""
+    q, q_rope, kv, k_rope = _mla_decode_npu_inputs(ql_nope, q_pe, nope_cache, rope_cache)
     import torch_npu
 
-    out, _ = torch_npu.npu_fused_infer_attention_score(
-        ql_nope.reshape(B, N, 1, L).contiguous(),
-        nope_cache.view(nb, 1, bs, L),
-        nope_cache.view(nb, 1, bs, L),
-        query_rope=q_pe.reshape(B, N, 1, R).contiguous(),
-        key_rope=rope_cache.view(nb, 1, bs, R),
-        num_heads=N,
+    torch_npu.npu_fused_infer_attention_score.out(
+        q,
+        kv,
+        kv,
+        query_rope=q_rope,
+        key_rope=k_rope,
+        num_heads=q.shape[1],
         num_key_value_heads=1,
         input_layout="BNSD",
         scale=scale,
         block_table=block_table.to(torch.int32),
-        block_size=bs,
+        block_size=kv.shape[2],
+        actual_seq_lengths_kv=list(seq_lens),
+        workspace=workspace,
+        out=[out.view(q.shape), q.new_empty(q.shape[0]) if lse is None else lse],
+    )
+
+
+def mla_decode_workspace_npu(
+    ql_nope: torch.Tensor,
+    q_pe: torch.Tensor,
+    nope_cache: torch.Tensor,
+    rope_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    seq_lens: Sequence[int],
+    scale: float,
+) -> torch.Tensor:
+    """The largest workspace :func:`mla_decode_npu` can need at these shapes, for every sequence length
+    (``torch_npu._npu_fused_infer_attention_score_get_max_workspace``, same arguments as the call; its registered
+    schema takes query_rope / key_rope like the op, although the prose docs list them only for the op). Queried once
+    per captured task; the graph's task updates change only the sequence lengths. NPU only: the reference
+    (:func:`mla_decode_reference`) needs no workspace."""
+    q, q_rope, kv, k_rope = _mla_decode_npu_inputs(ql_nope, q_pe, nope_cache, rope_cache)
+    import torch_npu
+
+    workspace: torch.Tensor = torch_npu._npu_fused_infer_attention_score_get_max_workspace(
+        q,
+        kv,
+        kv,
+        query_rope=q_rope,
+        key_rope=k_rope,
+        num_heads=q.shape[1],
+        num_key_value_heads=1,
+        input_layout="BNSD",
+        scale=scale,
+        block_table=block_table.to(torch.int32),
+        block_size=kv.shape[2],
         actual_seq_lengths_kv=list(seq_lens),
     )
-    return out.view(B, N, L)
+    return workspace
 
 
 MLA_DECODE = Kernel("mla_decode", npu=mla_decode_npu, reference=mla_decode_reference)

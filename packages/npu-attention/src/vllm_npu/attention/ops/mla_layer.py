@@ -17,15 +17,21 @@ one of vLLM's GPT-J rotation. cos/sin come from ``rotary_emb.cos_sin_cache`` (ev
 DeepSeek's YaRN mscale included), read inside the layer that owns it: the metadata builder stays model-free.
 
 Falls back to vLLM's ``forward_native`` whenever the fusion does not apply: sparse (DeepSeek-V3.2) layers, a NeoX
-rope, partial rotary, a biased norm, an attention backend other than :class:`AscendMLABackend`, or a compiled /
-graph-captured model. The fused write sits outside the attention op and reads the step's metadata in Python (whether
-there is any, ``num_actual_tokens``, the slot mapping): Dynamo and a captured graph would freeze those at their
+rope, partial rotary, a biased norm, an attention backend other than :class:`AscendMLABackend`, or a model Dynamo
+traces (PIECEWISE graphs, the torchair mode). The fused write sits outside the attention op and reads the step's
+metadata in Python (whether there is any, ``num_actual_tokens``, the slot mapping): Dynamo would freeze those at its
 first (metadata-less) run and never write the cache again; ``forward_native`` leaves the write to the impl, inside
 the attention op, which runs eagerly between graph pieces.
+
+A FULL_DECODE_ONLY graph captures this forward as it runs with the capture batch's metadata, and everything it
+reads stays right on replay: the slot mapping is a view of vLLM's persistent slot buffer (rewritten in place every
+step, ``-1`` past the step's tokens, which the write skips), ``positions`` is the model's input buffer, and the
+token count is the graph's padded batch size, whose padding rows go to slot ``-1``.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -52,14 +58,17 @@ def interleave_rope_npu(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -
 INTERLEAVE_ROPE = Kernel("interleave_rope", npu=interleave_rope_npu, reference=interleave_rope_reference)
 
 
-def _model_is_compiled() -> bool:
-    """Whether the model being built is traced by Dynamo or captured into static graphs."""
-    from vllm.config import CompilationLevel, CUDAGraphMode, get_current_vllm_config
+def _model_is_traced() -> bool:
+    """Whether the model being built is traced by Dynamo: PIECEWISE graphs (Dynamo pieces) or the torchair mode
+    (``torch.compile`` of the decode forward). FULL_DECODE_ONLY graphs capture the eager module as it runs."""
+    from vllm.config import CompilationLevel, get_current_vllm_config
+    from vllm_npu.interface.config import AdditionalConfig
 
-    compilation = get_current_vllm_config().compilation_config
-    return compilation.level not in (None, CompilationLevel.NO_COMPILATION) or (
-        compilation.cudagraph_mode not in (None, CUDAGraphMode.NONE)
-    )
+    config = get_current_vllm_config()
+    if config.compilation_config.level not in (None, CompilationLevel.NO_COMPILATION):
+        return True
+    extra = config.additional_config  # the platform refused a non-object --additional-config already
+    return AdditionalConfig.from_vllm(extra if isinstance(extra, Mapping) else None).graph_mode == "torchair"
 
 
 def _fusable(layer: MultiHeadLatentAttention) -> bool:
@@ -67,7 +76,7 @@ def _fusable(layer: MultiHeadLatentAttention) -> bool:
     norm = layer.kv_a_layernorm
     return (
         not layer.is_sparse
-        and not _model_is_compiled()
+        and not _model_is_traced()
         and isinstance(getattr(layer.mla_attn, "impl", None), AscendMLAImpl)
         and isinstance(getattr(rope, "cos_sin_cache", None), torch.Tensor)
         and getattr(rope, "is_neox_style", True) is False

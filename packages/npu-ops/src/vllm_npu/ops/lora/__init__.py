@@ -1,6 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
-"""vllm_npu.ops.lora: multi-LoRA on the NPU (vLLM's ``get_punica_wrapper`` target and the LoRA layer classes).
+"""vllm_npu.ops.lora: multi-LoRA on the NPU (vLLM's ``get_punica_wrapper`` target, the LoRA layer
+classes, and the worker LoRA manager that checks adapter shapes).
 
 Lazy exports: importing this package imports neither torch nor vLLM.
 """
@@ -14,10 +15,12 @@ from typing import TYPE_CHECKING
 _EXPORTS: dict[str, str] = {
     "PunicaWrapperNPU": ".punica:PunicaWrapperNPU",
     "NPU_LORA_CLASSES": ".layers:NPU_LORA_CLASSES",
+    "NPUWorkerLoRAManager": ".manager:NPUWorkerLoRAManager",
 }
 
 if TYPE_CHECKING:
     from .layers import NPU_LORA_CLASSES
+    from .manager import NPUWorkerLoRAManager
     from .punica import PunicaWrapperNPU
 else:
     from vllm_npu.interface.lazy import lazy_exports
@@ -26,5 +29,6 @@ else:
 
 __all__ = [
     "NPU_LORA_CLASSES",
+    "NPUWorkerLoRAManager",
     "PunicaWrapperNPU",
 ]

@@ -12,7 +12,9 @@ A dispatcher is ``dispatcher(hidden [T, H], topk_weights [T, k] f32, topk_ids [T
   are sent to the ranks owning their experts with a variable-size all-to-all, computed there, sent back and
   combined locally. The result is complete on every rank (no reduction afterwards).
 
-Placement follows vLLM's ``determine_expert_map`` (``linear`` or ``round_robin``), given as the per-rank expert maps.
+Placement follows vLLM's ``determine_expert_map`` (``linear`` or ``round_robin``), given as the per-rank expert maps,
+or an :class:`~.placement.ExpertPlacement` (``npu.expert_map_path``: any placement, redundant replicas included), whose
+replica choice turns each routed logical expert into one physical slot.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from typing import Any
 import torch
 
 from .experts import ExpertsFn
+from .placement import ExpertPlacement
 from .routing import InitRouting, Unpermute, combine_masked
 
 # (input [N, ...], output_split_sizes, input_split_sizes) -> output [sum(output_split_sizes), ...]
@@ -43,16 +46,29 @@ def run_experts(experts: ExpertsFn, rows: torch.Tensor, group_counts: torch.Tens
 class LocalDispatcher:
     """Route, run the local experts, combine; no communication.
 
-    ``expert_map`` [E] int (global id -> local id, -1 when not local) or None when every expert is local.
+    ``expert_map`` [E] int (global id -> local id, -1 when not local) or None when every expert is local. With a
+    ``placement`` (and this ``rank``) instead, each routed expert is first mapped to its chosen replica (offset 0:
+    every rank holding the same tokens makes the same choice, so each slot is computed on exactly one rank).
     """
 
     num_experts: int
     init_routing: InitRouting
     unpermute: Unpermute
     expert_map: torch.Tensor | None = None
+    placement: ExpertPlacement | None = None
+    rank: int = 0
 
     def __post_init__(self) -> None:
-        if self.expert_map is None:
+        if self.placement is not None:
+            if self.placement.num_logical != self.num_experts:
+                raise ValueError(f"placement has {self.placement.num_logical} experts, expected {self.num_experts}")
+            self.num_local = self.placement.local_counts[self.rank]
+            start = self.placement.offsets[self.rank]
+            physical = torch.arange(self.placement.num_physical)
+            mine = (physical >= start) & (physical < start + self.num_local)
+            # physical id -> local id, the sentinel num_local for other ranks' slots
+            self._local_id = torch.where(mine, physical - start, self.num_local).long()
+        elif self.expert_map is None:
             self.num_local = self.num_experts
         else:
             if self.expert_map.numel() != self.num_experts:
@@ -64,12 +80,15 @@ class LocalDispatcher:
     def __call__(
         self, hidden: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor, experts: ExpertsFn
     ) -> torch.Tensor:
-        if self.expert_map is None:
+        if self.expert_map is None and self.placement is None:
             rows, row_idx, counts = self.init_routing(hidden, topk_ids, self.num_experts, (0, self.num_experts))
             return self.unpermute(run_experts(experts, rows, counts), row_idx, topk_weights)
         if self._local_id.device != topk_ids.device:  # once, if the layer moved after it was built
             self._local_id = self._local_id.to(topk_ids.device)
-        local_ids = self._local_id[topk_ids.long()]
+        if self.placement is not None:
+            local_ids = self._local_id[self.placement.to(topk_ids.device).choose(topk_ids)]
+        else:
+            local_ids = self._local_id[topk_ids.long()]
         rows, row_idx, counts = self.init_routing(hidden, local_ids, self.num_local + 1, (0, self.num_local))
         # The NPU grouped matmul wants the counts to cover every row it gets: keep the in-range rows only.
         n = int(counts.sum())
@@ -114,8 +133,8 @@ def coordinator_all_to_all(coordinator: Any) -> AllToAll:
 class AllToAllDispatcher:
     """Expert parallelism over different tokens per rank, with a variable-size all-to-all.
 
-    ``expert_maps[r]`` is rank r's expert map ([E] int: global -> local id, -1 elsewhere); every expert lives on
-    exactly one rank. Per call: route rows by (owner rank, local id); exchange the per-expert counts; all-to-all the
+    ``expert_maps[r]`` is rank r's expert map ([E] int: global -> local id, -1 elsewhere), or ``placement`` gives
+    the slots (redundant replicas allowed; this rank's tokens choose replicas with offset ``rank``). Per call: route rows by (owner rank, local id); exchange the per-expert counts; all-to-all the
     rows; re-sort the received rows by local expert (they arrive grouped by source rank); run the experts; undo the
     re-sort; all-to-all back; combine with the routing weights.
     """
@@ -126,22 +145,17 @@ class AllToAllDispatcher:
     all_to_all: AllToAll
     init_routing: InitRouting
     unpermute: Unpermute
+    placement: ExpertPlacement | None = None
 
     def __post_init__(self) -> None:
-        maps = torch.stack([m.long().cpu() for m in self.expert_maps])  # [R, E]
-        if maps.shape[1] != self.num_experts:
-            raise ValueError(f"expert maps have {maps.shape[1]} experts, expected {self.num_experts}")
-        owners = (maps >= 0).sum(0)
-        if not bool((owners == 1).all()):
-            raise ValueError("AllToAllDispatcher needs every expert on exactly one rank (no redundant experts)")
-        self.world = maps.shape[0]
-        self.local_counts = (maps >= 0).sum(1).tolist()  # experts per rank
+        if self.placement is None:
+            self.placement = ExpertPlacement.from_expert_maps(self.expert_maps)
+        if self.placement.num_logical != self.num_experts:
+            raise ValueError(f"expert maps have {self.placement.num_logical} experts, expected {self.num_experts}")
+        self.world = self.placement.world
+        self.local_counts = self.placement.local_counts  # slots per rank
         self.max_local = max(self.local_counts)
-        owner = (maps >= 0).long().argmax(0)  # [E]
-        local = maps.gather(0, owner.unsqueeze(0)).squeeze(0)  # [E]
-        offsets = torch.tensor([0, *self.local_counts]).cumsum(0)
-        # "Physical" id: experts numbered rank by rank, so one sort groups rows by owner then by local expert.
-        self._physical = (offsets[owner] + local).long()
+        # Physical ids number the slots rank by rank, so one sort groups rows by owner then by local expert.
         # Where each physical expert's row count goes in the flat [R * max_local] count table (padding stays 0):
         # one scatter per call instead of a copy per rank.
         self._count_slot = torch.cat([r * self.max_local + torch.arange(n) for r, n in enumerate(self.local_counts)])
@@ -150,11 +164,12 @@ class AllToAllDispatcher:
         self, hidden: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor, experts: ExpertsFn
     ) -> torch.Tensor:
         device = hidden.device
-        if self._physical.device != device:  # once: the tables are built on the CPU
-            self._physical = self._physical.to(device)
+        if self._count_slot.device != device:  # once: the tables are built on the CPU
             self._count_slot = self._count_slot.to(device)
-        physical = self._physical[topk_ids.long()]
-        rows, row_idx, counts = self.init_routing(hidden, physical, self.num_experts, (0, self.num_experts))
+        assert self.placement is not None
+        physical = self.placement.to(device).choose(topk_ids, offset=self.rank)
+        total = self.placement.num_physical
+        rows, row_idx, counts = self.init_routing(hidden, physical, total, (0, total))
         # counts per (destination rank, its local expert), padded to max_local: [R, L]
         send = torch.zeros(self.world * self.max_local, dtype=torch.int64, device=device)
         send[self._count_slot] = counts.long()

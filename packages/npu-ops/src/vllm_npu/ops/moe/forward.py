@@ -24,9 +24,11 @@ from vllm_npu.interface import ConfigError, KernelBackend
 from .comm import AllToAll, AllToAllDispatcher, LocalDispatcher
 from .experts import GROUPED_MATMUL, ExpertsFn, GroupedMatmul, UnquantizedExperts, build_activation
 from .gating import Gate, RoutingConfig, build_gate, gate_path
+from .mc2 import MC2Comm, MC2Dispatcher, StepDispatcher, build_mc2
+from .placement import ExpertPlacement
 from .routing import INIT_ROUTING, build_unpermute
 
-Dispatcher = LocalDispatcher | AllToAllDispatcher
+Dispatcher = LocalDispatcher | AllToAllDispatcher | MC2Dispatcher | StepDispatcher
 
 
 @dataclass(frozen=True, eq=False)
@@ -48,7 +50,17 @@ class MoEPlan:
 
     @property
     def all_to_all(self) -> bool:
-        return isinstance(self.dispatcher, AllToAllDispatcher)
+        """The result is complete on every rank (tokens were exchanged), not a partial sum to all-reduce."""
+        d = self.dispatcher
+        if isinstance(d, StepDispatcher):
+            d = d.mc2
+        return isinstance(d, AllToAllDispatcher) or (isinstance(d, MC2Dispatcher) and not d.replicated_tokens)
+
+    @property
+    def mc2(self) -> MC2Dispatcher | None:
+        """The MC2 dispatcher of the plan, if it has one."""
+        d = self.dispatcher
+        return d.mc2 if isinstance(d, StepDispatcher) else d if isinstance(d, MC2Dispatcher) else None
 
 
 def build_moe_plan(
@@ -62,6 +74,10 @@ def build_moe_plan(
     ep_rank: int = 0,
     expert_maps: Sequence[torch.Tensor] | None = None,
     apply_router_weight_on_input: bool = False,
+    placement: ExpertPlacement | None = None,
+    mc2: MC2Comm | None = None,
+    mc2_capacity: int = 0,
+    step_tokens: Callable[[torch.Tensor], int] | None = None,
     backend: KernelBackend | None = None,
 ) -> MoEPlan:
     """Choose the kernels and the dispatcher for one MoE layer.
@@ -70,6 +86,10 @@ def build_moe_plan(
       over ranks that hold the same tokens; the output is this rank's partial sum (reduce it across the EP group).
     - ``all_to_all`` with ``expert_maps`` (every rank's map) and ``ep_rank``: tokens differ per rank and are
       exchanged; the output is complete.
+    - ``placement`` (with ``ep_rank``) replaces the expert maps: any placement, redundant replicas included.
+    - ``mc2`` (the group of the MC2 kernels): MC2 for steps of up to ``mc2_capacity`` tokens (``step_tokens``
+      counts a step; default: the rows of this rank), the dispatcher above beyond. With ``all_to_all`` tokens differ
+      per rank; without, every rank holds the same tokens and MC2 splits them (the output stays a partial sum).
     """
     if apply_router_weight_on_input and routing.top_k != 1:
         raise ConfigError("apply_router_weight_on_input needs top_k == 1 (as in vLLM)")
@@ -77,11 +97,30 @@ def build_moe_plan(
     unpermute = build_unpermute(act_dtype, backend)
     dispatcher: Dispatcher
     if all_to_all is not None:
-        if expert_maps is None:
+        if expert_maps is None and placement is None:
             raise ConfigError("the all-to-all dispatcher needs the expert maps of every rank (expert_maps)")
-        dispatcher = AllToAllDispatcher(num_experts, ep_rank, expert_maps, all_to_all, init_routing, unpermute)
+        dispatcher = AllToAllDispatcher(
+            num_experts, ep_rank, expert_maps or (), all_to_all, init_routing, unpermute, placement
+        )
+    elif placement is not None:
+        dispatcher = LocalDispatcher(num_experts, init_routing, unpermute, placement=placement, rank=ep_rank)
     else:
         dispatcher = LocalDispatcher(num_experts, init_routing, unpermute, expert_map)
+    if mc2 is not None:
+        if mc2_capacity <= 0:
+            raise ConfigError("MC2 needs a positive token capacity (mc2_capacity)")
+        where = placement or (ExpertPlacement.from_expert_maps(expert_maps) if expert_maps else None)
+        if where is None and mc2.world == 1:
+            where = ExpertPlacement(num_experts, [list(range(num_experts))])
+        if where is None:
+            raise ConfigError("MC2 needs the placement of the experts (placement or expert_maps)")
+        steps = step_tokens or (lambda hidden: int(hidden.shape[0]))
+        dispatcher = StepDispatcher(
+            build_mc2(where, mc2, capacity=mc2_capacity, replicated_tokens=all_to_all is None, backend=backend),
+            dispatcher,
+            mc2_capacity,
+            steps,
+        )
     return MoEPlan(
         routing=routing,
         num_experts=num_experts,

@@ -18,12 +18,22 @@ model that builds those gets these classes. What changes against vLLM:
   the EP group's device communicator when attention TP is 1 and the quant method runs ``layer.moe_plan``, else by
   all-gather over the DP group, local experts, reduce-scatter back, then vLLM's TP all-reduce.
 
-Everything else (weight loading, the ``torch.ops.vllm.moe_forward`` custom op, shared experts, the final
-all-reduce) is vLLM's.
+- ``npu.expert_map_path``: a static placement (:mod:`.placement`, redundant replicas allowed) replaces vLLM's;
+  the layer then holds that rank's slots (its weights are re-created at their count) and every dispatcher maps
+  routed experts to replicas.
+- ``npu.moe_mc2``: MC2 (:mod:`.mc2`) for steps up to its token capacity, chosen per step (rule in
+  :func:`~.mc2.mc2_candidate`); the dispatcher above beyond.
+- ``npu.multistream_overlap_shared_expert``: shared experts on a side stream while the routed ones run
+  (:mod:`.overlap`).
+
+Everything else (weight loading, the ``torch.ops.vllm.moe_forward`` custom op, the final all-reduce) is vLLM's.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+import inspect
 from collections.abc import Callable
 from typing import Any, ClassVar
 
@@ -31,11 +41,16 @@ import torch
 from vllm.model_executor.layers.fused_moe.layer import FusedMoE, UnquantizedFusedMoEMethod, determine_expert_map
 from vllm.model_executor.layers.shared_fused_moe.shared_fused_moe import SharedFusedMoE
 from vllm_npu.interface import ConfigError, get_logger
+from vllm_npu.interface.config import AdditionalConfig
+from vllm_npu.interface.device import DeviceMode, current_mode
 from vllm_npu.interface.protocols import runs_layer_moe_plan
 
 from .comm import AllToAll, coordinator_all_to_all
 from .forward import MoEPlan, build_moe_plan, moe_forward
 from .gating import RoutingConfig
+from .mc2 import MC2Comm, mc2_candidate, mc2_tokens_capacity
+from .overlap import SideStream, device_stream_api
+from .placement import ExpertPlacement, layer_index, load_expert_map
 
 logger = get_logger(__name__)
 
@@ -81,11 +96,62 @@ def tokens_differ_per_ep_rank(layer: FusedMoE) -> bool:
     )
 
 
-def build_layer_plan(layer: FusedMoE, *, all_to_all: AllToAll | None = None, allow_all_to_all: bool = True) -> MoEPlan:
+def npu_settings() -> AdditionalConfig:
+    """The plugin's settings of the config being built (defaults outside an engine)."""
+    from vllm.config import get_current_vllm_config
+
+    return AdditionalConfig.from_vllm(getattr(get_current_vllm_config(), "additional_config", None))
+
+
+def _device_soc() -> str:
+    from vllm.platforms import current_platform
+
+    soc = getattr(getattr(current_platform, "device_backend", None), "soc", None)
+    return str(soc()) if callable(soc) else ""
+
+
+def _mc2_capacity() -> int:
+    from vllm.config import get_current_vllm_config
+
+    cfg = get_current_vllm_config()
+    spec = getattr(cfg, "speculative_config", None)
+    return mc2_tokens_capacity(cfg.scheduler_config.max_num_seqs, int(getattr(spec, "num_speculative_tokens", 0) or 0))
+
+
+def _dp_step_tokens(hidden: torch.Tensor) -> int:
+    """The step's largest per-DP-rank token count (the same on every rank), from vLLM's forward context."""
+    from vllm.forward_context import get_forward_context
+
+    meta = get_forward_context().dp_metadata
+    return int(hidden.shape[0]) if meta is None else int(meta.max_tokens_across_dp_cpu)
+
+
+def _mc2_comm(layer: FusedMoE, all_to_all: AllToAll | None) -> MC2Comm:
+    """The MC2 kernels' group: vLLM's EP group (its HCCL communicator on the NPU, its all-to-all for the twin)."""
+    from vllm.distributed import get_ep_group
+
+    group = get_ep_group()
+    name = ""
+    if current_mode() is DeviceMode.NPU:
+        backend: Any = group.device_group._get_backend(torch.device("npu"))  # torch_npu's ProcessGroupHCCL
+        name = backend.get_hccl_comm_name(torch.distributed.get_rank(group=group.device_group))
+    exchange = all_to_all or coordinator_all_to_all(group)
+    return MC2Comm(group.rank_in_group, group.world_size, exchange, name, _device_soc())
+
+
+def build_layer_plan(
+    layer: FusedMoE,
+    *,
+    all_to_all: AllToAll | None = None,
+    allow_all_to_all: bool = True,
+    placement: ExpertPlacement | None = None,
+    mc2: str | None = None,
+) -> MoEPlan:
     """The :class:`MoEPlan` of a built vLLM ``FusedMoE`` layer (any quant method); see the module docstring.
 
     ``all_to_all`` overrides the EP group's exchange (tests); by default it is used only when
-    :func:`uses_all_to_all` says so and ``allow_all_to_all`` is true.
+    :func:`uses_all_to_all` says so and ``allow_all_to_all`` is true. ``placement`` defaults to the layer's
+    static placement (``npu.expert_map_path``), ``mc2`` to ``npu.moe_mc2``.
     """
     if layer.enable_eplb:
         raise ConfigError(
@@ -97,14 +163,38 @@ def build_layer_plan(layer: FusedMoE, *, all_to_all: AllToAll | None = None, all
     if getattr(layer.moe_config, "has_bias", False):
         raise ConfigError(f"{layer.layer_name}: MoE expert biases (has_bias=True) are not supported by npu-ops' MoE")
     kwargs: dict[str, Any] = {}
+    placement = placement or getattr(layer, "expert_placement", None)
+    supplied_exchange = all_to_all
     if all_to_all is None and allow_all_to_all and tokens_differ_per_ep_rank(layer):
         from vllm.distributed import get_ep_group
 
         all_to_all = coordinator_all_to_all(get_ep_group())
-    if all_to_all is not None:
+    if placement is not None:
+        kwargs.update(placement=placement, ep_rank=layer.ep_rank, all_to_all=all_to_all)
+    elif all_to_all is not None:
         kwargs.update(all_to_all=all_to_all, ep_rank=layer.ep_rank, expert_maps=_expert_maps_of(layer))
     else:
         kwargs.update(expert_map=layer.expert_map)
+    setting = mc2 if mc2 is not None else npu_settings().moe_mc2
+    if layer.use_ep and mc2_candidate(
+        setting, npu=current_mode() is DeviceMode.NPU, soc=_device_soc(), ep_world=layer.ep_size
+    ):
+        where = placement or ExpertPlacement.from_expert_maps(_expert_maps_of(layer))
+        if not where.uniform:
+            if setting == "on":
+                raise ConfigError(
+                    f"{layer.layer_name}: npu.moe_mc2='on' needs the experts split evenly over the "
+                    f"{layer.ep_size} expert-parallel ranks (slots per rank: {where.local_counts}); use a number of "
+                    "experts divisible by the EP size, an even npu.expert_map_path, or npu.moe_mc2='auto'"
+                )
+        else:
+            kwargs.update(
+                placement=where,
+                ep_rank=layer.ep_rank,
+                mc2=_mc2_comm(layer, supplied_exchange),
+                mc2_capacity=_mc2_capacity(),
+                step_tokens=_dp_step_tokens if all_to_all is not None else None,
+            )
     plan = build_moe_plan(
         routing_config_of(layer),
         layer.global_num_experts,
@@ -167,9 +257,19 @@ class AscendFusedMoE(FusedMoE):
     """vLLM's ``FusedMoE`` with npu-ops' gating, permutation, grouped matmul and expert-parallel exchange."""
 
     moe_plan: MoEPlan
+    expert_placement: ExpertPlacement | None
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        settings = npu_settings()
+        self.expert_placement = None
+        if settings.expert_map_path is not None:
+            if not self.use_ep:
+                raise ConfigError(
+                    f"{self.layer_name}: npu.expert_map_path places experts over expert-parallel ranks; start with "
+                    "--enable-expert-parallel (and tensor or data parallel > 1), or drop npu.expert_map_path"
+                )
+            self._place_experts(settings.expert_map_path, args, kwargs)
         if type(self.quant_method) is UnquantizedFusedMoEMethod:
             # Same create_weights (already run by vLLM); only apply/process_weights_after_loading differ.
             self.quant_method = AscendUnquantizedFusedMoEMethod(self.moe_config)
@@ -185,20 +285,69 @@ class AscendFusedMoE(FusedMoE):
                 f"{self.layer_name}: sequence-parallel MoE with data parallel is not supported by npu-ops' MoE; "
                 "start without --use-sequence-parallel-moe"
             )
+        self._side_stream: SideStream | None = None
+        if settings.multistream_overlap_shared_expert:
+            api = device_stream_api()
+            if api is not None:
+                self._side_stream = SideStream(api)
+
+    def _place_experts(self, path: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        """Take this rank's slots of the static placement: expert map, local count, and weights re-created at it."""
+        placement = load_expert_map(
+            path, layer=layer_index(self.layer_name), num_logical=self.global_num_experts, world=self.ep_size
+        )
+        if placement.num_redundant and self.global_num_experts != self.moe_config.num_experts:
+            raise ConfigError(f"{self.layer_name}: npu.expert_map_path cannot be combined with vLLM's EPLB experts")
+        self.expert_placement = placement
+        self.local_num_experts = placement.local_counts[self.ep_rank]
+        self.register_buffer("expert_map", placement.expert_map(self.ep_rank))
+        self.moe_config = dataclasses.replace(self.moe_config, num_local_experts=self.local_num_experts)
+        if hasattr(self.quant_method, "moe"):
+            self.quant_method.moe = self.moe_config
+        for name in [n for n in self._parameters if n.startswith(("w13_", "w2_"))]:
+            del self._parameters[name]
+        bound = inspect.signature(FusedMoE.__init__).bind(self, *args, **kwargs)
+        params_dtype = bound.arguments.get("params_dtype") or torch.get_default_dtype()
+        self.quant_method.create_weights(
+            layer=self,
+            num_experts=self.local_num_experts,
+            hidden_size=self.hidden_size,
+            intermediate_size_per_partition=self.intermediate_size_per_partition,
+            params_dtype=params_dtype,
+            weight_loader=self.weight_loader,
+        )
+        logger.info(
+            "%s: static expert placement from %s: rank %d holds experts %s",
+            self.layer_name,
+            path,
+            self.ep_rank,
+            placement.slots[self.ep_rank],
+        )
+
+    def _shared_and_routed(
+        self, hidden_states: torch.Tensor, routed: Callable[[], torch.Tensor]
+    ) -> tuple[torch.Tensor | None, torch.Tensor]:
+        """(shared experts' output or None, routed()): overlapped on the side stream when that is on."""
+        shared_experts = self.shared_experts
+        if shared_experts is None:
+            return None, routed()
+        if self._side_stream is not None:
+            return self._side_stream.overlap(shared_experts, routed, hidden_states)
+        return shared_experts(hidden_states), routed()
 
     def forward_impl(
         self, hidden_states: torch.Tensor, router_logits: torch.Tensor
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        if not self._moe_across_dp:
+        if not self._moe_across_dp and (self._side_stream is None or self.shared_experts is None):
             return super().forward_impl(hidden_states, router_logits)
         self.ensure_moe_quant_config()
-        shared = self.shared_experts(hidden_states) if self.shared_experts is not None else None
-        if self.moe_plan.all_to_all:
-            routed = self._run_quant_method(hidden_states, router_logits)  # complete on this rank
-        else:
-            routed = self._gathered_apply(hidden_states, router_logits)  # partial over the TP group's experts
+        # Without DP this is vLLM's forward_impl (no dispatch/combine) with the shared experts overlapped. With DP:
+        # the all-to-all plan's result is complete here, the gathered one a partial over the TP group's experts.
+        gathered = self._moe_across_dp and not self.moe_plan.all_to_all
+        run = self._gathered_apply if gathered else self._run_quant_method
+        shared, routed = self._shared_and_routed(hidden_states, functools.partial(run, hidden_states, router_logits))
         # As vLLM's forward_impl: sum the attention-TP ranks' partial outputs (a no-op when TP is 1).
-        if self.reduce_results and (self.tp_size > 1 or self.ep_size > 1):
+        if self.reduce_results and not self.is_sequence_parallel and (self.tp_size > 1 or self.ep_size > 1):
             routed = self.maybe_all_reduce_tensor_model_parallel(routed)
             if shared is not None:
                 shared = self.maybe_all_reduce_tensor_model_parallel(shared)

@@ -14,9 +14,9 @@ Calls (torchair as shipped for torch_npu 2.8.0; the same calls vllm-ascend v0.11
   start) under ``cache_dir/<model info>/<fn name>``. ``fn`` is a per-batch-size copy of the model's ``forward``
   with its own name (see :func:`.torchair.forward_for`), because torchair keys the cache by the function.
 
-Not verifiable without an NPU: that GE accepts every op of our decode graph. vLLM's attention op
-(``vllm.unified_attention_with_output``) is a Python custom op; GE needs an Ascend-IR converter for it
-(``torchair.register_fx_node_ge_converter``), which the plugin does not provide yet.
+Not reached today: the torchair mode is refused on an NPU (:data:`.config.TORCHAIR_ON_NPU`): GE needs an Ascend-IR
+converter for vLLM's attention op (``vllm.unified_attention_with_output``), which reads each step's metadata in
+Python and so cannot have one. The wiring stays, checked against a fake ``torchair``.
 """
 
 from __future__ import annotations

@@ -13,8 +13,10 @@ The key is everything that changes what a compiled decode graph computes or how 
 - the parallel position: TP/PP/DP sizes and this worker's TP and PP rank (collectives are inside the graph, and
   weights are this rank's shard);
 - the kernels: device type (npu/emulated) and the kernel backend (``npu.kernels``);
-- the software: vLLM, torch and torch_npu versions, the plugin's distribution versions, and a digest of the plugin's
-  installed Python sources (its versions do not change with every edit, the traced code does).
+- the software: vLLM, torch and torch_npu versions, CANN's version (torchair's GE graphs are built by CANN's graph
+  compiler for its operator library; read from CANN's install files as ``vllm-npu doctor`` does, None without
+  CANN), the plugin's distribution versions, and a digest of the plugin's installed Python sources (its versions do
+  not change with every edit, the traced code does).
 
 The batch size is part of each artifact's name inside the directory (one compiled graph per padded batch size). A
 changed key is a different directory: nothing compiled for another key is ever loaded. Directories of old keys are
@@ -76,6 +78,13 @@ def plugin_source_digest() -> str:
     return digest.hexdigest()
 
 
+def cann_version() -> str | None:
+    """The installed CANN's version (its home found as the device probe finds it), or None without CANN."""
+    from ..cli._host import find_cann
+
+    return find_cann().version
+
+
 def cache_key(vllm_config: VllmConfig, *, device_type: str, kernels: str, tp_rank: int, pp_rank: int) -> dict[str, Any]:
     """The cache key of one worker (see the module docstring); JSON-serialisable."""
     model = vllm_config.model_config
@@ -95,6 +104,7 @@ def cache_key(vllm_config: VllmConfig, *, device_type: str, kernels: str, tp_ran
         "device_type": device_type,
         "kernels": kernels,
         "versions": {dist: _version(dist) for dist in _VERSIONED},
+        "cann": cann_version(),
         "plugin_sources": plugin_source_digest(),
     }
 

@@ -26,7 +26,7 @@ slow every engine start of the test suite; everything else is the same code path
 ``npu.graph_mode``: ``auto`` follows the above; ``eager`` / ``piecewise`` / ``full_decode_only`` set the mode (an
 explicit, different ``cudagraph_mode`` is a conflict). ``--enforce-eager`` with a graph mode is a conflict.
 ``torchair`` uses FULL_DECODE_ONLY's dispatch and compiles each decode size instead of capturing it
-(:mod:`.torchair`).
+(:mod:`.torchair`); it is refused on an NPU (:data:`TORCHAIR_ON_NPU`).
 """
 
 from __future__ import annotations
@@ -56,6 +56,17 @@ GRAPH_MODES: dict[str, str | None] = {
 }
 
 
+#: Why npu.graph_mode='torchair' is refused on an NPU (docs/torchair.md, "On an NPU").
+TORCHAIR_ON_NPU = (
+    "npu.graph_mode='torchair' is not supported on an NPU: torchair's GE compiler (max-autotune) must translate every "
+    "op of the decode graph to Ascend IR, and vLLM's attention op (vllm.unified_attention_with_output) cannot be: it "
+    "takes only the layer's name and reads the step's block tables and sequence lengths from vLLM's forward context "
+    "in Python, which no compile-time converter can follow (torchair refuses to auto-generate a converter for an op "
+    "with a string input). Use npu.graph_mode='full_decode_only' (ACL graphs whose attention kernels are updated "
+    "every step) or 'piecewise'; the torchair mode runs on the emulated device only"
+)
+
+
 @dataclass(frozen=True)
 class GraphPlan:
     """What :func:`configure_graphs` decided (for the platform's log line and ``npu_runtime_info``)."""
@@ -74,6 +85,8 @@ def _resolve_mode(vllm_config: VllmConfig, graph_mode: str, emulated: bool) -> t
     # None only when vLLM did not resolve a default (configs built outside VllmConfig): treat it like vLLM's default.
     vllm_mode = compilation.cudagraph_mode or CUDAGraphMode.FULL_AND_PIECEWISE
     requested = GRAPH_MODES[graph_mode]
+    if graph_mode == "torchair" and not emulated:
+        raise ConfigError(TORCHAIR_ON_NPU)
     if enforce_eager:
         if requested not in (None, "NONE"):
             raise ConfigError(

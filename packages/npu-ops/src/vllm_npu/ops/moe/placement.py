@@ -1,0 +1,163 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
+"""Expert placement: which rank holds which expert, with redundant replicas, and the logical -> physical choice.
+
+Logical experts are the model's (router columns, checkpoint names), ``0 .. E-1``. Physical experts are weight slots:
+rank r holds ``len(slots[r])`` of them, numbered rank by rank (rank 0's slots first), so physical id
+``offsets[r] + local`` is slot ``local`` of rank r and holds logical expert ``slots[r][local]``. A logical expert
+held by several ranks has several replicas; a rank holds a logical expert at most once (its weight loader maps a
+checkpoint expert to one local slot).
+
+Replica choice (:meth:`ExpertPlacement.choose`): slot j of token t goes to replica ``(t + offset) % n_e`` of its
+logical expert e (``n_e`` replicas, in rank order). It depends only on the token's position and a per-rank
+``offset``, so ranks holding the same tokens (vLLM's default expert parallelism, offset 0) agree on every choice,
+which a partial-sum-then-all-reduce combine needs; ranks holding different tokens pass their rank as the offset,
+which spreads a hot expert's tokens over its replicas.
+
+:func:`load_expert_map` reads the JSON placement of ``npu.expert_map_path`` (vllm-ascend's expert-map layout)::
+
+    {"moe_layer_count": N,
+     "layer_list": [{"layer_id": i, "device_count": W,
+                     "device_list": [{"device_id": r, "device_expert": [logical ids of rank r's slots]}, ...]},
+                    ...]}
+
+``layer_id`` here is the decoder layer index of the MoE layer (``model.layers.<i>.``); for models whose every layer
+is MoE (Qwen3-MoE, Qwen2-MoE) that is also vllm-ascend's MoE-layer ordinal.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from vllm_npu.interface import ConfigError
+
+
+class ExpertPlacement:
+    """The placement of ``num_logical`` experts over ``len(slots)`` ranks (see the module docstring)."""
+
+    def __init__(self, num_logical: int, slots: Sequence[Sequence[int]]) -> None:
+        self.num_logical = num_logical
+        self.slots = [list(map(int, s)) for s in slots]
+        self.world = len(self.slots)
+        if self.world == 0:
+            raise ConfigError("an expert placement needs at least one rank")
+        for r, s in enumerate(self.slots):
+            bad = [e for e in s if not 0 <= e < num_logical]
+            if bad:
+                raise ConfigError(f"expert placement: rank {r} lists experts {bad} outside 0..{num_logical - 1}")
+            if len(set(s)) != len(s):
+                raise ConfigError(f"expert placement: rank {r} lists an expert twice ({s}); a rank holds one replica")
+        held = {e for s in self.slots for e in s}
+        missing = sorted(set(range(num_logical)) - held)
+        if missing:
+            raise ConfigError(f"expert placement: experts {missing} are on no rank; every expert needs a replica")
+        self.local_counts = [len(s) for s in self.slots]
+        self.num_physical = sum(self.local_counts)
+        self.offsets = [sum(self.local_counts[:r]) for r in range(self.world)]
+        physical_to_logical = torch.tensor([e for s in self.slots for e in s], dtype=torch.long)
+        self.physical_to_logical = physical_to_logical
+        replicas = [(physical_to_logical == e).nonzero().flatten() for e in range(num_logical)]
+        self.replica_counts = torch.tensor([len(ids) for ids in replicas], dtype=torch.long)
+        width = int(self.replica_counts.max())
+        table = torch.zeros(num_logical, width, dtype=torch.long)
+        for e, ids in enumerate(replicas):
+            table[e, : len(ids)] = ids
+        self.replica_table = table
+        self.num_redundant = self.num_physical - num_logical
+
+    @classmethod
+    def from_expert_maps(cls, expert_maps: Sequence[torch.Tensor]) -> ExpertPlacement:
+        """The placement of vLLM's per-rank expert maps ([E] int: logical -> local slot, -1 elsewhere)."""
+        slots = []
+        for m in expert_maps:
+            m = m.long().cpu()
+            local = (m >= 0).nonzero().flatten()
+            slots.append(local[m[local].argsort()].tolist())
+        return cls(int(expert_maps[0].numel()), slots)
+
+    def expert_map(self, rank: int) -> torch.Tensor:
+        """Rank ``rank``'s map for weight loading: [E] int32, logical -> local slot, -1 where the rank has none."""
+        m = torch.full((self.num_logical,), -1, dtype=torch.int32)
+        m[torch.tensor(self.slots[rank], dtype=torch.long)] = torch.arange(len(self.slots[rank]), dtype=torch.int32)
+        return m
+
+    @property
+    def uniform(self) -> bool:
+        """Every rank holds the same number of slots (what the MC2 kernels need)."""
+        return len(set(self.local_counts)) == 1
+
+    def to(self, device: torch.device) -> ExpertPlacement:
+        """The lookup tables on ``device`` (once, when the layer first runs there)."""
+        if self.replica_table.device != device:
+            self.replica_table = self.replica_table.to(device)
+            self.replica_counts = self.replica_counts.to(device)
+        return self
+
+    def choose(self, topk_ids: torch.Tensor, offset: int = 0) -> torch.Tensor:
+        """Physical ids [T, k] int64 for logical ``topk_ids`` [T, k] (the replica rule of the module docstring)."""
+        ids = topk_ids.long()
+        if self.num_redundant == 0 and int(self.replica_table.shape[1]) == 1:
+            return self.replica_table[ids, 0]
+        counts = self.replica_counts[ids]
+        token = torch.arange(ids.shape[0], device=ids.device).unsqueeze(1) + offset
+        return self.replica_table[ids, token % counts]
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, ExpertPlacement) and (self.num_logical, self.slots) == (
+            other.num_logical,
+            other.slots,
+        )
+
+    def __repr__(self) -> str:
+        return f"ExpertPlacement(num_logical={self.num_logical}, slots={self.slots})"
+
+
+_LAYER_INDEX = re.compile(r"(?:^|\.)layers\.(\d+)\.")
+
+
+def layer_index(prefix: str) -> int:
+    """The decoder layer index in a module prefix (``model.layers.3.mlp.experts`` -> 3)."""
+    match = _LAYER_INDEX.search(prefix)
+    if match is None:
+        raise ConfigError(f"npu.expert_map_path: cannot tell the decoder layer of MoE layer {prefix!r}")
+    return int(match.group(1))
+
+
+def load_expert_map(path: str | Path, *, layer: int, num_logical: int, world: int) -> ExpertPlacement:
+    """Layer ``layer``'s placement from the JSON file at ``path``; ConfigError naming the problem and the file."""
+    where = f"npu.expert_map_path={str(path)!r}"
+    try:
+        data: Any = json.loads(Path(path).read_text())
+    except OSError as exc:
+        raise ConfigError(f"{where}: cannot read the expert map ({exc})") from None
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{where}: the expert map is not valid JSON ({exc})") from None
+    layers = data.get("layer_list") if isinstance(data, dict) else None
+    if not isinstance(layers, list):
+        raise ConfigError(f"{where}: the expert map needs a 'layer_list' list (see docs/moe.md)")
+    entry = next((e for e in layers if isinstance(e, dict) and e.get("layer_id") == layer), None)
+    if entry is None:
+        raise ConfigError(f"{where}: no entry with layer_id {layer}; give every MoE layer a placement")
+    devices = entry.get("device_list")
+    if not isinstance(devices, list) or len(devices) != world:
+        got = len(devices) if isinstance(devices, list) else "no"
+        raise ConfigError(f"{where}: layer {layer} lists {got} devices; the expert-parallel group has {world} ranks")
+    by_rank: dict[int, list[int]] = {}
+    for d in devices:
+        rank, experts = (d.get("device_id"), d.get("device_expert")) if isinstance(d, dict) else (None, None)
+        if not isinstance(rank, int) or not isinstance(experts, list) or not all(isinstance(x, int) for x in experts):
+            raise ConfigError(
+                f"{where}: layer {layer}: each device needs an int 'device_id' and an int list 'device_expert'"
+            )
+        by_rank[rank] = experts
+    if sorted(by_rank) != list(range(world)):
+        raise ConfigError(f"{where}: layer {layer} has device ids {sorted(by_rank)}, expected 0..{world - 1}")
+    try:
+        return ExpertPlacement(num_logical, [by_rank[r] for r in range(world)])
+    except ConfigError as exc:
+        raise ConfigError(f"{where}: layer {layer}: {exc}") from None

@@ -1,0 +1,87 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
+"""Engine-level data parallel, offline, on the emulated device: ``data_parallel_size=2`` run as vLLM runs it offline,
+one process per DP rank (``dp_rank.py``, ``VLLM_DP_*`` variables), each an ``LLM`` whose engine core runs in that
+process (vLLM's ``LLMEngine`` joins the DP group and steps dummy batches itself).
+
+Two configurations, one DP=2 run each: tiny Qwen2 (dense: the ranks are independent engines joined by vLLM's DP
+group) and tiny Qwen3-MoE with ``enable_expert_parallel`` (EP=2 over the two DP ranks, 3 of the 6 experts per rank:
+every MoE layer exchanges tokens between the ranks, and the rank with fewer requests keeps stepping with dummy
+batches until the other is done). Rank 0 gets three prompts, rank 1 one. Reference: HF transformers greedy, per
+prompt.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from npu_testkit.engine import emulated_env, make_prompts, tiny_config
+from npu_testkit.models import build_tiny_model, hf_greedy
+from npu_testkit.serve import free_port
+
+pytestmark = pytest.mark.engine
+
+MAX_TOKENS = 8
+PROMPTS = make_prompts([5, 9, 17, 3], seed=3)
+SHARES = {0: [0, 1, 2], 1: [3]}  # prompt indices per DP rank: uneven, so rank 1 runs dummy batches in the MoE case
+CASES = {
+    "dense": ("qwen2", {}),
+    "moe-ep": ("qwen3_moe", {"enable_expert_parallel": True}),
+}
+TIMEOUT_S = 900
+
+
+def _run_dp(model: Path, llm_kwargs: dict, tmp: Path) -> dict[int, dict]:
+    # in-process engine core per rank (vLLM's LLMEngine then joins the DP group itself): two processes, not four
+    env = {**os.environ, **emulated_env(tmp, multiprocessing=False)}
+    port = free_port()
+    procs = {}
+    for rank, share in SHARES.items():
+        request = tmp / f"request{rank}.json"
+        request.write_text(
+            json.dumps({"prompts": [PROMPTS[i] for i in share], "max_tokens": MAX_TOKENS, "llm": llm_kwargs})
+        )
+        dp_env = {
+            **env,
+            "VLLM_DP_RANK": str(rank),
+            "VLLM_DP_RANK_LOCAL": str(rank),
+            "VLLM_DP_SIZE": str(len(SHARES)),
+            "VLLM_DP_MASTER_IP": "127.0.0.1",
+            "VLLM_DP_MASTER_PORT": str(port),
+        }
+        cmd = [sys.executable, str(Path(__file__).with_name("dp_rank.py")), str(model), str(request)]
+        log = open(tmp / f"rank{rank}.log", "w")  # noqa: SIM115 (closed below, after the process ends)
+        procs[rank] = (subprocess.Popen([*cmd, str(tmp / f"out{rank}.json")], env=dp_env, stdout=log, stderr=log), log)
+    try:
+        for rank, (proc, log) in procs.items():
+            rc = proc.wait(timeout=TIMEOUT_S)
+            log.close()
+            assert rc == 0, f"DP rank {rank} exited with {rc}:\n{(tmp / f'rank{rank}.log').read_text()[-4000:]}"
+    finally:
+        for proc, log in procs.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+            log.close()
+    return {rank: json.loads((tmp / f"out{rank}.json").read_text()) for rank in SHARES}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_dp2_greedy_equals_hf(case, tmp_path):
+    arch, llm_kwargs = CASES[case]
+    model = build_tiny_model(tiny_config(arch))
+    reference = hf_greedy(model, PROMPTS, MAX_TOKENS)
+    results = _run_dp(model, {"max_num_batched_tokens": 64, **llm_kwargs}, tmp_path)
+    for rank, share in SHARES.items():
+        got = results[rank]
+        assert (got["dp_rank"], got["dp_size"]) == (rank, 2)
+        assert got["tokens"] == [reference[i] for i in share], rank
+        if llm_kwargs.get("enable_expert_parallel"):
+            assert (got["ep_size"], got["local_experts"]) == (2, [3])  # 6 experts split over the two DP ranks
+        else:
+            assert got["ep_size"] == 1 or got["local_experts"] == []
