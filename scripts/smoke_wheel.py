@@ -26,7 +26,7 @@ import importlib.util
 import json
 import sys
 
-LAYERS = ("interface", "platform", "ops", "attention", "quant", "models", "patches")
+LAYERS = ("interface", "platform", "ops", "attention", "quant", "models", "patches", "kv")
 GROUPS = ("vllm.platform_plugins", "vllm.general_plugins", "vllm_npu.components")
 HEAVY = ("torch", "torch_npu", "vllm", "transformers")
 

@@ -26,7 +26,9 @@ pytestmark = pytest.mark.selective_install
 
 REPO = Path(__file__).resolve().parent.parent
 SMOKE = REPO / "scripts" / "smoke_wheel.py"
-ALL_LAYERS = ("ops", "attention", "quant", "models", "patches")
+ALL_LAYERS = ("ops", "attention", "quant", "models", "patches", "kv")
+#: General-plugin entry-point names that are not npu_<layer>.
+PLUGIN_NAMES = {"kv": "npu_kv_connector"}
 UV = shutil.which("uv")
 
 
@@ -60,6 +62,8 @@ CASES = {
     "npu-platform[quant]": Case("npu-platform[quant]", ("platform", "quant")),
     "npu-platform[all]": Case("npu-platform[all]", ("platform", *ALL_LAYERS)),
     "npu-quant": Case("npu-quant", ("quant",)),
+    # The layer without a Mooncake build: the connector registers, and says what to install when it is used.
+    "npu-platform[kv]": Case("npu-platform[kv]", ("platform", "kv")),
 }
 
 
@@ -96,7 +100,7 @@ def test_every_published_wheel_ships_the_license(dist: Path) -> None:
     import zipfile
 
     wheels = sorted(w for w in dist.glob("npu_*.whl") if not w.name.startswith("npu_testkit-"))
-    assert len(wheels) == 7, [w.name for w in wheels]
+    assert len(wheels) == 8, [w.name for w in wheels]
     license_text = (REPO / "LICENSE").read_bytes()
     for wheel in wheels:
         with zipfile.ZipFile(wheel) as archive:
@@ -143,6 +147,8 @@ def test_install_set(key: str, venvs: dict[str, Path], dist: Path) -> None:
     ours = {name for name in dists if name.startswith("npu-")}
     assert ours == {f"npu-{m}" for m in ("interface", *case.layers)}
     assert not {"vllm", "torch", "torch-npu", "torch_npu"} & set(dists), "our wheels must not pull vLLM or torch"
+    # A Mooncake build comes only with kv-ascend / kv-emulated (it is per host kind), never with a layer or `all`.
+    assert not [d for d in dists if d.startswith("mooncake")], dists
 
     proc = run(python, "-I", str(SMOKE))
     report = json.loads(proc.stdout)
@@ -151,7 +157,9 @@ def test_install_set(key: str, venvs: dict[str, Path], dist: Path) -> None:
     assert set(report["absent"]) == case.absent
     eps = report["entry_points"]
     assert eps["vllm.platform_plugins"] == (["npu"] if "platform" in case.layers else [])
-    assert eps["vllm.general_plugins"] == sorted(f"npu_{m}" for m in case.layers if m != "platform")
+    assert eps["vllm.general_plugins"] == sorted(
+        PLUGIN_NAMES.get(m, f"npu_{m}") for m in case.layers if m != "platform"
+    )
     assert eps["vllm_npu.components"] == sorted(case.layers)
     assert report["heavy_imported"] == []
     if "platform" in case.layers:

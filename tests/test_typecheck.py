@@ -20,7 +20,7 @@ def test_every_package_src_is_a_namespace_root_for_mypy() -> None:
 
     config = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))["tool"]["mypy"]
     srcs = sorted(str(p.relative_to(REPO)) for p in REPO.glob("packages/*/src"))
-    assert len(srcs) == 7
+    assert len(srcs) == 8
     assert sorted(config["mypy_path"]) == srcs
     assert config["files"] == ["packages/*/src"]
 

@@ -65,10 +65,14 @@ class Component:
     summary: str = ""
     on_load: str | None = None
     on_worker_init: str | None = None
+    #: The general-plugin entry-point name when it is not ``npu_<name>`` (npu-kv's is ``npu_kv_connector``).
+    plugin: str | None = None
 
     @property
     def plugin_name(self) -> str:
         """The vLLM general-plugin entry-point name (what ``VLLM_PLUGINS`` filters on)."""
+        if self.plugin is not None:
+            return self.plugin
         return "npu" if self.name == "platform" else f"npu_{self.name}"
 
     def hook(self, scope: Scope) -> str | None:

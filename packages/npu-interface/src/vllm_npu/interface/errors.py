@@ -8,7 +8,7 @@ Nothing here imports torch or vLLM: errors must be raisable from the import-ligh
 from __future__ import annotations
 
 #: Every layer of the plugin; layer ``x`` ships as the distribution ``npu-x`` (the single source for install commands).
-LAYERS: tuple[str, ...] = ("interface", "platform", "ops", "attention", "quant", "models", "patches")
+LAYERS: tuple[str, ...] = ("interface", "platform", "ops", "attention", "quant", "models", "patches", "kv")
 LAYER_DISTRIBUTIONS: dict[str, str] = {layer: f"npu-{layer}" for layer in LAYERS}
 
 

@@ -12,6 +12,7 @@ which is why the mode is fixed by ``register()`` before ``current_platform`` is 
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -77,6 +78,21 @@ class NPUPlatform(Platform):
 
     # --- configuration ------------------------------------------------------------------------------------------
 
+    @staticmethod
+    def _select_pd_scheduler(vllm_config: VllmConfig) -> None:
+        """With npu-kv's Mooncake connector, its scheduler (vLLM's plus recomputing a request whose KV pull
+        failed) replaces vLLM's default one."""
+        kv = vllm_config.kv_transfer_config
+        if kv is None or not kv.kv_connector or importlib.util.find_spec("vllm_npu.kv") is None:
+            return
+        from vllm_npu.kv import select_scheduler
+
+        sched = vllm_config.scheduler_config
+        chosen = select_scheduler(kv.kv_connector, sched.scheduler_cls)
+        if chosen != sched.scheduler_cls:
+            logger.info("KV connector %s: scheduler %s", kv.kv_connector, chosen)
+            sched.scheduler_cls = chosen  # type: ignore[assignment]
+
     @classmethod
     def check_and_update_config(cls, vllm_config: VllmConfig) -> None:
         from vllm_npu.interface.ascend_migration import check_ascend_settings
@@ -103,6 +119,7 @@ class NPUPlatform(Platform):
             )
         # vLLM's custom all-reduce is CUDA IPC; HCCL/gloo all-reduce goes through NPUCommunicator.
         parallel.disable_custom_all_reduce = True
+        cls._select_pd_scheduler(vllm_config)
 
         cache = vllm_config.cache_config
         # vLLM types block_size as its Literal of sizes, but the field defaults to None for the platform to fill.
@@ -130,6 +147,8 @@ class NPUPlatform(Platform):
 
         if not cls.emulated and npu_config.emulated_kv_cache_gb is not None:
             logger.warning("npu.emulated_kv_cache_gb is ignored on an NPU (gpu_memory_utilization sizes the KV cache)")
+        if not cls.emulated and npu_config.emulated_compile != "none":
+            logger.warning("npu.emulated_compile is ignored on an NPU (it compiles the emulated device's graph twin)")
 
         from .graphs.config import configure_graphs
 

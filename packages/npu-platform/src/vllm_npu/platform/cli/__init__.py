@@ -63,6 +63,11 @@ SUBCOMMANDS: dict[str, Subcommand] = {
         "quant",
         "tools for msModelSlim-quantized checkpoints (the ascend quant method)",
     ),
+    "pd-proxy": Subcommand(
+        "vllm_npu.kv.cli:main",
+        "kv",
+        "serve the OpenAI-compatible proxy in front of prefill and decode instances (PD disaggregation)",
+    ),
 }
 
 

@@ -1,0 +1,38 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
+"""The vLLM internals the kv layer overrides or reads, with the vLLM 0.11.0 signatures. Checked by
+``tests/test_vllm_surface.py`` and ``vllm-npu doctor --vllm-surface``; see :mod:`vllm_npu.interface.vllm_surface`."""
+
+from __future__ import annotations
+
+from vllm_npu.interface.vllm_surface import VllmName
+
+SURFACE: tuple[VllmName, ...] = (
+    VllmName(
+        "vllm.v1.core.sched.scheduler:Scheduler",
+        "_update_waiting_for_remote_kv",
+        "method",
+        "overrides",
+        ("vllm_npu.kv.scheduler",),
+        "PDScheduler recomputes a request whose KV pull failed there, before vLLM would take its unfilled blocks "
+        "as computed",
+        signature="(self, request)",
+    ),
+    VllmName(
+        "vllm.v1.core.sched.scheduler:Scheduler",
+        "finished_recving_kv_req_ids",
+        "instance_attribute",
+        "writes",
+        ("vllm_npu.kv.scheduler",),
+        "PDScheduler removes a failed request from the set of received ones, as vLLM does for a received one",
+    ),
+    VllmName(
+        "vllm.distributed.kv_transfer.kv_connector.v1.base:KVConnectorBase_V1",
+        "_get_connector_metadata",
+        "method",
+        "calls",
+        ("vllm_npu.kv.connector",),
+        "the worker half reads the step's receive and send tasks through it, as vLLM's own connectors do",
+        signature="(self)",
+    ),
+)
