@@ -26,6 +26,8 @@ def main() -> None:
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--eager", action="store_true")
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--compilation-config", default=None, help="JSON, passed to LLM(compilation_config=)")
+    parser.add_argument("--additional-config", default=None, help="JSON, passed to LLM(additional_config=)")
     args = parser.parse_args()
 
     if args.side == "peer":
@@ -38,6 +40,11 @@ def main() -> None:
 
     from vllm import LLM, SamplingParams
 
+    extra = {}
+    if args.compilation_config:
+        extra["compilation_config"] = json.loads(args.compilation_config)
+    if args.additional_config:
+        extra["additional_config"] = json.loads(args.additional_config)
     t = time.perf_counter()
     llm = LLM(
         model=args.model,
@@ -47,6 +54,7 @@ def main() -> None:
         max_num_seqs=16,
         enforce_eager=args.eager,
         disable_log_stats=True,
+        **extra,
     )
     init_s = time.perf_counter() - t
     rng = random.Random(0)

@@ -10,6 +10,12 @@ in-process engine core (no IPC in the numbers). Prompts: 8 x 32 tokens. Reports:
   KV write and paged decode kernels, RoPE, RMSNorm, SiluAndMul, linear layers, the embedding), sampler, input
   preparation, the rest of ``execute_model`` and everything outside it (scheduler, detokenizer, output processing).
 
+``--graph full_decode_only`` (capture size ``--prompts``) replays a captured graph per decode step instead, and
+``--compile inductor`` compiles it (``npu.emulated_compile``). Inside a replay the per-layer modules no longer run, so
+the split of the forward there is: the decode-attention tasks (``paged_decode``, the twin kernel run by the graph's
+updatable tasks), the inductor-compiled pieces (``compiled_pieces``: linear layers, norms, RoPE, SwiGLU, embedding),
+and the rest of the replay (KV writes, views, the address checks and the output copy).
+
 The split wraps the runner's methods with wall-clock timers (in this process: the engine core is in-process), so it
 adds a few microseconds per wrapped call. Wall time on a shared machine includes other processes' load.
 
@@ -61,7 +67,7 @@ class Timers:
 
 
 # Per-layer phases inside the model forward (each wrapped module's forward, or the attention impl's kernel).
-PHASES = ("kv_write", "paged_decode", "rope", "norm", "act", "linear", "embed")
+PHASES = ("kv_write", "paged_decode", "rope", "norm", "act", "linear", "embed", "compiled_pieces")
 
 
 def wrap_layers(timers: Timers, model: Any) -> None:
@@ -86,12 +92,27 @@ def wrap_layers(timers: Timers, model: Any) -> None:
                 break
 
 
+def wrap_graph(timers: Timers, runner: Any) -> None:
+    """Graph mode: time the wrapper's call as the forward, the graph tasks, and each graph's compiled pieces."""
+    from vllm_npu.platform.graphs._twin import _Task
+    from vllm_npu.platform.graphs.wrapper import NPUGraphWrapper
+
+    timers.wrap(NPUGraphWrapper, "__call__", "model_forward")
+    timers.wrap(_Task, "run", "paged_decode")
+    for entry in runner.model.concrete_cudagraph_entries.values():
+        split = entry.cudagraph.compiled
+        for name in [n for n in vars(split) if n.startswith("submod_") and callable(vars(split)[n])] if split else []:
+            timers.wrap(split, name, "compiled_pieces")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--prompts", type=int, default=8)
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--prompt-len", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--graph", default="eager", choices=("eager", "full_decode_only"))
+    parser.add_argument("--compile", default="none", choices=("none", "inductor"))
     parser.add_argument("--json", help="write the results here")
     args = parser.parse_args()
 
@@ -101,7 +122,11 @@ def main() -> None:
     model = build_tiny_model(tiny_config("qwen2", **SMALL_QWEN2))
     prompts = make_prompts([args.prompt_len] * args.prompts, seed=0)
     timers = Timers()
-    with engine(model, emulated_env(tempfile.mkdtemp(prefix="bench-decode-"), kv_cache_gb=0.25)) as llm:
+    kwargs: dict[str, Any] = {}
+    if args.graph != "eager":
+        kwargs["compilation_config"] = {"cudagraph_mode": args.graph.upper(), "cudagraph_capture_sizes": [args.prompts]}
+        kwargs["additional_config"] = {"npu": {"emulated_compile": args.compile}}
+    with engine(model, emulated_env(tempfile.mkdtemp(prefix="bench-decode-"), kv_cache_gb=0.25), **kwargs) as llm:
         worker = llm.collective_rpc(lambda self: self)[0]  # in-process engine: the worker object itself
         runner = worker.model_runner
         timers.wrap(runner, "execute_model", "execute_model")
@@ -117,6 +142,8 @@ def main() -> None:
                 if hasattr(layer.impl, attr):
                     timers.wrap(layer.impl, attr, name)
         wrap_layers(timers, runner.model)
+        if args.graph != "eager":
+            wrap_graph(timers, runner)
 
         greedy(llm, prompts, args.tokens)  # warm-up
         best = None

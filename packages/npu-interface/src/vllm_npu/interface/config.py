@@ -25,6 +25,7 @@ from .settings import (
     ENV_PATCHES,
     ENV_PREFIX,
     DeviceSetting,
+    EmulatedCompile,
     GraphMode,
     KernelSetting,
     MoEMC2Setting,
@@ -118,6 +119,7 @@ class AdditionalConfig(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     graph_mode: GraphMode = _field(f"{ADDITIONAL_CONFIG_KEY}.graph_mode")
+    emulated_compile: EmulatedCompile = _field(f"{ADDITIONAL_CONFIG_KEY}.emulated_compile")
     kernels: KernelSetting = _field(f"{ADDITIONAL_CONFIG_KEY}.kernels")
     emulated_kv_cache_gb: float | None = _field(f"{ADDITIONAL_CONFIG_KEY}.emulated_kv_cache_gb", gt=0, le=1024)
     disabled_patches: tuple[str, ...] = _field(f"{ADDITIONAL_CONFIG_KEY}.disabled_patches")

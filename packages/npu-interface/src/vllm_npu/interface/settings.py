@@ -26,10 +26,12 @@ ENV_CACHE_DIR = "VLLM_NPU_CACHE_DIR"
 DeviceSetting = Literal["auto", "npu", "emulated", "off"]
 GraphMode = Literal["auto", "eager", "piecewise", "full_decode_only", "torchair"]
 KernelSetting = Literal["auto", "npu", "reference"]
+EmulatedCompile = Literal["none", "inductor"]
 MoEMC2Setting = Literal["auto", "on", "off"]
 DEVICE_SETTINGS: tuple[str, ...] = get_args(DeviceSetting)
 GRAPH_MODES: tuple[str, ...] = get_args(GraphMode)
 KERNEL_SETTINGS: tuple[str, ...] = get_args(KernelSetting)
+EMULATED_COMPILE_MODES: tuple[str, ...] = get_args(EmulatedCompile)
 MOE_MC2_SETTINGS: tuple[str, ...] = get_args(MoEMC2Setting)
 
 #: The key of the plugin's section inside vLLM's ``--additional-config``.
@@ -99,6 +101,14 @@ ADDITIONAL_CONFIG_SETTINGS: tuple[Setting, ...] = (
         "on the emulated device (refused on an NPU) (docs/torchair.md); the others set the mode (see "
         "docs/graphs.md)",
         choices=GRAPH_MODES,
+    ),
+    _key(
+        "emulated_compile",
+        "none",
+        "emulated device with graphs on (`piecewise`, `full_decode_only`): `inductor` compiles each captured graph's "
+        "pieces between its KV-cache writes and updatable kernels with inductor, once per capture size at start-up "
+        "(needs a C++ compiler; see docs/graphs.md)",
+        choices=EMULATED_COMPILE_MODES,
     ),
     _key(
         "kernels",

@@ -147,6 +147,8 @@ class NPUPlatform(Platform):
 
         if not cls.emulated and npu_config.emulated_kv_cache_gb is not None:
             logger.warning("npu.emulated_kv_cache_gb is ignored on an NPU (gpu_memory_utilization sizes the KV cache)")
+        if not cls.emulated and npu_config.emulated_compile != "none":
+            logger.warning("npu.emulated_compile is ignored on an NPU (it compiles the emulated device's graph twin)")
 
         from .graphs.config import configure_graphs
 

@@ -132,6 +132,8 @@ class EmulatedGraph:
     output: Any
     task_ids: list[int] = field(default_factory=list)
     replays: int = 0
+    # after compile(): the traced graph with its pure pieces compiled by inductor, run instead of `module`
+    compiled: Callable[..., Any] | None = None
 
     @classmethod
     def capture(cls, runnable: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> EmulatedGraph:
@@ -153,6 +155,14 @@ class EmulatedGraph:
         # The trace ran the step once with tracer tensors; this run produces the real output buffers.
         graph.output = module(*inputs)
         return graph
+
+    def compile(self) -> None:
+        """Compile the graph's pure pieces with inductor (``npu.emulated_compile=inductor``; see
+        :mod:`._twin_compile`). Runs one step on the captured buffers, as the capture did."""
+        from ._twin_compile import compile_graph
+
+        inputs = [self.flat[i] for i in self.positions]
+        self.compiled = compile_graph(self.module, inputs)
 
     @property
     def num_tasks(self) -> int:
@@ -182,7 +192,7 @@ class EmulatedGraph:
     def replay(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """Run the graph on the captured buffers; the result lands in (and is) the capture-time output."""
         inputs = self.inputs_of(args, kwargs)
-        result = self.module(*inputs)
+        result = (self.compiled or self.module)(*inputs)
         for dst, src in zip(pytree.tree_leaves(self.output), pytree.tree_leaves(result), strict=True):
             if isinstance(dst, torch.Tensor) and dst is not src:
                 dst.copy_(src)

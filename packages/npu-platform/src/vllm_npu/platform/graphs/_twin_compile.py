@@ -1,0 +1,132 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
+"""Inductor compilation of the emulated twin's captured graph (``npu.emulated_compile=inductor``).
+
+A captured graph (:mod:`._twin`) is an FX graph of aten ops whose state (weights, KV caches, vLLM's persistent
+metadata buffers) is reached by reference. Compiled whole, inductor would functionalize every in-place write into a
+captured buffer: the KV-cache write of each layer would become a copy of the whole cache plus a copy back, per
+step, and the decode-attention tasks would read that copy. So the graph is split first:
+
+- *state nodes* run as they were traced, in order, on the real buffers: every op that writes a captured buffer
+  (a graph input or a constant: the KV write's ``index_copy_``, each updatable ``vllm_npu_graph::task``), every
+  view of such a buffer, and every op reading one;
+- the runs of pure nodes between them (embedding, linear layers, norms, RoPE, SwiGLU...) are compiled
+  with inductor, once per captured graph, at capture.
+
+What a replay computes is unchanged: the same aten ops on the same buffers, tasks still opaque and refreshed with
+the step's host parameters, inputs still checked by address (by :class:`._twin.EmulatedGraph`, around this).
+Shapes are those of the capture (one compile per capture size); pure pieces that differ only in their weights
+(every decoder layer) hit inductor's FX-graph cache after the first.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Callable
+from typing import Any, cast
+
+import torch
+from torch.fx.passes.split_module import split_module
+
+
+def _schema(node: torch.fx.Node) -> torch.FunctionSchema | None:
+    if node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload):
+        return node.target._schema
+    return None
+
+
+def _arg_values(node: torch.fx.Node, schema: torch.FunctionSchema) -> list[tuple[torch.Argument, Any]]:
+    pairs = []
+    for i, arg in enumerate(schema.arguments):
+        if i < len(node.args):
+            pairs.append((arg, node.args[i]))
+        elif arg.name in node.kwargs:
+            pairs.append((arg, node.kwargs[arg.name]))
+    return pairs
+
+
+def _nodes_in(value: Any) -> list[torch.fx.Node]:
+    found: list[torch.fx.Node] = []
+    torch.fx.node.map_arg(value, found.append)
+    return found
+
+
+def state_nodes(graph: torch.fx.Graph) -> set[torch.fx.Node]:
+    """The nodes that must run eagerly on the captured buffers (see the module docstring)."""
+    root: dict[torch.fx.Node, torch.fx.Node] = {}  # node -> the node whose storage it aliases
+    mutated_roots: set[torch.fx.Node] = set()
+    for node in graph.nodes:
+        root[node] = node
+        if node.op == "call_function" and node.target is operator.getitem and isinstance(node.args[0], torch.fx.Node):
+            root[node] = root[node.args[0]]  # an element of a view op's tuple (``unbind``, ``split``)
+            continue
+        schema = _schema(node)
+        if schema is None:
+            continue
+        pairs = _arg_values(node, schema)
+        # A view or in-place op returns an alias of the argument that shares its alias set (always the first here).
+        if schema.returns and schema.returns[0].alias_info is not None and pairs:
+            first = pairs[0][1]
+            if isinstance(first, torch.fx.Node):
+                root[node] = root[first]
+        for arg, value in pairs:
+            if arg.alias_info is not None and arg.alias_info.is_write:
+                for n in _nodes_in(value):
+                    mutated_roots.add(root[n])
+    state = {r for r in mutated_roots if r.op in ("placeholder", "get_attr")}
+    eager: set[torch.fx.Node] = set()
+    for node in graph.nodes:
+        if node.op not in ("call_function", "call_method", "call_module"):
+            continue
+        if root[node] in state or any(root[n] in state for n in _nodes_in((node.args, node.kwargs))):
+            eager.add(node)
+    return eager
+
+
+class _CompileOnFirstRun(torch.fx.Interpreter):
+    """Runs the split graph once; each pending (pure) submodule is compiled with inductor on the inputs it gets and
+    replaces itself in the split graph (an attribute of the same name, called by the graph's generated code)."""
+
+    def __init__(self, split: torch.fx.GraphModule, pending: set[str]) -> None:
+        super().__init__(split)
+        self.split, self.pending = split, pending
+
+    def call_module(self, target: Any, args: Any, kwargs: Any) -> Any:
+        from torch._inductor.compile_fx import compile_fx
+
+        if target not in self.pending:
+            return super().call_module(target, args, kwargs)
+        compiled = cast(Callable[..., Any], compile_fx(getattr(self.split, target), list(args)))
+        delattr(self.split, target)  # the submodule; a plain callable of the same name takes its place
+        setattr(self.split, target, compiled)
+        self.pending.discard(target)
+        return compiled(*args)
+
+
+def compile_graph(module: torch.fx.GraphModule, inputs: list[torch.Tensor]) -> Callable[..., Any]:
+    """``module`` with its pure pieces compiled by inductor; called like ``module``. Runs it once on ``inputs``
+    (a real step on the captured buffers, as the capture's own first run is) to compile each piece."""
+    eager = state_nodes(module.graph)
+    part: dict[torch.fx.Node, int] = {}
+    current, kind = 0, None
+    for node in module.graph.nodes:
+        if node.op in ("placeholder", "get_attr", "output"):
+            continue
+        is_eager = node in eager
+        if kind is not None and is_eager != kind:
+            current += 1
+        kind = is_eager
+        part[node] = current
+    eager_parts = {part[n] for n in eager}
+    split = split_module(module, module, lambda n: part[n], keep_original_order=True)
+    pending = {
+        name
+        for name, _ in split.named_children()
+        if name.startswith("submod_") and int(name.removeprefix("submod_")) not in eager_parts
+    }
+
+    # Inductor's default compiles C++ in a pool of worker processes started on first use: on a small host (2 cores
+    # shared with vLLM's own threads) starting that pool costs more than it saves for a few kernels per piece.
+    with torch._inductor.config.patch(compile_threads=1):
+        _CompileOnFirstRun(split, pending).run(*inputs)
+    return split
