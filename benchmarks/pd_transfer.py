@@ -9,6 +9,12 @@ milliseconds from task to KV-ready (what the decode side adds to the time to fir
 compute), the raw read's milliseconds, bandwidth of each, and the connector's overhead beyond the raw transfer.
 ``--geometry tiny`` is the test suite's Qwen2 (2 layers, 2 KV heads of 16, float32); ``7b`` a Qwen2-7B-shaped cache
 (28 layers, 4 KV heads of 128, bfloat16). Block size 16. Best of ``--repeats``.
+
+``--ttft`` measures end to end instead: a tiny Qwen2 (float32, 2 layers, emulated device) served by two
+``vllm serve`` instances (``kv_producer`` / ``kv_consumer``, MooncakeConnector over TCP) behind ``vllm-npu pd-proxy``;
+per prompt length, the time from sending a streamed completion to its first token through the proxy vs sent to the
+decode instance alone without remote prefill (the single-instance TTFT: the same engine computes the prompt itself).
+Each request uses a fresh prompt (no prefix-cache hit). Median of ``--repeats``.
 """
 
 from __future__ import annotations
@@ -43,16 +49,103 @@ def producer(port: int, geometry: str, blocks: int) -> None:
     w.shutdown()
 
 
+def first_token_s(url: str, prompt: list[int]) -> float:
+    """Seconds from sending a streamed greedy completion of ``prompt`` to ``url`` to its first token chunk."""
+    import urllib.request
+
+    body = {"model": "tiny", "prompt": prompt, "max_tokens": 4, "temperature": 0.0, "ignore_eos": True}
+    body.update(stream=True, return_token_ids=True)
+    req = urllib.request.Request(
+        f"{url}/v1/completions", data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
+    )
+    t0 = time.perf_counter()
+    with urllib.request.urlopen(req, timeout=600) as resp:
+        for raw in resp:
+            line = raw.decode().strip()
+            if (
+                line.startswith("data: ")
+                and line != "data: [DONE]"
+                and json.loads(line[6:])["choices"][0].get("token_ids")
+            ):
+                elapsed = time.perf_counter() - t0
+                resp.read()
+                return elapsed
+    raise RuntimeError(f"{url} streamed no token")
+
+
+def ttft(lengths: list[int], repeats: int) -> list[dict]:
+    """The ``--ttft`` rows: per prompt length, median TTFT through the proxy (PD) and on one instance, in ms."""
+    import contextlib
+    import os
+    import statistics
+    import tempfile
+    from pathlib import Path
+
+    from npu_testkit.engine import emulated_env, make_prompts, tiny_config
+    from npu_testkit.models import build_tiny_model
+    from npu_testkit.serve import free_port, vllm_server
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "e2e"))
+    import pd_support
+
+    max_len = max(lengths) + 64
+    model = build_tiny_model(tiny_config("qwen2", max_position_embeddings=max_len))
+    tmp = Path(tempfile.mkdtemp(prefix="pd-ttft-"))
+    common = [str(model), "--dtype", "float32", "--max-model-len", str(max_len), "--block-size", "16"]
+    common += ["--served-model-name", "tiny", "--max-num-batched-tokens", str(max_len)]
+    roles = {
+        "prefill": {"kv_connector": "MooncakeConnector", "kv_role": "kv_producer", "kv_port": free_port()},
+        "decode": {"kv_connector": "MooncakeConnector", "kv_role": "kv_consumer"},
+    }
+    rows = []
+    with contextlib.ExitStack() as stack:
+        urls = {}
+        for name, cfg in roles.items():
+            env = {**os.environ, **emulated_env(tmp / name, multiprocessing=True)}
+            args = [*common, "--kv-transfer-config", json.dumps(cfg)]
+            urls[name] = stack.enter_context(vllm_server(args, env, tmp / f"{name}.log"))
+        proxy = stack.enter_context(pd_support.proxy([urls["prefill"]], [urls["decode"]], tmp / "proxy.log"))
+        seed = 100
+        for target in ("pd", "single"):  # warm-up: first requests pay one-off costs (handshake, allocations)
+            seed += 1
+            first_token_s(proxy if target == "pd" else urls["decode"], make_prompts([64], seed=seed)[0])
+        for tokens in lengths:
+            got: dict[str, list[float]] = {"pd": [], "single": []}
+            for _ in range(repeats):
+                for target in got:
+                    seed += 1
+                    prompt = make_prompts([tokens], seed=seed)[0]
+                    got[target].append(first_token_s(proxy if target == "pd" else urls["decode"], prompt))
+            pd_ms = statistics.median(got["pd"]) * 1e3
+            single_ms = statistics.median(got["single"]) * 1e3
+            row = {
+                "tokens": tokens,
+                "pd_ttft_ms": round(pd_ms, 1),
+                "single_ttft_ms": round(single_ms, 1),
+                "pd_overhead_ms": round(pd_ms - single_ms, 1),
+            }
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tokens", type=int, nargs="+", default=[128, 1024, 4096])
     ap.add_argument("--geometry", choices=sorted(GEOMETRIES), default="tiny")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--json")
+    ap.add_argument("--ttft", action="store_true", help="time to first token through vllm serve + pd-proxy")
     ap.add_argument("--producer", nargs=3, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.producer:
         producer(int(args.producer[0]), args.producer[1], int(args.producer[2]))
+        return
+    if args.ttft:
+        rows = ttft(args.tokens, args.repeats)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump({"mode": "ttft", "results": rows}, f, indent=2)
         return
 
     from vllm_npu.kv._worker_side import WorkerSide

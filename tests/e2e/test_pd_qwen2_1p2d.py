@@ -19,6 +19,8 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -223,3 +225,53 @@ def test_unpulled_blocks_are_freed_at_the_timeout(cluster, prompts):
 
     assert pd.wait_usage_zero(cluster["prefill"], poke) == 0.0
     assert (Path(cluster["logs"]) / "prefill.log").read_text().count("no decode instance pulled its KV") == 1
+
+
+def test_decode_instance_dying_mid_transfer(cluster, prompts, references):
+    """A decode worker handshakes with the prefill instance, reads half of a request's blocks over Mooncake and is
+    killed (SIGKILL) before it says ``done``: the prefill instance frees the blocks at abort_timeout_s and keeps
+    serving right answers. Through the proxy, a dead decode instance is a clear 502 naming it, never tokens."""
+    log = Path(cluster["logs"]) / "prefill.log"
+    expired_before = log.read_text().count("no decode instance pulled its KV")
+    status, out = pd.post(
+        f"{cluster['prefill']}/v1/completions",
+        pd.completion(prompts[4], max_tokens=1, kv_transfer_params={"do_remote_decode": True}),
+    )
+    assert status == 200, out
+    params = out["kv_transfer_params"]
+    worker = subprocess.Popen(
+        [
+            sys.executable,
+            str(Path(__file__).with_name("pd_dying_decode.py")),
+            params["remote_host"],
+            str(params["remote_port"]),
+            json.dumps(params["remote_block_ids"]),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert worker.stdout is not None
+        line = worker.stdout.readline()
+        assert line.startswith("partial "), line
+    finally:
+        worker.kill()  # dies mid-transfer: half the blocks read, no "done"
+        worker.wait(timeout=30)
+    assert pd.kv_usage(cluster["prefill"]) > 0.0  # still held for the dead decode side
+
+    # Through the proxy: the prefill instance holds the KV, the decode instance is gone.
+    with pd.proxy([cluster["prefill"]], [f"http://127.0.0.1:{free_port()}"], Path(cluster["logs"]) / "proxy3.log") as p:
+        status, out = pd.post(f"{p}/v1/completions", pd.completion(prompts[3]))
+    assert status == 502 and "decode instance http://127.0.0.1:" in out["error"] and "unreachable" in out["error"]
+
+    time.sleep(ABORT_TIMEOUT_S + 1)
+
+    def poke() -> None:
+        pd.post(f"{cluster['prefill']}/v1/completions", pd.completion(prompts[0], max_tokens=1))
+
+    assert pd.wait_usage_zero(cluster["prefill"], poke) == 0.0
+    assert log.read_text().count("no decode instance pulled its KV") == expired_before + 2
+    # The prefill instance (and its Mooncake engine, whose peer died mid-read) still serves right answers.
+    status, out = pd.post(f"{cluster['proxy']}/v1/completions", pd.completion(prompts[4]))
+    assert status == 200 and out["choices"][0]["token_ids"] == references[4]
+    assert out["usage"]["prompt_tokens_details"]["cached_tokens"] == len(prompts[4]) - 1

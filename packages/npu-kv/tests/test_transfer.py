@@ -195,3 +195,47 @@ def test_block_size_mismatch_is_refused(producer: Producer) -> None:
             w.pull(task)
     finally:
         w.shutdown()
+
+
+class _FaultyEngine:
+    """Mooncake's real engine, except that ``batch_transfer_sync_read`` moves only the first segment and then
+    returns an error code (``fault="code"``) or raises (``fault="raise"``): a transfer error at the engine
+    boundary, after part of the data has landed."""
+
+    fault = "code"
+
+    def __init__(self) -> None:
+        from mooncake.engine import TransferEngine
+
+        self._engine = TransferEngine()
+
+    def __getattr__(self, name: str):
+        return getattr(self._engine, name)
+
+    def batch_transfer_sync_read(self, session_id, local, remote, lengths) -> int:
+        self._engine.batch_transfer_sync_read(session_id, local[:1], remote[:1], lengths[:1])
+        if self.fault == "raise":
+            raise RuntimeError("transfer engine: connection reset by peer")
+        return -1
+
+
+@pytest.mark.parametrize("fault", ["code", "raise"])
+def test_transfer_error_fails_the_pull_and_releases_the_prefill_side(producer: Producer, fault: str) -> None:
+    """The read fails after a partial copy: the pull is reported finished *and* failed (the scheduler then frees the
+    request's blocks and recomputes its prompt), nothing counts as transferred, and the prefill side is told
+    ``done`` so it frees its blocks at once rather than at the timeout."""
+    engine_cls = type(f"Faulty_{fault}", (_FaultyEngine,), {"fault": fault})
+    settings = ConnectorSettings("127.0.0.1", 1, 30.0, 5.0, "kv_consumer")
+    w = WorkerSide(settings, "decode-engine", 0, 1, BS, None, engine_cls=engine_cls)
+    caches = {k: torch.zeros_like(v) for k, v in full_caches("gqa").items()}
+    w.register_kv_caches(caches)
+    req = "req-6" if fault == "code" else "req-7"
+    try:
+        pull(w, producer.config_port("gqa-tp1"), 1, LOCAL, REMOTE, req)
+        stats = w.take_stats()
+        assert stats is not None and stats.data["failed"] == [req]
+        assert stats.data["transfers"] == 0 and stats.data["bytes"] == 0
+        assert any(c.any() for c in caches.values())  # part of the data had landed before the error
+        assert producer.released(1) == [f"released {req} gqa-tp1 rank 0"]
+    finally:
+        w.shutdown()
