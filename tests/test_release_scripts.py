@@ -258,6 +258,7 @@ def test_this_workspace_graph() -> None:
     workspace = Workspace()
     assert release.dependents("npu-interface", workspace) == [
         "npu-attention",
+        "npu-kv",
         "npu-models",
         "npu-ops",
         "npu-patches",

@@ -34,6 +34,7 @@ def fake_vllm_config(
         ),
         compilation_config=CompilationConfig(custom_ops=list(custom_ops or [])),
         additional_config=additional_config or {},
+        kv_transfer_config=None,
     )
 
 
