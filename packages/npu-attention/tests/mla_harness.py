@@ -137,12 +137,14 @@ def make_sfa_impl(s: Scenario, topk_indices_buffer: torch.Tensor) -> AscendSFAIm
 
 
 def builder_config(s: Scenario, **extra: object) -> SimpleNamespace:
-    """The parts of a VllmConfig the MLA builder reads (plus ``extra`` sections)."""
+    """The parts of a VllmConfig the MLA builder reads (plus ``extra`` sections; no speculative decoding unless
+    ``extra`` gives a ``speculative_config``: vLLM's reorder-threshold setup reads it)."""
+    sections: dict[str, object] = {"speculative_config": None, **extra}
     return SimpleNamespace(
         scheduler_config=SimpleNamespace(max_num_seqs=8),
         cache_config=SimpleNamespace(block_size=s.block_size),
         model_config=SimpleNamespace(max_model_len=4096),
-        **extra,
+        **sections,
     )
 
 
