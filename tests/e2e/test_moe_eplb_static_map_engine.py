@@ -15,7 +15,7 @@ import sys
 
 import cloudpickle
 import pytest
-from npu_testkit.engine import emulated_env, engine, greedy, make_prompts, tiny_config
+from npu_testkit.engine import ep2_engine, greedy, make_prompts, tiny_config
 from npu_testkit.models import build_tiny_model, hf_greedy
 
 pytestmark = pytest.mark.engine
@@ -36,15 +36,8 @@ def llm(tiny_model, tmp_path_factory):
     layer = {"device_count": 2, "device_list": [{"device_id": r, "device_expert": e} for r, e in SLOTS.items()]}
     path = root / "expert_map.json"
     path.write_text(json.dumps({"moe_layer_count": 2, "layer_list": [{"layer_id": i, **layer} for i in range(2)]}))
-    env = emulated_env(root, extra={"VLLM_WORKER_MULTIPROC_METHOD": "spawn"})
-    with engine(
-        tiny_model,
-        env,
-        tensor_parallel_size=2,
-        enable_expert_parallel=True,
-        distributed_executor_backend="mp",
-        max_num_batched_tokens=64,
-        additional_config={"npu": {"expert_map_path": str(path), "moe_mc2": "on"}},
+    with ep2_engine(
+        tiny_model, root, additional_config={"npu": {"expert_map_path": str(path), "moe_mc2": "on"}}
     ) as llm:
         yield llm
 

@@ -14,7 +14,7 @@ import sys
 
 import cloudpickle
 import pytest
-from npu_testkit.engine import emulated_env, engine, greedy, make_prompts, tiny_config
+from npu_testkit.engine import ep2_engine, greedy, make_prompts, tiny_config
 from npu_testkit.models import build_tiny_model, hf_greedy
 
 pytestmark = pytest.mark.engine
@@ -29,15 +29,8 @@ def tiny_model():
 
 @pytest.fixture(scope="module")
 def llm(tiny_model, tmp_path_factory):
-    env = emulated_env(tmp_path_factory.mktemp("moe_mc2"), extra={"VLLM_WORKER_MULTIPROC_METHOD": "spawn"})
-    with engine(
-        tiny_model,
-        env,
-        tensor_parallel_size=2,
-        enable_expert_parallel=True,
-        distributed_executor_backend="mp",
-        max_num_batched_tokens=64,
-        additional_config={"npu": {"moe_mc2": "on"}},
+    with ep2_engine(
+        tiny_model, tmp_path_factory.mktemp("moe_mc2"), additional_config={"npu": {"moe_mc2": "on"}}
     ) as llm:
         yield llm
 

@@ -18,7 +18,7 @@ import sys
 
 import cloudpickle
 import pytest
-from npu_testkit.engine import emulated_env, engine
+from npu_testkit.engine import ep2_engine
 from npu_testkit.quant_e2e import QuantCase, check_greedy, layer_methods, moe_methods, quantize
 
 pytestmark = pytest.mark.engine
@@ -76,15 +76,8 @@ def llm(checkpoints, tmp_path_factory):
     layer = {"device_count": 2, "device_list": [{"device_id": r, "device_expert": e} for r, e in SLOTS.items()]}
     path = root / "expert_map.json"
     path.write_text(json.dumps({"layer_list": [{"layer_id": i, **layer} for i in range(2)]}))
-    env = emulated_env(root, extra={"VLLM_WORKER_MULTIPROC_METHOD": "spawn"})
-    with engine(
-        checkpoints[1],
-        env,
-        tensor_parallel_size=2,
-        enable_expert_parallel=True,
-        distributed_executor_backend="mp",
-        max_num_batched_tokens=64,
-        additional_config={"npu": {"moe_mc2": "on", "expert_map_path": str(path)}},
+    with ep2_engine(
+        checkpoints[1], root, additional_config={"npu": {"moe_mc2": "on", "expert_map_path": str(path)}}
     ) as llm:
         yield llm
 

@@ -15,7 +15,7 @@ import sys
 
 import cloudpickle
 import pytest
-from npu_testkit.engine import emulated_env, engine, greedy, make_prompts
+from npu_testkit.engine import ep2_engine, greedy, make_prompts
 from npu_testkit.pangu import build_tiny_pangu, load_tensors
 
 sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parent))
@@ -37,15 +37,7 @@ def tiny_pangu():
 
 @pytest.fixture(scope="module")
 def llm(tiny_pangu, tmp_path_factory):
-    env = emulated_env(tmp_path_factory.mktemp("pangu_ep2"), extra={"VLLM_WORKER_MULTIPROC_METHOD": "spawn"})
-    with engine(
-        tiny_pangu,
-        env,
-        tensor_parallel_size=2,
-        enable_expert_parallel=True,
-        distributed_executor_backend="mp",
-        max_num_batched_tokens=64,
-    ) as llm:
+    with ep2_engine(tiny_pangu, tmp_path_factory.mktemp("pangu_ep2")) as llm:
         yield llm
 
 

@@ -184,6 +184,23 @@ def engine(model_dir: str | os.PathLike[str], env: Mapping[str, str], **kwargs: 
                 shutil.rmtree(rpc, ignore_errors=True)  # the short socket dir emulated_env made
 
 
+@contextlib.contextmanager
+def ep2_engine(model_dir: str | os.PathLike[str], cache_dir: str | os.PathLike[str], **kwargs: Any) -> Iterator[Any]:
+    """An ``LLM`` with TP=2 and expert parallel over two spawned mp workers (the MoE expert-parallel modules' engine:
+    64-token steps, so prompts past that are chunked); ``kwargs`` go to ``LLM`` on top."""
+    env = emulated_env(cache_dir, extra={"VLLM_WORKER_MULTIPROC_METHOD": "spawn"})
+    with engine(
+        model_dir,
+        env,
+        tensor_parallel_size=2,
+        enable_expert_parallel=True,
+        distributed_executor_backend="mp",
+        max_num_batched_tokens=64,
+        **kwargs,
+    ) as llm:
+        yield llm
+
+
 # --- inputs and outputs -----------------------------------------------------------------------------------------
 
 
