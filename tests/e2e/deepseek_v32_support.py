@@ -46,37 +46,38 @@ def indexer_weights(config: Any, *, seed: int, std: float = 0.2) -> dict[str, An
 def build_v32_pair(index_topk: int, *, seed: int = 0) -> tuple[Path, Path]:
     """``(v32_dir, dense_dir)``: the V3.2 checkpoint and the dense V3 checkpoint with the same non-indexer weights.
     Cached like ``build_tiny_model`` (the V3.2 dir sits next to the dense one, keyed by ``index_topk``)."""
+    from npu_testkit.cache import cached_build
     from npu_testkit.engine import tiny_config
     from npu_testkit.models import build_tiny_model
     from safetensors.torch import load_file, save_file
 
     dense = build_tiny_model(tiny_config("deepseek_v3"), seed=seed)
     out = dense.with_name(f"{dense.name}-v32-topk{index_topk}-h{INDEX_N_HEADS}d{INDEX_HEAD_DIM}")
-    marker = out / ".complete"
-    if marker.exists():
-        return out, dense
-    out.mkdir(parents=True, exist_ok=True)
-    tensors: dict[str, Any] = {}
-    for f in sorted(dense.glob("*.safetensors")):
-        tensors.update(load_file(f))
-    for f in dense.iterdir():
-        if f.is_file() and not f.name.endswith(".safetensors") and f.name not in ("config.json", ".complete"):
-            shutil.copy(f, out / f.name)
-    (out / "model.safetensors.index.json").unlink(missing_ok=True)
-    cfg = json.loads((dense / "config.json").read_text())
-    cfg.update(
-        architectures=["DeepseekV32ForCausalLM"],
-        index_topk=index_topk,
-        index_n_heads=INDEX_N_HEADS,
-        index_head_dim=INDEX_HEAD_DIM,
-    )
-    (out / "config.json").write_text(json.dumps(cfg, indent=2))
-    tensors.update(indexer_weights(tiny_config("deepseek_v3"), seed=seed + 1))
-    save_file(
-        {k: v.contiguous() for k, v in tensors.items()}, str(out / "model.safetensors"), metadata={"format": "pt"}
-    )
-    marker.write_text("ok")
-    return out, dense
+
+    def write(staging: Path) -> None:
+        tensors: dict[str, Any] = {}
+        for f in sorted(dense.glob("*.safetensors")):
+            tensors.update(load_file(f))
+        for f in dense.iterdir():
+            if f.is_file() and not f.name.endswith(".safetensors") and f.name not in ("config.json", ".complete"):
+                shutil.copy(f, staging / f.name)
+        (staging / "model.safetensors.index.json").unlink(missing_ok=True)
+        cfg = json.loads((dense / "config.json").read_text())
+        cfg.update(
+            architectures=["DeepseekV32ForCausalLM"],
+            index_topk=index_topk,
+            index_n_heads=INDEX_N_HEADS,
+            index_head_dim=INDEX_HEAD_DIM,
+        )
+        (staging / "config.json").write_text(json.dumps(cfg, indent=2))
+        tensors.update(indexer_weights(tiny_config("deepseek_v3"), seed=seed + 1))
+        save_file(
+            {k: v.contiguous() for k, v in tensors.items()},
+            str(staging / "model.safetensors"),
+            metadata={"format": "pt"},
+        )
+
+    return cached_build(out, f"v32-{dense.name}-{seed + 1}", write), dense
 
 
 def gptj_rope(x, positions, theta: float):

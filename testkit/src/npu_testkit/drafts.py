@@ -14,7 +14,8 @@
   ``shared_head.{norm,head}``, ``embed_tokens`` and a full decoder layer), as DeepSeek ships it. HF transformers
   ignores the extra layer, so the HF reference of the target is unchanged.
 
-Everything is cached by content under :func:`~.models.default_cache_dir` (a ``.complete`` marker holds the key).
+Everything is cached by content under :func:`~.models.default_cache_dir` through :func:`.cache.cached_build` (a
+``.complete`` marker holds the key).
 """
 
 from __future__ import annotations
@@ -26,7 +27,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from .models import _save_random_checkpoint, build_tokenizer, default_cache_dir
+from .cache import cached_build
+from .models import build_tokenizer, default_cache_dir, write_random_checkpoint
 
 _MTP_SPECIFIC = ("enorm", "hnorm", "eh_proj", "shared_head")
 
@@ -38,10 +40,6 @@ def _key(*parts: Any) -> str:
 def _target_key(target_dir: Path) -> str:
     marker = target_dir / ".complete"
     return marker.read_text() if marker.exists() else str(target_dir.resolve())
-
-
-def _done(out: Path, key: str) -> bool:
-    return (out / ".complete").exists() and (out / ".complete").read_text() == key
 
 
 def _head_config(target_dir: Path, method: str, draft_vocab_size: int | None) -> Any:
@@ -90,9 +88,6 @@ def build_eagle_head(
     EAGLE-3: ``draft_vocab_size`` (default: half the target vocabulary) sets the draft LM head's rows; ``d2t[i]`` is
     the offset from draft id ``i`` to its target id (here the even target ids). The target needs at least 7 layers
     for vLLM 0.11 to pick three distinct auxiliary layers ``(2, n // 2, n - 3)``. Returns the head's directory."""
-    import torch
-    from safetensors.torch import save_file
-
     if method not in ("eagle", "eagle3"):
         raise ValueError(f"build_eagle_head: method must be 'eagle' or 'eagle3', got {method!r}")
     target = Path(target_dir)
@@ -101,9 +96,13 @@ def build_eagle_head(
         cfg.draft_vocab_size = cfg.vocab_size // 2
     key = _key("eagle-head-v1", method, _target_key(target), seed, std, getattr(cfg, "draft_vocab_size", None))
     out = default_cache_dir() / f"{method}-head-{key}"
-    if _done(out, key):
-        return out
-    out.mkdir(parents=True, exist_ok=True)
+    return cached_build(out, key, lambda d: _write_head(d, cfg, method, seed, std))
+
+
+def _write_head(out: Path, cfg: Any, method: str, seed: int, std: float) -> None:
+    import torch
+    from safetensors.torch import save_file
+
     gen = torch.Generator().manual_seed(seed)
 
     def rand(*shape: int) -> torch.Tensor:
@@ -127,8 +126,6 @@ def build_eagle_head(
         weights["t2d"] = torch.zeros(V, dtype=torch.bool).index_fill_(0, target_ids, True)
     save_file({k: v.contiguous() for k, v in weights.items()}, str(out / "model.safetensors"))
     cfg.save_pretrained(out)
-    (out / ".complete").write_text(key)
-    return out
 
 
 def train_eagle_head(
@@ -149,16 +146,20 @@ def train_eagle_head(
     loss: at serving time the head's output is the hidden input of the next draft position). Embedding and LM head
     are the target's (frozen, shared at serving time). ``steps`` full-batch
     Adam steps over ``prompts`` plus their ``max_new_tokens`` greedy tokens. Cached by content."""
+    target = Path(target_dir)
+    key = _key("eagle-trained-v2", _target_key(target), [list(p) for p in prompts], max_new_tokens, steps, lr, seed)
+    out = default_cache_dir() / f"eagle-trained-{key}"
+    return cached_build(out, key, lambda d: _train_head(d, target, prompts, max_new_tokens, steps, lr, seed))
+
+
+def _train_head(
+    out: Path, target: Path, prompts: Sequence[Sequence[int]], max_new_tokens: int, steps: int, lr: float, seed: int
+) -> None:
     import torch
     from safetensors.torch import save_file
     from transformers import AutoModelForCausalLM
     from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRotaryEmbedding
 
-    target = Path(target_dir)
-    key = _key("eagle-trained-v2", _target_key(target), [list(p) for p in prompts], max_new_tokens, steps, lr, seed)
-    out = default_cache_dir() / f"eagle-trained-{key}"
-    if _done(out, key):
-        return out
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_pretrained(target, dtype=torch.float32).eval()
     cfg = _head_config(target, "eagle", None)
@@ -207,7 +208,6 @@ def train_eagle_head(
         assert isinstance(loss, torch.Tensor)
         loss.backward()
         opt.step()
-    out.mkdir(parents=True, exist_ok=True)
     weights = {"fc.weight": fc.weight, "embed_tokens.weight": embed.weight}
     for name, p in layer.named_parameters():
         weights[f"layers.0.{name}"] = p
@@ -215,8 +215,6 @@ def train_eagle_head(
     cfg.architectures = ["LlamaForCausalLM"]
     cfg.save_pretrained(out)
     (out / "train.json").write_text(json.dumps({"final_loss": float(loss.detach()), "steps": steps}))
-    (out / ".complete").write_text(key)
-    return out
 
 
 def build_mtp_model(config: Any, *, seed: int = 0, std: float = 0.2) -> Path:
@@ -227,9 +225,7 @@ def build_mtp_model(config: Any, *, seed: int = 0, std: float = 0.2) -> Path:
     ``n >= first_k_dense_replace`` and ``n % moe_layer_freq == 0``, vLLM's rule; dense otherwise), plus the MTP
     parts: ``enorm``/``hnorm`` and ``shared_head.norm`` (scales), ``eh_proj [H, 2H]``, ``shared_head.head [V, H]``
     and a copy of the target's ``embed_tokens``. Layers ``0..n-1`` are the same weights HF loads."""
-    import torch
     import transformers
-    from safetensors.torch import load_file, save_file
 
     if config.model_type != "deepseek_v3":
         raise ValueError(f"build_mtp_model: expected a DeepSeek-V3 config, got {config.model_type!r}")
@@ -243,13 +239,19 @@ def build_mtp_model(config: Any, *, seed: int = 0, std: float = 0.2) -> Path:
     full = transformers.DeepseekV3Config(**{**config.to_dict(), "num_hidden_layers": n + 1})
     key = _key("mtp-v2", config.to_dict(), seed, std)
     out = default_cache_dir() / f"deepseek_v3-mtp-{key}"
-    if _done(out, key):
-        return out
-    _save_random_checkpoint(
-        full, key, out, transformers.AutoModelForCausalLM, lambda: tokenizer, seed=seed, std=std, dtype="float32"
+    return cached_build(out, key, lambda d: _write_mtp(d, config, full, tokenizer, seed, std))
+
+
+def _write_mtp(out: Path, config: Any, full: Any, tokenizer: Any, seed: int, std: float) -> None:
+    import torch
+    import transformers
+    from safetensors.torch import load_file, save_file
+
+    write_random_checkpoint(
+        full, out, transformers.AutoModelForCausalLM, lambda: tokenizer, seed=seed, std=std, dtype="float32"
     )
-    (out / ".complete").unlink()  # not complete until the MTP parts are in
     (shard,) = out.glob("*.safetensors")
+    n = config.num_hidden_layers
     weights = load_file(str(shard))
     gen = torch.Generator().manual_seed(seed + 1)
     H, V, p = config.hidden_size, config.vocab_size, f"model.layers.{n}."
@@ -272,5 +274,3 @@ def build_mtp_model(config: Any, *, seed: int = 0, std: float = 0.2) -> Path:
     config.num_nextn_predict_layers = 1
     config.architectures = ["DeepseekV3ForCausalLM"]
     config.save_pretrained(out)
-    (out / ".complete").write_text(key)
-    return out

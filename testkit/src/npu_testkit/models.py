@@ -16,6 +16,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from .cache import cached_build
+
 
 def default_cache_dir() -> Path:
     root = os.environ.get("NPU_TESTKIT_CACHE") or os.path.join(
@@ -82,16 +84,31 @@ def _save_random_checkpoint(
     std: float,
     dtype: str,
 ) -> Path:
+    """:func:`write_random_checkpoint` into ``path`` or the cache dir named by ``key``, through the build cache
+    (:func:`.cache.cached_build`): a dir whose ``.complete`` marker holds ``key`` is returned as it is."""
+    out = Path(path) if path is not None else default_cache_dir() / f"{config.model_type}-{key}"
+    return cached_build(
+        out,
+        key,
+        lambda d: write_random_checkpoint(config, d, model_class, make_processor, seed=seed, std=std, dtype=dtype),
+    )
+
+
+def write_random_checkpoint(
+    config: Any,
+    out: Path,
+    model_class: Any,
+    make_processor: Callable[[], Any],
+    *,
+    seed: int,
+    std: float,
+    dtype: str,
+) -> None:
     """Build ``model_class`` from ``config`` with seeded random weights and save it, then what ``make_processor()``
-    returns (anything with ``save_pretrained``), to ``path`` or the cache dir named by ``key``; a dir whose
-    ``.complete`` marker holds ``key`` is returned as it is (nothing is built). Matrices are drawn N(0, std), norm
+    returns (anything with ``save_pretrained``), to the directory ``out``. Matrices are drawn N(0, std), norm
     scales U(0.5, 1.5), the rest N(0, std/4)."""
     import torch
 
-    out = Path(path) if path is not None else default_cache_dir() / f"{config.model_type}-{key}"
-    if (out / ".complete").exists() and (out / ".complete").read_text() == key:
-        return out
-    out.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(seed)
     model = model_class.from_config(config, dtype=getattr(torch, dtype))
     with torch.no_grad():
@@ -104,8 +121,6 @@ def _save_random_checkpoint(
                 param.normal_(0.0, std / 4)
     model.save_pretrained(out, safe_serialization=True)
     make_processor().save_pretrained(out)
-    (out / ".complete").write_text(key)
-    return out
 
 
 def hf_greedy(

@@ -15,6 +15,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from .cache import cached_build
 from .models import _fingerprint, build_tokenizer, default_cache_dir
 
 #: The tiny config: 8 experts in 2 MoGE groups (top-2, one expert per group), a shared expert, GQA 4/2 heads of
@@ -86,9 +87,6 @@ def build_tiny_pangu(
     Matrices are N(0, std), norm scales U(0.5, 1.5), ``router_scale`` U(0.5, 1.5), biases N(0, std/4); float32.
     Cached by content like ``build_tiny_model``: the same config and seed is built once. Returns the directory.
     """
-    import torch
-    from safetensors.torch import save_file
-
     tokenizer = build_tokenizer(vocab_size=512)
     cfg = {**PANGU_TINY, **overrides}
     cfg["vocab_size"] = max(cfg["vocab_size"], len(tokenizer))
@@ -100,9 +98,13 @@ def build_tiny_pangu(
     )
     key = _fingerprint(cfg, seed, std, "pangu-safetensors-v1")
     out = Path(path) if path is not None else default_cache_dir() / f"PanguProMoE-{key}"
-    if (out / ".complete").exists() and (out / ".complete").read_text() == key:
-        return out
-    out.mkdir(parents=True, exist_ok=True)
+    return cached_build(out, key, lambda d: _write_pangu(d, cfg, tokenizer, seed, std))
+
+
+def _write_pangu(out: Path, cfg: dict[str, Any], tokenizer: Any, seed: int, std: float) -> None:
+    import torch
+    from safetensors.torch import save_file
+
     gen = torch.Generator().manual_seed(seed)
     tensors = {}
     for name, shape in pangu_tensor_shapes(cfg).items():
@@ -116,8 +118,6 @@ def build_tiny_pangu(
     save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
     (out / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True))
     tokenizer.save_pretrained(out)
-    (out / ".complete").write_text(key)
-    return out
 
 
 def load_tensors(model_dir: str | os.PathLike[str]) -> tuple[dict[str, Any], dict[str, Any]]:
