@@ -21,9 +21,16 @@ from typing import Any
 
 import pytest
 from npu_testkit.drafts import build_mtp_model
-from npu_testkit.engine import tiny_config
+from npu_testkit.engine import greedy, make_prompts, tiny_config
 from npu_testkit.models import hf_greedy
-from npu_testkit.spec_e2e import MAX_TOKENS, greedy_counted, mixed_prompts, seeded_sampling_twice, spec_engine
+from npu_testkit.spec_e2e import (
+    MAX_BATCHED_TOKENS,
+    MAX_TOKENS,
+    greedy_counted,
+    mixed_prompts,
+    seeded_sampling_twice,
+    spec_engine,
+)
 
 #: config overrides and init std per MTP-layer kind; the three-layer target at std 0.2 has near-tied logits where the
 #: engine (with or without speculation) and HF pick different tokens, at std 0.1 they agree
@@ -67,6 +74,13 @@ def install(namespace: dict[str, Any], *, k: int, mlp: str) -> None:
         # verification steps (1 + k tokens per request) ran as decodes; with k = 1 too (2 tokens)
         assert builds > 0, info["multi_token_decode_builds"]
 
+    def test_mtp_lone_chunked_prompt_matches_hf(llm, target):
+        # One prompt longer than a step's token budget: the first steps are partial prefills with no draft tokens
+        # anywhere in the batch, the case vLLM 0.11.0 hands the drafter token -1 for (npu-patches'
+        # eagle-discarded-next-token); every arrival order of the engine core gives this schedule.
+        prompts = make_prompts([2 * MAX_BATCHED_TOKENS + 12], seed=3)
+        assert greedy(llm, prompts, 16) == hf_greedy(target, prompts, 16)
+
     def test_mtp_seeded_sampling_is_reproducible(llm):
         first, second, drafted = seeded_sampling_twice(llm)
         assert drafted > 0
@@ -77,5 +91,6 @@ def install(namespace: dict[str, Any], *, k: int, mlp: str) -> None:
         llm=llm,
         test_mtp_proposer_and_mla_decode_threshold=test_mtp_proposer_and_mla_decode_threshold,
         test_mtp_greedy_matches_hf=test_mtp_greedy_matches_hf,
+        test_mtp_lone_chunked_prompt_matches_hf=test_mtp_lone_chunked_prompt_matches_hf,
         test_mtp_seeded_sampling_is_reproducible=test_mtp_seeded_sampling_is_reproducible,
     )

@@ -65,8 +65,24 @@ ATTENTION_OUTPUT_EMPTY = Patch(
     removal="drop when the plugin's vLLM floor includes vllm#26680 (after 0.11.0); the range already ends at 0.11.1",
 )
 
+EAGLE_DISCARDED_NEXT_TOKEN = Patch(
+    id="eagle-discarded-next-token",
+    target="vllm.v1.spec_decode.eagle.EagleProposer.prepare_next_token_ids_padded",
+    replacement="vllm_npu.patches.sets.eagle_next_token:make_replacement",
+    scope=Scope.WORKER,
+    vllm=">=0.11.0,<0.11.1",
+    fingerprint="ff3bd95dc650e495c599b7959b5c3324150ef6b9ba53f069b9fb461449c91528",
+    upstream="https://github.com/vllm-project/vllm/pull/26231 (test: https://github.com/vllm-project/vllm/pull/26263)",
+    reason="with EAGLE / EAGLE-3 / MTP speculative decoding and chunked prefill, a step that has a partially "
+    "prefilled request and no request with draft tokens (e.g. the first step of a batch of long prompts) hands the "
+    "drafter token id -1 for the partial request (vLLM skips its validity mask when sampled_token_ids has one "
+    "column), and the drafter's embedding fails (IndexError: index out of range) and the engine dies; the "
+    "replacement gives such rows their backup token, as vLLM does after the fix",
+    removal="drop when the plugin's vLLM floor includes vllm#26231 (after 0.11.0); the range already ends at 0.11.1",
+)
+
 #: The built-in set, in application order.
-BUILTIN_PATCHES: tuple[Patch, ...] = (REPETITION_PENALTY_TORCH, ATTENTION_OUTPUT_EMPTY)
+BUILTIN_PATCHES: tuple[Patch, ...] = (REPETITION_PENALTY_TORCH, ATTENTION_OUTPUT_EMPTY, EAGLE_DISCARDED_NEXT_TOKEN)
 
 #: Candidates examined for vLLM 0.11.0 and deliberately not patched: (what, why not).
 NOT_PATCHED: tuple[tuple[str, str], ...] = (
