@@ -15,6 +15,7 @@ sampling and logprobs, KV-cache allocation) is vLLM's own code. The overrides:
   ``eplb_config.step_interval`` steps the rearrangement over the EP group), run inside
   :func:`._device.cuda_synchronize_as` because vLLM's rearrangement calls ``torch.cuda.synchronize``. vLLM's
   ``load_model`` builds the ``EplbState`` and ``execute_model`` / ``_dummy_run`` call this method, as on CUDA.
+  ``_dummy_run`` then zeroes the pass load, so that no dummy forward (profile run, warm-up) counts as load.
 - speculative decoding: vLLM's ``RejectionSampler`` (built in ``__init__`` only with a speculative config on the
   last pipeline rank) launches Triton kernels; it is replaced by :class:`.sample.NPURejectionSampler`, the same
   contract in torch.
@@ -137,6 +138,14 @@ class NPUModelRunner(GPUModelRunner):
             return
         with cuda_synchronize_as(self.device_backend):
             super().eplb_step(is_dummy, is_profile)
+
+    def _dummy_run(self, *args: Any, **kwargs: Any) -> Any:
+        out = super()._dummy_run(*args, **kwargs)
+        if self.eplb_state is not None:
+            # vLLM drops a dummy run's expert load only in a non-profile eplb_step: the profile run and the
+            # skip_eplb runs (warm-up, graph capture) would count in the next real step's window.
+            self.eplb_state.expert_load_pass.zero_()
+        return out
 
     def execute_model(self, scheduler_output: Any, intermediate_tensors: Any | None = None) -> Any:
         with cuda_stream_api_as(self.device_backend):
