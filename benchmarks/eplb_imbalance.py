@@ -64,7 +64,11 @@ def run(experts: int, redundant: int, ranks: int, tokens: int, steps: int, seed:
         placements.append(place)
         plans.append(
             build_moe_plan(
-                RoutingConfig(top_k=TOP_K), experts, act_dtype=torch.float32, placement=place, ep_rank=r,
+                RoutingConfig(top_k=TOP_K),
+                experts,
+                act_dtype=torch.float32,
+                placement=place,
+                ep_rank=r,
                 backend="reference",
             )
         )
@@ -76,7 +80,7 @@ def run(experts: int, redundant: int, ranks: int, tokens: int, steps: int, seed:
         for _ in range(steps):
             x = torch.randn(tokens, HIDDEN, generator=gen)
             logits = torch.randn(tokens, experts, generator=gen) + skew
-            for r, (place, plan) in enumerate(zip(placements, plans, strict=True)):
+            for r, plan in enumerate(plans):
                 mine = physical_to_logical[r * per_rank : (r + 1) * per_rank]
                 moe_forward(x, logits, plan=plan, experts=plan.unquantized_experts(w13[mine], w2[mine]))
         load = torch.stack([p.load for p in placements if p.load is not None]).sum(0).float()

@@ -68,7 +68,11 @@ def main(rank: int, world: int, init: str, out_file: str) -> None:
     load = torch.zeros(len(initial), dtype=torch.int32)
     placement.follow(table, counts, load)
     plan = build_moe_plan(
-        RoutingConfig(top_k=TOP_K), NUM_EXPERTS, act_dtype=torch.float32, placement=placement, ep_rank=rank,
+        RoutingConfig(top_k=TOP_K),
+        NUM_EXPERTS,
+        act_dtype=torch.float32,
+        placement=placement,
+        ep_rank=rank,
         backend="reference",
     )
     x, logits = tokens()

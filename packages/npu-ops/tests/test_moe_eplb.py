@@ -27,14 +27,14 @@ from vllm_npu.ops.moe.gating import RoutingConfig
 from vllm_npu.ops.moe.mc2 import MC2Comm
 
 WORKER = Path(__file__).with_name("moe_eplb_worker.py")
-E, R, K, H, I = 6, 2, 2, 16, 8
+E, R, K, HID, INTER = 6, 2, 2, 16, 8
 
 
 def _inputs(tokens: int = 37, seed: int = 3):
     gen = torch.Generator().manual_seed(seed)
-    w13 = torch.randn(E, 2 * I, H, generator=gen) / H**0.5
-    w2 = torch.randn(E, H, I, generator=gen) / I**0.5
-    x = torch.randn(tokens, H, generator=gen)
+    w13 = torch.randn(E, 2 * INTER, HID, generator=gen) / HID**0.5
+    w2 = torch.randn(E, HID, INTER, generator=gen) / INTER**0.5
+    x = torch.randn(tokens, HID, generator=gen)
     logits = torch.randn(tokens, E, generator=gen)
     logits[:, 4] += 1.5  # skewed: expert 4 is hot
     return w13, w2, x, logits
@@ -112,7 +112,12 @@ def test_exchange_dispatchers_count_their_tokens(path):
     placement, phys = _followed(1)  # one rank holds all 8 slots (experts 0 and 1 twice)
     extra = {"all_to_all": _ident} if path == "all_to_all" else {"mc2": MC2Comm(0, 1, _ident), "mc2_capacity": 64}
     plan = build_moe_plan(
-        RoutingConfig(top_k=K), E, act_dtype=torch.float32, placement=placement, ep_rank=0, backend="reference",
+        RoutingConfig(top_k=K),
+        E,
+        act_dtype=torch.float32,
+        placement=placement,
+        ep_rank=0,
+        backend="reference",
         **extra,
     )
     out = moe_forward(x, logits, plan=plan, experts=plan.unquantized_experts(w13[phys], w2[phys]))
@@ -128,7 +133,12 @@ def test_followed_tables_steer_the_same_plan():
     w13, w2, x, logits = _inputs(tokens=11)
     placement, phys = _followed(1)
     plan = build_moe_plan(
-        RoutingConfig(top_k=K), E, act_dtype=torch.float32, placement=placement, ep_rank=0, backend="reference",
+        RoutingConfig(top_k=K),
+        E,
+        act_dtype=torch.float32,
+        placement=placement,
+        ep_rank=0,
+        backend="reference",
         all_to_all=_ident,
     )
     # Slot 7 now holds expert 4 (was 1): expert 4 gets two replicas, expert 1 one.

@@ -55,7 +55,8 @@ def test_worker_hook_applies_worker_patches_and_reads_additional_config(monkeypa
 def test_worker_hook_rejects_unknown_ids(monkeypatch):
     monkeypatch.setenv("VLLM_NPU_PATCHES", "-no-such-patch")
     with pytest.raises(
-        ConfigError, match="known ids: attention-output-empty, eplb-platform-check, lora-npu-layers, repetition-penalty-torch"
+        ConfigError,
+        match="known ids: attention-output-empty, eplb-platform-check, lora-npu-layers, repetition-penalty-torch",
     ):
         on_worker_init(ctx(Scope.WORKER))
     assert all(r.status is not PatchStatus.APPLIED for r in get_registry().records())

@@ -404,8 +404,8 @@ _sync_state: dict[str, Any] = {"depth": 0, "saved": None}  # depth of active syn
 
 
 @contextlib.contextmanager
-def cuda_synchronize_as(device: type[DeviceBackend]) -> Iterator[None]:
-    """Within the block, ``torch.cuda.synchronize(device=None)`` is ``device.synchronize``.
+def cuda_synchronize_as(backend: type[DeviceBackend]) -> Iterator[None]:
+    """Within the block, ``torch.cuda.synchronize(device=None)`` is ``backend.synchronize``.
 
     For vLLM code that synchronizes through ``torch.cuda`` unconditionally: its EPLB rearrangement
     (``EplbState.rearrange`` and ``rearrange_expert_weights_inplace`` in ``vllm/distributed/eplb/``), which the
@@ -415,8 +415,8 @@ def cuda_synchronize_as(device: type[DeviceBackend]) -> Iterator[None]:
         if _sync_state["depth"] == 0:
             _sync_state["saved"] = torch.cuda.synchronize
 
-            def synchronize(device_: Any = None) -> None:
-                device.synchronize(device_)
+            def synchronize(device: Any = None) -> None:
+                backend.synchronize(device)
 
             torch.cuda.synchronize = synchronize
         _sync_state["depth"] += 1
