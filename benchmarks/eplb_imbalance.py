@@ -31,22 +31,11 @@ os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
 HIDDEN, INTER, TOP_K = 32, 16, 2
 
 
-def _tables(physical_to_logical: list[int], num_logical: int, width: int) -> tuple[Any, Any]:
-    import torch
-
-    table = torch.full((num_logical, width), -1, dtype=torch.long)
-    counts = torch.zeros(num_logical, dtype=torch.long)
-    for p, e in enumerate(physical_to_logical):
-        table[e, counts[e]] = p
-        counts[e] += 1
-    return table, counts
-
-
 def run(experts: int, redundant: int, ranks: int, tokens: int, steps: int, seed: int = 0) -> dict[str, Any]:
     """Counted load imbalance before and after one rebalance (see the module docstring)."""
     import torch
     from vllm.distributed.eplb.rebalance_algo import rebalance_experts
-    from vllm_npu.ops.moe.eplb import eplb_placement
+    from vllm_npu.ops.moe.eplb import eplb_placement, eplb_tables
     from vllm_npu.ops.moe.forward import build_moe_plan, moe_forward
     from vllm_npu.ops.moe.gating import RoutingConfig
 
@@ -55,7 +44,7 @@ def run(experts: int, redundant: int, ranks: int, tokens: int, steps: int, seed:
     w2 = torch.randn(experts, HIDDEN, INTER, generator=gen) / INTER**0.5
     skew = -torch.log(torch.arange(1, experts + 1, dtype=torch.float32)) * 1.5
     initial = eplb_placement(experts, redundant, ranks).physical_to_logical.tolist()
-    table, counts = _tables(initial, experts, redundant + 2)  # shared by the ranks, as one EplbState's values
+    table, counts = eplb_tables(initial, experts, redundant + 2)  # shared by the ranks, as one EplbState's values
     per_rank = len(initial) // ranks
     placements, plans = [], []
     for r in range(ranks):

@@ -38,21 +38,11 @@ def tokens() -> tuple[torch.Tensor, torch.Tensor]:
     return x, logits
 
 
-def vllm_tables(physical_to_logical: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-    """EplbState's logical -> physical table ([E, WIDTH], -1 padded, physical order) and replica counts of a map."""
-    table = torch.full((NUM_EXPERTS, WIDTH), -1, dtype=torch.long)
-    counts = torch.zeros(NUM_EXPERTS, dtype=torch.long)
-    for p, e in enumerate(physical_to_logical):
-        table[e, counts[e]] = p
-        counts[e] += 1
-    return table, counts
-
-
 def main(rank: int, world: int, init: str, out_file: str) -> None:
     import torch.distributed as dist
     from vllm.distributed.eplb.rebalance_algo import rebalance_experts
     from vllm.distributed.eplb.rebalance_execute import rearrange_expert_weights_inplace
-    from vllm_npu.ops.moe.eplb import eplb_placement
+    from vllm_npu.ops.moe.eplb import eplb_placement, eplb_tables
     from vllm_npu.ops.moe.forward import build_moe_plan, moe_forward
     from vllm_npu.ops.moe.gating import RoutingConfig
     from vllm_npu.platform._device import EmulatedDevice, cuda_synchronize_as
@@ -64,7 +54,7 @@ def main(rank: int, world: int, init: str, out_file: str) -> None:
     w13_log, w2_log = logical_weights()
     mine = initial[rank * per_rank : (rank + 1) * per_rank]
     w13, w2 = w13_log[mine].clone(), w2_log[mine].clone()
-    table, counts = vllm_tables(initial)
+    table, counts = eplb_tables(initial, NUM_EXPERTS, WIDTH)
     load = torch.zeros(len(initial), dtype=torch.int32)
     placement.follow(table, counts, load)
     plan = build_moe_plan(

@@ -21,7 +21,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 from vllm_npu.interface import ConfigError
-from vllm_npu.ops.moe.eplb import check_eplb_layer, eplb_placement
+from vllm_npu.ops.moe.eplb import check_eplb_layer, eplb_placement, eplb_tables
 from vllm_npu.ops.moe.forward import build_moe_plan, moe_forward
 from vllm_npu.ops.moe.gating import RoutingConfig
 from vllm_npu.ops.moe.mc2 import MC2Comm
@@ -49,13 +49,21 @@ def _followed(world: int):
     """vLLM's initial EPLB placement for ``world`` ranks, following vLLM-shaped tables, with a zero load counter."""
     placement = eplb_placement(E, R, world)
     phys = placement.physical_to_logical.tolist()
-    table = torch.full((E, 1024), -1, dtype=torch.long)  # EplbState's width (MAX_EXPERT_REDUNDANCY + 1)
-    counts = torch.zeros(E, dtype=torch.long)
-    for p, e in enumerate(phys):
-        table[e, counts[e]] = p
-        counts[e] += 1
+    table, counts = eplb_tables(phys, E)
     placement.follow(table, counts, torch.zeros(len(phys), dtype=torch.int32))
     return placement, phys
+
+
+def _plan(placement, rank: int, **extra):
+    return build_moe_plan(
+        RoutingConfig(top_k=K),
+        E,
+        act_dtype=torch.float32,
+        placement=placement,
+        ep_rank=rank,
+        backend="reference",
+        **extra,
+    )
 
 
 def _brute_force_counts(topk_ids: torch.Tensor, phys: list[int], offset: int = 0) -> list[int]:
@@ -87,9 +95,7 @@ def test_local_dispatcher_counts_each_pair_once_over_two_ranks():
     total, out = [0] * (E + R), torch.zeros_like(x)
     for rank in range(2):
         placement, phys = _followed(2)
-        plan = build_moe_plan(
-            RoutingConfig(top_k=K), E, act_dtype=torch.float32, placement=placement, ep_rank=rank, backend="reference"
-        )
+        plan = _plan(placement, rank)
         mine = placement.slots[rank]
         out += moe_forward(x, logits, plan=plan, experts=plan.unquantized_experts(w13[mine], w2[mine]))
         counts = placement.load.tolist()
@@ -111,15 +117,7 @@ def test_exchange_dispatchers_count_their_tokens(path):
     topk_ids = torch.topk(logits, K, dim=-1).indices
     placement, phys = _followed(1)  # one rank holds all 8 slots (experts 0 and 1 twice)
     extra = {"all_to_all": _ident} if path == "all_to_all" else {"mc2": MC2Comm(0, 1, _ident), "mc2_capacity": 64}
-    plan = build_moe_plan(
-        RoutingConfig(top_k=K),
-        E,
-        act_dtype=torch.float32,
-        placement=placement,
-        ep_rank=0,
-        backend="reference",
-        **extra,
-    )
+    plan = _plan(placement, 0, **extra)
     out = moe_forward(x, logits, plan=plan, experts=plan.unquantized_experts(w13[phys], w2[phys]))
     if path == "mc2":
         assert plan.dispatcher.calls["mc2"] == 1
@@ -132,15 +130,7 @@ def test_followed_tables_steer_the_same_plan():
     """An in-place table update (what EplbState.rearrange does) reroutes without rebuilding the plan."""
     w13, w2, x, logits = _inputs(tokens=11)
     placement, phys = _followed(1)
-    plan = build_moe_plan(
-        RoutingConfig(top_k=K),
-        E,
-        act_dtype=torch.float32,
-        placement=placement,
-        ep_rank=0,
-        backend="reference",
-        all_to_all=_ident,
-    )
+    plan = _plan(placement, 0, all_to_all=_ident)
     # Slot 7 now holds expert 4 (was 1): expert 4 gets two replicas, expert 1 one.
     phys[7] = 4
     placement.replica_table[1, 1] = -1

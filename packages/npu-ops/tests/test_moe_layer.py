@@ -121,6 +121,7 @@ def test_eplb_layer_follows_vllm_state_and_counts_load(ctx):
     from vllm.distributed.eplb.eplb_state import EplbState
     from vllm.model_executor.layers.fused_moe.layer import FusedMoE
     from vllm.model_executor.layers.fused_moe.moe_torch_iterative import fused_moe
+    from vllm_npu.ops.moe.eplb import eplb_tables
 
     layer = FusedMoE(
         num_experts=4,
@@ -138,13 +139,9 @@ def test_eplb_layer_follows_vllm_state_and_counts_load(ctx):
     layer.w13_weight.data[4:] = layer.w13_weight.data[:2]  # the redundant slots hold experts 0 and 1
     layer.w2_weight.data[4:] = layer.w2_weight.data[:2]
     physical = EplbState.build_initial_global_physical_to_logical_map(4, 2)
-    table = torch.full((1, 4, 1024), -1, dtype=torch.long)
-    counts = torch.zeros(1, 4, dtype=torch.long)
-    for p, e in enumerate(physical):
-        table[0, e, counts[0, e]] = p
-        counts[0, e] += 1
+    table, counts = eplb_tables(physical, 4)
     load = torch.zeros(1, 6, dtype=torch.int32)
-    layer.set_eplb_state(0, load, table, counts)
+    layer.set_eplb_state(0, load, table.unsqueeze(0), counts.unsqueeze(0))  # [layers, ...] as EplbState's
     x, logits = torch.randn(9, 8), torch.randn(9, 4)
     out = _forward(ctx, layer, x, logits)
     expect = fused_moe(x, layer.w13_weight[:4], layer.w2_weight[:4], logits, 2, 4, renormalize=False)

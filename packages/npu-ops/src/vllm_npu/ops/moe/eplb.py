@@ -49,6 +49,20 @@ def eplb_placement(num_logical: int, num_redundant: int, ep_size: int, *, layer_
     return ExpertPlacement(num_logical, slots, one_per_rank=False)
 
 
+def eplb_tables(
+    physical_to_logical: list[int], num_logical: int, width: int = 1024
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``EplbState``'s tables of one layer for a physical -> logical map: the logical -> physical replica table
+    ``[num_logical, width]`` int64 (replicas in physical order, -1 padded; vLLM's width is 1024) and the replica
+    counts ``[num_logical]`` int64. For tests and benchmarks that stand in for vLLM's state."""
+    table = torch.full((num_logical, width), -1, dtype=torch.long)
+    counts = torch.zeros(num_logical, dtype=torch.long)
+    for p, e in enumerate(physical_to_logical):
+        table[e, counts[e]] = p
+        counts[e] += 1
+    return table, counts
+
+
 def check_eplb_layer(layer: Any, *, expert_map_path: str | None) -> None:
     """ConfigError for what dynamic EPLB cannot combine with on this layer."""
     from vllm.model_executor.layers.fused_moe.layer import UnquantizedFusedMoEMethod
