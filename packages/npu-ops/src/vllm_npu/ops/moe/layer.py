@@ -155,7 +155,7 @@ def build_layer_plan(
 
     ``all_to_all`` overrides the EP group's exchange (tests); by default it is used only when
     :func:`uses_all_to_all` says so and ``allow_all_to_all`` is true. ``placement`` defaults to the layer's
-    static placement (``npu.expert_map_path``), ``mc2`` to ``npu.moe_mc2``.
+    placement (``npu.expert_map_path``, or vLLM's EPLB placement with ``--enable-eplb``), ``mc2`` to ``npu.moe_mc2``.
     """
     if getattr(layer, "zero_expert_num", 0):
         raise ConfigError(f"{layer.layer_name}: zero experts (zero_expert_num > 0) are not supported by npu-ops' MoE")
@@ -316,8 +316,6 @@ class AscendFusedMoE(FusedMoE):
         placement = load_expert_map(
             path, layer=layer_index(self.layer_name), num_logical=self.global_num_experts, world=self.ep_size
         )
-        if placement.num_redundant and self.global_num_experts != self.moe_config.num_experts:
-            raise ConfigError(f"{self.layer_name}: npu.expert_map_path cannot be combined with vLLM's EPLB experts")
         self.expert_placement = placement
         self.local_num_experts = placement.local_counts[self.ep_rank]
         self.register_buffer("expert_map", placement.expert_map(self.ep_rank))
