@@ -115,11 +115,49 @@ def test_grouped_router_layer_matches_vllm_cpu_moe(ctx):
     torch.testing.assert_close(out, expect, atol=1e-5, rtol=1e-5)
 
 
-def test_eplb_is_a_clear_error(ctx):
+def test_eplb_layer_follows_vllm_state_and_counts_load(ctx):
+    """``enable_eplb`` with 2 redundant experts: the layer holds 4 + 2 physical slots (vLLM's initial map), follows
+    the tables vLLM's ``set_eplb_state`` hands it, counts each routed slot once, and computes vLLM's torch MoE."""
+    from vllm.distributed.eplb.eplb_state import EplbState
+    from vllm.model_executor.layers.fused_moe.layer import FusedMoE
+    from vllm.model_executor.layers.fused_moe.moe_torch_iterative import fused_moe
+    from vllm_npu.ops.moe.eplb import eplb_tables
+
+    layer = FusedMoE(
+        num_experts=4,
+        top_k=2,
+        hidden_size=8,
+        intermediate_size=4,
+        params_dtype=torch.float32,
+        renormalize=False,
+        enable_eplb=True,
+        num_redundant_experts=2,
+        prefix="t3.experts",
+    )
+    assert layer.w13_weight.shape[0] == 6 and layer.expert_placement.slots == [[0, 1, 2, 3, 0, 1]]
+    _fill(layer)
+    layer.w13_weight.data[4:] = layer.w13_weight.data[:2]  # the redundant slots hold experts 0 and 1
+    layer.w2_weight.data[4:] = layer.w2_weight.data[:2]
+    physical = EplbState.build_initial_global_physical_to_logical_map(4, 2)
+    table, counts = eplb_tables(physical, 4)
+    load = torch.zeros(1, 6, dtype=torch.int32)
+    layer.set_eplb_state(0, load, table.unsqueeze(0), counts.unsqueeze(0))  # [layers, ...] as EplbState's
+    x, logits = torch.randn(9, 8), torch.randn(9, 4)
+    out = _forward(ctx, layer, x, logits)
+    expect = fused_moe(x, layer.w13_weight[:4], layer.w2_weight[:4], logits, 2, 4, renormalize=False)
+    torch.testing.assert_close(out, expect, atol=1e-5, rtol=1e-5)
+    topk = torch.topk(logits, 2, dim=-1).indices
+    logical = torch.zeros(4, dtype=torch.long).index_add_(0, torch.tensor(physical), load[0].long())
+    assert logical.tolist() == torch.bincount(topk.flatten(), minlength=4).tolist()
+    assert load[0, 4:].sum() > 0  # the replicas were used
+
+
+def test_eplb_with_a_static_map_is_a_clear_error(ctx, tmp_path):
     from vllm.model_executor.layers.fused_moe.layer import FusedMoE
     from vllm_npu.interface import ConfigError
 
-    with pytest.raises((ConfigError, NotImplementedError)):
+    ctx.additional_config = {"npu": {"expert_map_path": str(tmp_path / "map.json")}}
+    with pytest.raises(ConfigError, match=r"npu\.expert_map_path.*--enable-eplb"):
         FusedMoE(
             num_experts=4,
             top_k=1,
@@ -127,7 +165,7 @@ def test_eplb_is_a_clear_error(ctx):
             intermediate_size=4,
             params_dtype=torch.float32,
             enable_eplb=True,
-            prefix="t3.experts",
+            prefix="t3b.experts",
         )
 
 

@@ -25,8 +25,10 @@ def test_worker_hook_applies_worker_patches_and_reads_additional_config(monkeypa
     import vllm._custom_ops as ops
 
     monkeypatch.delenv("VLLM_NPU_PATCHES", raising=False)
-    on_load(ctx(Scope.PLATFORM))  # no platform patches in the built-in set: nothing changes
-    assert all(s is not PatchStatus.APPLIED for s, _ in patch_status().values())
+    on_load(ctx(Scope.PLATFORM))  # the built-in set's one platform patch; no worker patch yet
+    applied = {pid for pid, (s, _) in patch_status().items() if s is PatchStatus.APPLIED}
+    revert_patches(ids=["eplb-platform-check"])
+    assert applied == {"eplb-platform-check"}
     on_worker_init(ctx(Scope.WORKER, disabled=["attention-output-empty"]))
     try:
         status = patch_status()
@@ -54,7 +56,8 @@ def test_worker_hook_rejects_unknown_ids(monkeypatch):
     monkeypatch.setenv("VLLM_NPU_PATCHES", "-no-such-patch")
     with pytest.raises(
         ConfigError,
-        match="known ids: attention-output-empty, eagle-discarded-next-token, lora-npu-layers, repetition-penalty-torch",
+        match="known ids: attention-output-empty, eagle-discarded-next-token, eplb-platform-check, lora-npu-layers, "
+        "repetition-penalty-torch",
     ):
         on_worker_init(ctx(Scope.WORKER))
     assert all(r.status is not PatchStatus.APPLIED for r in get_registry().records())

@@ -65,3 +65,23 @@ def test_emulated_kv_budget_sources_and_validation(monkeypatch):
         emulated_kv_cache_bytes({}, {"VLLM_NPU_EMULATED_KV_CACHE_GB": "1024"})
     with pytest.raises(ConfigError, match="npu.emulated_kv_cache_gb=-1"):
         emulated_kv_cache_bytes({"npu": {"emulated_kv_cache_gb": -1}}, {})
+
+
+def test_synchronize_shim_is_the_backends_and_restored():
+    from vllm_npu.platform._device import cuda_synchronize_as
+
+    real = torch.cuda.synchronize
+    calls = []
+
+    class Recording(EmulatedDevice):
+        @staticmethod
+        def synchronize(device=None):
+            calls.append(device)
+
+    with pytest.raises(RuntimeError, match="boom"), cuda_synchronize_as(Recording):
+        with cuda_synchronize_as(Recording):  # nested: restored once, by the outer block
+            torch.cuda.synchronize()
+        torch.cuda.synchronize("cpu")  # what vLLM's EPLB rearrangement calls (no CUDA here)
+        raise RuntimeError("boom")
+    assert calls == [None, "cpu"]
+    assert torch.cuda.synchronize is real

@@ -135,3 +135,20 @@ def test_dispatch_float_embedding_and_errors(vllm_ctx: object) -> None:
         ReplicatedLinear(16, 8, bias=False, quant_config=cfg, prefix="model.layers.0.mlp.up_proj")
     with pytest.raises(QuantDescriptionError, match="model.layers.1.mlp.down_proj"):
         ReplicatedLinear(16, 8, bias=False, quant_config=cfg, prefix="model.layers.1.mlp.down_proj")
+
+
+def test_dynamic_eplb_with_quantised_experts_is_refused_naming_the_flag() -> None:
+    from vllm.model_executor.layers.fused_moe import FusedMoE
+    from vllm_npu.interface import ConfigError
+
+    desc = {
+        f"model.layers.0.mlp.experts.{e}.{w}.weight": "W8A8_DYNAMIC"
+        for e in range(2)
+        for w in ("gate_proj", "up_proj", "down_proj")
+    }
+    cfg = AscendQuantConfig(QuantDescription.from_mapping(desc))
+    layer = FusedMoE.__new__(FusedMoE)  # only what get_quant_method reads: the type and enable_eplb
+    torch.nn.Module.__init__(layer)
+    layer.enable_eplb = True
+    with pytest.raises(ConfigError, match=r"'model\.layers\.0\.mlp\.experts' is 'W8A8_DYNAMIC'.*--enable-eplb"):
+        cfg.get_quant_method(layer, "model.layers.0.mlp.experts")

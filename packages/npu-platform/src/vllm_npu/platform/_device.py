@@ -398,3 +398,33 @@ def cuda_stream_api_as(device: type[DeviceBackend]) -> Iterator[None]:
                 for name, value in _shim_state["saved"].items():
                     setattr(torch.cuda, name, value)
                 _shim_state["saved"] = None
+
+
+_sync_state: dict[str, Any] = {"depth": 0, "saved": None}  # depth of active synchronize shims; the real function
+
+
+@contextlib.contextmanager
+def cuda_synchronize_as(backend: type[DeviceBackend]) -> Iterator[None]:
+    """Within the block, ``torch.cuda.synchronize(device=None)`` is ``backend.synchronize``.
+
+    For vLLM code that synchronizes through ``torch.cuda`` unconditionally: its EPLB rearrangement
+    (``EplbState.rearrange`` and ``rearrange_expert_weights_inplace`` in ``vllm/distributed/eplb/``), which the
+    model runner's ``eplb_step`` runs inside this block. Restored as :func:`cuda_stream_api_as` restores its names.
+    """
+    with _shim_lock:
+        if _sync_state["depth"] == 0:
+            _sync_state["saved"] = torch.cuda.synchronize
+
+            def synchronize(device: Any = None) -> None:
+                backend.synchronize(device)
+
+            torch.cuda.synchronize = synchronize
+        _sync_state["depth"] += 1
+    try:
+        yield
+    finally:
+        with _shim_lock:
+            _sync_state["depth"] -= 1
+            if _sync_state["depth"] == 0:
+                torch.cuda.synchronize = _sync_state["saved"]
+                _sync_state["saved"] = None

@@ -11,6 +11,11 @@ sampling and logprobs, KV-cache allocation) is vLLM's own code. The overrides:
   no-op in-order stream/event objects on the emulated device. Objects created there keep working afterwards
   (they are the device's own), so the shim never needs to be process-wide.
 - ``_init_device_properties`` and ``_sync_device``: the device's, instead of ``torch.cuda``'s.
+- ``eplb_step`` (vLLM's ``--enable-eplb``): vLLM's own step (``EplbState.step``: load window, and every
+  ``eplb_config.step_interval`` steps the rearrangement over the EP group), run inside
+  :func:`._device.cuda_synchronize_as` because vLLM's rearrangement calls ``torch.cuda.synchronize``. vLLM's
+  ``load_model`` builds the ``EplbState`` and ``execute_model`` / ``_dummy_run`` call this method, as on CUDA.
+  ``_dummy_run`` then zeroes the pass load, so that no dummy forward (profile run, warm-up) counts as load.
 - speculative decoding: vLLM's ``RejectionSampler`` (built in ``__init__`` only with a speculative config on the
   last pipeline rank) launches Triton kernels; it is replaced by :class:`.sample.NPURejectionSampler`, the same
   contract in torch.
@@ -48,7 +53,7 @@ from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 from vllm.v1.worker.utils import bind_kv_cache
 from vllm_npu.interface.log import get_logger
 
-from ._device import DeviceBackend, EmulatedDevice, _torch_npu, cuda_stream_api_as
+from ._device import DeviceBackend, EmulatedDevice, _torch_npu, cuda_stream_api_as, cuda_synchronize_as
 from .graphs.torchair import TorchairWrapper, torchair_enabled
 from .graphs.wrapper import GRAPH_STATS, NPUGraphWrapper
 
@@ -127,6 +132,20 @@ class NPUModelRunner(GPUModelRunner):
             else:
                 self._dummy_sampler_run(last_hidden_states)
         self._sync_device()
+
+    def eplb_step(self, is_dummy: bool = False, is_profile: bool = False) -> None:
+        if not self.parallel_config.enable_eplb:
+            return
+        with cuda_synchronize_as(self.device_backend):
+            super().eplb_step(is_dummy, is_profile)
+
+    def _dummy_run(self, *args: Any, **kwargs: Any) -> Any:
+        out = super()._dummy_run(*args, **kwargs)
+        if self.eplb_state is not None:
+            # vLLM drops a dummy run's expert load only in a non-profile eplb_step: the profile run and the
+            # skip_eplb runs (warm-up, graph capture) would count in the next real step's window.
+            self.eplb_state.expert_load_pass.zero_()
+        return out
 
     def execute_model(self, scheduler_output: Any, intermediate_tensors: Any | None = None) -> Any:
         with cuda_stream_api_as(self.device_backend):

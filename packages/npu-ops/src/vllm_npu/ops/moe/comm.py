@@ -15,6 +15,10 @@ A dispatcher is ``dispatcher(hidden [T, H], topk_weights [T, k] f32, topk_ids [T
 Placement follows vLLM's ``determine_expert_map`` (``linear`` or ``round_robin``), given as the per-rank expert maps,
 or an :class:`~.placement.ExpertPlacement` (``npu.expert_map_path``: any placement, redundant replicas included), whose
 replica choice turns each routed logical expert into one physical slot.
+
+Expert load (dynamic EPLB): a dispatcher with a placement adds the rows it routes to ``placement.load`` so that the
+sum over the EP ranks counts every (token, slot) pair once: the local dispatcher counts its own slots' rows (every
+rank holds the same tokens), the all-to-all dispatcher its own tokens' rows, MC2 its token share's rows.
 """
 
 from __future__ import annotations
@@ -90,6 +94,9 @@ class LocalDispatcher:
         else:
             local_ids = self._local_id[topk_ids.long()]
         rows, row_idx, counts = self.init_routing(hidden, local_ids, self.num_local + 1, (0, self.num_local))
+        if self.placement is not None:
+            # Rows of this rank's own slots only: with replicated tokens each row is then counted on one rank.
+            self.placement.record_counts(counts, self.placement.offsets[self.rank])
         # The NPU grouped matmul wants the counts to cover every row it gets: keep the in-range rows only.
         n = int(counts.sum())
         return combine_masked(run_experts(experts, rows[:n], counts), row_idx[:n], topk_weights, out_dtype=hidden.dtype)
@@ -170,6 +177,7 @@ class AllToAllDispatcher:
         physical = self.placement.to(device).choose(topk_ids, offset=self.rank)
         total = self.placement.num_physical
         rows, row_idx, counts = self.init_routing(hidden, physical, total, (0, total))
+        self.placement.record_counts(counts)  # this rank's tokens, per physical expert
         # counts per (destination rank, its local expert), padded to max_local: [R, L]
         send = torch.zeros(self.world * self.max_local, dtype=torch.int64, device=device)
         send[self._count_slot] = counts.long()

@@ -21,6 +21,9 @@ model that builds those gets these classes. What changes against vLLM:
 - ``npu.expert_map_path``: a static placement (:mod:`.placement`, redundant replicas allowed) replaces vLLM's;
   the layer then holds that rank's slots (its weights are re-created at their count) and every dispatcher maps
   routed experts to replicas.
+- ``--enable-eplb`` (vLLM's dynamic EPLB, :mod:`.eplb`): the layer starts from vLLM's initial placement of the
+  physical experts, follows vLLM's ``EplbState`` tables in place (``set_eplb_state``) and counts the expert load in
+  every dispatcher; vLLM's rearrangement moves the weights.
 - ``npu.moe_mc2``: MC2 (:mod:`.mc2`) for steps up to its token capacity, chosen per step (rule in
   :func:`~.mc2.mc2_candidate`); the dispatcher above beyond.
 - ``npu.multistream_overlap_shared_expert``: shared experts on a side stream while the routed ones run
@@ -46,6 +49,7 @@ from vllm_npu.interface.device import DeviceMode, current_mode
 from vllm_npu.interface.protocols import runs_layer_moe_plan
 
 from .comm import AllToAll, coordinator_all_to_all
+from .eplb import check_eplb_layer, eplb_placement, follow_eplb_state
 from .forward import MoEPlan, build_moe_plan, moe_forward
 from .gating import RoutingConfig
 from .mc2 import MC2Comm, mc2_candidate, mc2_tokens_capacity
@@ -151,13 +155,8 @@ def build_layer_plan(
 
     ``all_to_all`` overrides the EP group's exchange (tests); by default it is used only when
     :func:`uses_all_to_all` says so and ``allow_all_to_all`` is true. ``placement`` defaults to the layer's
-    static placement (``npu.expert_map_path``), ``mc2`` to ``npu.moe_mc2``.
+    placement (``npu.expert_map_path``, or vLLM's EPLB placement with ``--enable-eplb``), ``mc2`` to ``npu.moe_mc2``.
     """
-    if layer.enable_eplb:
-        raise ConfigError(
-            f"{layer.layer_name}: expert-parallel load balancing (enable_eplb) is not supported by npu-ops' MoE; "
-            "start without --enable-eplb"
-        )
     if getattr(layer, "zero_expert_num", 0):
         raise ConfigError(f"{layer.layer_name}: zero experts (zero_expert_num > 0) are not supported by npu-ops' MoE")
     if getattr(layer.moe_config, "has_bias", False):
@@ -197,7 +196,8 @@ def build_layer_plan(
             )
     plan = build_moe_plan(
         routing_config_of(layer),
-        layer.global_num_experts,
+        # router columns: the logical experts (vLLM's global_num_experts counts EPLB's redundant ones too)
+        placement.num_logical if placement is not None else layer.global_num_experts,
         act_dtype=layer.moe_config.in_dtype,
         activation=layer.activation,
         apply_router_weight_on_input=layer.apply_router_weight_on_input,
@@ -263,7 +263,14 @@ class AscendFusedMoE(FusedMoE):
         super().__init__(*args, **kwargs)
         settings = npu_settings()
         self.expert_placement = None
-        if settings.expert_map_path is not None:
+        if self.enable_eplb:
+            check_eplb_layer(self, expert_map_path=settings.expert_map_path)
+            bound = inspect.signature(FusedMoE.__init__).bind(self, *args, **kwargs).arguments
+            logical = int(bound["num_experts"])
+            self.expert_placement = eplb_placement(
+                logical, self.global_num_experts - logical, self.ep_size, layer_name=self.layer_name
+            )
+        elif settings.expert_map_path is not None:
             if not self.use_ep:
                 raise ConfigError(
                     f"{self.layer_name}: npu.expert_map_path places experts over expert-parallel ranks; start with "
@@ -291,13 +298,24 @@ class AscendFusedMoE(FusedMoE):
             if api is not None:
                 self._side_stream = SideStream(api)
 
+    def set_eplb_state(
+        self,
+        moe_layer_idx: int,
+        expert_load_view: torch.Tensor,
+        logical_to_physical_map: torch.Tensor,
+        logical_replica_count: torch.Tensor,
+    ) -> None:
+        """vLLM's (the layer's views of ``EplbState``), then the plan's placement follows them and counts load."""
+        super().set_eplb_state(moe_layer_idx, expert_load_view, logical_to_physical_map, logical_replica_count)
+        if self.expert_placement is None:
+            raise RuntimeError(f"{self.layer_name}: set_eplb_state on a layer built without --enable-eplb")
+        follow_eplb_state(self.expert_placement, self)
+
     def _place_experts(self, path: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         """Take this rank's slots of the static placement: expert map, local count, and weights re-created at it."""
         placement = load_expert_map(
             path, layer=layer_index(self.layer_name), num_logical=self.global_num_experts, world=self.ep_size
         )
-        if placement.num_redundant and self.global_num_experts != self.moe_config.num_experts:
-            raise ConfigError(f"{self.layer_name}: npu.expert_map_path cannot be combined with vLLM's EPLB experts")
         self.expert_placement = placement
         self.local_num_experts = placement.local_counts[self.ep_rank]
         self.register_buffer("expert_map", placement.expert_map(self.ep_rank))

@@ -340,6 +340,7 @@ class MC2Dispatcher:
         placement = self.placement.to(hidden.device)
         x, weights = hidden[lo:hi], topk_weights[lo:hi]
         physical = placement.choose(topk_ids[lo:hi], offset=lo if self.replicated_tokens else self.rank)
+        placement.record_ids(physical)  # this rank's token share (before the empty step's stand-in row)
         empty = x.shape[0] == 0
         if empty:
             # The kernels' batch starts at 1: send one zero-weight row to distinct experts and drop its output.

@@ -23,6 +23,12 @@ which spreads a hot expert's tokens over its replicas.
 
 ``layer_id`` here is the decoder layer index of the MoE layer (``model.layers.<i>.``); for models whose every layer
 is MoE (Qwen3-MoE, Qwen2-MoE) that is also vllm-ascend's MoE-layer ordinal.
+
+Dynamic EPLB (vLLM's ``--enable-eplb``, :mod:`.eplb`): :meth:`ExpertPlacement.follow` makes the replica tables the
+layer's views of vLLM's ``EplbState`` (updated in place when it rearranges the experts) and gives the placement a
+load counter; every dispatcher calls :meth:`~ExpertPlacement.record_counts` / :meth:`~ExpertPlacement.record_ids`
+with the rows it routes. ``slots`` then stays the initial placement: the slot structure (counts per rank, physical
+numbering) never changes, only which logical expert a slot holds.
 """
 
 from __future__ import annotations
@@ -40,7 +46,9 @@ from vllm_npu.interface import ConfigError
 class ExpertPlacement:
     """The placement of ``num_logical`` experts over ``len(slots)`` ranks (see the module docstring)."""
 
-    def __init__(self, num_logical: int, slots: Sequence[Sequence[int]]) -> None:
+    def __init__(self, num_logical: int, slots: Sequence[Sequence[int]], *, one_per_rank: bool = True) -> None:
+        """``one_per_rank=False`` lets a rank hold an expert twice (vLLM's EPLB placements, whose weight loading
+        goes by physical id)."""
         self.num_logical = num_logical
         self.slots = [list(map(int, s)) for s in slots]
         self.world = len(self.slots)
@@ -50,7 +58,7 @@ class ExpertPlacement:
             bad = [e for e in s if not 0 <= e < num_logical]
             if bad:
                 raise ConfigError(f"expert placement: rank {r} lists experts {bad} outside 0..{num_logical - 1}")
-            if len(set(s)) != len(s):
+            if one_per_rank and len(set(s)) != len(s):
                 raise ConfigError(f"expert placement: rank {r} lists an expert twice ({s}); a rank holds one replica")
         held = {e for s in self.slots for e in s}
         missing = sorted(set(range(num_logical)) - held)
@@ -69,6 +77,9 @@ class ExpertPlacement:
             table[e, : len(ids)] = ids
         self.replica_table = table
         self.num_redundant = self.num_physical - num_logical
+        #: Rows routed to each physical expert ([num_physical] int32 on the device), or None: not counted.
+        self.load: torch.Tensor | None = None
+        self.live = False
 
     @classmethod
     def from_expert_maps(cls, expert_maps: Sequence[torch.Tensor]) -> ExpertPlacement:
@@ -91,8 +102,40 @@ class ExpertPlacement:
         """Every rank holds the same number of slots (what the MC2 kernels need)."""
         return len(set(self.local_counts)) == 1
 
+    def follow(
+        self, logical_to_physical: torch.Tensor, replica_counts: torch.Tensor, load: torch.Tensor | None
+    ) -> None:
+        """Use vLLM's EPLB tables of this layer from now on (views; never copied, so rearrangements show).
+
+        ``logical_to_physical`` [E, W] int64 (physical ids of each logical expert's replicas, -1 padded),
+        ``replica_counts`` [E] int64, ``load`` [num_physical] int32 (EplbState's per-pass load of this layer).
+        """
+        num_physical = None if load is None else int(load.numel())
+        if logical_to_physical.shape[0] != self.num_logical or num_physical not in (None, self.num_physical):
+            raise ValueError(
+                f"EPLB state for {tuple(logical_to_physical.shape)[0]} logical / {num_physical} physical experts; "
+                f"this placement has {self.num_logical} / {self.num_physical}"
+            )
+        self.replica_table, self.replica_counts, self.load = logical_to_physical, replica_counts, load
+        self.live = True
+
+    def record_counts(self, counts: torch.Tensor, start: int = 0) -> None:
+        """Add ``counts`` [n] (rows per physical expert ``start .. start+n-1``) to the load; on the device."""
+        if self.load is not None:
+            self.load[start : start + counts.numel()] += counts.to(self.load.dtype)
+
+    def record_ids(self, physical: torch.Tensor) -> None:
+        """Add one row per entry of ``physical`` (physical expert ids, any shape) to the load; on the device."""
+        if self.load is not None:
+            flat = physical.reshape(-1).long()
+            self.load.index_add_(0, flat, torch.ones_like(flat, dtype=self.load.dtype))
+
     def to(self, device: torch.device) -> ExpertPlacement:
         """The lookup tables on ``device`` (once, when the layer first runs there)."""
+        if self.live:
+            if self.replica_table.device != device:
+                raise RuntimeError(f"the EPLB state is on {self.replica_table.device}, the layer runs on {device}")
+            return self
         if self.replica_table.device != device:
             self.replica_table = self.replica_table.to(device)
             self.replica_counts = self.replica_counts.to(device)
@@ -101,7 +144,7 @@ class ExpertPlacement:
     def choose(self, topk_ids: torch.Tensor, offset: int = 0) -> torch.Tensor:
         """Physical ids [T, k] int64 for logical ``topk_ids`` [T, k] (the replica rule of the module docstring)."""
         ids = topk_ids.long()
-        if self.num_redundant == 0 and int(self.replica_table.shape[1]) == 1:
+        if not self.live and self.num_redundant == 0 and int(self.replica_table.shape[1]) == 1:
             return self.replica_table[ids, 0]
         counts = self.replica_counts[ids]
         token = torch.arange(ids.shape[0], device=ids.device).unsqueeze(1) + offset

@@ -81,8 +81,31 @@ EAGLE_DISCARDED_NEXT_TOKEN = Patch(
     removal="drop when the plugin's vLLM floor includes vllm#26231 (after 0.11.0); the range already ends at 0.11.1",
 )
 
+EPLB_PLATFORM_CHECK = Patch(
+    id="eplb-platform-check",
+    target="vllm.config.parallel.ParallelConfig.__post_init__",
+    replacement="vllm_npu.patches.sets.eplb_platform_check:make_replacement",
+    scope=Scope.PLATFORM,
+    vllm=">=0.11.0,<0.12",
+    fingerprint="18326577a4f466c945ef4e46f387ea26cde4a399cdb15b021b444e2dcc1b4f84",
+    upstream="none filed yet. Fix to propose: ask the platform (a Platform.supports_eplb() hook, False by default, "
+    "True for CUDA) instead of current_platform.is_cuda() in ParallelConfig.__post_init__",
+    reason="vLLM refuses --enable-eplb on every platform but CUDA at config time, although EplbState and its "
+    "weight exchange run on torch.distributed groups (gloo / HCCL). The replacement runs vLLM's __post_init__ "
+    "with EPLB off for the call and then vLLM's other EPLB checks (redundant >= 0, expert parallel, TP*DP > 1) "
+    "itself; npu-ops' MoE layers follow vLLM's EplbState and npu-platform's model runner maps its "
+    "torch.cuda.synchronize to the device backend",
+    removal="drop when vLLM asks the platform whether it supports EPLB (or when the plugin's vLLM floor has such "
+    "a hook); the range ends before 0.12, whose config code must be checked again",
+)
+
 #: The built-in set, in application order.
-BUILTIN_PATCHES: tuple[Patch, ...] = (REPETITION_PENALTY_TORCH, ATTENTION_OUTPUT_EMPTY, EAGLE_DISCARDED_NEXT_TOKEN)
+BUILTIN_PATCHES: tuple[Patch, ...] = (
+    REPETITION_PENALTY_TORCH,
+    ATTENTION_OUTPUT_EMPTY,
+    EAGLE_DISCARDED_NEXT_TOKEN,
+    EPLB_PLATFORM_CHECK,
+)
 
 #: Candidates examined for vLLM 0.11.0 and deliberately not patched: (what, why not).
 NOT_PATCHED: tuple[tuple[str, str], ...] = (
