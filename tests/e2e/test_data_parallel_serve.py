@@ -1,13 +1,14 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
-"""``vllm serve --data-parallel-size 2 --enable-expert-parallel`` on the emulated device (one server): tiny
-Qwen3-MoE, two DP engine cores started by vLLM's engine manager with its DP coordinator, EP=2 over the two ranks
-(3 of the 6 experts each), the API server's load balancer spreading requests over both.
+"""``vllm serve --data-parallel-size 2`` on the emulated device, one server per case: two DP engine cores started by
+vLLM's engine manager with its DP coordinator, the API server's load balancer spreading requests over both.
+
+- ``moe-ep``: tiny Qwen3-MoE with ``--enable-expert-parallel``, EP=2 over the two ranks (3 of the 6 experts each);
+- ``dense``: tiny Qwen2, each DP engine a full replica (no collective between the ranks in the forward).
 
 Six completions sent at once; each equals HF transformers greedy for its prompt, and vLLM's per-engine metrics show
-that both DP engines finished requests (so the MoE layers really exchanged tokens between two stepping ranks, with
-dummy batches on the rank that runs out of requests first). The dense DP=2 case is tested offline
-(test_data_parallel_offline.py).
+that both DP engines finished requests (for MoE: the layers really exchanged tokens between two stepping ranks, with
+dummy batches on the rank that runs out of requests first). The offline cases: test_data_parallel_offline.py.
 """
 
 from __future__ import annotations
@@ -29,9 +30,18 @@ MAX_TOKENS = 8
 PROMPTS = make_prompts([5, 9, 17, 3, 11, 7], seed=3)
 
 
+#: case -> (tiny model kind, extra server arguments)
+CASES = {"moe-ep": ("qwen3_moe", ("--enable-expert-parallel",)), "dense": ("qwen2", ())}
+
+
+@pytest.fixture(scope="module", params=list(CASES))
+def case(request) -> str:
+    return request.param
+
+
 @pytest.fixture(scope="module")
-def model():
-    return build_tiny_model(tiny_config("qwen3_moe"))
+def model(case):
+    return build_tiny_model(tiny_config(CASES[case][0]))
 
 
 @pytest.fixture(scope="module")
@@ -40,13 +50,13 @@ def reference(model):
 
 
 @pytest.fixture(scope="module")
-def server(model, reference, tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("serve-dp")
+def server(case, model, reference, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp(f"serve-dp-{case}")
     env = {**os.environ, **emulated_env(tmp, multiprocessing=True, extra={"VLLM_WORKER_MULTIPROC_METHOD": "spawn"})}
     args = [
         str(model),
         *("--dtype", "float32", "--max-model-len", "512", "--served-model-name", "tiny"),
-        *("--data-parallel-size", "2", "--enable-expert-parallel", "--max-num-batched-tokens", "64"),
+        *("--data-parallel-size", "2", *CASES[case][1], "--max-num-batched-tokens", "64"),
     ]
     with vllm_server(args, env, tmp / "server.log") as url:
         yield url
