@@ -158,7 +158,7 @@ def test_compiled_decode_equals_dense_attention_over_changing_steps_with_one_com
     assert len(graphs) == 1, f"{len(graphs)} compiles for {len(STEPS)} steps"
     # Attention is in the graph (no opaque op), and no per-step value became a constant of it.
     targets = {str(n.target) for gm in graphs for n in gm.graph.nodes if n.op in ("call_function", "call_method")}
-    assert not any("unified_attention" in t for t in targets) and any("index_copy" in t for t in targets)
+    assert not any("unified_attention" in t for t in targets) and any("graph_kv_write" in t for t in targets)
     placeholders = [n for n in graphs[0].graph.nodes if n.op == "placeholder"]
     assert any("inputs" in n.name and "seq_lens" in n.name for n in placeholders), placeholders
 

@@ -310,14 +310,16 @@ class AscendAttentionImpl(AttentionImpl[AscendMetadata]):  # type: ignore[type-v
                 f"({self.attn_type} layer); it takes one token per request of a decoder layer"
             )
         key_cache, value_cache = kv_cache.unbind(0)
+        seq_lens = graph.seq_lens
         if self.kv_sharing_target_layer_name is None and key is not None and value is not None:
-            self.graph_kv_write(key, value, key_cache, value_cache, graph.slots)
+            # The decode reads the lengths the write returns: that orders it after the write (ops/graph_decode.py).
+            seq_lens = self.graph_kv_write(key, value, key_cache, value_cache, graph.slots, seq_lens)
         self.graph_decode(
             query,
             key_cache,
             value_cache,
             graph.block_table,
-            graph.seq_lens,
+            seq_lens,
             graph.seq_lens_list,
             num_heads=self.num_heads,
             num_kv_heads=self.num_kv_heads,

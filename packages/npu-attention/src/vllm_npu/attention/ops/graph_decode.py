@@ -10,12 +10,19 @@ and derive everything else from shapes. Both are what vllm-ascend v0.11.0's torc
 (``vllm_ascend/torchair/torchair_attention.py``: ``npu_scatter_nd_update_`` for the KV write, BSH
 ``npu_fused_infer_attention_score`` for the decode), ops torchair ships GE converters for.
 
-``graph_kv_write`` — the step's K/V into the paged cache:
+``graph_kv_write`` — the step's K/V into the paged cache; returns the lengths the decode must read after it:
     key/value ``[B, Nkv, D]``; key_cache/value_cache ``[num_blocks, block_size, Nkv, D]`` updated in place;
     slots ``[B]`` int64, every entry in ``[0, num_blocks * block_size)`` (padding rows point at slot 0 of vLLM's
-    null block 0, which no request reads: ``npu_scatter_nd_update_`` does not accept out-of-range indices).
+    null block 0, which no request reads: ``npu_scatter_nd_update_`` does not accept out-of-range indices);
+    seq_lens ``[B]``: returned (NPU) or returned as a copy (reference), so that the decode depends on the write.
     NPU: ``torch_npu.npu_scatter_nd_update_(cache, indices, updates)`` with ``indices [B, 2] = (slot // block_size,
-    slot % block_size)``. Reference: ``index_copy_`` on the flat ``[num_blocks * block_size, Nkv, D]`` view.
+    slot % block_size)``; a declared in-place op, so the compiler keeps it before the decode that reads the cache.
+    Reference: the registered op ``torch.ops.vllm_npu.graph_kv_write`` (``index_copy_`` on the flat
+    ``[num_blocks * block_size, Nkv, D]`` views), opaque to Dynamo and declared *without* mutated arguments, as vLLM
+    declares its own attention op, which writes the KV cache too: functionalizing an in-place write on the cache (a
+    graph input) would copy the whole cache on every step (measured: 0.3 ms -> 230 ms per step for a 160 MB cache on
+    this host), where GE writes in place. The returned copy of ``seq_lens`` is what orders the decode after it (the
+    graph runs its nodes in trace order; the op is never dead code).
 
 ``graph_decode`` — one query token per request over its pages:
     query ``[B, N, D]``; caches as above (this step's tokens already written); block_table ``[B, W]`` int32 (W the
@@ -32,6 +39,8 @@ and derive everything else from shapes. Both are what vllm-ascend v0.11.0's torc
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from vllm_npu.interface.device import Kernel
 
@@ -45,7 +54,8 @@ def graph_kv_write_npu(
     key_cache: torch.Tensor,
     value_cache: torch.Tensor,
     slots: torch.Tensor,
-) -> None:
+    seq_lens: torch.Tensor,
+) -> torch.Tensor:
     import torch_npu
 
     block_size = key_cache.shape[1]
@@ -53,6 +63,35 @@ def graph_kv_write_npu(
     indices = torch.cat((slot // block_size, slot % block_size), dim=1)
     torch_npu.npu_scatter_nd_update_(key_cache, indices, key)
     torch_npu.npu_scatter_nd_update_(value_cache, indices, value)
+    return seq_lens
+
+
+def _write_in_place(
+    key: torch.Tensor,
+    value: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    slots: torch.Tensor,
+    seq_lens: torch.Tensor,
+) -> torch.Tensor:
+    nkv, d = key_cache.shape[-2:]
+    key_cache.view(-1, nkv, d).index_copy_(0, slots, key.to(key_cache.dtype))
+    value_cache.view(-1, nkv, d).index_copy_(0, slots, value.to(value_cache.dtype))
+    return seq_lens.clone()
+
+
+def _registered_write() -> Any:
+    """``torch.ops.vllm_npu.graph_kv_write``, registered on first import (once per process)."""
+    try:
+        return torch.ops.vllm_npu.graph_kv_write
+    except (AttributeError, RuntimeError):
+        pass
+    op = torch.library.custom_op("vllm_npu::graph_kv_write", mutates_args=())(_write_in_place)
+    op.register_fake(lambda key, value, key_cache, value_cache, slots, seq_lens: torch.empty_like(seq_lens))
+    return torch.ops.vllm_npu.graph_kv_write
+
+
+_REFERENCE_WRITE = _registered_write()
 
 
 def graph_kv_write_reference(
@@ -61,10 +100,9 @@ def graph_kv_write_reference(
     key_cache: torch.Tensor,
     value_cache: torch.Tensor,
     slots: torch.Tensor,
-) -> None:
-    nkv, d = key_cache.shape[-2:]
-    key_cache.view(-1, nkv, d).index_copy_(0, slots, key.to(key_cache.dtype))
-    value_cache.view(-1, nkv, d).index_copy_(0, slots, value.to(value_cache.dtype))
+    seq_lens: torch.Tensor,
+) -> torch.Tensor:
+    return _REFERENCE_WRITE(key, value, key_cache, value_cache, slots, seq_lens)  # type: ignore[no-any-return]
 
 
 GRAPH_KV_WRITE = Kernel("graph_kv_write", npu=graph_kv_write_npu, reference=graph_kv_write_reference)

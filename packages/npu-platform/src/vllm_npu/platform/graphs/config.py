@@ -92,7 +92,7 @@ def _num_experts(vllm_config: VllmConfig) -> int:
 
 
 def torchair_npu_refusal(vllm_config: VllmConfig) -> str | None:
-    """Why ``npu.graph_mode='torchair'`` cannot run this engine on an NPU, or None (see :data:`TORCHAIR_NPU_REFUSALS`)."""
+    """Why ``npu.graph_mode='torchair'`` cannot run this engine on an NPU, or None (:data:`TORCHAIR_NPU_REFUSALS`)."""
     model = vllm_config.model_config
     if model is not None and getattr(model, "use_mla", False):
         key = "mla"

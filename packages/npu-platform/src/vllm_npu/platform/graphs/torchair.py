@@ -22,15 +22,17 @@ compiled step this wrapper has every attention metadata object of the step lay i
 tensors, plus the lengths as a host list for the NPU kernel) and passes them to the compiled function as an
 argument, which stores them where the impls read them (:data:`vllm_npu.interface.graphs.COMPILED_STEP`). So they are
 graph *inputs*, guarded on shapes only: per-step values are neither baked in nor recompiled for. (Read from vLLM's
-forward context, a module global, Dynamo would bake the Python ints in as constants even with dynamic shapes.) MLA models keep vLLM's opaque attention op (registered
-with a fake implementation): one node in the graph that reads the step's metadata from the forward context when it
-runs, which the stand-in backend can run and GE cannot convert (the torchair mode is refused for MLA on an NPU).
+forward context, a module global, Dynamo would bake the Python ints in as constants even with dynamic shapes.)
+MLA models keep vLLM's opaque attention op (registered with a fake implementation): one node in the graph that
+reads the step's metadata from the forward context when it runs, which the stand-in backend can run and GE cannot
+convert (the torchair mode is refused for MLA on an NPU).
 
 Backends: on an NPU torchair's (:mod:`._torchair_npu`: ``dynamic=True`` with every tensor input marked static, so
 that the only symbolic values are the Python ints the NPU attention kernel takes as ``SymInt[]``, the sequence
 lengths); on the emulated device :class:`._standin.StandInBackend` (``aot_eager`` with the on-disk cache,
-``dynamic=False``: its reference attention reads tensors only). The cache directory is :class:`.compile_cache.CompileCache` of this worker's
-key under ``npu.torchair_cache_dir`` (``npu.torchair_cache=false`` turns it off).
+``dynamic=False``: its reference attention reads tensors only). The cache directory is
+:class:`.compile_cache.CompileCache` of this worker's key under ``npu.torchair_cache_dir`` (``npu.torchair_cache=false``
+turns it off).
 
 Counts (this process, all engines): :data:`TORCHAIR_STATS`. ``compiles`` counts, per batch size, every graph Dynamo
 handed to the compiler; a second compile of the same size by the same wrapper (a guard failed) is a ``recompile``.
