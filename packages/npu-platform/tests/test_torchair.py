@@ -25,7 +25,9 @@ from vllm_npu.platform.graphs.torchair import TorchairStats, forward_for
 # --- config -------------------------------------------------------------------------------------------------------
 
 
-def graph_config(*, enforce_eager=False, mode=None, use_mla=False, experts=0, quantization=None, spec=None):
+def graph_config(
+    *, enforce_eager=False, mode=None, use_mla=False, experts=0, quantization=None, spec=None, kv_transfer=None
+):
     return SimpleNamespace(
         compilation_config=CompilationConfig(cudagraph_mode=mode, cudagraph_capture_sizes=[1, 2, 4]),
         model_config=SimpleNamespace(
@@ -38,6 +40,7 @@ def graph_config(*, enforce_eager=False, mode=None, use_mla=False, experts=0, qu
         parallel_config=SimpleNamespace(tensor_parallel_size=1, data_parallel_size=1, enable_expert_parallel=False),
         scheduler_config=SimpleNamespace(max_num_batched_tokens=64),
         speculative_config=spec,
+        kv_transfer_config=kv_transfer,
     )
 
 
@@ -333,3 +336,11 @@ def test_wrapper_counts_a_second_compile_of_a_size_as_a_recompile(tmp_path):
     assert torchair.TORCHAIR_STATS.recompiles == before and wrapper.compile_counts[3] == 1
     count(graph, [])
     assert torchair.TORCHAIR_STATS.recompiles == before + 1 and wrapper.compile_counts[3] == 2
+
+
+@pytest.mark.parametrize("emulated", [True, False])
+def test_torchair_with_attention_in_the_graph_refuses_a_kv_connector(emulated):
+    cfg = graph_config(kv_transfer=SimpleNamespace(kv_connector="MooncakeConnectorV1"))
+    with pytest.raises(ConfigError, match=r"'torchair' conflicts with a KV connector .*skips the connector"):
+        configure_graphs(cfg, "torchair", emulated=emulated)
+    configure_graphs(graph_config(kv_transfer=cfg.kv_transfer_config, use_mla=True), "torchair", emulated=True)

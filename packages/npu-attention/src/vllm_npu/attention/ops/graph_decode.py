@@ -39,13 +39,14 @@ and derive everything else from shapes. Both are what vllm-ascend v0.11.0's torc
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import torch
 from vllm_npu.interface.device import Kernel
 
 from ._checks import check_heads, no_soft_cap
 from ._reference import attend
+from .paged_attention import fia_decode_bsh
 
 
 def graph_kv_write_npu(
@@ -102,7 +103,7 @@ def graph_kv_write_reference(
     slots: torch.Tensor,
     seq_lens: torch.Tensor,
 ) -> torch.Tensor:
-    return _REFERENCE_WRITE(key, value, key_cache, value_cache, slots, seq_lens)  # type: ignore[no-any-return]
+    return cast(torch.Tensor, _REFERENCE_WRITE(key, value, key_cache, value_cache, slots, seq_lens))
 
 
 GRAPH_KV_WRITE = Kernel("graph_kv_write", npu=graph_kv_write_npu, reference=graph_kv_write_reference)
@@ -133,30 +134,11 @@ def graph_decode_npu(
     logits_soft_cap: float | None = None,
 ) -> None:
     no_soft_cap(logits_soft_cap, "graph_decode")
-    import torch_npu
-
-    num_blocks, block_size = key_cache.shape[:2]
-    batch = query.shape[0]
     mask = None
     if sliding_window is not None:
-        positions = torch.arange(block_table.shape[1] * block_size, device=query.device)
+        positions = torch.arange(block_table.shape[1] * key_cache.shape[1], device=query.device)
         mask = _window_hidden(seq_lens, positions, sliding_window).unsqueeze(1)
-    attn_out, _ = torch_npu.npu_fused_infer_attention_score(
-        query.reshape(batch, 1, -1),
-        key_cache.view(num_blocks, block_size, -1),
-        value_cache.view(num_blocks, block_size, -1),
-        atten_mask=mask,
-        block_table=block_table,
-        input_layout="BSH",
-        block_size=block_size,
-        actual_seq_lengths=[1] * batch,  # a constant of the graph: one query token per request, B fixed
-        actual_seq_lengths_kv=seq_lens_list,
-        num_key_value_heads=num_kv_heads,
-        num_heads=num_heads,
-        scale=scale,
-        sparse_mode=0,
-    )
-    out.copy_(attn_out.view_as(out))
+    fia_decode_bsh(query, key_cache, value_cache, block_table, seq_lens_list, mask, num_heads, num_kv_heads, scale, out)
 
 
 def graph_decode_reference(

@@ -28,7 +28,8 @@ explicit, different ``cudagraph_mode`` is a conflict). ``--enforce-eager`` with 
 ``torchair`` uses FULL_DECODE_ONLY's dispatch and compiles each decode size instead of capturing it
 (:mod:`.torchair`). On an NPU it runs GQA decoder models, attention inside the compiled graph; MLA, MoE and quantized
 models are refused there with the reason (:data:`TORCHAIR_NPU_REFUSALS`). With attention in the graph (GQA, either
-device) speculative decoding is refused (:data:`TORCHAIR_SPEC_DECODE`).
+device) speculative decoding and KV connectors are refused (:data:`TORCHAIR_SPEC_DECODE`,
+:data:`TORCHAIR_KV_TRANSFER`).
 """
 
 from __future__ import annotations
@@ -79,6 +80,14 @@ TORCHAIR_NPU_REFUSALS: dict[str, str] = {
         "quantized checkpoints: npu-quant's kernels have not been checked against torchair's GE converters"
     ),
 }
+
+
+#: Why the torchair mode refuses a KV connector (disaggregated prefill) on every device when attention is in its graph.
+TORCHAIR_KV_TRANSFER = (
+    "npu.graph_mode='torchair' conflicts with a KV connector (--kv-transfer-config): with GQA attention inside the "
+    "compiled graph vLLM's layers call the attention impl directly, which skips the connector's per-layer KV load "
+    "and save (they run only in vLLM's opaque attention op); use npu.graph_mode='full_decode_only' or 'piecewise'"
+)
 
 
 def _num_experts(vllm_config: VllmConfig) -> int:
@@ -141,6 +150,8 @@ def _resolve_mode(vllm_config: VllmConfig, graph_mode: str, emulated: bool) -> t
         use_mla = bool(model is not None and getattr(model, "use_mla", False))
         if getattr(vllm_config, "speculative_config", None) is not None and not use_mla:
             raise ConfigError(TORCHAIR_SPEC_DECODE)
+        if getattr(vllm_config, "kv_transfer_config", None) is not None and not use_mla:
+            raise ConfigError(TORCHAIR_KV_TRANSFER)
     if enforce_eager:
         if requested not in (None, "NONE"):
             raise ConfigError(
