@@ -13,6 +13,12 @@ overlap in one process):
 - ``warm``: the same key. Dynamo traces again (a new process would too), but every lowered graph is loaded from the
   cache instead of being lowered (cache hits, no lowering), and the loaded graphs produce the same tokens;
 - ``changed``: another KV block size, so another key: a new directory, everything lowered again, nothing loaded.
+  Then, in the same engine, decode steps are run on *stale* graph inputs (each metadata object hands out the first
+  patched step's inputs again): the tokens must go wrong, which proves the compiled graph really reads the per-step
+  block tables, lengths and slots as inputs (and that nothing guards on them).
+
+Attention is inside the compiled graph (vLLM's layers call the impl directly, no opaque attention op in Dynamo's
+graphs), with each compiled step's metadata handed over as graph inputs.
 """
 
 from __future__ import annotations
@@ -49,7 +55,27 @@ def _delta(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _run(model_dir, tmp_path, cache_root, prompts, *, block_size: int) -> dict[str, Any]:
+def _stale_outputs(llm, prompts) -> list[list[int]]:
+    """Greedy outputs of a compiled-size batch whose decode steps all get the first step's graph inputs."""
+    from vllm_npu.attention.metadata import AscendMetadata
+
+    fresh = AscendMetadata.graph_inputs
+    first: list[Any] = []
+
+    def stale(self, batch_size: int):
+        first.append(first[0] if first else fresh(self, batch_size))
+        return first[0]
+
+    AscendMetadata.graph_inputs = stale  # type: ignore[method-assign]
+    try:
+        return greedy(llm, prompts, NEW_TOKENS)
+    finally:
+        AscendMetadata.graph_inputs = fresh  # type: ignore[method-assign]
+
+
+def _run(model_dir, tmp_path, cache_root, prompts, *, block_size: int, stale: bool = False) -> dict[str, Any]:
+    from vllm.attention.layer import Attention
+
     before = _stats()
     npu = {"graph_mode": "torchair", "torchair_cache_dir": str(cache_root)}
     kwargs = {"compilation_config": {"cudagraph_capture_sizes": SIZES}, "block_size": block_size}
@@ -59,7 +85,11 @@ def _run(model_dir, tmp_path, cache_root, prompts, *, block_size: int) -> dict[s
         served = _stats()
         model = llm.llm_engine.model_executor.driver_worker.worker.model_runner.model
         directory = model.cache.directory
+        direct = {m.use_direct_call for m in model.unwrap().modules() if isinstance(m, Attention)}
+        stale_outputs = _stale_outputs(llm, prompts[: SIZES[-1]]) if stale else None
     return {
+        "direct_call": direct,
+        "stale_outputs": stale_outputs,
         "startup": _delta(before, started),
         "serving": _delta(started, served),
         "outputs": outputs,
@@ -75,7 +105,8 @@ def runs(tiny_qwen2, tmp_path_factory):
     prompts = make_prompts([3 + (7 * i) % 13 for i in BATCHES], seed=11)
     result = {"reference": hf_greedy(tiny_qwen2, prompts, NEW_TOKENS)}
     for name, block_size in (("cold", 16), ("warm", 16), ("changed", 32)):
-        result[name] = _run(tiny_qwen2, tmp_path_factory.mktemp(name), cache_root, prompts, block_size=block_size)
+        tmp = tmp_path_factory.mktemp(name)
+        result[name] = _run(tiny_qwen2, tmp, cache_root, prompts, block_size=block_size, stale=name == "changed")
     return result
 
 
@@ -101,6 +132,22 @@ def test_zero_recompiles_after_warm_up(runs, name):
     assert serving["compiles"] == {} and serving["recompiles"] == 0 and serving["lowerings"] == 0, serving
     # Decode steps of every padded size ran compiled; prefill steps and the batch of 5 ran eagerly.
     assert set(serving["compiled_calls"]) == set(SIZES) and serving["eager_calls"] > 0, serving
+
+
+def test_attention_is_compiled_into_the_graph_with_its_metadata_as_inputs(runs):
+    cold = runs["cold"]
+    assert cold["direct_call"] == {True}  # the platform answered opaque_attention_op() False: the impl is traced
+    assert cold["startup"]["opaque_attention_nodes"] == 0
+    # One KV-cache group: one metadata object laid out per compiled step (start-up compiles and serving steps).
+    assert cold["startup"]["graph_inputs_prepared"] == len(SIZES)
+    assert cold["serving"]["graph_inputs_prepared"] == sum(cold["serving"]["compiled_calls"].values()) > 0
+
+
+def test_stale_graph_inputs_give_wrong_tokens(runs):
+    changed = runs["changed"]
+    n = SIZES[-1]
+    assert changed["outputs"][n] == runs["reference"][:n]  # the same engine, fresh inputs: right
+    assert changed["stale_outputs"] != runs["reference"][:n]  # stale inputs: wrong tokens, no error, no recompile
 
 
 def test_second_engine_loads_every_graph_from_the_cache(runs):

@@ -2,10 +2,11 @@
 # SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
 """``npu.graph_mode='torchair'`` with a tiny DeepSeek-V3 (MLA, KV block 128) and the compile cache turned off.
 
-In the torchair mode attention is an opaque call inside the compiled decode graph (the backend's graph-capture
-support does not apply: the sparse backend's NEVER would otherwise drop FULL_DECODE_ONLY to eager), so the MLA decode
-runs compiled. Greedy output must equal HF's for batches of 1..5 (3 pads to 4, 5 is eager),
-with no compile after start-up and nothing written to the cache directory.
+In the torchair mode MLA attention stays vLLM's opaque op, one call inside the compiled decode graph (unlike GQA,
+whose attention is traced into the graph; the backend's graph-capture support does not apply: the sparse backend's
+NEVER would otherwise drop FULL_DECODE_ONLY to eager), so the MLA decode runs compiled. Greedy output must equal
+HF's for batches of 1..5 (3 pads to 4, 5 is eager), with no compile after start-up and nothing written to the cache
+directory.
 """
 
 from __future__ import annotations
@@ -54,6 +55,12 @@ def test_mla_decode_runs_compiled(llm):
     model = llm.llm_engine.model_executor.driver_worker.worker.model_runner.model
     assert type(model).__name__ == "TorchairWrapper" and sorted(model.compiled) == SIZES
     assert model.compile_counts == dict.fromkeys(SIZES, 1)
+    # Attention is the opaque op in every compiled graph: one node per layer per size (counts are per process).
+    from vllm.attention.layer import Attention
+
+    layers = [m for m in model.unwrap().modules() if isinstance(m, Attention)]
+    assert layers and not any(m.use_direct_call for m in layers)
+    assert info["torchair"]["opaque_attention_nodes"] >= len(layers) * len(SIZES), info["torchair"]
 
 
 def test_greedy_matches_hf_with_zero_recompiles(llm, tiny_model, cache_dir):

@@ -25,12 +25,22 @@ from vllm_npu.platform.graphs.torchair import TorchairStats, forward_for
 # --- config -------------------------------------------------------------------------------------------------------
 
 
-def graph_config(*, enforce_eager=False, mode=None):
+def graph_config(
+    *, enforce_eager=False, mode=None, use_mla=False, experts=0, quantization=None, spec=None, kv_transfer=None
+):
     return SimpleNamespace(
         compilation_config=CompilationConfig(cudagraph_mode=mode, cudagraph_capture_sizes=[1, 2, 4]),
-        model_config=SimpleNamespace(enforce_eager=enforce_eager, get_num_layers=lambda parallel: 2),
+        model_config=SimpleNamespace(
+            enforce_eager=enforce_eager,
+            get_num_layers=lambda parallel: 2,
+            use_mla=use_mla,
+            hf_text_config=SimpleNamespace(num_experts=experts),
+            quantization=quantization,
+        ),
         parallel_config=SimpleNamespace(tensor_parallel_size=1, data_parallel_size=1, enable_expert_parallel=False),
         scheduler_config=SimpleNamespace(max_num_batched_tokens=64),
+        speculative_config=spec,
+        kv_transfer_config=kv_transfer,
     )
 
 
@@ -43,9 +53,29 @@ def test_torchair_runs_full_decode_only_dispatch_without_dynamo_pieces():
     assert comp.bs_to_padded_graph_size[3] == 4  # decode batches pad to the next compiled size
 
 
-def test_torchair_is_refused_on_an_npu_with_the_reason():
-    with pytest.raises(ConfigError, match=r"npu.graph_mode='torchair' is not supported on an NPU: .*full_decode_only"):
-        configure_graphs(graph_config(), "torchair", emulated=False)
+def test_torchair_runs_gqa_models_on_an_npu():
+    plan = configure_graphs(graph_config(), "torchair", emulated=False)
+    assert plan.mode == "FULL_DECODE_ONLY" and plan.capture_sizes == (1, 2, 4)
+
+
+@pytest.mark.parametrize(
+    ("model", "match"),
+    [
+        ({"use_mla": True}, r"MLA models .* opaque op"),
+        ({"experts": 8}, r"MoE models: .*npu_moe_token_unpermute\) has no GE converter"),
+        ({"quantization": "ascend"}, r"quantized checkpoints: .*not been checked against torchair"),
+    ],
+)
+def test_torchair_on_an_npu_refuses_what_is_not_converted_with_the_reason(model, match):
+    with pytest.raises(ConfigError, match=r"npu.graph_mode='torchair' is not supported on an NPU for " + match):
+        configure_graphs(graph_config(**model), "torchair", emulated=False)
+    configure_graphs(graph_config(**model), "torchair", emulated=True)  # the emulated device runs them all
+
+
+@pytest.mark.parametrize("emulated", [True, False])
+def test_torchair_with_attention_in_the_graph_refuses_speculative_decoding(emulated):
+    with pytest.raises(ConfigError, match=r"'torchair' conflicts with speculative decoding .*one token per request"):
+        configure_graphs(graph_config(spec=SimpleNamespace(num_speculative_tokens=1)), "torchair", emulated=emulated)
 
 
 def test_torchair_with_enforce_eager_names_the_key():
@@ -146,7 +176,7 @@ def test_forward_for_gives_each_size_its_own_code_object():
     one, two = forward_for(model, 1), forward_for(model, 2)
     assert one.__code__ is not two.__code__ and one.__name__ == "forward_torchair_bs1"
     x = torch.randn(3, 4)
-    assert torch.equal(one(x), model(x)) and torch.equal(two(x, scale=3.0), model(x, scale=3.0))
+    assert torch.equal(one({}, x), model(x)) and torch.equal(two({}, x, scale=3.0), model(x, scale=3.0))
 
 
 # --- the emulated stand-in and its cache --------------------------------------------------------------------------
@@ -164,17 +194,17 @@ def test_stand_in_caches_the_lowered_graph_and_a_fresh_compile_loads_it(tmp_path
     cold, warm = TorchairStats(), TorchairStats()
     with torch.inference_mode():
         expected = model(x)
-        assert torch.equal(compiled(model, 2, cache, cold)(x), expected)
+        assert torch.equal(compiled(model, 2, cache, cold)({}, x), expected)
         assert (cold.lowerings, cold.cache_writes, cold.cache_hits) == (1, 1, 0)
         # A new compile of the same graph (a restarted engine: a new code object, Dynamo traces again).
-        assert torch.equal(compiled(model, 2, cache, warm)(x), expected)
+        assert torch.equal(compiled(model, 2, cache, warm)({}, x), expected)
         assert (warm.lowerings, warm.cache_hits) == (0, 1)
         # The loaded graph is what runs: new weights are graph inputs, not baked into the artifact.
         model.proj.weight.mul_(-1)
-        assert torch.equal(compiled(model, 2, cache, warm)(x), model(x))
+        assert torch.equal(compiled(model, 2, cache, warm)({}, x), model(x))
         assert warm.cache_hits == 2
         # Another shape is another graph: a miss, a second artifact.
-        assert torch.equal(compiled(model, 3, cache, warm)(torch.ones(3, 4)), model(torch.ones(3, 4)))
+        assert torch.equal(compiled(model, 3, cache, warm)({}, torch.ones(3, 4)), model(torch.ones(3, 4)))
     assert (warm.lowerings, warm.cache_writes) == (1, 1)
     assert len(list(cache.directory.glob("bs*.pt"))) == 2
 
@@ -182,7 +212,7 @@ def test_stand_in_caches_the_lowered_graph_and_a_fresh_compile_loads_it(tmp_path
 def test_stand_in_without_cache_writes_nothing(tmp_path):
     stats = TorchairStats()
     with torch.inference_mode():
-        compiled(Tiny(), 1, None, stats)(torch.randn(1, 4))
+        compiled(Tiny(), 1, None, stats)({}, torch.randn(1, 4))
     assert (stats.lowerings, stats.cache_writes, stats.cache_hits) == (1, 0, 0)
     assert list(tmp_path.iterdir()) == []
 
@@ -235,13 +265,13 @@ def fake_torchair(monkeypatch):
     return fake
 
 
-def test_npu_compiles_with_torchairs_backend_fullgraph_static(fake_torchair):
+def test_npu_compiles_with_torchairs_backend_fullgraph_dynamic_ints(fake_torchair):
     from vllm_npu.platform.graphs._torchair_npu import compile_npu
 
     model = Tiny()
     fn = compile_npu(forward_for(model, 2), cache_dir=None)
     x = torch.randn(2, 4)
-    assert torch.equal(fn(x), model(x))
+    assert torch.equal(fn({}, x), model(x))
     (name, args), *rest = fake_torchair.calls
     assert name == "get_npu_backend" and args["compiler_config"].experimental_config.frozen_parameter is True
     assert args["compiler_config"].mode == "max-autotune"
@@ -257,7 +287,7 @@ def test_npu_cache_goes_through_torchair_cache_compile(fake_torchair, tmp_path):
     (_, backend_args), (name, args) = fake_torchair.calls
     assert name == "cache_compile" and args["func"] is fn and args["cache_dir"] == str(tmp_path)
     assert args["backend"].compiler_config is backend_args["compiler_config"]
-    assert args["dynamic"] is False and args["fullgraph"] is True and args["ge_cache"] is False
+    assert args["dynamic"] is True and args["fullgraph"] is True and args["ge_cache"] is False
 
 
 def bare_wrapper(tmp_path, device_type):
@@ -270,6 +300,7 @@ def bare_wrapper(tmp_path, device_type):
     wrapper.runnable, wrapper.runtime_mode, wrapper.device_type = Tiny(), CUDAGraphMode.FULL, device_type
     wrapper.cache = CompileCache(tmp_path, {"k": device_type})
     wrapper.compiled, wrapper.compile_counts = {}, Counter()
+    wrapper.vllm_config = SimpleNamespace(compilation_config=SimpleNamespace(static_forward_context={}))
     return wrapper
 
 
@@ -279,7 +310,9 @@ def test_wrapper_on_npu_compiles_each_decode_size_through_torchair(fake_torchair
 
     wrapper = bare_wrapper(tmp_path, "npu")
     x = torch.randn(2, 4)
-    context = SimpleNamespace(cudagraph_runtime_mode=CUDAGraphMode.FULL, batch_descriptor=BatchDescriptor(2, True))
+    context = SimpleNamespace(
+        cudagraph_runtime_mode=CUDAGraphMode.FULL, batch_descriptor=BatchDescriptor(2, True), attn_metadata=None
+    )
     monkeypatch.setattr(torchair, "get_forward_context", lambda: context)
     assert torch.equal(wrapper(x), wrapper.runnable(x))
     assert torch.equal(wrapper(x), wrapper.runnable(x))  # the second step reuses the compiled size
@@ -303,3 +336,11 @@ def test_wrapper_counts_a_second_compile_of_a_size_as_a_recompile(tmp_path):
     assert torchair.TORCHAIR_STATS.recompiles == before and wrapper.compile_counts[3] == 1
     count(graph, [])
     assert torchair.TORCHAIR_STATS.recompiles == before + 1 and wrapper.compile_counts[3] == 2
+
+
+@pytest.mark.parametrize("emulated", [True, False])
+def test_torchair_with_attention_in_the_graph_refuses_a_kv_connector(emulated):
+    cfg = graph_config(kv_transfer=SimpleNamespace(kv_connector="MooncakeConnectorV1"))
+    with pytest.raises(ConfigError, match=r"'torchair' conflicts with a KV connector .*skips the connector"):
+        configure_graphs(cfg, "torchair", emulated=emulated)
+    configure_graphs(graph_config(kv_transfer=cfg.kv_transfer_config, use_mla=True), "torchair", emulated=True)

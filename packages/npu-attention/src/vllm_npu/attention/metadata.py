@@ -28,6 +28,12 @@ from .ops.paged_attention import DecodePlan
 
 # TND layout of npu_fused_infer_attention_score: a "decode" request may carry at most 16 query tokens.
 MAX_DECODE_THRESHOLD = 16
+# Sequence length of a padding request in a compiled decode graph (and the floor of every row's length there): it
+# attends to slots 0..1 of vLLM's null block 0, which no request reads. Not 1: torch's Dynamo specializes an int
+# that is 0 or 1 even under dynamic shapes, so on the NPU (whose kernel takes the lengths as SymInt[]) a padding
+# row that later holds a real request would recompile the graph. Real decode rows always have >= 2 tokens (a
+# prompt token and the new one).
+GRAPH_PAD_SEQ_LEN = 2
 # Block sizes the NPU paged kernels accept for every state (FIA paged prefill: multiple of 128, <= 512;
 # paged attention v2: <= 128).
 NPU_BLOCK_SIZE = 128
@@ -70,6 +76,22 @@ def classify_batch(query_lens: torch.Tensor, seq_lens: torch.Tensor, decode_thre
     return AscendAttentionState.ChunkedPrefill
 
 
+@dataclass(frozen=True)
+class GraphDecodeInputs:
+    """One decode step laid out for a compiled decode graph of ``B`` requests (``B`` the padded batch, the graph's).
+
+    Rows ``[:num_reqs]`` are the step's requests, rows past them padding (block table row of zeros, length
+    :data:`GRAPH_PAD_SEQ_LEN`, slot 0: vLLM's null block, which no request reads). Fresh tensors every step: a
+    compiled graph takes them as inputs (Dynamo guards only their shapes, dtypes and strides, all fixed by ``B``), and
+    ``seq_lens_list``'s ints are symbolic inputs where the graph is compiled with dynamic ints (the NPU).
+    """
+
+    block_table: torch.Tensor  # [B, max_blocks] int32
+    seq_lens: torch.Tensor  # [B] int32 (device): cached tokens including the new one
+    slots: torch.Tensor  # [B] int64: KV write slots, all in [0, num_blocks * block_size)
+    seq_lens_list: list[int]  # the same lengths as a host list: the NPU kernel's SymInt[] (the reference ignores it)
+
+
 @dataclass
 class AscendMetadata:
     """Attention metadata of one step for the GQA backend (shared by the layers of one KV-cache group).
@@ -106,6 +128,26 @@ class AscendMetadata:
     splitfuse_mask: torch.Tensor | None = None
     # Reference backend, DecodeOnly steps: the decode twins' per-step lengths/mask/pages, built once for all layers.
     decode_plan: DecodePlan | None = None
+
+    def graph_inputs(self, batch_size: int) -> GraphDecodeInputs:
+        """This DecodeOnly step laid out as the inputs of a compiled decode graph of ``batch_size`` requests
+        (:class:`~vllm_npu.interface.protocols.GraphInputsProvider`; the torchair wrapper calls it)."""
+        n = self.num_reqs
+        if self.attn_state is not AscendAttentionState.DecodeOnly or self.num_actual_tokens != n or n > batch_size:
+            raise ValueError(
+                f"a compiled decode graph of {batch_size} requests takes a DecodeOnly step of at most {batch_size} "
+                f"single-token requests, got {self.attn_state.name} with {n} requests and "
+                f"{self.num_actual_tokens} tokens"
+            )
+        device = self.block_table.device
+        block_table = self.block_table.new_zeros(batch_size, self.block_table.shape[1])
+        block_table[:n] = self.block_table[:n]
+        seq_lens = torch.full((batch_size,), GRAPH_PAD_SEQ_LEN, dtype=torch.int32, device=device)
+        seq_lens[:n] = self.seq_lens[:n].clamp(min=GRAPH_PAD_SEQ_LEN)
+        slots = torch.zeros(batch_size, dtype=torch.long, device=self.slot_mapping.device)
+        slots[:n] = self.slot_mapping[:n].clamp(min=0)
+        lens = [max(s, GRAPH_PAD_SEQ_LEN) for s in self.seq_lens_list[:n]] + [GRAPH_PAD_SEQ_LEN] * (batch_size - n)
+        return GraphDecodeInputs(block_table, seq_lens, slots, lens)
 
     @property
     def actual_seq_lengths_q(self) -> list[int]:

@@ -21,6 +21,7 @@ from vllm_npu.interface.selftest import KernelCall, KernelCase, randn, randperm
 
 from .masks import AttentionMaskBuilder
 from .ops.flash_attention import ENCODER_ATTENTION, PREFILL_NO_CACHE
+from .ops.graph_decode import GRAPH_DECODE, GRAPH_KV_WRITE
 from .ops.kv_cache import RESHAPE_AND_CACHE
 from .ops.mla_attention import MLA_DECODE, MLA_SPEC_DECODE, RING_MLA, mla_decode_workspace_npu, ring_mla_mask
 from .ops.mla_cache import KV_RMSNORM_ROPE_CACHE, MLA_CACHE_WRITE, PAGED_CACHE_LOAD, latent_cache_planes
@@ -220,6 +221,44 @@ def _gqa_cases() -> list[KernelCase]:
                     note="audit #6 (decode)",
                 ),
             )
+
+    for (n, nkv, d), window in (((32, 8, 128), None), ((16, 2, 128), 16)):
+        for dtype in HALVES:
+
+            def graph(
+                device: Any, n: int = n, nkv: int = nkv, d: int = d, w: int | None = window, dt: str = dtype
+            ) -> KernelCall:
+                # A compiled decode graph of 4 requests, the last one padding (block-table row 0, length 2)
+                context = [37, 300, 129, 2]
+                table, kc, vc, q = _paged_inputs(
+                    (45, 42, 43, 44), context, 4, n=n, nkv=nkv, d=d, bs=128, dtype=_dt(dt), device=device
+                )
+                table[3] = 0
+                lens = torch.tensor(context, dtype=torch.int32, device=device)
+                kw = dict(num_heads=n, num_kv_heads=nkv, scale=d**-0.5, sliding_window=w, out=torch.zeros_like(q))
+                return KernelCall((q, kc, vc, table, lens, context), kw, _out)
+
+            label = f"q [4, {n}, {d}] kv heads {nkv}, block 128, lens [37, 300, 129, pad 2], window {window}"
+            cases.append(KernelCase(GRAPH_DECODE, label, dtype, graph, note="torchair graph decode"))
+
+            def graph_write(device: Any, nkv: int = nkv, d: int = d, dt: str = dtype) -> KernelCall:
+                seq_lens = [5, 130, 1]
+                table, nb = _block_table(35, seq_lens, 128, device)
+                slots = _slots(table, [(0, 4), (1, 129), (2, 0)], 128).to(device)
+                slots = torch.cat([slots, slots.new_zeros(1)])  # a padding row on the null block's slot 0
+                k_cache, v_cache = randn(36, 2, nb, 128, nkv, d, dtype=_dt(dt), device=device).unbind(0)
+                k, v = (
+                    randn(37, 4, nkv, d, dtype=_dt(dt), device=device),
+                    randn(38, 4, nkv, d, dtype=_dt(dt), device=device),
+                )
+                lens = torch.tensor([5, 130, 1, 2], dtype=torch.int32, device=device)
+                return KernelCall(
+                    (k, v, k_cache, v_cache, slots, lens), {}, lambda r, a, kw: {"key_cache": a[2], "value_cache": a[3]}
+                )
+
+            if window is None:
+                label = f"k/v [4, {nkv}, {d}] -> cache [nb, 128, {nkv}, {d}], a padding slot 0"
+                cases.append(KernelCase(GRAPH_KV_WRITE, label, dtype, graph_write, note="torchair graph KV write"))
 
     batches = {
         "mixed": ([1, 7, 40, 2], [33, 7, 300, 129]),  # decode, first prefill, chunked prefill, spec-decode

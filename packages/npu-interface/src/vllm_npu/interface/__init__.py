@@ -43,9 +43,11 @@ _EXPORTS = {
     "NPUPluginError": ".errors:NPUPluginError",
     "install_command": ".errors:install_command",
     "get_logger": ".log:get_logger",
+    "GraphInputsProvider": ".protocols:GraphInputsProvider",
     "LayerMoEPlanRunner": ".protocols:LayerMoEPlanRunner",
     "OutputBufferFiller": ".protocols:OutputBufferFiller",
     "fills_output_buffer": ".protocols:fills_output_buffer",
+    "graph_inputs_of": ".protocols:graph_inputs_of",
     "runs_layer_moe_plan": ".protocols:runs_layer_moe_plan",
     "ENTRY_POINT_GROUP": ".registry:ENTRY_POINT_GROUP",
     "ComponentReport": ".registry:ComponentReport",
@@ -92,7 +94,14 @@ if TYPE_CHECKING:
         install_command,
     )
     from .log import get_logger
-    from .protocols import LayerMoEPlanRunner, OutputBufferFiller, fills_output_buffer, runs_layer_moe_plan
+    from .protocols import (
+        GraphInputsProvider,
+        LayerMoEPlanRunner,
+        OutputBufferFiller,
+        fills_output_buffer,
+        graph_inputs_of,
+        runs_layer_moe_plan,
+    )
     from .registry import (
         ENTRY_POINT_GROUP,
         ComponentReport,
@@ -128,6 +137,7 @@ __all__ = [
     "DeviceMode",
     "DeviceUnavailableError",
     "EnvConfig",
+    "GraphInputsProvider",
     "HookContext",
     "Kernel",
     "KernelBackend",
@@ -151,6 +161,7 @@ __all__ = [
     "distribution_version",
     "fills_output_buffer",
     "get_logger",
+    "graph_inputs_of",
     "in_range",
     "init_worker",
     "install_command",

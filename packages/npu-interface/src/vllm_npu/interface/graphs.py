@@ -71,3 +71,32 @@ def launch(kernel: Callable[..., Any], *args: Any, refresh: Refresh, **params: A
     if recorder is None:
         return kernel(*args, **params)
     return recorder.record(kernel, args, params, refresh)
+
+
+# --- compiled decode graphs (the torchair mode) ----------------------------------------------------------------------
+
+
+class CompiledStep:
+    """The graph inputs of the compiled decode step being traced or run: attention layer name -> that layer's inputs
+    (an object of the layer's attention backend, e.g. npu-attention's ``GraphDecodeInputs``), or None outside one.
+
+    The contract between the torchair wrapper (npu-platform) and the attention impls (npu-attention): the compiled
+    function takes the mapping as an *argument* and stores it here as its first statement; an impl reads its layer's
+    entry with :func:`compiled_step_inputs`. Dynamo tracks that store, so what the impl reads during the trace is the
+    argument itself: its tensors are graph inputs guarded on shape only, and its Python ints (the lengths the NPU
+    attention kernel takes as ``SymInt[]``) are graph inputs too under ``dynamic=True``, where a value read from a
+    module global would be baked into the graph as a constant. The wrapper resets it to None after the call.
+    """
+
+    inputs: Mapping[str, Any] | None = None
+
+
+COMPILED_STEP = CompiledStep()
+
+
+def compiled_step_inputs(layer_name: str | None) -> Any:
+    """``layer_name``'s graph inputs of the compiled decode step being traced or run, or None (eager steps)."""
+    inputs = COMPILED_STEP.inputs
+    if inputs is None or layer_name is None:
+        return None
+    return inputs.get(layer_name)

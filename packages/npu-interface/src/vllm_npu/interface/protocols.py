@@ -7,14 +7,22 @@ npu-ops' MoE layer) still have to agree on an attribute. The agreement lives her
 :class:`typing.Protocol` (the contract, for type checkers and readers) plus one reader function (what the consuming
 wheel calls, so the attribute name is spelled only in this module). A declaring class writes the attribute as a
 ``ClassVar[bool]`` set to ``True``; anything that does not declare it, or declares anything but ``True``, lacks the
-capability: the safe default of every reader.
+capability: the safe default of every reader. (:class:`GraphInputsProvider` is a method, not a flag: its reader calls
+it when the object has it.)
 """
 
 from __future__ import annotations
 
-from typing import ClassVar, Protocol
+from typing import ClassVar, Protocol, runtime_checkable
 
-__all__ = ["LayerMoEPlanRunner", "OutputBufferFiller", "fills_output_buffer", "runs_layer_moe_plan"]
+__all__ = [
+    "GraphInputsProvider",
+    "LayerMoEPlanRunner",
+    "OutputBufferFiller",
+    "fills_output_buffer",
+    "graph_inputs_of",
+    "runs_layer_moe_plan",
+]
 
 
 class OutputBufferFiller(Protocol):
@@ -51,3 +59,27 @@ class LayerMoEPlanRunner(Protocol):
 def runs_layer_moe_plan(method: object) -> bool:
     """Whether ``method`` (a FusedMoE quant method instance or class) declares :class:`LayerMoEPlanRunner`."""
     return getattr(method, "uses_layer_moe_plan", False) is True
+
+
+@runtime_checkable
+class GraphInputsProvider(Protocol):
+    """One step's attention metadata (an attention backend's metadata object) that can lay its per-step data out as
+    the inputs of a *compiled* decode graph of a padded batch: fixed-shape device tensors (and the host lists the NPU
+    kernels take), so that nothing per step is read from the host, baked in or guarded on inside the graph.
+
+    Declared by npu-attention's GQA metadata; called by npu-platform's torchair wrapper right before each compiled
+    decode step with the step's padded batch size (the graph's); the result reaches the impl through
+    :data:`vllm_npu.interface.graphs.COMPILED_STEP`. Metadata that does not declare it is left alone; its layers then
+    run attention outside the graph (vLLM's opaque attention op).
+    """
+
+    def graph_inputs(self, batch_size: int) -> object:
+        """This step's inputs of a decode graph of ``batch_size`` requests (one token each)."""
+        ...
+
+
+def graph_inputs_of(metadata: object, batch_size: int) -> object | None:
+    """``metadata``'s :meth:`GraphInputsProvider.graph_inputs`, or None when it declares none."""
+    if not isinstance(metadata, GraphInputsProvider):
+        return None
+    return metadata.graph_inputs(batch_size)

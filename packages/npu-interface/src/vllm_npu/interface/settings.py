@@ -97,9 +97,9 @@ ADDITIONAL_CONFIG_SETTINGS: tuple[Setting, ...] = (
         "graph_mode",
         "auto",
         "`auto` follows vLLM's `cudagraph_mode` (PIECEWISE graphs by default on the NPU, eager on the emulated "
-        "device unless `cudagraph_mode` is set); `torchair` compiles the decode forward per padded batch size "
-        "on the emulated device (refused on an NPU) (docs/torchair.md); the others set the mode (see "
-        "docs/graphs.md)",
+        "device unless `cudagraph_mode` is set); `torchair` compiles the decode forward per padded batch size, "
+        "attention included for GQA models (on an NPU: GQA decoder models only; MLA, MoE and quantized models "
+        "are refused) (docs/torchair.md); the others set the mode (see docs/graphs.md)",
         choices=GRAPH_MODES,
     ),
     _key(

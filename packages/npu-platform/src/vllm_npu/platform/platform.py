@@ -269,8 +269,15 @@ class NPUPlatform(Platform):
     @classmethod
     def opaque_attention_op(cls) -> bool:
         # Attention runs as one registered op (`vllm.unified_attention_with_output`, under `dispatch_key`), which
-        # is also the split point of piecewise graphs.
-        return True
+        # is also the split point of piecewise graphs. Except in the torchair mode with a GQA model: vLLM's layer
+        # then sets Attention.use_direct_call and calls the impl directly, so attention is traced into the compiled
+        # decode graph (.graphs.torchair).
+        # vLLM asks once per attention layer, while the model is built under the engine's config.
+        from vllm.config import get_current_vllm_config
+
+        from .graphs.torchair import attention_in_graph
+
+        return not attention_in_graph(get_current_vllm_config())
 
     @classmethod
     def support_static_graph_mode(cls) -> bool:

@@ -5,12 +5,19 @@
 Kernel per step (the metadata's :class:`~vllm_npu.attention.metadata.AscendAttentionState`):
 
 ======================================  ==========================================================================
+compiled decode graph (torchair mode)   ``graph_kv_write`` + ``graph_decode`` on the metadata's graph inputs
 encoder-only layer (bidirectional)      ``encoder_attention`` over the step's own K/V (no cache)
 PrefillNoCache, no sliding window       ``prefill_no_cache`` over the step's own K/V
 DecodeOnly, no sliding window           ``paged_decode`` over the paged cache
 DecodeOnly, sliding window              ``paged_decode_window`` (one token per request: an explicit window mask)
 every other state / any sliding window  ``paged_prefill`` (fused infer attention, TND, right-down causal or band)
 ======================================  ==========================================================================
+
+A compiled decode graph (``npu.graph_mode='torchair'``: the platform then answers ``opaque_attention_op()`` False for
+GQA models, so vLLM's attention layer calls this impl directly and Dynamo traces it into the model's graph) is a step
+that hands this layer graph inputs (:meth:`AscendMetadata.graph_inputs`, through
+:func:`vllm_npu.interface.graphs.compiled_step_inputs`): the impl then reads only those and the query's shapes,
+nothing the host decides per step (:mod:`..ops.graph_decode`).
 
 Decoder layers first write the step's K/V into the cache (``reshape_and_cache``). Each kernel is picked once when
 the layer is built (:meth:`vllm_npu.interface.Kernel.select`): the torch_npu call on an NPU, its pure-PyTorch twin
@@ -27,8 +34,9 @@ from vllm_npu.interface import graphs
 from vllm_npu.interface.device import kernel_backend
 from vllm_npu.interface.errors import ConfigError
 
-from ..metadata import AscendAttentionMetadataBuilder, AscendAttentionState, AscendMetadata
+from ..metadata import AscendAttentionMetadataBuilder, AscendAttentionState, AscendMetadata, GraphDecodeInputs
 from ..ops.flash_attention import ENCODER_ATTENTION, PREFILL_NO_CACHE
+from ..ops.graph_decode import GRAPH_DECODE, GRAPH_KV_WRITE
 from ..ops.kv_cache import RESHAPE_AND_CACHE
 from ..ops.paged_attention import PAGED_DECODE, PAGED_DECODE_WINDOW, PAGED_PREFILL
 
@@ -165,6 +173,8 @@ class AscendAttentionImpl(AttentionImpl[AscendMetadata]):  # type: ignore[type-v
         self.paged_prefill = PAGED_PREFILL.select(backend)
         self.prefill_no_cache = PREFILL_NO_CACHE.select(backend)
         self.encoder_attention = ENCODER_ATTENTION.select(backend)
+        self.graph_kv_write = GRAPH_KV_WRITE.select(backend)
+        self.graph_decode = GRAPH_DECODE.select(backend)
 
     def _check_npu_support(self) -> None:
         if self.logits_soft_cap is not None:
@@ -199,6 +209,9 @@ class AscendAttentionImpl(AttentionImpl[AscendMetadata]):  # type: ignore[type-v
             raise NotImplementedError("fused output quantization is not supported by the Ascend GQA backend")
         if attn_metadata is None:  # profile / dummy run: nothing to attend to, but the buffer must be written
             return output.zero_()
+        graph = graphs.compiled_step_inputs(getattr(layer, "layer_name", None))
+        if isinstance(graph, GraphDecodeInputs):
+            return self._graph_decode(query, key, value, kv_cache, graph, output)
         md = attn_metadata
         n = md.num_actual_tokens
         if n < output.shape[0]:  # padded rows (graph-size padding): only the tail, the kernels write [:n]
@@ -277,4 +290,42 @@ class AscendAttentionImpl(AttentionImpl[AscendMetadata]):  # type: ignore[type-v
                 sliding_window=self.sliding_window,
                 **heads,
             )
+        return output
+
+    def _graph_decode(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor | None,
+        value: torch.Tensor | None,
+        kv_cache: torch.Tensor,
+        graph: GraphDecodeInputs,
+        output: torch.Tensor,
+    ) -> torch.Tensor:
+        """A decode step inside a compiled graph: every row (padding included) written and attended, from the graph
+        inputs only (no host-side slicing by the step's request count, which would be baked into the graph)."""
+        batch = graph.seq_lens.shape[0]
+        if query.shape[0] != batch or self.attn_type != AttentionType.DECODER:
+            raise ValueError(
+                f"a compiled decode graph of {batch} requests got {query.shape[0]} query tokens "
+                f"({self.attn_type} layer); it takes one token per request of a decoder layer"
+            )
+        key_cache, value_cache = kv_cache.unbind(0)
+        seq_lens = graph.seq_lens
+        if self.kv_sharing_target_layer_name is None and key is not None and value is not None:
+            # The decode reads the lengths the write returns: that orders it after the write (ops/graph_decode.py).
+            seq_lens = self.graph_kv_write(key, value, key_cache, value_cache, graph.slots, seq_lens)
+        self.graph_decode(
+            query,
+            key_cache,
+            value_cache,
+            graph.block_table,
+            seq_lens,
+            graph.seq_lens_list,
+            num_heads=self.num_heads,
+            num_kv_heads=self.num_kv_heads,
+            scale=self.scale,
+            logits_soft_cap=self.logits_soft_cap,
+            sliding_window=self.sliding_window,
+            out=output,
+        )
         return output

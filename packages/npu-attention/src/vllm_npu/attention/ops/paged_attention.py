@@ -186,17 +186,36 @@ def paged_decode_window_npu(
     plan: DecodePlan | None = None,
 ) -> None:
     no_soft_cap(logits_soft_cap, "paged_decode_window")
-    import torch_npu
-
     # With one query token per request the kernel ignores pre_tokens, next_tokens and sparse_mode (torch_npu 2.8.0
     # docs: "Q_S为1时该参数无效"), so the window cannot be a band: it is an explicit per-request mask [B, 1, KV_S]
     # (True = masked), KV_S = the block table's capacity, as the docs require for a paged cache with sparse_mode=0.
     # BSH with Q_S = 1 is the layout vllm-ascend v0.11.0 uses for its sliding-window decode.
-    num_blocks, block_size = key_cache.shape[:2]
-    batch = query.shape[0]
+    block_size = key_cache.shape[1]
     pos = torch.arange(block_table.shape[1] * block_size, device=query.device)
     first = seq_lens.to(device=query.device, dtype=torch.long) - sliding_window  # first visible position
     mask = (pos[None, :] < first[:, None]).unsqueeze(1)
+    fia_decode_bsh(query, key_cache, value_cache, block_table, context_lens, mask, num_heads, num_kv_heads, scale, out)
+
+
+def fia_decode_bsh(
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    context_lens: list[int],
+    mask: torch.Tensor | None,
+    num_heads: int,
+    num_kv_heads: int,
+    scale: float,
+    out: torch.Tensor,
+) -> None:
+    """One query token per request over the paged cache with ``npu_fused_infer_attention_score`` in BSH (Q_S = 1,
+    ``sparse_mode=0``, an optional ``[B, 1, KV_S]`` bool mask, True = hidden): the window decode here and the compiled
+    graph decode (:mod:`.graph_decode`) share it. ``context_lens`` is the kernel's ``SymInt[]``; ``out [B, N, D]``."""
+    import torch_npu
+
+    num_blocks, block_size = key_cache.shape[:2]
+    batch = query.shape[0]
     attn_out, _ = torch_npu.npu_fused_infer_attention_score(
         query.reshape(batch, 1, -1),
         key_cache.view(num_blocks, block_size, -1),
@@ -205,7 +224,7 @@ def paged_decode_window_npu(
         block_table=block_table,
         input_layout="BSH",
         block_size=block_size,
-        actual_seq_lengths=[1] * batch,
+        actual_seq_lengths=[1] * batch,  # one query token per request (a constant inside a compiled graph)
         actual_seq_lengths_kv=context_lens,
         num_key_value_heads=num_kv_heads,
         num_heads=num_heads,

@@ -8,15 +8,24 @@ Calls (torchair as shipped for torch_npu 2.8.0; the same calls vllm-ascend v0.11
   True`` (weights keep their device addresses for the engine's lifetime, so GE need not re-bind them per run) and
   leave ``mode`` at its default ``"max-autotune"`` (Ascend IR graphs compiled by GE).
 - ``torchair.get_npu_backend(compiler_config=config)``: the ``torch.compile`` backend.
-- without the cache: ``torch.compile(fn, backend=npu_backend, fullgraph=True, dynamic=False)``;
-- with the cache: ``torchair.inference.cache_compile(fn, backend=npu_backend, dynamic=False, cache_dir=dir,
+- without the cache: ``torch.compile(fn, backend=npu_backend, fullgraph=True, dynamic=True)``;
+- with the cache: ``torchair.inference.cache_compile(fn, backend=npu_backend, dynamic=True, cache_dir=dir,
   ge_cache=False, fullgraph=True)``, which stores Dynamo's result (and skips Dynamo and its guards on the next
   start) under ``cache_dir/<model info>/<fn name>``. ``fn`` is a per-batch-size copy of the model's ``forward``
   with its own name (see :func:`.torchair.forward_for`), because torchair keys the cache by the function.
 
-Not reached today: the torchair mode is refused on an NPU (:data:`.config.TORCHAIR_ON_NPU`): GE needs an Ascend-IR
-converter for vLLM's attention op (``vllm.unified_attention_with_output``), which reads each step's metadata in
-Python and so cannot have one. The wiring stays, checked against a fake ``torchair``.
+``dynamic=True`` with every tensor input marked static before the first call (:func:`.torchair._mark_static`: the
+forward's arguments, the attention graph inputs, the KV caches; parameters are static by Dynamo's default): the only
+symbolic values left are the Python ints the graph reads, the decode lengths that ``npu_fused_infer_attention_score``
+takes as ``SymInt[]`` (``actual_seq_lengths_kv``). Under torchair they are graph inputs (its FIA converter packs the
+list into the kernel's int64 tensor input, torch_npu 2.8.0 ``torch_npu/dynamo/torchair/_ge_concrete_graph/
+ge_converter/custom/fused_infer_attention_score.py``), so new lengths neither recompile nor are baked in. vllm-ascend
+v0.11.0 compiles its torchair graphs the same way (``dynamic=True`` + ``torch._dynamo.mark_static``,
+``vllm_ascend/torchair/torchair_model_runner.py``). ``.tolist()`` of a lengths tensor inside the graph is not an
+option: torchair has no converter for ``aten._local_scalar_dense``.
+
+What is compiled on an NPU is refused or allowed by :func:`.config.torchair_npu_refusal` (GQA decoder models).
+Checked against a fake ``torchair`` only: no NPU here.
 """
 
 from __future__ import annotations
@@ -35,7 +44,7 @@ def compile_npu(fn: Callable[..., Any], cache_dir: str | None) -> Callable[..., 
     config.experimental_config.frozen_parameter = True
     npu_backend = torchair.get_npu_backend(compiler_config=config)
     if cache_dir is None:
-        return torch.compile(fn, backend=npu_backend, fullgraph=True, dynamic=False)
+        return torch.compile(fn, backend=npu_backend, fullgraph=True, dynamic=True)
     return torchair.inference.cache_compile(
-        fn, backend=npu_backend, dynamic=False, cache_dir=cache_dir, ge_cache=False, fullgraph=True
+        fn, backend=npu_backend, dynamic=True, cache_dir=cache_dir, ge_cache=False, fullgraph=True
     )

@@ -26,7 +26,10 @@ slow every engine start of the test suite; everything else is the same code path
 ``npu.graph_mode``: ``auto`` follows the above; ``eager`` / ``piecewise`` / ``full_decode_only`` set the mode (an
 explicit, different ``cudagraph_mode`` is a conflict). ``--enforce-eager`` with a graph mode is a conflict.
 ``torchair`` uses FULL_DECODE_ONLY's dispatch and compiles each decode size instead of capturing it
-(:mod:`.torchair`); it is refused on an NPU (:data:`TORCHAIR_ON_NPU`).
+(:mod:`.torchair`). On an NPU it runs GQA decoder models, attention inside the compiled graph; MLA, MoE and quantized
+models are refused there with the reason (:data:`TORCHAIR_NPU_REFUSALS`). With attention in the graph (GQA, either
+device) speculative decoding and KV connectors are refused (:data:`TORCHAIR_SPEC_DECODE`,
+:data:`TORCHAIR_KV_TRANSFER`).
 """
 
 from __future__ import annotations
@@ -56,14 +59,69 @@ GRAPH_MODES: dict[str, str | None] = {
 }
 
 
-#: Why npu.graph_mode='torchair' is refused on an NPU (docs/torchair.md, "On an NPU").
-TORCHAIR_ON_NPU = (
-    "npu.graph_mode='torchair' is not supported on an NPU: torchair's GE compiler (max-autotune) must translate every "
-    "op of the decode graph to Ascend IR, and vLLM's attention op (vllm.unified_attention_with_output) cannot be: it "
-    "takes only the layer's name and reads the step's block tables and sequence lengths from vLLM's forward context "
-    "in Python, which no compile-time converter can follow (torchair refuses to auto-generate a converter for an op "
-    "with a string input). Use npu.graph_mode='full_decode_only' (ACL graphs whose attention kernels are updated "
-    "every step) or 'piecewise'; the torchair mode runs on the emulated device only"
+#: What the torchair mode compiles on an NPU, and why the rest is refused (docs/torchair.md, "On an NPU"). torchair's
+#: GE compiler (max-autotune) must translate every op of the decode graph to Ascend IR; a node without a converter
+#: fails the engine's start. GQA decoder models compile: their attention is in the graph (the platform answers
+#: opaque_attention_op() False, the impl's graph decode path: npu_scatter_nd_update_ + npu_fused_infer_attention_score,
+#: both with converters in torch_npu 2.8.0's torchair), as are the dense ops of npu-ops (npu_rms_norm,
+#: npu_add_rms_norm, npu_rotary_mul, npu_swiglu). Each entry: what is refused -> why.
+TORCHAIR_NPU_REFUSALS: dict[str, str] = {
+    "mla": (
+        "MLA models (DeepSeek-V2/V3, and V3.2's sparse attention) run their attention as vLLM's opaque op "
+        "(vllm.unified_attention_with_output) in the torchair mode: the MLA and SFA impls have no graph decode path "
+        "yet, and that op takes the layer's name and reads the step's block tables and sequence lengths from vLLM's "
+        "forward context in Python, which no GE converter can follow"
+    ),
+    "moe": (
+        "MoE models: the MoE stack's unpermute (torch_npu.npu_moe_token_unpermute) has no GE converter in torch_npu "
+        "2.8.0's torchair, so the decode graph cannot be compiled for the NPU"
+    ),
+    "quantization": (
+        "quantized checkpoints: npu-quant's kernels have not been checked against torchair's GE converters"
+    ),
+}
+
+
+#: Why the torchair mode refuses a KV connector (disaggregated prefill) on every device when attention is in its graph.
+TORCHAIR_KV_TRANSFER = (
+    "npu.graph_mode='torchair' conflicts with a KV connector (--kv-transfer-config): with GQA attention inside the "
+    "compiled graph vLLM's layers call the attention impl directly, which skips the connector's per-layer KV load "
+    "and save (they run only in vLLM's opaque attention op); use npu.graph_mode='full_decode_only' or 'piecewise'"
+)
+
+
+def _num_experts(vllm_config: VllmConfig) -> int:
+    model = vllm_config.model_config
+    text = getattr(model, "hf_text_config", None) if model is not None else None
+    for name in ("moe_num_experts", "num_experts", "n_routed_experts", "num_local_experts"):  # vLLM's names
+        value = getattr(text, name, 0)
+        if isinstance(value, int) and value > 0:
+            return value
+    return 0
+
+
+def torchair_npu_refusal(vllm_config: VllmConfig) -> str | None:
+    """Why ``npu.graph_mode='torchair'`` cannot run this engine on an NPU, or None (:data:`TORCHAIR_NPU_REFUSALS`)."""
+    model = vllm_config.model_config
+    if model is not None and getattr(model, "use_mla", False):
+        key = "mla"
+    elif _num_experts(vllm_config):
+        key = "moe"
+    elif model is not None and getattr(model, "quantization", None):
+        key = "quantization"
+    else:
+        return None
+    return (
+        f"npu.graph_mode='torchair' is not supported on an NPU for {TORCHAIR_NPU_REFUSALS[key]}. Use "
+        "npu.graph_mode='full_decode_only' (ACL graphs whose attention kernels are updated every step) or 'piecewise'"
+    )
+
+
+#: Why the torchair mode refuses speculative decoding on every device when attention is in its graph.
+TORCHAIR_SPEC_DECODE = (
+    "npu.graph_mode='torchair' conflicts with speculative decoding (--speculative-config): the compiled decode graph "
+    "attends one token per request, and verification steps carry several; use npu.graph_mode='full_decode_only' or "
+    "drop the speculative config"
 )
 
 
@@ -85,8 +143,15 @@ def _resolve_mode(vllm_config: VllmConfig, graph_mode: str, emulated: bool) -> t
     # None only when vLLM did not resolve a default (configs built outside VllmConfig): treat it like vLLM's default.
     vllm_mode = compilation.cudagraph_mode or CUDAGraphMode.FULL_AND_PIECEWISE
     requested = GRAPH_MODES[graph_mode]
-    if graph_mode == "torchair" and not emulated:
-        raise ConfigError(TORCHAIR_ON_NPU)
+    if graph_mode == "torchair":
+        refusal = None if emulated else torchair_npu_refusal(vllm_config)
+        if refusal is not None:
+            raise ConfigError(refusal)
+        use_mla = bool(model is not None and getattr(model, "use_mla", False))
+        if getattr(vllm_config, "speculative_config", None) is not None and not use_mla:
+            raise ConfigError(TORCHAIR_SPEC_DECODE)
+        if getattr(vllm_config, "kv_transfer_config", None) is not None and not use_mla:
+            raise ConfigError(TORCHAIR_KV_TRANSFER)
     if enforce_eager:
         if requested not in (None, "NONE"):
             raise ConfigError(

@@ -10,17 +10,29 @@ puts :class:`TorchairWrapper` around the model where FULL_DECODE_ONLY puts its g
 loop (warm-up, then one FULL call per size, largest first) is where each size is compiled.
 
 What is compiled: the model's own ``forward`` (one code path: the same modules, attention and MoE stacks as eager),
-through ``torch.compile(fullgraph=True, dynamic=False)``, one compiled function per batch size, each a copy of
-``forward`` with its own code object and name (:func:`forward_for`; Dynamo keeps its cache per code object, so sizes
-never evict each other and torchair's cache can key by name). Attention stays vLLM's opaque custom op
-(``vllm.unified_attention_with_output``, registered with a fake implementation): inside the compiled graph it is one
-call that reads the step's attention metadata from vLLM's forward context when it runs, so the per-step sequence
-lengths and block tables are never baked into the graph nor guarded on (no recompiles as they change). Everything
-else (embedding, norms, RoPE, linear layers, MoE) is traced by Dynamo, our CustomOp overrides included.
+through ``torch.compile(fullgraph=True)``, one compiled function per batch size, each calling ``forward`` from a code
+object and name of its own (:func:`forward_for`; Dynamo keeps its cache per code object, so sizes never evict each
+other and torchair's cache can key by name). Embedding, norms, RoPE, linear layers and MoE are traced by Dynamo, our
+CustomOp overrides included.
 
-Backends: on an NPU torchair's (:mod:`._torchair_npu`); on the emulated device :class:`._standin.StandInBackend`
-(``aot_eager`` with the on-disk cache). The cache directory is :class:`.compile_cache.CompileCache` of this worker's
-key under ``npu.torchair_cache_dir`` (``npu.torchair_cache=false`` turns it off).
+Attention of GQA models is inside the graph (:func:`attention_in_graph`): the platform answers
+``opaque_attention_op()`` False, so vLLM's attention layer calls the impl directly and Dynamo traces it. Before each
+compiled step this wrapper has every attention metadata object of the step lay itself out for the padded batch
+(:func:`vllm_npu.interface.protocols.graph_inputs_of`: block tables, sequence lengths and KV slots as fixed-shape
+tensors, plus the lengths as a host list for the NPU kernel) and passes them to the compiled function as an
+argument, which stores them where the impls read them (:data:`vllm_npu.interface.graphs.COMPILED_STEP`). So they are
+graph *inputs*, guarded on shapes only: per-step values are neither baked in nor recompiled for. (Read from vLLM's
+forward context, a module global, Dynamo would bake the Python ints in as constants even with dynamic shapes.)
+MLA models keep vLLM's opaque attention op (registered with a fake implementation): one node in the graph that
+reads the step's metadata from the forward context when it runs, which the stand-in backend can run and GE cannot
+convert (the torchair mode is refused for MLA on an NPU).
+
+Backends: on an NPU torchair's (:mod:`._torchair_npu`: ``dynamic=True`` with every tensor input marked static, so
+that the only symbolic values are the Python ints the NPU attention kernel takes as ``SymInt[]``, the sequence
+lengths); on the emulated device :class:`._standin.StandInBackend` (``aot_eager`` with the on-disk cache,
+``dynamic=False``: its reference attention reads tensors only). The cache directory is
+:class:`.compile_cache.CompileCache` of this worker's key under ``npu.torchair_cache_dir`` (``npu.torchair_cache=false``
+turns it off).
 
 Counts (this process, all engines): :data:`TORCHAIR_STATS`. ``compiles`` counts, per batch size, every graph Dynamo
 handed to the compiler; a second compile of the same size by the same wrapper (a guard failed) is a ``recompile``.
@@ -41,7 +53,9 @@ from vllm.compilation.cuda_graph import CUDAGraphOptions, CUDAGraphWrapper
 from vllm.config import CUDAGraphMode, VllmConfig
 from vllm.forward_context import get_forward_context
 from vllm_npu.interface.config import AdditionalConfig
+from vllm_npu.interface.graphs import COMPILED_STEP
 from vllm_npu.interface.log import get_logger
+from vllm_npu.interface.protocols import graph_inputs_of
 
 from .compile_cache import CompileCache, cache_key, default_cache_root
 
@@ -58,6 +72,8 @@ class TorchairStats:
     cache_hits: int = 0  # emulated: lowered graphs loaded from the cache directory
     cache_writes: int = 0  # emulated: lowered graphs written to the cache directory
     uncacheable: int = 0  # emulated: lowered graphs that could not be cached (reason logged)
+    opaque_attention_nodes: int = 0  # vLLM opaque attention op calls in the compiled graphs (0: attention in-graph)
+    graph_inputs_prepared: int = 0  # attention metadata objects laid out as graph inputs before compiled steps
     compiled_calls: Counter[int] = field(default_factory=Counter)  # batch size -> decode steps run compiled
     eager_calls: int = 0  # steps run eagerly (prefill, mixed, or larger than every compiled size)
     compile_seconds: dict[int, float] = field(default_factory=dict)  # batch size -> first call (compile + run), last
@@ -71,6 +87,8 @@ class TorchairStats:
             "cache_hits": self.cache_hits,
             "cache_writes": self.cache_writes,
             "uncacheable": self.uncacheable,
+            "opaque_attention_nodes": self.opaque_attention_nodes,
+            "graph_inputs_prepared": self.graph_inputs_prepared,
             "compiled_calls": dict(self.compiled_calls),
             "eager_calls": self.eager_calls,
             "compile_seconds": dict(self.compile_seconds),
@@ -92,13 +110,61 @@ def torchair_enabled(vllm_config: VllmConfig) -> bool:
     return _npu_config(vllm_config).graph_mode == "torchair"
 
 
+def attention_in_graph(vllm_config: VllmConfig) -> bool:
+    """Whether this engine's attention is compiled into the torchair decode graph (the torchair mode with a GQA
+    model; MLA keeps vLLM's opaque op): the platform's ``opaque_attention_op()`` answer is its negation."""
+    model = vllm_config.model_config
+    return torchair_enabled(vllm_config) and model is not None and not getattr(model, "use_mla", False)
+
+
+def _graph_inputs(size: int) -> dict[str, object]:
+    """This step's graph inputs of the size-``size`` graph: attention layer name -> its metadata's inputs, for the
+    metadata that provides them (:func:`vllm_npu.interface.protocols.graph_inputs_of`; MLA's does not)."""
+    metadata = get_forward_context().attn_metadata
+    inputs: dict[str, object] = {}
+    if not isinstance(metadata, Mapping):
+        return inputs
+    made: dict[int, object | None] = {}  # one metadata object per KV-cache group, under every layer name of the group
+    for name, md in metadata.items():
+        if id(md) not in made:
+            made[id(md)] = graph_inputs_of(md, size)
+            TORCHAIR_STATS.graph_inputs_prepared += int(made[id(md)] is not None)
+        if made[id(md)] is not None:
+            inputs[name] = made[id(md)]
+    return inputs
+
+
+def _mark_static(args: tuple[Any, ...], kwargs: Mapping[str, Any], vllm_config: VllmConfig) -> None:
+    """NPU, before a size's first call: every tensor the graph reads keeps the shape it has now (torchair compiles
+    with ``dynamic=True`` so that the attention lengths are symbolic, as vllm-ascend v0.11.0 does)."""
+    tensors: list[torch.Tensor] = []
+    for x in (*args, *kwargs.values()):
+        if isinstance(x, torch.Tensor):
+            tensors.append(x)
+        elif isinstance(x, Mapping):  # the graph inputs
+            for inputs in x.values():
+                tensors += [v for v in vars(inputs).values() if isinstance(v, torch.Tensor)]
+    for layer in vllm_config.compilation_config.static_forward_context.values():
+        tensors += [t for t in getattr(layer, "kv_cache", ()) if isinstance(t, torch.Tensor)]
+    for t in tensors:
+        torch._dynamo.mark_static(t)
+
+
+def _compiled_forward(self: torch.nn.Module, graph_inputs: Mapping[str, object], *args: Any, **kwargs: Any) -> Any:
+    # Stored as the first statement of the compiled function, so Dynamo tracks it: the attention impls read the
+    # argument itself (graph inputs), not a module global (constants). See vllm_npu.interface.graphs.CompiledStep.
+    COMPILED_STEP.inputs = graph_inputs
+    return type(self).forward(self, *args, **kwargs)
+
+
 def forward_for(model: torch.nn.Module, batch_size: int) -> Callable[..., Any]:
-    """``model.forward`` bound to ``model`` with a code object and name of its own (``<forward>_torchair_bs<N>``)."""
+    """The function compiled for ``batch_size``: ``(graph_inputs, *forward_args, **forward_kwargs)``, bound to
+    ``model``, which stores ``graph_inputs`` where the attention impls read it and runs ``model.forward``; a copy with
+    its own code object and name (``<forward>_torchair_bs<N>``)."""
     forward = type(model).forward
     name = f"{forward.__name__}_torchair_bs{batch_size}"
-    code = forward.__code__.replace(co_name=name)
-    fn = types.FunctionType(code, forward.__globals__, name, forward.__defaults__, forward.__closure__)
-    fn.__kwdefaults__ = forward.__kwdefaults__
+    code = _compiled_forward.__code__.replace(co_name=name)
+    fn = types.FunctionType(code, _compiled_forward.__globals__, name)
     fn.__qualname__ = f"{forward.__qualname__}_torchair_bs{batch_size}"
     return types.MethodType(fn, model)
 
@@ -153,19 +219,28 @@ class TorchairWrapper(CUDAGraphWrapper):
             return self.runnable(*args, **kwargs)
         size = context.batch_descriptor.num_tokens
         TORCHAIR_STATS.compiled_calls[size] += 1
-        compiled = self.compiled.get(size)
-        if compiled is not None:
-            return compiled(*args, **kwargs)
-        start = time.perf_counter()
-        compiled = self.compiled[size] = self._compile(size)
-        output = compiled(*args, **kwargs)  # Dynamo and the backend run on this first call
-        TORCHAIR_STATS.compile_seconds[size] = time.perf_counter() - start
-        return output
+        inputs = _graph_inputs(size)
+        try:
+            compiled = self.compiled.get(size)
+            if compiled is not None:
+                return compiled(inputs, *args, **kwargs)
+            if self.device_type == "npu":
+                _mark_static((inputs, *args), kwargs, self.vllm_config)
+            start = time.perf_counter()
+            compiled = self.compiled[size] = self._compile(size)
+            output = compiled(inputs, *args, **kwargs)  # Dynamo and the backend run on this first call
+            TORCHAIR_STATS.compile_seconds[size] = time.perf_counter() - start
+            return output
+        finally:
+            COMPILED_STEP.inputs = None  # eager steps see no graph inputs
 
     def _counted(self, size: int, backend: Callable[..., Any]) -> Callable[..., Any]:
         def count_then_compile(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
             self.compile_counts[size] += 1
             TORCHAIR_STATS.compiles[size] += 1
+            TORCHAIR_STATS.opaque_attention_nodes += sum(
+                1 for n in gm.graph.nodes if n.op == "call_function" and "unified_attention" in str(n.target)
+            )
             if self.compile_counts[size] > 1:
                 TORCHAIR_STATS.recompiles += 1
                 logger.warning("torchair mode: batch size %d recompiled (a Dynamo guard failed)", size)

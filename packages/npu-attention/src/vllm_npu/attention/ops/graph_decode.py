@@ -1,0 +1,172 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
+"""The decode kernels of a *compiled* decode graph (the torchair mode): every per-step input is a graph input.
+
+Inside ``torch.compile(fullgraph=True)`` nothing may be read on the host per step: a Python int or list the trace
+reads is baked into the graph and guarded on (a recompile whenever it changes), and ``.item()`` / ``.tolist()`` on a
+tensor breaks the graph (torchair has no GE converter for ``aten._local_scalar_dense``). These twins therefore take
+the step's metadata as fixed-shape device tensors of the padded batch ``B`` (:class:`~..metadata.GraphDecodeInputs`)
+and derive everything else from shapes. Both are what vllm-ascend v0.11.0's torchair GQA path runs on hardware
+(``vllm_ascend/torchair/torchair_attention.py``: ``npu_scatter_nd_update_`` for the KV write, BSH
+``npu_fused_infer_attention_score`` for the decode), ops torchair ships GE converters for.
+
+``graph_kv_write`` — the step's K/V into the paged cache; returns the lengths the decode must read after it:
+    key/value ``[B, Nkv, D]``; key_cache/value_cache ``[num_blocks, block_size, Nkv, D]`` updated in place;
+    slots ``[B]`` int64, every entry in ``[0, num_blocks * block_size)`` (padding rows point at slot 0 of vLLM's
+    null block 0, which no request reads: ``npu_scatter_nd_update_`` does not accept out-of-range indices);
+    seq_lens ``[B]``: returned (NPU) or returned as a copy (reference), so that the decode depends on the write.
+    NPU: ``torch_npu.npu_scatter_nd_update_(cache, indices, updates)`` with ``indices [B, 2] = (slot // block_size,
+    slot % block_size)``; a declared in-place op, so the compiler keeps it before the decode that reads the cache.
+    Reference: the registered op ``torch.ops.vllm_npu.graph_kv_write`` (``index_copy_`` on the flat
+    ``[num_blocks * block_size, Nkv, D]`` views), opaque to Dynamo and declared *without* mutated arguments, as vLLM
+    declares its own attention op, which writes the KV cache too: functionalizing an in-place write on the cache (a
+    graph input) would copy the whole cache on every step (measured: 0.3 ms -> 230 ms per step for a 160 MB cache on
+    this host), where GE writes in place. The returned copy of ``seq_lens`` is what orders the decode after it (the
+    graph runs its nodes in trace order; the op is never dead code).
+
+``graph_decode`` — one query token per request over its pages:
+    query ``[B, N, D]``; caches as above (this step's tokens already written); block_table ``[B, W]`` int32 (W the
+    table's full width; padding rows all 0); seq_lens ``[B]`` int32 on the device (tokens in the cache including the
+    new one; padding rows :data:`~..metadata.GRAPH_PAD_SEQ_LEN`); seq_lens_list the same values as a host list,
+    the ``SymInt[]`` the NPU kernel takes (under torchair's dynamic ints a graph input; the reference never reads
+    it); out ``[B, N, D]`` written in full. ``out[b, h] = softmax(scale * q[b, h] . K_b^T) V_b`` over the
+    request's ``seq_lens[b]`` tokens (with ``sliding_window = W_s``: the last ``W_s`` of them).
+    NPU: ``torch_npu.npu_fused_infer_attention_score`` in BSH with Q_S = 1, ``actual_seq_lengths_kv=seq_lens_list``,
+    ``sparse_mode=0`` (a sliding window as an explicit mask ``[B, 1, W * block_size]`` made in the graph from
+    ``seq_lens``: with Q_S = 1 the kernel ignores ``pre_tokens``). Reference: every one of the W pages gathered
+    (a static shape), positions ``>= seq_lens[b]`` masked.
+"""
+
+from __future__ import annotations
+
+from typing import Any, cast
+
+import torch
+from vllm_npu.interface.device import Kernel
+
+from ._checks import check_heads, no_soft_cap
+from ._reference import attend
+from .paged_attention import fia_decode_bsh
+
+
+def graph_kv_write_npu(
+    key: torch.Tensor,
+    value: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    slots: torch.Tensor,
+    seq_lens: torch.Tensor,
+) -> torch.Tensor:
+    import torch_npu
+
+    block_size = key_cache.shape[1]
+    slot = slots.view(-1, 1)
+    indices = torch.cat((slot // block_size, slot % block_size), dim=1)
+    torch_npu.npu_scatter_nd_update_(key_cache, indices, key)
+    torch_npu.npu_scatter_nd_update_(value_cache, indices, value)
+    return seq_lens
+
+
+def _write_in_place(
+    key: torch.Tensor,
+    value: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    slots: torch.Tensor,
+    seq_lens: torch.Tensor,
+) -> torch.Tensor:
+    nkv, d = key_cache.shape[-2:]
+    key_cache.view(-1, nkv, d).index_copy_(0, slots, key.to(key_cache.dtype))
+    value_cache.view(-1, nkv, d).index_copy_(0, slots, value.to(value_cache.dtype))
+    return seq_lens.clone()
+
+
+def _registered_write() -> Any:
+    """``torch.ops.vllm_npu.graph_kv_write``, registered on first import (once per process)."""
+    try:
+        return torch.ops.vllm_npu.graph_kv_write
+    except (AttributeError, RuntimeError):
+        pass
+    op = torch.library.custom_op("vllm_npu::graph_kv_write", mutates_args=())(_write_in_place)
+    op.register_fake(lambda key, value, key_cache, value_cache, slots, seq_lens: torch.empty_like(seq_lens))
+    return torch.ops.vllm_npu.graph_kv_write
+
+
+_REFERENCE_WRITE = _registered_write()
+
+
+def graph_kv_write_reference(
+    key: torch.Tensor,
+    value: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    slots: torch.Tensor,
+    seq_lens: torch.Tensor,
+) -> torch.Tensor:
+    return cast(torch.Tensor, _REFERENCE_WRITE(key, value, key_cache, value_cache, slots, seq_lens))
+
+
+GRAPH_KV_WRITE = Kernel("graph_kv_write", npu=graph_kv_write_npu, reference=graph_kv_write_reference)
+
+
+def _window_hidden(seq_lens: torch.Tensor, positions: torch.Tensor, sliding_window: int | None) -> torch.Tensor:
+    """``[B, S]`` True where a cache position is not visible: past the request's length, or before its window."""
+    lens = seq_lens.to(torch.long)[:, None]
+    hidden = positions[None, :] >= lens
+    if sliding_window is not None:
+        hidden = hidden | (positions[None, :] < lens - sliding_window)
+    return hidden
+
+
+def graph_decode_npu(
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    seq_lens: torch.Tensor,
+    seq_lens_list: list[int],
+    *,
+    num_heads: int,
+    num_kv_heads: int,
+    scale: float,
+    out: torch.Tensor,
+    sliding_window: int | None = None,
+    logits_soft_cap: float | None = None,
+) -> None:
+    no_soft_cap(logits_soft_cap, "graph_decode")
+    mask = None
+    if sliding_window is not None:
+        positions = torch.arange(block_table.shape[1] * key_cache.shape[1], device=query.device)
+        mask = _window_hidden(seq_lens, positions, sliding_window).unsqueeze(1)
+    fia_decode_bsh(query, key_cache, value_cache, block_table, seq_lens_list, mask, num_heads, num_kv_heads, scale, out)
+
+
+def graph_decode_reference(
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    seq_lens: torch.Tensor,
+    seq_lens_list: list[int],
+    *,
+    num_heads: int,
+    num_kv_heads: int,
+    scale: float,
+    out: torch.Tensor,
+    sliding_window: int | None = None,
+    logits_soft_cap: float | None = None,
+) -> None:
+    check_heads(query, key_cache, num_heads, num_kv_heads, "graph_decode")
+    batch, width = block_table.shape
+    block_size = key_cache.shape[1]
+    shape = (batch, width * block_size, *key_cache.shape[2:])
+    pages = block_table.reshape(-1).to(torch.long)
+    k = key_cache.index_select(0, pages).view(shape)
+    v = value_cache.index_select(0, pages).view(shape)
+    positions = torch.arange(width * block_size, device=query.device)
+    masked = _window_hidden(seq_lens, positions, sliding_window).view(batch, 1, 1, 1, -1)
+    o = attend(query[:, None], k, v, None, scale, logits_soft_cap, masked=masked)
+    out.copy_(o.view_as(out))
+
+
+GRAPH_DECODE = Kernel("graph_decode", npu=graph_decode_npu, reference=graph_decode_reference)
