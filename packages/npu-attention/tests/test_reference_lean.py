@@ -192,7 +192,9 @@ def test_graph_refresh_hands_the_step_plan_to_the_twin(monkeypatch: pytest.Monke
     fresh = DecodePlan.build([5, 30, 17, 1, 1], BS, key_cache.device)
     assert torch.equal(a["plan"].bias, fresh.bias) and torch.equal(a["plan"].masked, fresh.masked)
 
-    md_next = SimpleNamespace(seq_lens_list=[6, 31, 18], decode_plan=DecodePlan.build([6, 31, 18], BS, key_cache.device))
+    md_next = SimpleNamespace(
+        seq_lens_list=[6, 31, 18], decode_plan=DecodePlan.build([6, 31, 18], BS, key_cache.device)
+    )
     first, _ = _refresh_with(monkeypatch, md_next, 5)
     assert first()["context_lens"] == [6, 31, 18, 1, 1]  # the next step's list, not the memo of the last
 
