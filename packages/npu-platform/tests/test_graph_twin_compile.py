@@ -85,6 +85,21 @@ def test_compiled_replay_equals_the_traced_graph_and_writes_the_real_cache(captu
         assert s2.kv.data_ptr() == kv_address and s2.kv[0, slots[0]].abs().sum() > 0
 
 
+def test_compiled_eager_pieces_call_tasks_without_the_dispatcher(captured):
+    """The split's eager pieces call the task's Python (run_task) instead of the custom op: same task, same
+    tensors, no dispatcher round trip per layer and step."""
+    from vllm_npu.platform.graphs._twin import run_task
+
+    _, compiled, _ = captured
+    targets = [
+        n.target
+        for name, piece in compiled.compiled.named_children()
+        if name.startswith("submod_") and isinstance(piece, torch.fx.GraphModule)
+        for n in piece.graph.nodes
+    ]
+    assert run_task in targets and torch.ops.vllm_npu_graph.task.default not in targets
+
+
 def test_compiled_tasks_keep_capture_parameters_until_refreshed(captured):
     plain, compiled, st = captured
     outs = []

@@ -38,7 +38,7 @@ from ..metadata import AscendAttentionMetadataBuilder, AscendAttentionState, Asc
 from ..ops.flash_attention import ENCODER_ATTENTION, PREFILL_NO_CACHE
 from ..ops.graph_decode import GRAPH_DECODE, GRAPH_KV_WRITE
 from ..ops.kv_cache import RESHAPE_AND_CACHE
-from ..ops.paged_attention import PAGED_DECODE, PAGED_DECODE_WINDOW, PAGED_PREFILL
+from ..ops.paged_attention import PAGED_DECODE, PAGED_DECODE_WINDOW, PAGED_PREFILL, DecodePlan
 
 # torch_npu paged attention v2 takes head sizes up to 256, fused infer attention needs multiples of 16.
 NPU_MAX_HEAD_SIZE = 256
@@ -46,17 +46,38 @@ NPU_HEAD_ALIGN = 16
 NPU_DTYPES = (torch.float16, torch.bfloat16)
 
 
+class _PaddedStep:
+    """The last step's lengths padded to a graph's batch, with their decode plan: every layer's refresh of one step
+    reads the same metadata list (one metadata per KV-cache group), so the padded list and its plan are made once
+    per step, not once per layer. Holding ``source`` keeps its identity meaningful."""
+
+    source: ClassVar[list[int] | None] = None
+    batch: ClassVar[int] = 0
+    lens: ClassVar[list[int]] = []
+    plan: ClassVar[DecodePlan | None] = None
+
+
 def decode_lens_refresh(layer_name: str, batch: int) -> graphs.Refresh:
     """The refresh of a captured decode kernel: this step's sequence lengths of ``layer_name``'s requests, padded to
-    the graph's ``batch`` with 1 (padding requests attend to one cached slot; their rows are discarded)."""
+    the graph's ``batch`` with 1 (padding requests attend to one cached slot; their rows are discarded), and on the
+    reference backend the step's :class:`DecodePlan` for exactly that list (the metadata builder's own when no
+    padding is needed), so the twin does not rebuild it in every layer. The NPU kernel ignores the plan."""
 
-    def refresh() -> dict[str, list[int]]:
+    def refresh() -> dict[str, Any]:
         from vllm.forward_context import get_forward_context
 
         # vLLM types attn_metadata as every runner's shape; the V1 runner with this backend sets one per layer name.
         metadata = cast("dict[str, AscendMetadata]", get_forward_context().attn_metadata)
-        lens = list(metadata[layer_name].seq_lens_list)
-        return {"context_lens": lens + [1] * (batch - len(lens))}
+        md = metadata[layer_name]
+        lens, plan = md.seq_lens_list, md.decode_plan
+        if len(lens) == batch:
+            return {"context_lens": lens, "plan": plan}
+        step = _PaddedStep
+        if step.source is not lens or step.batch != batch:
+            step.source, step.batch = lens, batch
+            step.lens = lens + [1] * (batch - len(lens))
+            step.plan = None if plan is None else DecodePlan.build(step.lens, plan.block_size, plan.lens.device)
+        return {"context_lens": step.lens, "plan": step.plan}
 
     return refresh
 

@@ -47,7 +47,7 @@ from vllm_npu.interface.device import Kernel
 from vllm_npu.interface.errors import KernelContractError
 
 from ._checks import check_heads, need_mask, no_soft_cap
-from ._reference import attend, gather_pages, gather_sequence, window_allowed
+from ._reference import _MASKED, attend, gather_pages, gather_sequence, window_allowed
 
 # Requests with at most this many new tokens are computed together in one padded batch by the reference (decodes,
 # speculative-decoding verification); longer ones one request at a time.
@@ -64,7 +64,9 @@ class DecodePlan:
     ``context_lens`` is the host list it was built for (checked by identity); ``lens [B]`` int64 the same values on
     the device; ``num_blocks`` the pages gathered per request (``ceil(max(context_lens) / block_size)``);
     ``positions [S]`` the gathered token positions ``0..S-1`` (``S = num_blocks * block_size``); ``masked
-    [B, 1, 1, 1, S]`` True where a position is past the request's length (the scores' padding mask).
+    [B, 1, 1, 1, S]`` True where a position is past the request's length (the scores' padding mask); ``bias
+    [B, 1, 1, S]`` float32, the same mask as an additive term (0 visible, the reference's large finite negative
+    hidden), the form the fused attention of :func:`_decode` takes.
     """
 
     context_lens: list[int]
@@ -73,14 +75,17 @@ class DecodePlan:
     lens: torch.Tensor
     positions: torch.Tensor
     masked: torch.Tensor
+    bias: torch.Tensor
 
     @staticmethod
     def build(context_lens: list[int], block_size: int, device: torch.device) -> DecodePlan:
         num_blocks = max(1, -(-max(context_lens, default=1) // block_size))
         lens = torch.tensor(context_lens, dtype=torch.long, device=device)
         positions = torch.arange(num_blocks * block_size, device=device)
-        masked = (positions >= lens[:, None]).view(len(context_lens), 1, 1, 1, -1)
-        return DecodePlan(context_lens, block_size, num_blocks, lens, positions, masked)
+        hidden = positions >= lens[:, None]  # [B, S]
+        masked = hidden.view(len(context_lens), 1, 1, 1, -1)
+        bias = torch.zeros(hidden.shape, device=device).masked_fill_(hidden, _MASKED).view(len(context_lens), 1, 1, -1)
+        return DecodePlan(context_lens, block_size, num_blocks, lens, positions, masked, bias)
 
 
 def _plan_for(plan: DecodePlan | None, context_lens: list[int], key_cache: torch.Tensor) -> DecodePlan:
@@ -103,13 +108,34 @@ def _decode(
     logits_soft_cap: float | None,
     out: torch.Tensor,
 ) -> None:
-    """One query token per request over its gathered pages: one gather per cache, two matmuls, one softmax."""
+    """One query token per request over its gathered pages: one gather per cache, then one fused fp32 attention.
+
+    ``masked [B, 1, 1, 1, S]`` hides positions (True = hidden); when it is the plan's own padding mask, the plan's
+    additive ``bias`` stands for it. Without soft-capping the attention is torch's fused
+    ``scaled_dot_product_attention`` (on the CPU, its flash kernel: one pass over the keys with an online softmax),
+    with the GQA group folded into the query rows (``[B, Nkv, G, D]``: a group's query heads share their KV head, and
+    one decode token has no causal order among them), so neither K nor V is copied per query head. That is the same
+    maths as :func:`attend` in another summation order: equal to it within fp32 rounding (test_reference_lean.py
+    pins the two), a quarter of the ops. Soft-capping needs the scores themselves: :func:`attend`.
+    """
     batch = query.shape[0]
     pages = block_table[:, : plan.num_blocks].reshape(-1)
     shape = (batch, plan.num_blocks * plan.block_size, *key_cache.shape[2:])
     k = key_cache.index_select(0, pages).view(shape)
     v = value_cache.index_select(0, pages).view(shape)
-    o = attend(query[:, None], k, v, None, scale, logits_soft_cap, masked=masked)
+    if logits_soft_cap:
+        o = attend(query[:, None], k, v, None, scale, logits_soft_cap, masked=masked)
+        out.copy_(o.view_as(out))
+        return
+    nkv, d = key_cache.shape[2], key_cache.shape[3]
+    if masked is plan.masked:
+        bias = plan.bias
+    else:  # a layer's own mask (sliding window): SDPA's bool form, True = attend
+        bias = ~masked.view(batch, 1, 1, -1)
+    q = query.float().reshape(batch, nkv, -1, d)
+    o = torch.nn.functional.scaled_dot_product_attention(
+        q, k.float().transpose(1, 2), v.float().transpose(1, 2), attn_mask=bias, scale=scale
+    )
     out.copy_(o.view_as(out))
 
 

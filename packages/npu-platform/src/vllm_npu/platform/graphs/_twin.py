@@ -60,9 +60,14 @@ _TASKS: dict[int, _Task] = {}  # registry: task id -> task, owned by the Emulate
 _task_ids = itertools.count()
 
 
+def run_task(task_id: int, tensors: list[torch.Tensor]) -> None:
+    """Run captured task ``task_id`` on ``tensors`` (its tensor arguments, in capture order)."""
+    _TASKS[task_id].run(list(tensors))
+
+
 @torch.library.custom_op("vllm_npu_graph::task", mutates_args=("tensors",))
 def _run_task(task_id: int, tensors: list[torch.Tensor]) -> None:
-    _TASKS[task_id].run(list(tensors))
+    run_task(task_id, tensors)
 
 
 class _TwinRecorder:

@@ -14,7 +14,10 @@ step, and the decode-attention tasks would read that copy. So the graph is split
   with inductor, once per captured graph, at capture.
 
 What a replay computes is unchanged: the same aten ops on the same buffers, tasks still opaque and refreshed with
-the step's host parameters, inputs still checked by address (by :class:`._twin.EmulatedGraph`, around this).
+the step's host parameters, inputs still checked by address (by :class:`._twin.EmulatedGraph`, around this). Only
+the way a task is called changes: in the eager pieces a ``vllm_npu_graph::task`` node calls the task's Python
+(:func:`._twin.run_task`) directly; the custom op exists for the tracer and for the split (its schema says what
+it writes), and going through the dispatcher for it costs ~40 us a call on the CPU, per layer and step.
 Shapes are those of the capture (one compile per capture size); pure pieces that differ only in their weights
 (every decoder layer) hit inductor's FX-graph cache after the first.
 """
@@ -27,6 +30,8 @@ from typing import Any, cast
 
 import torch
 from torch.fx.passes.split_module import split_module
+
+from ._twin import run_task
 
 
 def _schema(node: torch.fx.Node) -> torch.FunctionSchema | None:
@@ -103,6 +108,16 @@ class _CompileOnFirstRun(torch.fx.Interpreter):
         return compiled(*args)
 
 
+def _call_tasks_directly(piece: torch.fx.GraphModule) -> None:
+    """Retarget the ``vllm_npu_graph::task`` nodes of an eager piece to :func:`._twin.run_task` (same arguments)."""
+    task = torch.ops.vllm_npu_graph.task.default
+    nodes = [n for n in piece.graph.nodes if n.op == "call_function" and n.target is task]
+    for node in nodes:
+        node.target = run_task
+    if nodes:
+        piece.recompile()
+
+
 def compile_graph(module: torch.fx.GraphModule, inputs: list[torch.Tensor]) -> Callable[..., Any]:
     """``module`` with its pure pieces compiled by inductor; called like ``module``. Runs it once on ``inputs``
     (a real step on the captured buffers, as the capture's own first run is) to compile each piece."""
@@ -124,6 +139,9 @@ def compile_graph(module: torch.fx.GraphModule, inputs: list[torch.Tensor]) -> C
         for name, _ in split.named_children()
         if name.startswith("submod_") and int(name.removeprefix("submod_")) not in eager_parts
     }
+
+    for name in {n for n, _ in split.named_children() if n.startswith("submod_")} - pending:
+        _call_tasks_directly(getattr(split, name))
 
     # Inductor's default compiles C++ in a pool of worker processes started on first use: on a small host (2 cores
     # shared with vLLM's own threads) starting that pool costs more than it saves for a few kernels per piece.
