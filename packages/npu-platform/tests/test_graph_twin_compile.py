@@ -104,6 +104,9 @@ def test_compiled_tasks_keep_capture_parameters_until_refreshed(captured):
     plain, compiled, st = captured
     outs = []
     for g, step, x, sl in zip((plain, compiled), st["steps"], st["x"], st["slots"], strict=True):
+        # write cache slots 4 and 5, so lengths 6 and 2 read different sums (whatever ran before in this module)
+        x.copy_(torch.tensor([1.5, -0.5]).unsqueeze(1).expand(2, 4))
+        sl.copy_(torch.tensor([4, 5]))
         step.lens = [6, 6]
         g.refresh_tasks()
         g.replay((x, sl), {})
