@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import pytest
 from npu_testkit.engine import emulated_env, engine, greedy, make_prompts
-from npu_testkit.graph_e2e import NEW_TOKENS, runtime_info
+from npu_testkit.graph_e2e import NEW_TOKENS, check_skipped_refresh_gives_wrong_tokens, runtime_info
 from npu_testkit.models import hf_greedy
 
 pytestmark = pytest.mark.engine
@@ -52,14 +52,4 @@ def test_every_batch_size_matches_hf(llm, tiny_llama):
 
 
 def test_skipping_the_in_graph_metadata_update_gives_wrong_tokens(llm, tiny_llama, monkeypatch):
-    from vllm_npu.platform.graphs.wrapper import NPUGraphWrapper
-
-    prompts = make_prompts([5, 8, 40], seed=14)
-    ref = hf_greedy(tiny_llama, prompts, NEW_TOKENS)
-    assert greedy(llm, prompts, NEW_TOKENS) == ref
-    monkeypatch.setattr(NPUGraphWrapper, "refresh", staticmethod(lambda graph: None))
-    stale = greedy(llm, prompts, NEW_TOKENS)
-    assert stale != ref
-    assert all(s[0] == r[0] for s, r in zip(stale, ref, strict=True))  # the first token comes from the prefill
-    monkeypatch.undo()
-    assert greedy(llm, prompts, NEW_TOKENS) == ref
+    check_skipped_refresh_gives_wrong_tokens(llm, tiny_llama, monkeypatch)

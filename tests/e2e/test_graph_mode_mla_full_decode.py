@@ -19,6 +19,7 @@ from npu_testkit.graph_e2e import (
     check_every_batch_size_replayed,
     check_mixed_and_chunked,
     check_prefix_cache,
+    check_skipped_refresh_gives_wrong_tokens,
     graph_engine,
     runtime_info,
 )
@@ -76,18 +77,7 @@ def test_prefix_cache_hit_matches_hf(llm, tiny_model):
 
 
 def test_skipping_the_in_graph_metadata_update_gives_wrong_tokens(llm, tiny_model, monkeypatch):
-    from vllm_npu.platform.graphs.wrapper import NPUGraphWrapper
-
-    prompts = make_prompts([5, 8, 40], seed=14)
-    ref = hf_greedy(tiny_model, prompts, NEW_TOKENS)
-    assert greedy(llm, prompts, NEW_TOKENS) == ref
-    # Replays keep the capture-time sequence lengths (all 1): each decode step attends to one cached latent.
-    monkeypatch.setattr(NPUGraphWrapper, "refresh", staticmethod(lambda graph: None))
-    stale = greedy(llm, prompts, NEW_TOKENS)
-    assert stale != ref
-    assert all(s[0] == r[0] for s, r in zip(stale, ref, strict=True))  # the first token comes from the prefill
-    monkeypatch.undo()
-    assert greedy(llm, prompts, NEW_TOKENS) == ref
+    check_skipped_refresh_gives_wrong_tokens(llm, tiny_model, monkeypatch)
 
 
 def _estimate_graph_pool(worker) -> dict:

@@ -9,7 +9,8 @@ compared token for token with HF transformers (float32, greedy).
   (:func:`check_every_batch_size_replayed` also asserts the graphs were replayed);
 - :func:`check_mixed_and_chunked`: prompts of 1..150 tokens with a 64-token step budget, so long prompts are
   prefilled in chunks while the short ones already decode (mixed prefill/decode steps);
-- :func:`check_prefix_cache`: two prompts sharing ``prefix_blocks`` full KV blocks, the second served from the cache.
+- :func:`check_prefix_cache`: two prompts sharing ``prefix_blocks`` full KV blocks, the second served from the cache;
+- :func:`check_skipped_refresh_gives_wrong_tokens`: FULL replays without the per-step metadata refresh go wrong.
 
 Prompt seeds are chosen so that no HF greedy continuation hits EOS: ``hf_greedy`` forbids EOS (``min_new_tokens``)
 while vLLM's ``ignore_eos`` still emits it, which would be a reference mismatch, not a bug.
@@ -87,6 +88,23 @@ def check_prefix_cache(llm: Any, model_dir: Any, *, block_size: int, prefix_bloc
     (out,) = greedy_outputs(llm, [second], NEW_TOKENS)
     assert out.num_cached_tokens >= block_size * prefix_blocks, out.num_cached_tokens
     assert [list(out.outputs[0].token_ids)] == hf_greedy(model_dir, [second], NEW_TOKENS)
+
+
+def check_skipped_refresh_gives_wrong_tokens(llm: Any, model_dir: Any, monkeypatch: Any) -> None:
+    """With the per-replay metadata refresh skipped, FULL replays keep the capture-time sequence lengths (all 1:
+    each decode step attends to one cached token), so the tokens after the first (from the eager prefill) are
+    wrong; with the refresh back they equal HF again. ``monkeypatch`` is pytest's fixture."""
+    from vllm_npu.platform.graphs.wrapper import NPUGraphWrapper
+
+    prompts = make_prompts([5, 8, 40], seed=14)
+    ref = hf_greedy(model_dir, prompts, NEW_TOKENS)
+    assert greedy(llm, prompts, NEW_TOKENS) == ref
+    monkeypatch.setattr(NPUGraphWrapper, "refresh", staticmethod(lambda graph: None))
+    stale = greedy(llm, prompts, NEW_TOKENS)
+    assert stale != ref
+    assert all(s[0] == r[0] for s, r in zip(stale, ref, strict=True))  # the first token comes from the prefill
+    monkeypatch.undo()
+    assert greedy(llm, prompts, NEW_TOKENS) == ref
 
 
 def replays(llm: Any, mode: str) -> int:
