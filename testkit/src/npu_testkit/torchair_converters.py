@@ -1,0 +1,106 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
+"""The GE converters of torch_npu 2.8.0's bundled torchair, read from the wheel without importing it.
+
+torchair's ``max-autotune`` mode hands the FX graph to GE, which needs an Ascend-IR converter for every node.
+Converters are Python functions under ``torch_npu/dynamo/torchair/_ge_concrete_graph/ge_converter/`` decorated with
+``@register_fx_node_ge_converter(torch.ops.<namespace>.<op>.<overload>)``. Some exist only to refuse: their body is
+a docstring and ``raise NotImplementedError(...)`` (``aten._local_scalar_dense``, say), which fails the compile the
+same way as a missing one. Others raise only for some arguments (``partial``): they convert the common case.
+
+:func:`converter_table` maps ``"<namespace>.<op>.<overload>"`` (``"npu.npu_rms_norm.default"``,
+``"aten.add.Tensor"``) to :data:`IMPLEMENTED`, :data:`PARTIAL` or :data:`NOT_IMPLEMENTED`;
+:func:`missing_converters` names the ops of a list that GE could not convert. The wheel is
+:func:`npu_testkit.torch_npu_docs.wheel_path`'s (downloaded once, cached).
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import zipfile
+from collections.abc import Iterable
+from pathlib import Path
+
+from npu_testkit.torch_npu_docs import wheel_path
+
+CONVERTER_DIR = "torch_npu/dynamo/torchair/_ge_concrete_graph/ge_converter/"
+DECORATOR = "register_fx_node_ge_converter"
+IMPLEMENTED = "implemented"
+PARTIAL = "partial"
+NOT_IMPLEMENTED = "not implemented"
+
+
+def _op_name(node: ast.expr) -> str | None:
+    """``torch.ops.npu.npu_rms_norm.default`` -> ``"npu.npu_rms_norm.default"``."""
+    parts: list[str] = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    if not isinstance(node, ast.Name) or node.id != "torch" or len(parts) < 4 or parts[-1] != "ops":
+        return None
+    return ".".join(reversed(parts[:-1]))
+
+
+def _raises_not_implemented(stmt: ast.stmt) -> bool:
+    if not isinstance(stmt, ast.Raise) or stmt.exc is None:
+        return False
+    exc = stmt.exc.func if isinstance(stmt.exc, ast.Call) else stmt.exc
+    return isinstance(exc, ast.Name) and exc.id == "NotImplementedError"
+
+
+def _status(fn: ast.FunctionDef) -> str:
+    body = [s for s in fn.body if not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant))]  # the docstring
+    if len(body) == 1 and _raises_not_implemented(body[0]):
+        return NOT_IMPLEMENTED
+    if any(_raises_not_implemented(n) for n in ast.walk(fn) if isinstance(n, ast.stmt)):
+        return PARTIAL
+    return IMPLEMENTED
+
+
+def parse_converters(source: str) -> dict[str, str]:
+    """The converters one ``ge_converter`` module registers: op name -> status."""
+    found: dict[str, str] = {}
+    for fn in ast.walk(ast.parse(source)):
+        if not isinstance(fn, ast.FunctionDef):
+            continue
+        for deco in fn.decorator_list:
+            if isinstance(deco, ast.Call) and getattr(deco.func, "id", None) == DECORATOR and deco.args:
+                name = _op_name(deco.args[0])
+                if name is not None:
+                    found[name] = _status(fn)
+    return found
+
+
+def parse_wheel_converters(wheel: Path) -> dict[str, str]:
+    """Every converter of the wheel's bundled torchair: op name -> status (the best status where two modules
+    register the same op)."""
+    rank = {NOT_IMPLEMENTED: 0, PARTIAL: 1, IMPLEMENTED: 2}
+    table: dict[str, str] = {}
+    with zipfile.ZipFile(wheel) as zf:
+        for name in zf.namelist():
+            if name.startswith(CONVERTER_DIR) and name.endswith(".py"):
+                for op, status in parse_converters(zf.read(name).decode("utf-8")).items():
+                    if rank[status] >= rank.get(table.get(op, NOT_IMPLEMENTED), 0):
+                        table[op] = status
+    return table
+
+
+@functools.lru_cache(maxsize=1)
+def converter_table() -> dict[str, str]:
+    """torch_npu 2.8.0's torchair converters: ``"<namespace>.<op>.<overload>"`` -> status."""
+    return parse_wheel_converters(wheel_path())
+
+
+def missing_converters(ops: Iterable[str]) -> list[str]:
+    """The ops of ``ops`` (names as in :func:`converter_table`) that GE cannot convert: no converter, or one that
+    only raises ``NotImplementedError``; each with the reason."""
+    table = converter_table()
+    out = []
+    for op in sorted(set(ops)):
+        status = table.get(op)
+        if status is None:
+            out.append(f"{op}: no GE converter in torch_npu's torchair")
+        elif status == NOT_IMPLEMENTED:
+            out.append(f"{op}: its GE converter raises NotImplementedError")
+    return out
