@@ -39,12 +39,20 @@ def test_the_three_kinds_of_converter_are_told_apart() -> None:
         @declare_supported([])
         def not_a_converter(x):
             raise NotImplementedError
+
+        def conv_d(x: Tensor, meta_outputs: TensorSpec = None):
+            return ge.D(x)
+
+        d_reg = register_fx_node_ge_converter(torch.ops.npu.npu_d.default)(conv_d)
+        d_list_reg = register_fx_node_ge_converter(torch.ops.npu.npu_d.List)(conv_d)
         '''
     )
     assert parse_converters(source) == {
         "npu.npu_a.default": IMPLEMENTED,
         "aten.b.Tensor": NOT_IMPLEMENTED,
         "npu.npu_c.default": PARTIAL,
+        "npu.npu_d.default": IMPLEMENTED,  # registered by a call, not a decorator
+        "npu.npu_d.List": IMPLEMENTED,
     }
 
 

@@ -58,17 +58,34 @@ def _status(fn: ast.FunctionDef) -> str:
     return IMPLEMENTED
 
 
+def _registered_op(call: ast.expr) -> str | None:
+    """``register_fx_node_ge_converter(torch.ops.<op>)`` -> the op's name, else None."""
+    if isinstance(call, ast.Call) and getattr(call.func, "id", None) == DECORATOR and call.args:
+        return _op_name(call.args[0])
+    return None
+
+
 def parse_converters(source: str) -> dict[str, str]:
-    """The converters one ``ge_converter`` module registers: op name -> status."""
+    """The converters one ``ge_converter`` module registers: op name -> status.
+
+    Both spellings of a registration count: the decorator, and the call ``register_fx_node_ge_converter(op)(fn)``
+    on a function defined in the module (how ``custom/grouped_matmul.py`` registers ``npu_grouped_matmul``'s two
+    overloads with one converter).
+    """
+    tree = ast.parse(source)
+    functions = {fn.name: fn for fn in ast.walk(tree) if isinstance(fn, ast.FunctionDef)}
     found: dict[str, str] = {}
-    for fn in ast.walk(ast.parse(source)):
-        if not isinstance(fn, ast.FunctionDef):
-            continue
+    for fn in functions.values():
         for deco in fn.decorator_list:
-            if isinstance(deco, ast.Call) and getattr(deco.func, "id", None) == DECORATOR and deco.args:
-                name = _op_name(deco.args[0])
-                if name is not None:
-                    found[name] = _status(fn)
+            name = _registered_op(deco)
+            if name is not None:
+                found[name] = _status(fn)
+    for call in ast.walk(tree):
+        if isinstance(call, ast.Call) and len(call.args) == 1 and isinstance(call.args[0], ast.Name):
+            name = _registered_op(call.func)
+            target = functions.get(call.args[0].id)
+            if name is not None and target is not None:
+                found[name] = _status(target)
     return found
 
 
