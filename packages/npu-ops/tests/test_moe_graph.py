@@ -74,7 +74,9 @@ def _register_npu_ops() -> None:
     lib = "npu::"
 
     @torch.library.custom_op(lib + "npu_moe_gating_top_k_softmax", mutates_args=())
-    def gating(x: torch.Tensor, finished: torch.Tensor | None, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def gating(
+        x: torch.Tensor, finished: torch.Tensor | None, k: int
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         assert finished is None
         y, idx = torch.softmax(x, -1).topk(k, -1)
         rows = torch.arange(x.shape[0]).unsqueeze(1) + x.shape[0] * torch.arange(k)
@@ -82,7 +84,11 @@ def _register_npu_ops() -> None:
 
     @gating.register_fake
     def _(x, finished, k):
-        return x.new_empty(x.shape[0], k), x.new_empty(x.shape[0], k, dtype=torch.int32), x.new_empty(x.shape[0], k, dtype=torch.int32)
+        return (
+            x.new_empty(x.shape[0], k),
+            x.new_empty(x.shape[0], k, dtype=torch.int32),
+            x.new_empty(x.shape[0], k, dtype=torch.int32),
+        )
 
     @torch.library.custom_op(lib + "npu_moe_init_routing_v2", mutates_args=())
     def init_routing(
@@ -121,8 +127,12 @@ def _register_npu_ops() -> None:
 
     @torch.library.custom_op(lib + "npu_grouped_matmul", mutates_args=())
     def grouped_matmul(
-        x: list[torch.Tensor], weight: list[torch.Tensor], group_list: torch.Tensor, split_item: int,
-        group_type: int, group_list_type: int,
+        x: list[torch.Tensor],
+        weight: list[torch.Tensor],
+        group_list: torch.Tensor,
+        split_item: int,
+        group_type: int,
+        group_list_type: int,
     ) -> list[torch.Tensor]:
         assert len(x) == len(weight) == 1 and split_item == 2 and group_type == 0 and group_list_type == 1
         (xx,), (w,) = x, weight
@@ -133,7 +143,9 @@ def _register_npu_ops() -> None:
             start += n
         return [out]
 
-    grouped_matmul.register_fake(lambda x, weight, gl, si, gt, glt: [x[0].new_empty(x[0].shape[0], weight[0].shape[-1])])
+    grouped_matmul.register_fake(
+        lambda x, weight, gl, si, gt, glt: [x[0].new_empty(x[0].shape[0], weight[0].shape[-1])]
+    )
 
     @torch.library.custom_op(lib + "npu_swiglu", mutates_args=())
     def swiglu(x: torch.Tensor, dim: int) -> torch.Tensor:
@@ -144,7 +156,9 @@ def _register_npu_ops() -> None:
 
     @torch.library.custom_op(lib + "npu_moe_finalize_routing", mutates_args=())
     def finalize(
-        expanded_permuted_rows: torch.Tensor, scales: torch.Tensor, expanded_src_to_dst_row: torch.Tensor,
+        expanded_permuted_rows: torch.Tensor,
+        scales: torch.Tensor,
+        expanded_src_to_dst_row: torch.Tensor,
         drop_pad_mode: int,
     ) -> torch.Tensor:
         assert drop_pad_mode == 0 and expanded_src_to_dst_row.dtype == torch.int32
@@ -170,12 +184,34 @@ def _fake_torch_npu(*, checked: bool) -> types.ModuleType:
     def npu_moe_gating_top_k_softmax(x, finished=None, k=1):
         return ops.npu_moe_gating_top_k_softmax(x, finished, k)
 
-    def npu_moe_init_routing_v2(x, expert_idx, *, scale=None, offset=None, active_num=-1, expert_capacity=-1,
-                                expert_num=-1, drop_pad_mode=0, expert_tokens_num_type=0,
-                                expert_tokens_num_flag=False, quant_mode=0, active_expert_range=(), row_idx_type=0):
+    def npu_moe_init_routing_v2(
+        x,
+        expert_idx,
+        *,
+        scale=None,
+        offset=None,
+        active_num=-1,
+        expert_capacity=-1,
+        expert_num=-1,
+        drop_pad_mode=0,
+        expert_tokens_num_type=0,
+        expert_tokens_num_flag=False,
+        quant_mode=0,
+        active_expert_range=(),
+        row_idx_type=0,
+    ):
         assert scale is None and offset is None and drop_pad_mode == 0
-        return ops.npu_moe_init_routing_v2(x, expert_idx, active_num, expert_num, expert_tokens_num_type,
-                                           expert_tokens_num_flag, quant_mode, list(active_expert_range), row_idx_type)
+        return ops.npu_moe_init_routing_v2(
+            x,
+            expert_idx,
+            active_num,
+            expert_num,
+            expert_tokens_num_type,
+            expert_tokens_num_flag,
+            quant_mode,
+            list(active_expert_range),
+            row_idx_type,
+        )
 
     def npu_grouped_matmul(x, weight, *, group_list=None, split_item=0, group_type=None, group_list_type=0, **kw):
         assert not any(v is not None for v in kw.values())
@@ -184,8 +220,16 @@ def _fake_torch_npu(*, checked: bool) -> types.ModuleType:
     def npu_swiglu(x, dim=-1):
         return ops.npu_swiglu(x, dim)
 
-    def npu_moe_finalize_routing(expanded_permuted_rows, skip1, skip2, bias, scales, expanded_src_to_dst_row,
-                                 export_for_source_row, drop_pad_mode=0):
+    def npu_moe_finalize_routing(
+        expanded_permuted_rows,
+        skip1,
+        skip2,
+        bias,
+        scales,
+        expanded_src_to_dst_row,
+        export_for_source_row,
+        drop_pad_mode=0,
+    ):
         assert skip1 is None and skip2 is None and bias is None
         return ops.npu_moe_finalize_routing(expanded_permuted_rows, scales, expanded_src_to_dst_row, drop_pad_mode)
 
@@ -194,8 +238,14 @@ def _fake_torch_npu(*, checked: bool) -> types.ModuleType:
         assert permuted_tokens.dtype == probs.dtype == torch.bfloat16 and sorted_indices.dtype == torch.int64
         return rt.unpermute_reference(permuted_tokens, sorted_indices, probs)
 
-    for fn in (npu_moe_gating_top_k_softmax, npu_moe_init_routing_v2, npu_grouped_matmul, npu_swiglu,
-               npu_moe_finalize_routing, npu_moe_token_unpermute):
+    for fn in (
+        npu_moe_gating_top_k_softmax,
+        npu_moe_init_routing_v2,
+        npu_grouped_matmul,
+        npu_swiglu,
+        npu_moe_finalize_routing,
+        npu_moe_token_unpermute,
+    ):
         setattr(m, fn.__name__, rules.documented(fn) if checked else fn)
     return m
 
@@ -285,7 +335,11 @@ def test_npu_strategy_compiles_once_and_every_op_has_a_converter(monkeypatch, dt
         torch.testing.assert_close(out.float(), exp.float(), atol=tol, rtol=tol)
     assert len(graphs) == 1, f"{len(graphs)} compiles over three steps of the same shapes"
     # GE converters take the ops' ints (k, expert_num, active_expert_range, ...) as attributes: none is symbolic
-    symbolic = [n.name for n in graphs[0].graph.nodes if n.op == "placeholder" and not isinstance(n.meta.get("val"), torch.Tensor)]
+    symbolic = [
+        n.name
+        for n in graphs[0].graph.nodes
+        if n.op == "placeholder" and not isinstance(n.meta.get("val"), torch.Tensor)
+    ]
     assert symbolic == [], symbolic
     ops = {name for n in graphs[0].graph.nodes if (name := _op_name(n.target))}
     assert not ops & {"aten._local_scalar_dense.default", "aten.item.default", "aten.nonzero.default"}, ops

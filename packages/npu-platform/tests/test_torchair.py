@@ -26,7 +26,20 @@ from vllm_npu.platform.graphs.torchair import TorchairStats, forward_for
 
 
 def graph_config(
-    *, enforce_eager=False, mode=None, use_mla=False, experts=0, quantization=None, spec=None, kv_transfer=None
+    *,
+    enforce_eager=False,
+    mode=None,
+    use_mla=False,
+    experts=0,
+    quantization=None,
+    quant_cfg=None,
+    dtype=torch.bfloat16,
+    spec=None,
+    kv_transfer=None,
+    dp=1,
+    ep=False,
+    eplb=False,
+    npu=None,
 ):
     return SimpleNamespace(
         compilation_config=CompilationConfig(cudagraph_mode=mode, cudagraph_capture_sizes=[1, 2, 4]),
@@ -35,13 +48,24 @@ def graph_config(
             get_num_layers=lambda parallel: 2,
             use_mla=use_mla,
             hf_text_config=SimpleNamespace(num_experts=experts),
+            hf_config=SimpleNamespace(quantization_config=quant_cfg),
+            model="/nonexistent-model-dir",
             quantization=quantization,
+            dtype=dtype,
         ),
-        parallel_config=SimpleNamespace(tensor_parallel_size=1, data_parallel_size=1, enable_expert_parallel=False),
+        parallel_config=SimpleNamespace(
+            tensor_parallel_size=1, data_parallel_size=dp, enable_expert_parallel=ep, enable_eplb=eplb
+        ),
         scheduler_config=SimpleNamespace(max_num_batched_tokens=64),
         speculative_config=spec,
         kv_transfer_config=kv_transfer,
+        additional_config={"npu": npu or {}},
     )
+
+
+def _description(*types: str, **settings: str) -> dict[str, str]:
+    """An old-style msModelSlim description in config.json's quantization_config (one tensor per type)."""
+    return {f"model.layers.{i}.mlp.down_proj.weight": t for i, t in enumerate(types)} | settings
 
 
 def test_torchair_runs_full_decode_only_dispatch_without_dynamo_pieces():
@@ -58,18 +82,50 @@ def test_torchair_runs_gqa_models_on_an_npu():
     assert plan.mode == "FULL_DECODE_ONLY" and plan.capture_sizes == (1, 2, 4)
 
 
+ASCEND = {"quantization": "ascend"}
+
+
 @pytest.mark.parametrize(
     ("model", "match"),
     [
         ({"use_mla": True}, r"MLA models .* opaque op"),
-        ({"experts": 8}, r"MoE models: .*npu_moe_token_unpermute\) has no GE converter"),
-        ({"quantization": "ascend"}, r"quantized checkpoints: .*not been checked against torchair"),
+        ({"experts": 8, **ASCEND, "quant_cfg": _description("W8A8_DYNAMIC")}, r"quantized MoE models: .*moe_forward"),
+        ({"experts": 8, "dp": 2, "ep": True}, r"MoE models with data parallel > 1: .*read on the host"),
+        ({"experts": 8, "eplb": True, "ep": True}, r"MoE models with --enable-eplb: .*frozen_parameter"),
+        ({"experts": 8, "ep": True, "npu": {"moe_mc2": "on"}}, r"npu.moe_mc2='on': MC2 is chosen per step"),
+        (
+            {"experts": 8, "npu": {"multistream_overlap_shared_expert": True}},
+            r"npu.multistream_overlap_shared_expert: .*side stream",
+        ),
+        (
+            {**ASCEND, "quant_cfg": _description("W8A8", kv_quant_type="C8")},
+            r"checkpoints with an int8 KV cache \(C8\)",
+        ),
+        (
+            {**ASCEND, "quant_cfg": _description("W8A8"), "dtype": torch.float32},
+            r"quantized checkpoints served in float32: .*npu_quant_matmul",
+        ),
+        ({"quantization": "fp8"}, r"quantization methods other than npu-quant's 'ascend'"),
     ],
 )
 def test_torchair_on_an_npu_refuses_what_is_not_converted_with_the_reason(model, match):
     with pytest.raises(ConfigError, match=r"npu.graph_mode='torchair' is not supported on an NPU for " + match):
         configure_graphs(graph_config(**model), "torchair", emulated=False)
     configure_graphs(graph_config(**model), "torchair", emulated=True)  # the emulated device runs them all
+
+
+@pytest.mark.parametrize(
+    "model",
+    [
+        {"experts": 8},  # unquantized MoE, no expert parallelism
+        {"experts": 8, "ep": True, "npu": {"moe_mc2": "auto"}},  # EP over replicated tokens; 'auto' MC2 stays off
+        *({**ASCEND, "quant_cfg": _description(t)} for t in ("W8A8", "W8A8_DYNAMIC", "W4A8_DYNAMIC")),
+        {**ASCEND, "quant_cfg": _description("W4A4_FLATQUANT_DYNAMIC", "FLOAT"), "dtype": torch.float16},
+    ],
+)
+def test_torchair_on_an_npu_runs_moe_and_dense_quant_schemes(model):
+    plan = configure_graphs(graph_config(**model), "torchair", emulated=False)
+    assert plan.mode == "FULL_DECODE_ONLY"
 
 
 @pytest.mark.parametrize("emulated", [True, False])
