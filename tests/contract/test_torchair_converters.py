@@ -65,8 +65,24 @@ def test_the_wheel_has_converters_for_the_gqa_decode_graph_and_none_for_the_unpe
         "npu.npu_rms_norm.default",
         "npu.npu_add_rms_norm.default",
         "npu.npu_swiglu.default",
+        # the MoE decode graph (npu-ops) and the dense quant schemes' forward (npu-quant)
+        "npu.npu_moe_gating_top_k_softmax.default",
+        "npu.npu_moe_gating_top_k.default",
+        "npu.npu_moe_init_routing_v2.default",
+        "npu.npu_grouped_matmul.default",
+        "npu.npu_grouped_matmul.List",
+        "npu.npu_moe_finalize_routing.default",
+        "aten.scatter.src",
+        "npu.npu_quantize.default",
+        "npu.npu_dynamic_quant.default",
+        "npu.npu_quant_matmul.default",
+        "npu.npu_weight_quant_batchmatmul.default",
+        "npu.npu_kronecker_quant.default",
     ):
         assert table[op] == IMPLEMENTED, op
+    # why the graph paths avoid these: index assignment and repeat_interleave have refusing converters
+    for op in ("aten.index_put.default", "aten.repeat_interleave.self_int", "aten.repeat_interleave.Tensor"):
+        assert table[op] == NOT_IMPLEMENTED, op
     assert table["npu.npu_rotary_mul.default"] == PARTIAL  # refuses some rotary modes only
     assert missing_converters(["npu.npu_moe_token_unpermute.default", "aten._local_scalar_dense.default"]) == [
         "aten._local_scalar_dense.default: its GE converter raises NotImplementedError",

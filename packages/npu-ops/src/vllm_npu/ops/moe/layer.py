@@ -57,6 +57,7 @@ from .overlap import SideStream, device_stream_api
 from .placement import ExpertPlacement, layer_index, load_expert_map
 
 logger = get_logger(__name__)
+_LOGGED_REFUSALS: set[str] = set()
 
 
 def routing_config_of(layer: FusedMoE) -> RoutingConfig:
@@ -334,6 +335,12 @@ class AscendFusedMoE(FusedMoE):
         #: not vLLM's opaque op) when its whole forward is traceable without host reads; else the opaque op stays.
         self.moe_graph_refusal = moe_graph_refusal(self) if settings.graph_mode == "torchair" else None
         self._moe_in_graph = settings.graph_mode == "torchair" and self.moe_graph_refusal is None
+        if self.moe_graph_refusal is not None and self.moe_graph_refusal not in _LOGGED_REFUSALS:
+            _LOGGED_REFUSALS.add(self.moe_graph_refusal)  # once per reason, not once per layer
+            logger.info(
+                "torchair mode: MoE layers stay vLLM's opaque moe_forward op in the compiled graph (%s)",
+                self.moe_graph_refusal,
+            )
 
     def forward_native(
         self, hidden_states: torch.Tensor, router_logits: torch.Tensor
