@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 import torch
-from npu_testkit.torchair_converters import missing_converters
+from npu_testkit.torchair_converters import fresh_dynamo_imports, missing_converters
 from torch._dynamo.backends.common import aot_autograd
 from vllm_npu.interface import Kernel
 from vllm_npu.quant import kernels as K
@@ -98,6 +98,7 @@ def _register_npu_ops() -> None:
     )
 
 
+@functools.cache
 def _fake_torch_npu() -> types.ModuleType:
     _register_npu_ops()
     ops = torch.ops.npu
@@ -203,8 +204,8 @@ def test_scheme_linear_in_the_npu_graph(vllm_ctx, monkeypatch, qtype, dtype):
 
     torch._dynamo.reset()
     backend = aot_autograd(fw_compiler=keep, keep_inference_input_mutations=True)
-    compiled = torch.compile(layer, backend=backend, fullgraph=True, dynamic=True)
-    with torch.no_grad():
+    compiled = torch.compile(lambda x: layer(x), backend=backend, fullgraph=True, dynamic=True)
+    with torch.no_grad(), fresh_dynamo_imports():
         for x, exp in zip(xs, expected, strict=True):
             torch._dynamo.mark_static(x)  # the torchair wrapper's NPU strategy: dynamic, every tensor static
             torch.testing.assert_close(compiled(x)[0], exp, atol=0, rtol=0)  # the same kernels' maths

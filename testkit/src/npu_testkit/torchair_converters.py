@@ -10,16 +10,18 @@ same way as a missing one. Others raise only for some arguments (``partial``): t
 
 :func:`converter_table` maps ``"<namespace>.<op>.<overload>"`` (``"npu.npu_rms_norm.default"``,
 ``"aten.add.Tensor"``) to :data:`IMPLEMENTED`, :data:`PARTIAL` or :data:`NOT_IMPLEMENTED`;
-:func:`missing_converters` names the ops of a list that GE could not convert. The wheel is
+:func:`missing_converters` names the ops of a list that GE could not convert; :func:`fresh_dynamo_imports` lets a
+test compile code that imports a fake ``torch_npu``. The wheel is
 :func:`npu_testkit.torch_npu_docs.wheel_path`'s (downloaded once, cached).
 """
 
 from __future__ import annotations
 
 import ast
+import contextlib
 import functools
 import zipfile
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from npu_testkit.torch_npu_docs import wheel_path
@@ -121,3 +123,20 @@ def missing_converters(ops: Iterable[str]) -> list[str]:
         elif status == NOT_IMPLEMENTED:
             out.append(f"{op}: its GE converter raises NotImplementedError")
     return out
+
+
+@contextlib.contextmanager
+def fresh_dynamo_imports() -> Iterator[None]:
+    """Forget, on entry and on exit, the modules Dynamo's traced code imported.
+
+    Dynamo resolves an ``import`` it traces through a process-wide cache by module name
+    (``torch._dynamo.symbolic_convert._import_module``), so a test that compiles code importing a *fake* ``torch_npu``
+    would otherwise get the first test's fake, whatever ``sys.modules`` holds now (and leave its own to the next).
+    """
+    from torch._dynamo import symbolic_convert
+
+    symbolic_convert._import_module.cache_clear()
+    try:
+        yield
+    finally:
+        symbolic_convert._import_module.cache_clear()
