@@ -21,8 +21,13 @@ from typing import Any
 import pytest
 import torch
 from npu_testkit import npu_binding_rules as rules
-from npu_testkit.torchair_converters import fresh_dynamo_imports, missing_converters
-from torch._dynamo.backends.common import aot_autograd
+from npu_testkit.torchair_converters import (
+    compile_lowered,
+    fresh_dynamo_imports,
+    graph_ops,
+    missing_converters,
+    symbolic_inputs,
+)
 from vllm_npu.ops.moe import routing as rt
 from vllm_npu.ops.moe.forward import build_moe_plan, moe_forward
 from vllm_npu.ops.moe.gating import RoutingConfig
@@ -254,25 +259,6 @@ def _fake_torch_npu(*, checked: bool) -> types.ModuleType:
 # --- compiling the forward -------------------------------------------------------------------------------------
 
 
-def _op_name(target: Any) -> str | None:
-    if isinstance(target, torch._ops.OpOverload):
-        return f"{target.namespace}.{target._schema.name.split('::')[-1]}.{target._overloadname}"
-    return None
-
-
-def _compile(fn: Any, *, dynamic: bool) -> tuple[Any, list[torch.fx.GraphModule]]:
-    """``torch.compile(fn, fullgraph=True)`` lowered by AOTAutograd; the lowered (aten) graphs are collected."""
-    graphs: list[torch.fx.GraphModule] = []
-
-    def keep(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
-        graphs.append(gm)
-        return gm
-
-    torch._dynamo.reset()
-    backend = aot_autograd(fw_compiler=keep, keep_inference_input_mutations=True)
-    return torch.compile(fn, backend=backend, fullgraph=True, dynamic=dynamic), graphs
-
-
 def _weights(e: int, h: int, i: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
     gen = torch.Generator().manual_seed(0)
     return (
@@ -308,7 +294,9 @@ class _MoELayer(torch.nn.Module):
 def _run(backend: str, dtype: torch.dtype, ep: bool, *, compiled: bool) -> tuple[list[torch.Tensor], list[Any]]:
     """Three decode steps of one MoE layer (same shapes, new values), eager or compiled; outputs and the graphs."""
     layer = _MoELayer(backend, dtype, ep)
-    fn, graphs = _compile(lambda x, logits: layer(x, logits), dynamic=backend == "npu") if compiled else (layer, [])
+    fn, graphs = (
+        compile_lowered(lambda x, logits: layer(x, logits), dynamic=backend == "npu") if compiled else (layer, [])
+    )
     outs = []
     with torch.no_grad():
         for seed in range(3):
@@ -337,13 +325,8 @@ def test_npu_strategy_compiles_once_and_every_op_has_a_converter(monkeypatch, dt
         torch.testing.assert_close(out.float(), exp.float(), atol=tol, rtol=tol)
     assert len(graphs) == 1, f"{len(graphs)} compiles over three steps of the same shapes"
     # GE converters take the ops' ints (k, expert_num, active_expert_range, ...) as attributes: none is symbolic
-    symbolic = [
-        n.name
-        for n in graphs[0].graph.nodes
-        if n.op == "placeholder" and not isinstance(n.meta.get("val"), torch.Tensor)
-    ]
-    assert symbolic == [], symbolic
-    ops = {name for n in graphs[0].graph.nodes if (name := _op_name(n.target))}
+    assert symbolic_inputs(graphs[0]) == []
+    ops = graph_ops(graphs[0])
     assert not ops & {"aten._local_scalar_dense.default", "aten.item.default", "aten.nonzero.default"}, ops
     assert missing_converters(ops) == []
     npu_ops = {op for op in ops if op.startswith("npu.")}
@@ -362,5 +345,5 @@ def test_reference_twins_compile_without_host_reads(ep):
     for out, exp in zip(outs, expected, strict=True):
         torch.testing.assert_close(out, exp, atol=1e-5, rtol=1e-5)
     assert len(graphs) == 1
-    ops = {name for n in graphs[0].graph.nodes if (name := _op_name(n.target))}
+    ops = graph_ops(graphs[0])
     assert "vllm_npu.moe_grouped_matmul.default" in ops and "aten._local_scalar_dense.default" not in ops

@@ -21,8 +21,13 @@ from typing import Any
 
 import pytest
 import torch
-from npu_testkit.torchair_converters import fresh_dynamo_imports, missing_converters
-from torch._dynamo.backends.common import aot_autograd
+from npu_testkit.torchair_converters import (
+    compile_lowered,
+    fresh_dynamo_imports,
+    graph_ops,
+    missing_converters,
+    symbolic_inputs,
+)
 from vllm_npu.interface import Kernel
 from vllm_npu.quant import kernels as K
 from vllm_npu.quant.config import AscendQuantConfig
@@ -173,12 +178,6 @@ def _npu_twins(scheme: object) -> list[str]:
     return swapped
 
 
-def _op_name(target: Any) -> str | None:
-    if isinstance(target, torch._ops.OpOverload):
-        return f"{target.namespace}.{target._schema.name.split('::')[-1]}.{target._overloadname}"
-    return None
-
-
 SCHEMES = {
     "W8A8": {"npu.npu_quantize.default", "npu.npu_quant_matmul.default"},
     "W8A8_DYNAMIC": {"npu.npu_dynamic_quant.default", "npu.npu_quant_matmul.default"},
@@ -196,23 +195,13 @@ def test_scheme_linear_in_the_npu_graph(vllm_ctx, monkeypatch, qtype, dtype):
         expected = [layer(x)[0] for x in xs]  # eager, reference kernels
     assert _npu_twins(layer.quant_method.scheme)
     monkeypatch.setitem(sys.modules, "torch_npu", _fake_torch_npu())
-    graphs: list[torch.fx.GraphModule] = []
-
-    def keep(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
-        graphs.append(gm)
-        return gm
-
-    torch._dynamo.reset()
-    backend = aot_autograd(fw_compiler=keep, keep_inference_input_mutations=True)
-    compiled = torch.compile(lambda x: layer(x), backend=backend, fullgraph=True, dynamic=True)
+    compiled, graphs = compile_lowered(lambda x: layer(x), dynamic=True)
     with torch.no_grad(), fresh_dynamo_imports():
         for x, exp in zip(xs, expected, strict=True):
             torch._dynamo.mark_static(x)  # the torchair wrapper's NPU strategy: dynamic, every tensor static
             torch.testing.assert_close(compiled(x)[0], exp, atol=0, rtol=0)  # the same kernels' maths
     assert len(graphs) == 1, f"{len(graphs)} compiles over three inputs of one shape"
-    nodes = graphs[0].graph.nodes
-    symbolic = [n.name for n in nodes if n.op == "placeholder" and not isinstance(n.meta.get("val"), torch.Tensor)]
-    assert symbolic == [], symbolic
-    ops = {name for n in nodes if (name := _op_name(n.target))}
+    assert symbolic_inputs(graphs[0]) == []
+    ops = graph_ops(graphs[0])
     assert "aten._local_scalar_dense.default" not in ops and missing_converters(ops) == [], ops
     assert {op for op in ops if op.startswith("npu.")} == SCHEMES[qtype]

@@ -10,8 +10,9 @@ same way as a missing one. Others raise only for some arguments (``partial``): t
 
 :func:`converter_table` maps ``"<namespace>.<op>.<overload>"`` (``"npu.npu_rms_norm.default"``,
 ``"aten.add.Tensor"``) to :data:`IMPLEMENTED`, :data:`PARTIAL` or :data:`NOT_IMPLEMENTED`;
-:func:`missing_converters` names the ops of a list that GE could not convert; :func:`fresh_dynamo_imports` lets a
-test compile code that imports a fake ``torch_npu``. The wheel is
+:func:`missing_converters` names the ops of a list that GE could not convert. For tests that compile code the way the
+torchair mode does: :func:`compile_lowered` (the lowered aten graphs), :func:`graph_ops` / :func:`symbolic_inputs`
+(what to check in them) and :func:`fresh_dynamo_imports` (code that imports a fake ``torch_npu``). The wheel is
 :func:`npu_testkit.torch_npu_docs.wheel_path`'s (downloaded once, cached).
 """
 
@@ -21,8 +22,9 @@ import ast
 import contextlib
 import functools
 import zipfile
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
+from typing import Any
 
 from npu_testkit.torch_npu_docs import wheel_path
 
@@ -140,3 +142,39 @@ def fresh_dynamo_imports() -> Iterator[None]:
         yield
     finally:
         symbolic_convert._import_module.cache_clear()
+
+
+def compile_lowered(fn: Callable[..., Any], *, dynamic: bool) -> tuple[Callable[..., Any], list[Any]]:
+    """``torch.compile(fn, fullgraph=True, dynamic=dynamic)`` lowered by AOTAutograd (functionalized aten, as the
+    torchair backend and the emulated stand-in see it, ``keep_inference_input_mutations=True``) and run as is; returns
+    the compiled function and the list its lowered graphs are appended to (one per compile). Resets Dynamo first."""
+    import torch
+    from torch._dynamo.backends.common import aot_autograd
+
+    graphs: list[Any] = []
+
+    def keep(gm: Any, example_inputs: list[Any]) -> Any:
+        graphs.append(gm)
+        return gm
+
+    torch._dynamo.reset()
+    backend = aot_autograd(fw_compiler=keep, keep_inference_input_mutations=True)
+    return torch.compile(fn, backend=backend, fullgraph=True, dynamic=dynamic), graphs
+
+
+def graph_ops(gm: Any) -> set[str]:
+    """The ops a lowered graph calls, named as in :func:`converter_table` (``"npu.npu_swiglu.default"``)."""
+    import torch
+
+    return {
+        f"{t.namespace}.{t._schema.name.split('::')[-1]}.{t._overloadname}"
+        for t in (n.target for n in gm.graph.nodes)
+        if isinstance(t, torch._ops.OpOverload)
+    }
+
+
+def symbolic_inputs(gm: Any) -> list[str]:
+    """The graph's inputs that are not tensors (symbolic ints): GE converters take op ints as attributes."""
+    import torch
+
+    return [n.name for n in gm.graph.nodes if n.op == "placeholder" and not isinstance(n.meta.get("val"), torch.Tensor)]
