@@ -40,7 +40,9 @@ class Recorded:
         return {str(n.target) for gm in self.graphs for n in gm.graph.nodes if n.op in ("call_function", "call_method")}
 
 
-def compiled_step(forward: Callable[..., torch.Tensor], *, dynamic: bool) -> tuple[Callable[..., torch.Tensor], Recorded]:
+def compiled_step(
+    forward: Callable[..., torch.Tensor], *, dynamic: bool
+) -> tuple[Callable[..., torch.Tensor], Recorded]:
     """``run(inputs, *args)``: ``forward(*args)`` compiled with ``fullgraph=True`` and ``dynamic``, ``inputs`` (layer
     name -> graph inputs) in ``COMPILED_STEP`` while it traces and runs (None after, as the wrapper leaves it)."""
     from functorch.compile import make_boxed_func
@@ -105,7 +107,9 @@ def _fia(
             d = query.shape[-1] // num_heads
             q, qr = query[i, 0].view(num_heads, d), None
             k = _pages(key.view(key.shape[0], block_size, num_key_value_heads, d), block_table[i], length, block_size)
-            v = _pages(value.view(value.shape[0], block_size, num_key_value_heads, d), block_table[i], length, block_size)
+            v = _pages(
+                value.view(value.shape[0], block_size, num_key_value_heads, d), block_table[i], length, block_size
+            )
         else:
             assert query_rope is not None and key_rope is not None and num_key_value_heads == 1
             q, qr = query[i, :, 0], query_rope[i, :, 0]  # [N, L], [N, R]
@@ -115,9 +119,11 @@ def _fia(
         for h in range(num_heads):
             score = q[h].float() @ k[:, h // group].float().T
             if qr is not None and key_rope is not None:
-                score = score + qr[h].float() @ _pages(key_rope.transpose(1, 2), block_table[i], length, block_size)[
-                    :, 0
-                ].float().T
+                score = (
+                    score
+                    + qr[h].float()
+                    @ _pages(key_rope.transpose(1, 2), block_table[i], length, block_size)[:, 0].float().T
+                )
             o = (torch.softmax(score * scale, -1) @ v[:, h // group].float()).to(out.dtype)
             if input_layout == "BSH":
                 out[i, 0, h * q.shape[-1] : (h + 1) * q.shape[-1]] = o
@@ -188,7 +194,7 @@ def ge_op_names(recorded: Recorded) -> set[str]:
             names.add(f"npu.{op.removesuffix('_')}.default")  # the in-place op's functional form
     for gm in recorded.aten:
         for n in gm.graph.nodes:
-            if n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload):
-                if n.target.namespace == "aten":
-                    names.add(f"aten.{n.target._opname}.{n.target._overloadname}")
+            target = n.target
+            if n.op == "call_function" and isinstance(target, torch._ops.OpOverload) and target.namespace == "aten":
+                names.add(f"aten.{target._opname}.{target._overloadname}")
     return names

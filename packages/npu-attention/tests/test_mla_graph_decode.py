@@ -161,7 +161,9 @@ def test_compiled_mla_decode_equals_dense_attention_over_changing_steps_with_one
         STEP.md = md
         out = compiled(_inputs(md.graph_inputs(B)), q, kv_c, k_pe, kv_cache)
         _eager_write(md, kv_c, k_pe, expected_cache)
-        torch.testing.assert_close(out[: md.num_reqs].double(), _dense(md, q, expected_cache, w_kv_b), atol=2e-5, rtol=1e-4)
+        torch.testing.assert_close(
+            out[: md.num_reqs].double(), _dense(md, q, expected_cache, w_kv_b), atol=2e-5, rtol=1e-4
+        )
         assert bool(torch.isfinite(out).all())  # padding rows attend to the null block: finite, discarded
         # Every slot a request reads is written as the eager write would; padding wrote only into null block 0.
         assert _past_null_block(kv_cache) == _past_null_block(expected_cache), f"step {i}"
@@ -214,7 +216,9 @@ def test_npu_graph_takes_symbolic_lengths_compiles_once_and_has_ge_converters(mo
         out = compiled(_inputs(gi), q, kv_c, k_pe, kv_cache)
         first_compiles = first_compiles or len(recorded.graphs)
         _eager_write(md, kv_c, k_pe, expected_cache)
-        torch.testing.assert_close(out[: md.num_reqs].double(), _dense(md, q, expected_cache, w_kv_b), atol=2e-5, rtol=1e-4)
+        torch.testing.assert_close(
+            out[: md.num_reqs].double(), _dense(md, q, expected_cache, w_kv_b), atol=2e-5, rtol=1e-4
+        )
         assert _past_null_block(kv_cache) == _past_null_block(expected_cache), f"step {i}"
     # Dynamo may hand the first trace over twice (it restarts once to specialize the float scale); never after.
     assert len(recorded.graphs) == first_compiles, f"{len(recorded.graphs) - first_compiles} compiles after the first"

@@ -20,6 +20,13 @@ verification step's requests of up to ``1 + k`` tokens are decodes):
   :data:`~..ops.mla_cache.PAGED_CACHE_LOAD`), up-projected, and merged with a running log-sum-exp
   (:data:`~..ops.mla_attention.RING_MLA`).
 
+A decode step inside a compiled decode graph (``npu.graph_mode='torchair'``: the platform then answers
+``opaque_attention_op()`` False, so vLLM's attention layer calls this impl directly and Dynamo traces it) hands the
+layer graph inputs instead (:meth:`AscendMLAMetadata.graph_inputs`, through
+:func:`vllm_npu.interface.graphs.compiled_step_inputs`): every row of the padded batch is written to the latent
+planes (:data:`~..ops.graph_decode.GRAPH_KV_WRITE`) and attended by the absorbed decode
+(:data:`~..ops.graph_decode.MLA_GRAPH_DECODE`), from those tensors and the shapes only.
+
 Kernels are chosen once per impl (``Kernel.select()``): torch_npu on an NPU, the references on the emulated device.
 """
 
