@@ -10,6 +10,10 @@
   arguments (what Dynamo sees of a real torch_npu op: one node), computing the documented semantics the plain way:
   ``npu_fused_infer_attention_score`` in the two modes the graph paths call (BSH GQA, and MLA's BNSD with
   ``query_rope`` / ``key_rope``), and ``npu_scatter_nd_update_``;
+- :func:`decode_step` draws a pure-decode step's ``CommonAttentionMetadata`` (what vLLM hands the metadata builders)
+  with random distinct blocks and stale table rows past the step's requests;
+- :func:`assert_one_npu_graph` checks what the NPU strategy must give: no compile after the first step, the lengths
+  as ``SymInt`` placeholders, and GE converters for every op;
 - :func:`ge_op_names` names a recorded graph's ops as torchair's converter table does
   (``npu_testkit.torchair_converters``): a fake op as the torch_npu op it stands for, the in-place
   ``npu_scatter_nd_update_`` as the functional ``npu_scatter_nd_update`` it is functionalized to (the form whose GE
@@ -24,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from vllm.v1.attention.backends.utils import CommonAttentionMetadata
 from vllm_npu.interface.graphs import COMPILED_STEP
 
 FAKE_NS = "npu_fake"  # the namespace of the fake torch_npu ops
@@ -74,6 +79,54 @@ def compiled_step(
             COMPILED_STEP.inputs = None
 
     return run, recorded
+
+
+def decode_step(
+    seq_lens: list[int], g: torch.Generator, *, num_blocks: int, width: int, block_size: int, batch: int
+) -> CommonAttentionMetadata:
+    """A decode step of ``len(seq_lens)`` single-token requests: each gets ``width`` random distinct blocks (never the
+    null block 0) of a ``num_blocks`` cache, its new token's slot at position ``seq_len - 1``; the runner's persistent
+    table has stale rows (block 5) past the step's requests, which padding must not read; the slot mapping is padded
+    with -1 to ``batch`` tokens, as vLLM pads a graph's batch."""
+    n = len(seq_lens)
+    perm = (torch.randperm(num_blocks - 1, generator=g) + 1).tolist()
+    table = torch.zeros(8, width, dtype=torch.int32)  # a runner's persistent table: more rows than the step's
+    table[n:] = 5
+    slots = []
+    for b, length in enumerate(seq_lens):
+        ids = perm[b * width : (b + 1) * width]
+        table[b] = torch.tensor(ids, dtype=torch.int32)
+        slots.append(ids[(length - 1) // block_size] * block_size + (length - 1) % block_size)
+    qsl = torch.arange(n + 1, dtype=torch.int32)
+    lens = torch.tensor(seq_lens, dtype=torch.int32)
+    return CommonAttentionMetadata(
+        query_start_loc=qsl.clone(),
+        query_start_loc_cpu=qsl,
+        seq_lens=lens.clone(),
+        seq_lens_cpu=lens,
+        num_computed_tokens_cpu=lens - 1,
+        num_reqs=n,
+        num_actual_tokens=n,
+        max_query_len=1,
+        max_seq_len=max(seq_lens),
+        block_table_tensor=table[:n],
+        slot_mapping=torch.tensor(slots + [-1] * (batch - n), dtype=torch.int64),
+        causal=True,
+    )
+
+
+def assert_one_npu_graph(recorded: Recorded, first_compiles: int, batch: int) -> None:
+    """The NPU strategy's graph: nothing compiled after the first step (``first_compiles`` graphs: Dynamo may hand
+    the first trace over twice, restarting once to specialize the float scale), the ``batch`` lengths as ``SymInt``
+    placeholders, the two torch_npu decode ops in it, and a GE converter in torch_npu 2.8.0 for every op."""
+    from npu_testkit.torchair_converters import missing_converters
+
+    assert len(recorded.graphs) == first_compiles, f"{len(recorded.graphs) - first_compiles} compiles after the first"
+    sym = [n for n in recorded.graphs[-1].graph.nodes if n.op == "placeholder" and "seq_lens_list" in n.name]
+    assert len(sym) == batch and all(isinstance(n.meta["example_value"], torch.SymInt) for n in sym), sym
+    ops = ge_op_names(recorded)
+    assert {"npu.npu_fused_infer_attention_score.default", "npu.npu_scatter_nd_update.default"} <= ops, ops
+    assert missing_converters(ops) == [], sorted(ops)
 
 
 # --- fake torch_npu ------------------------------------------------------------------------------------------------

@@ -20,9 +20,8 @@ import types
 
 import pytest
 import torch
-from graph_harness import compiled_step, fake_torch_npu, ge_op_names
+from graph_harness import assert_one_npu_graph, compiled_step, decode_step, fake_torch_npu
 from mla_harness import Dims, KvBProj, builder_config
-from vllm.v1.attention.backends.utils import CommonAttentionMetadata
 from vllm_npu.attention.backends.mla import AscendMLAImpl, AscendMLAMetadata, AscendMLAMetadataBuilder
 from vllm_npu.attention.metadata import GRAPH_PAD_SEQ_LEN, GraphDecodeInputs
 from vllm_npu.attention.ops.mla_cache import latent_cache_planes
@@ -63,31 +62,7 @@ def _step(seq_lens: list[int], seed: int) -> tuple[AscendMLAMetadata, torch.Tens
     """A pure-decode step of ``len(seq_lens)`` requests with random distinct blocks (never block 0), built by the real
     MLA metadata builder; q ``[B, N, P + R]``, kv_c ``[B, L]``, k_pe ``[B, 1, R]`` (rows past the requests: padding)."""
     g = torch.Generator().manual_seed(seed)
-    n = len(seq_lens)
-    perm = (torch.randperm(NB - 1, generator=g) + 1).tolist()
-    table = torch.zeros(8, W, dtype=torch.int32)  # a runner's persistent table: more rows than the step's
-    table[n:] = 5  # stale rows of earlier requests: padding must not read them
-    slots = []
-    for b, length in enumerate(seq_lens):
-        ids = perm[b * W : (b + 1) * W]
-        table[b] = torch.tensor(ids, dtype=torch.int32)
-        slots.append(ids[(length - 1) // BS] * BS + (length - 1) % BS)  # the new token's slot
-    qsl = torch.arange(n + 1, dtype=torch.int32)
-    lens = torch.tensor(seq_lens, dtype=torch.int32)
-    common = CommonAttentionMetadata(
-        query_start_loc=qsl.clone(),
-        query_start_loc_cpu=qsl,
-        seq_lens=lens.clone(),
-        seq_lens_cpu=lens,
-        num_computed_tokens_cpu=lens - 1,
-        num_reqs=n,
-        num_actual_tokens=n,
-        max_query_len=1,
-        max_seq_len=max(seq_lens),
-        block_table_tensor=table[:n],
-        slot_mapping=torch.tensor(slots + [-1] * (B - n), dtype=torch.int64),
-        causal=True,
-    )
+    common = decode_step(seq_lens, g, num_blocks=NB, width=W, block_size=BS, batch=B)
     config = builder_config(types.SimpleNamespace(block_size=BS))
     md = AscendMLAMetadataBuilder(types.SimpleNamespace(block_size=BS), ["layer"], config, torch.device("cpu"))
     q = torch.randn(B, DIMS.N, DIMS.P + DIMS.R, generator=g)
@@ -198,7 +173,6 @@ def test_npu_graph_takes_symbolic_lengths_compiles_once_and_has_ge_converters(mo
     (``npu_scatter_nd_update_`` per latent plane, the functional ``npu_fused_infer_attention_score`` in BNSD with
     query_rope/key_rope): the lengths reach the kernel as ``SymInt`` graph inputs, steps with new lengths run the one
     compiled graph with the dense results, and every op of the graph has a GE converter in torch_npu 2.8.0."""
-    from npu_testkit.torchair_converters import missing_converters
     from vllm_npu.attention.ops.graph_decode import GRAPH_KV_WRITE, MLA_GRAPH_DECODE
 
     monkeypatch.setitem(sys.modules, "torch_npu", fake_torch_npu())
@@ -220,10 +194,4 @@ def test_npu_graph_takes_symbolic_lengths_compiles_once_and_has_ge_converters(mo
             out[: md.num_reqs].double(), _dense(md, q, expected_cache, w_kv_b), atol=2e-5, rtol=1e-4
         )
         assert _past_null_block(kv_cache) == _past_null_block(expected_cache), f"step {i}"
-    # Dynamo may hand the first trace over twice (it restarts once to specialize the float scale); never after.
-    assert len(recorded.graphs) == first_compiles, f"{len(recorded.graphs) - first_compiles} compiles after the first"
-    sym = [n for n in recorded.graphs[-1].graph.nodes if n.op == "placeholder" and "seq_lens_list" in n.name]
-    assert len(sym) == B and all(isinstance(n.meta["example_value"], torch.SymInt) for n in sym), sym
-    ops = ge_op_names(recorded)
-    assert {"npu.npu_fused_infer_attention_score.default", "npu.npu_scatter_nd_update.default"} <= ops, ops
-    assert missing_converters(ops) == [], sorted(ops)
+    assert_one_npu_graph(recorded, first_compiles, B)
