@@ -2,7 +2,9 @@
 # SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
 """Harness of the compiled-decode-graph tests (GQA and MLA, the torchair mode) without an engine.
 
-- :func:`compiled_step` compiles an impl's forward the way the torchair wrapper compiles the model's: the step's graph
+- :func:`compiled_step` compiles an impl's forward the way the torchair wrapper compiles the model's: as a model's
+  forward that reaches the impl through module attributes (under ``dynamic=True`` Dynamo keeps the impl's ints
+  constant there, where it would make them symbolic inputs read from a closure); the step's graph
   inputs are the compiled function's first argument, stored in ``COMPILED_STEP`` as its first statement, and every
   graph Dynamo hands over is recorded (its forward lowered by AOTAutograd as the stand-in backend lowers it, with the
   aten graph recorded too);
@@ -45,11 +47,36 @@ class Recorded:
         return {str(n.target) for gm in self.graphs for n in gm.graph.nodes if n.op in ("call_function", "call_method")}
 
 
+class _Layer(torch.nn.Module):
+    """vLLM's attention layer as Dynamo meets it: a module holding the impl (a plain object) and its name."""
+
+    def __init__(self, impl: Any, layer_name: str) -> None:
+        super().__init__()
+        self.impl = impl
+        self.layer_name = layer_name
+
+
+class _Model(torch.nn.Module):
+    """The compiled model: its forward stores the graph inputs (the wrapper's first statement), then runs ``call``
+    on the layer, reaching the impl through module attributes as the real model does (which decides how Dynamo
+    treats the impl's ints and floats: constants, not symbolic inputs)."""
+
+    def __init__(self, layer: _Layer, call: Callable[..., torch.Tensor]) -> None:
+        super().__init__()
+        self.layer = layer
+        self.call = call
+
+    def forward(self, inputs: dict[str, Any], *args: torch.Tensor) -> torch.Tensor:
+        COMPILED_STEP.inputs = inputs
+        return self.call(self.layer, *args)
+
+
 def compiled_step(
-    forward: Callable[..., torch.Tensor], *, dynamic: bool
+    impl: Any, layer_name: str, call: Callable[..., torch.Tensor], *, dynamic: bool
 ) -> tuple[Callable[..., torch.Tensor], Recorded]:
-    """``run(inputs, *args)``: ``forward(*args)`` compiled with ``fullgraph=True`` and ``dynamic``, ``inputs`` (layer
-    name -> graph inputs) in ``COMPILED_STEP`` while it traces and runs (None after, as the wrapper leaves it)."""
+    """``run(inputs, *args)``: ``call(layer, *args)`` compiled with ``fullgraph=True`` and ``dynamic`` as the forward of
+    a model whose attention layer ``layer`` (named ``layer_name``) holds ``impl``; ``inputs`` (layer name -> graph
+    inputs) in ``COMPILED_STEP`` while it traces and runs (None after, as the wrapper leaves it)."""
     from functorch.compile import make_boxed_func
     from torch._dynamo.backends.common import aot_autograd
 
@@ -65,12 +92,8 @@ def compiled_step(
         recorded.graphs.append(gm)
         return lower(gm, example_inputs)
 
-    def step(inputs: dict[str, Any], *args: torch.Tensor) -> torch.Tensor:
-        COMPILED_STEP.inputs = inputs
-        return forward(*args)
-
     torch._dynamo.reset()
-    compiled = torch.compile(step, backend=backend, fullgraph=True, dynamic=dynamic)
+    compiled = torch.compile(_Model(_Layer(impl, layer_name), call), backend=backend, fullgraph=True, dynamic=dynamic)
 
     def run(inputs: dict[str, Any], *args: torch.Tensor) -> torch.Tensor:
         try:

@@ -28,7 +28,7 @@ from vllm_npu.interface.device import configure_kernels
 from vllm_npu.interface.protocols import graph_inputs_of
 
 NH, NKV, D, BS, NB, W, B = 4, 2, 16, 16, 24, 4, 4  # heads, KV heads, head size, block size, blocks, table width, batch
-LAYER = types.SimpleNamespace(layer_name="model.layers.0.self_attn.attn")  # what vLLM's layer hands the impl
+LAYER = "model.layers.0.self_attn.attn"  # the attention layer's name
 STEP = types.SimpleNamespace(md=None)  # what the compiled function reads, like vLLM's forward context
 
 
@@ -73,15 +73,16 @@ def _eager_write(md: AscendMetadata, k: torch.Tensor, v: torch.Tensor, kv_cache:
         kv_cache[1, slot // BS, slot % BS] = v[b]
 
 
-def _forward(impl: AscendAttentionImpl):
-    def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor) -> torch.Tensor:
-        return impl.forward(LAYER, q, k, v, kv_cache, STEP.md, output=torch.empty_like(q))  # type: ignore[arg-type]
+def _call(layer, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor) -> torch.Tensor:
+    return layer.impl.forward(layer, q, k, v, kv_cache, STEP.md, output=torch.empty_like(q))
 
-    return forward
+
+def _compiled(impl: AscendAttentionImpl, *, dynamic: bool):
+    return compiled_step(impl, LAYER, _call, dynamic=dynamic)
 
 
 def _inputs(gi: object) -> dict:
-    return {LAYER.layer_name: gi}
+    return {LAYER: gi}
 
 
 STEPS = [[9, 30, 2, 64], [10, 31, 3], [5], [33, 17], [2, 48, 12, 7], [11, 32, 4, 8]]
@@ -101,7 +102,7 @@ def test_graph_inputs_pad_the_step_to_the_graph_batch():
 
 
 def test_compiled_decode_equals_dense_attention_over_changing_steps_with_one_compile():
-    compiled, recorded = compiled_step(_forward(_impl()), dynamic=False)
+    compiled, recorded = _compiled(_impl(), dynamic=False)
     kv_cache = torch.randn(2, NB, BS, NKV, D)
     expected_cache = kv_cache.clone()
     for i, lens in enumerate(STEPS):
@@ -124,7 +125,7 @@ def test_compiled_decode_equals_dense_attention_over_changing_steps_with_one_com
 def test_stale_graph_inputs_give_wrong_results():
     """Nothing in the graph guards on tensor contents: a step run on the previous step's inputs is silently wrong,
     which is why the torchair wrapper prepares them before every compiled call."""
-    compiled, recorded = compiled_step(_forward(_impl()), dynamic=False)
+    compiled, recorded = _compiled(_impl(), dynamic=False)
     kv_cache = torch.randn(2, NB, BS, NKV, D)
     first, *qkv = _step(STEPS[0], seed=10)
     STEP.md = first
@@ -142,7 +143,7 @@ def test_stale_graph_inputs_give_wrong_results():
 def test_the_eager_path_reads_host_values_and_recompiles():
     """Without graph inputs the impl takes its eager path, whose host-side lengths Dynamo bakes in and guards on:
     a compiled graph of it recompiles as soon as a step's lengths change (what the graph path avoids)."""
-    compiled, recorded = compiled_step(_forward(_impl()), dynamic=False)
+    compiled, recorded = _compiled(_impl(), dynamic=False)
     kv_cache = torch.randn(2, NB, BS, NKV, D)
     for i, lens in enumerate(STEPS[:3]):
         md, q, k, v = _step(lens, seed=20 + i)
@@ -164,7 +165,7 @@ def test_npu_graph_takes_the_lengths_as_symbolic_inputs_and_has_ge_converters(mo
     monkeypatch.setitem(sys.modules, "torch_npu", fake_torch_npu())
     impl = _impl()
     impl.graph_decode, impl.graph_kv_write = GRAPH_DECODE.npu, GRAPH_KV_WRITE.npu  # the NPU twins, as on an NPU
-    compiled, recorded = compiled_step(_forward(impl), dynamic=True)
+    compiled, recorded = _compiled(impl, dynamic=True)
     kv_cache = torch.randn(2, NB, BS, NKV, D)
     expected_cache = kv_cache.clone()
     first_compiles = 0

@@ -31,7 +31,7 @@ from vllm_npu.interface.protocols import graph_inputs_of
 DIMS = Dims(N=32, L=512, R=64, P=16, V=16)
 BS, NB, W, B = 16, 24, 4, 4  # block size, blocks, table width, graph batch
 SCALE = (DIMS.P + DIMS.R) ** -0.5
-LAYER = types.SimpleNamespace(layer_name="model.layers.0.self_attn.attn")  # what vLLM's layer hands the impl
+LAYER = "model.layers.0.self_attn.attn"  # the attention layer's name
 STEP = types.SimpleNamespace(md=None)  # what the compiled function reads, like vLLM's forward context
 STEPS = [[9, 30, 2, 64], [10, 31, 3], [5], [33, 17], [2, 48, 12, 7], [11, 32, 4, 8]]
 
@@ -93,16 +93,17 @@ def _dense(md: AscendMLAMetadata, q: torch.Tensor, kv_cache: torch.Tensor, w_kv_
     return torch.stack(out)
 
 
-def _forward(impl: AscendMLAImpl):
-    def forward(q: torch.Tensor, kv_c: torch.Tensor, k_pe: torch.Tensor, kv_cache: torch.Tensor) -> torch.Tensor:
-        out = torch.empty(q.shape[0], DIMS.N * DIMS.V, dtype=q.dtype)  # vLLM's layer allocates it in the graph
-        return impl.forward(LAYER, q, kv_c, k_pe, kv_cache, STEP.md, output=out)  # type: ignore[arg-type]
+def _call(layer, q: torch.Tensor, kv_c: torch.Tensor, k_pe: torch.Tensor, kv_cache: torch.Tensor) -> torch.Tensor:
+    out = torch.empty(q.shape[0], DIMS.N * DIMS.V, dtype=q.dtype)  # vLLM's layer allocates it in the graph
+    return layer.impl.forward(layer, q, kv_c, k_pe, kv_cache, STEP.md, output=out)
 
-    return forward
+
+def _compiled(impl: AscendMLAImpl, *, dynamic: bool):
+    return compiled_step(impl, LAYER, _call, dynamic=dynamic)
 
 
 def _inputs(gi: object) -> dict:
-    return {LAYER.layer_name: gi}
+    return {LAYER: gi}
 
 
 def _past_null_block(kv_cache: torch.Tensor) -> list[bytes]:
@@ -128,7 +129,7 @@ def test_mla_graph_inputs_pad_the_step_to_the_graph_batch():
 
 def test_compiled_mla_decode_equals_dense_attention_over_changing_steps_with_one_compile(w_kv_b):
     impl = _impl(w_kv_b)
-    compiled, recorded = compiled_step(_forward(impl), dynamic=False)
+    compiled, recorded = _compiled(impl, dynamic=False)
     kv_cache = _cache()
     expected_cache = kv_cache.clone()
     for i, lens in enumerate(STEPS):
@@ -153,7 +154,7 @@ def test_compiled_mla_decode_equals_dense_attention_over_changing_steps_with_one
 def test_stale_graph_inputs_give_wrong_results(w_kv_b):
     """Nothing in the graph guards on tensor contents: a step run on the previous step's inputs is silently wrong,
     which is why the torchair wrapper prepares them before every compiled call."""
-    compiled, recorded = compiled_step(_forward(_impl(w_kv_b)), dynamic=False)
+    compiled, recorded = _compiled(_impl(w_kv_b), dynamic=False)
     kv_cache = _cache()
     first, *args = _step(STEPS[0], seed=10)
     STEP.md = first
@@ -178,7 +179,7 @@ def test_npu_graph_takes_symbolic_lengths_compiles_once_and_has_ge_converters(mo
     monkeypatch.setitem(sys.modules, "torch_npu", fake_torch_npu())
     impl = _impl(w_kv_b)
     impl._graph_write, impl._graph_decode = GRAPH_KV_WRITE.npu, MLA_GRAPH_DECODE.npu  # the NPU twins, as on an NPU
-    compiled, recorded = compiled_step(_forward(impl), dynamic=True)
+    compiled, recorded = _compiled(impl, dynamic=True)
     kv_cache = _cache()
     expected_cache = kv_cache.clone()
     first_compiles = 0
