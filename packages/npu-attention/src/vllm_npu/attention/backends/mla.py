@@ -473,7 +473,7 @@ class AscendMLAImpl(MLACommonBaseImpl[AscendMLAMetadata]):
         nope, rope = latent_cache_planes(kv_cache, self.kv_lora_rank, self.qk_rope_head_dim)
         # Always written here: the MLA layer's fused norm + rope + write is off when the model is traced
         # (ops/mla_layer.py). The decode reads the lengths the write returns, which orders it after the write.
-        latent, rotated = kv_c.view(batch, 1, -1), k_pe.reshape(batch, 1, self.qk_rope_head_dim)
+        latent, rotated = kv_c.reshape(batch, 1, -1), k_pe.reshape(batch, 1, self.qk_rope_head_dim)
         seq_lens = self._graph_write(latent, rotated, nope, rope, graph.slots, graph.seq_lens)
         q_nope, q_pe = q.split([self.qk_nope_head_dim, self.qk_rope_head_dim], dim=-1)
         ql_nope = torch.bmm(q_nope.transpose(0, 1), self.W_UK_T).transpose(0, 1)  # [B, N, L]
