@@ -98,8 +98,9 @@ ADDITIONAL_CONFIG_SETTINGS: tuple[Setting, ...] = (
         "auto",
         "`auto` follows vLLM's `cudagraph_mode` (PIECEWISE graphs by default on the NPU, eager on the emulated "
         "device unless `cudagraph_mode` is set); `torchair` compiles the decode forward per padded batch size, "
-        "attention included for GQA models (on an NPU: GQA decoder models only; MLA, MoE and quantized models "
-        "are refused) (docs/torchair.md); the others set the mode (see docs/graphs.md)",
+        "attention included for GQA and MLA models (on an NPU: GQA and MLA decoder models; DeepSeek-V3.2's sparse "
+        "attention, MoE and quantized models are refused) (docs/torchair.md); the others set the mode (see "
+        "docs/graphs.md)",
         choices=GRAPH_MODES,
     ),
     _key(
