@@ -23,11 +23,11 @@ graphs), with each compiled step's metadata handed over as graph inputs.
 
 from __future__ import annotations
 
-from collections import Counter
 from typing import Any
 
 import pytest
 from npu_testkit.engine import emulated_env, engine, greedy, make_prompts
+from npu_testkit.graph_e2e import stale_graph_outputs, stats_delta, torchair_stats
 from npu_testkit.models import hf_greedy
 
 pytestmark = pytest.mark.engine
@@ -37,61 +37,26 @@ BATCHES = range(1, SIZES[-1] + 2)
 NEW_TOKENS = 6
 
 
-def _stats() -> dict[str, Any]:
-    from vllm_npu.platform.graphs.torchair import TORCHAIR_STATS
-
-    return TORCHAIR_STATS.snapshot()
-
-
-def _delta(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for name, value in after.items():
-        if isinstance(value, dict):
-            diff = Counter(value)
-            diff.subtract(before[name])
-            out[name] = {k: v for k, v in diff.items() if v}
-        else:
-            out[name] = value - before[name]
-    return out
-
-
-def _stale_outputs(llm, prompts) -> list[list[int]]:
-    """Greedy outputs of a compiled-size batch whose decode steps all get the first step's graph inputs."""
-    from vllm_npu.attention.metadata import AscendMetadata
-
-    fresh = AscendMetadata.graph_inputs
-    first: list[Any] = []
-
-    def stale(self, batch_size: int):
-        first.append(first[0] if first else fresh(self, batch_size))
-        return first[0]
-
-    AscendMetadata.graph_inputs = stale  # type: ignore[method-assign]
-    try:
-        return greedy(llm, prompts, NEW_TOKENS)
-    finally:
-        AscendMetadata.graph_inputs = fresh  # type: ignore[method-assign]
-
-
 def _run(model_dir, tmp_path, cache_root, prompts, *, block_size: int, stale: bool = False) -> dict[str, Any]:
     from vllm.attention.layer import Attention
+    from vllm_npu.attention.metadata import AscendMetadata
 
-    before = _stats()
+    before = torchair_stats()
     npu = {"graph_mode": "torchair", "torchair_cache_dir": str(cache_root)}
     kwargs = {"compilation_config": {"cudagraph_capture_sizes": SIZES}, "block_size": block_size}
     with engine(model_dir, emulated_env(tmp_path), additional_config={"npu": npu}, **kwargs) as llm:
-        started = _stats()
+        started = torchair_stats()
         outputs = {n: greedy(llm, prompts[:n], NEW_TOKENS) for n in BATCHES}
-        served = _stats()
+        served = torchair_stats()
         model = llm.llm_engine.model_executor.driver_worker.worker.model_runner.model
         directory = model.cache.directory
         direct = {m.use_direct_call for m in model.unwrap().modules() if isinstance(m, Attention)}
-        stale_outputs = _stale_outputs(llm, prompts[: SIZES[-1]]) if stale else None
+        stale_outputs = stale_graph_outputs(llm, prompts[: SIZES[-1]], NEW_TOKENS, AscendMetadata) if stale else None
     return {
         "direct_call": direct,
         "stale_outputs": stale_outputs,
-        "startup": _delta(before, started),
-        "serving": _delta(started, served),
+        "startup": stats_delta(before, started),
+        "serving": stats_delta(started, served),
         "outputs": outputs,
         "wrapper": type(model).__name__,
         "directory": directory,

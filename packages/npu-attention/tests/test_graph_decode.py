@@ -15,20 +15,20 @@ lists, recompiles when they change.
 
 from __future__ import annotations
 
+import sys
 import types
 
 import pytest
 import torch
 from attn_harness import make_builder
-from vllm.v1.attention.backends.utils import CommonAttentionMetadata
+from graph_harness import assert_one_npu_graph, compiled_step, decode_step, fake_torch_npu
 from vllm_npu.attention.backends.gqa import AscendAttentionImpl
 from vllm_npu.attention.metadata import GRAPH_PAD_SEQ_LEN, AscendMetadata, GraphDecodeInputs
 from vllm_npu.interface.device import configure_kernels
-from vllm_npu.interface.graphs import COMPILED_STEP
 from vllm_npu.interface.protocols import graph_inputs_of
 
 NH, NKV, D, BS, NB, W, B = 4, 2, 16, 16, 24, 4, 4  # heads, KV heads, head size, block size, blocks, table width, batch
-LAYER = types.SimpleNamespace(layer_name="model.layers.0.self_attn.attn")  # what vLLM's layer hands the impl
+LAYER = "model.layers.0.self_attn.attn"  # the attention layer's name
 STEP = types.SimpleNamespace(md=None)  # what the compiled function reads, like vLLM's forward context
 
 
@@ -45,31 +45,7 @@ def _step(seq_lens: list[int], seed: int) -> tuple[AscendMetadata, torch.Tensor,
     """A DecodeOnly step of ``len(seq_lens)`` requests with random distinct blocks (never block 0), built by the real
     metadata builder; query/key/value ``[B, ...]`` (rows past the requests are padding)."""
     g = torch.Generator().manual_seed(seed)
-    n = len(seq_lens)
-    perm = (torch.randperm(NB - 1, generator=g) + 1).tolist()
-    table = torch.zeros(8, W, dtype=torch.int32)  # a runner's persistent table: more rows than the step's
-    table[n:] = 5  # stale rows of earlier requests: padding must not read them
-    slots = []
-    for b, length in enumerate(seq_lens):
-        ids = perm[b * W : (b + 1) * W]
-        table[b] = torch.tensor(ids, dtype=torch.int32)
-        slots.append(ids[(length - 1) // BS] * BS + (length - 1) % BS)  # the new token's slot
-    qsl = torch.arange(n + 1, dtype=torch.int32)
-    lens = torch.tensor(seq_lens, dtype=torch.int32)
-    common = CommonAttentionMetadata(
-        query_start_loc=qsl.clone(),
-        query_start_loc_cpu=qsl,
-        seq_lens=lens.clone(),
-        seq_lens_cpu=lens,
-        num_computed_tokens_cpu=lens - 1,
-        num_reqs=n,
-        num_actual_tokens=n,
-        max_query_len=1,
-        max_seq_len=max(seq_lens),
-        block_table_tensor=table[:n],
-        slot_mapping=torch.tensor(slots + [-1] * (B - n), dtype=torch.int64),
-        causal=True,
-    )
+    common = decode_step(seq_lens, g, num_blocks=NB, width=W, block_size=BS, batch=B)
     md = make_builder(BS, NKV, D, torch.float32).build(0, common)
     q = torch.randn(B, NH, D, generator=g)
     k = torch.randn(B, NKV, D, generator=g)
@@ -97,32 +73,16 @@ def _eager_write(md: AscendMetadata, k: torch.Tensor, v: torch.Tensor, kv_cache:
         kv_cache[1, slot // BS, slot % BS] = v[b]
 
 
-def _compiled(impl: AscendAttentionImpl, graphs: list[torch.fx.GraphModule]):
-    from torch._dynamo.backends.debugging import aot_eager
+def _call(layer, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor) -> torch.Tensor:
+    return layer.impl.forward(layer, q, k, v, kv_cache, STEP.md, output=torch.empty_like(q))
 
-    def backend(gm: torch.fx.GraphModule, example_inputs: list) -> object:
-        graphs.append(gm)
-        return aot_eager(gm, example_inputs)
 
-    def step(inputs: dict, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor) -> torch.Tensor:
-        COMPILED_STEP.inputs = inputs
-        out = torch.empty_like(q)
-        return impl.forward(LAYER, q, k, v, kv_cache, STEP.md, output=out)  # type: ignore[arg-type]
-
-    torch._dynamo.reset()
-    compiled = torch.compile(step, backend=backend, fullgraph=True, dynamic=False)
-
-    def run(inputs: dict, *args: torch.Tensor) -> torch.Tensor:
-        try:
-            return compiled(inputs, *args)
-        finally:
-            COMPILED_STEP.inputs = None
-
-    return run
+def _compiled(impl: AscendAttentionImpl, *, dynamic: bool):
+    return compiled_step(impl, LAYER, _call, dynamic=dynamic)
 
 
 def _inputs(gi: object) -> dict:
-    return {LAYER.layer_name: gi}
+    return {LAYER: gi}
 
 
 STEPS = [[9, 30, 2, 64], [10, 31, 3], [5], [33, 17], [2, 48, 12, 7], [11, 32, 4, 8]]
@@ -142,8 +102,7 @@ def test_graph_inputs_pad_the_step_to_the_graph_batch():
 
 
 def test_compiled_decode_equals_dense_attention_over_changing_steps_with_one_compile():
-    impl, graphs = _impl(), []
-    compiled = _compiled(impl, graphs)
+    compiled, recorded = _compiled(_impl(), dynamic=False)
     kv_cache = torch.randn(2, NB, BS, NKV, D)
     expected_cache = kv_cache.clone()
     for i, lens in enumerate(STEPS):
@@ -155,19 +114,18 @@ def test_compiled_decode_equals_dense_attention_over_changing_steps_with_one_com
         assert bool(torch.isfinite(out).all())  # padding rows attend to the null block: finite, discarded
         # Every slot a request reads is written as the eager write would; padding wrote only into null block 0.
         assert torch.equal(kv_cache[:, 1:], expected_cache[:, 1:]), f"step {i}"
-    assert len(graphs) == 1, f"{len(graphs)} compiles for {len(STEPS)} steps"
+    assert len(recorded.graphs) == 1, f"{len(recorded.graphs)} compiles for {len(STEPS)} steps"
     # Attention is in the graph (no opaque op), and no per-step value became a constant of it.
-    targets = {str(n.target) for gm in graphs for n in gm.graph.nodes if n.op in ("call_function", "call_method")}
+    targets = recorded.targets()
     assert not any("unified_attention" in t for t in targets) and any("graph_kv_write" in t for t in targets)
-    placeholders = [n for n in graphs[0].graph.nodes if n.op == "placeholder"]
+    placeholders = [n for n in recorded.graphs[0].graph.nodes if n.op == "placeholder"]
     assert any("inputs" in n.name and "seq_lens" in n.name for n in placeholders), placeholders
 
 
 def test_stale_graph_inputs_give_wrong_results():
     """Nothing in the graph guards on tensor contents: a step run on the previous step's inputs is silently wrong,
     which is why the torchair wrapper prepares them before every compiled call."""
-    impl, graphs = _impl(), []
-    compiled = _compiled(impl, graphs)
+    compiled, recorded = _compiled(_impl(), dynamic=False)
     kv_cache = torch.randn(2, NB, BS, NKV, D)
     first, *qkv = _step(STEPS[0], seed=10)
     STEP.md = first
@@ -178,120 +136,47 @@ def test_stale_graph_inputs_give_wrong_results():
     out = compiled(stale, q, k, v, kv_cache.clone())  # not this step's inputs
     expected_cache = kv_cache.clone()
     _eager_write(md, k, v, expected_cache)
-    assert len(graphs) == 1  # no guard caught it ...
+    assert len(recorded.graphs) == 1  # no guard caught it ...
     assert not torch.allclose(out[: md.num_reqs].double(), _dense(md, q, expected_cache), atol=1e-3)  # ... wrong
 
 
 def test_the_eager_path_reads_host_values_and_recompiles():
     """Without graph inputs the impl takes its eager path, whose host-side lengths Dynamo bakes in and guards on:
     a compiled graph of it recompiles as soon as a step's lengths change (what the graph path avoids)."""
-    impl, graphs = _impl(), []
-    compiled = _compiled(impl, graphs)
+    compiled, recorded = _compiled(_impl(), dynamic=False)
     kv_cache = torch.randn(2, NB, BS, NKV, D)
     for i, lens in enumerate(STEPS[:3]):
         md, q, k, v = _step(lens, seed=20 + i)
         STEP.md = md
         compiled({}, q, k, v, kv_cache)
-    assert len(graphs) == 3, "the eager path should recompile for every new set of host-side lengths"
+    assert len(recorded.graphs) == 3, "the eager path should recompile for every new set of host-side lengths"
 
 
 # --- the NPU strategy: dynamic ints, static tensors ---------------------------------------------------------------
 
 
-def _fake_npu_ops():
-    """torch_npu's two graph-decode ops as opaque custom ops (what Dynamo sees of a real torch_npu op: one node with
-    the documented arguments), computing their documented semantics the plain way."""
-
-    @torch.library.custom_op("graph_decode_test::fia", mutates_args=())
-    def fia(
-        query: torch.Tensor,
-        key: torch.Tensor,
-        value: torch.Tensor,
-        block_table: torch.Tensor,
-        block_size: int,
-        actual_seq_lengths: list[int],
-        actual_seq_lengths_kv: list[int],
-        num_key_value_heads: int,
-        num_heads: int,
-        scale: float,
-    ) -> torch.Tensor:
-        b, _, hd = query.shape
-        d = hd // num_heads
-        out = torch.empty_like(query)
-        for i, length in enumerate(actual_seq_lengths_kv):  # BSH, Q_S = 1: request i attends its first `length`
-            pos = torch.arange(length)
-            blocks = block_table[i][pos // block_size].long()
-            k = key.view(key.shape[0], block_size, num_key_value_heads, d)[blocks, pos % block_size]
-            v = value.view(value.shape[0], block_size, num_key_value_heads, d)[blocks, pos % block_size]
-            q = query[i, 0].view(num_heads, d)
-            g = num_heads // num_key_value_heads
-            for h in range(num_heads):
-                p = torch.softmax(q[h].float() @ k[:, h // g].float().T * scale, -1)
-                out[i, 0, h * d : (h + 1) * d] = (p @ v[:, h // g].float()).to(out.dtype)
-        return out
-
-    @fia.register_fake
-    def _(query, key, value, block_table, block_size, actual_seq_lengths, actual_seq_lengths_kv, *rest):
-        return torch.empty_like(query)
-
-    @torch.library.custom_op("graph_decode_test::scatter_nd_update_", mutates_args=("input",))
-    def scatter_nd_update_(input: torch.Tensor, indices: torch.Tensor, updates: torch.Tensor) -> None:
-        input[indices[:, 0], indices[:, 1]] = updates
-
-    def npu_fused_infer_attention_score(query, key, value, *, atten_mask, input_layout, sparse_mode, **kw):
-        assert input_layout == "BSH" and atten_mask is None and sparse_mode == 0 and query.shape[1] == 1
-        return fia(query, key, value, **kw), None
-
-    def npu_scatter_nd_update_(input, indices, updates):
-        scatter_nd_update_(input, indices, updates)
-        return input
-
-    fake = types.ModuleType("torch_npu")  # a module: Dynamo traces the twins' `import torch_npu`
-    fake.npu_fused_infer_attention_score = npu_fused_infer_attention_score  # type: ignore[attr-defined]
-    fake.npu_scatter_nd_update_ = npu_scatter_nd_update_  # type: ignore[attr-defined]
-    return fake
-
-
-def test_npu_graph_takes_the_lengths_as_symbolic_inputs(monkeypatch):
+def test_npu_graph_takes_the_lengths_as_symbolic_inputs_and_has_ge_converters(monkeypatch):
     """How the torchair wrapper compiles on an NPU (``dynamic=True``, every tensor marked static): the lengths the
     NPU kernel takes as ``SymInt[]`` reach it as symbolic graph inputs through ``COMPILED_STEP`` (not constants), so
-    steps with new lengths run the one compiled graph, and the results are the dense attention's."""
-    import sys
-
+    steps with new lengths run the one compiled graph, the results are the dense attention's, and every op of the
+    graph has a GE converter in torch_npu 2.8.0's torchair (``npu_testkit.torchair_converters``)."""
     from vllm_npu.attention.ops.graph_decode import GRAPH_DECODE, GRAPH_KV_WRITE
 
-    monkeypatch.setitem(sys.modules, "torch_npu", _fake_npu_ops())
-    impl, graphs = _impl(), []
+    monkeypatch.setitem(sys.modules, "torch_npu", fake_torch_npu())
+    impl = _impl()
     impl.graph_decode, impl.graph_kv_write = GRAPH_DECODE.npu, GRAPH_KV_WRITE.npu  # the NPU twins, as on an NPU
-    from torch._dynamo.backends.debugging import aot_eager
-
-    def backend(gm: torch.fx.GraphModule, example_inputs: list) -> object:
-        graphs.append(gm)
-        return aot_eager(gm, example_inputs)
-
-    def step(inputs: dict, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor) -> torch.Tensor:
-        COMPILED_STEP.inputs = inputs
-        return impl.forward(LAYER, q, k, v, kv_cache, STEP.md, output=torch.empty_like(q))  # type: ignore[arg-type]
-
-    torch._dynamo.reset()
-    compiled = torch.compile(step, backend=backend, fullgraph=True, dynamic=True)
+    compiled, recorded = _compiled(impl, dynamic=True)
     kv_cache = torch.randn(2, NB, BS, NKV, D)
     expected_cache = kv_cache.clone()
     first_compiles = 0
-    try:
-        for i, lens in enumerate(STEPS):
-            md, q, k, v = _step(lens, seed=30 + i)
-            STEP.md, gi = md, md.graph_inputs(B)
-            for t in (q, k, v, kv_cache, gi.block_table, gi.seq_lens, gi.slots):
-                torch._dynamo.mark_static(t)
-            out = compiled(_inputs(gi), q, k, v, kv_cache)
-            first_compiles = first_compiles or len(graphs)
-            _eager_write(md, k, v, expected_cache)
-            torch.testing.assert_close(out[: md.num_reqs].double(), _dense(md, q, expected_cache), atol=1e-5, rtol=1e-5)
-            assert torch.equal(kv_cache[:, 1:], expected_cache[:, 1:]), f"step {i}"
-    finally:
-        COMPILED_STEP.inputs = None
-    # Dynamo may hand the first trace over twice (it restarts once to specialize the float scale); never after.
-    assert len(graphs) == first_compiles, f"{len(graphs) - first_compiles} compiles after the first step"
-    sym = [n for n in graphs[-1].graph.nodes if n.op == "placeholder" and "seq_lens_list" in n.name]
-    assert len(sym) == B and all(isinstance(n.meta["example_value"], torch.SymInt) for n in sym), sym
+    for i, lens in enumerate(STEPS):
+        md, q, k, v = _step(lens, seed=30 + i)
+        STEP.md, gi = md, md.graph_inputs(B)
+        for t in (q, k, v, kv_cache, gi.block_table, gi.seq_lens, gi.slots):
+            torch._dynamo.mark_static(t)
+        out = compiled(_inputs(gi), q, k, v, kv_cache)
+        first_compiles = first_compiles or len(recorded.graphs)
+        _eager_write(md, k, v, expected_cache)
+        torch.testing.assert_close(out[: md.num_reqs].double(), _dense(md, q, expected_cache), atol=1e-5, rtol=1e-5)
+        assert torch.equal(kv_cache[:, 1:], expected_cache[:, 1:]), f"step {i}"
+    assert_one_npu_graph(recorded, first_compiles, B)

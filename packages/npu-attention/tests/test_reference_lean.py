@@ -5,7 +5,8 @@ previous twins, kept here as oracles: bit-identical (``torch.equal``) where the 
 (the same GEMMs einsum dispatched to, the same fp32 softmax, the same mask values). The decode twins' fused
 attention (``scaled_dot_product_attention``, an online softmax) sums in another order: there new == old holds within
 fp32 rounding, ``DECODE_FP32_TOL`` (measured: at most 4.8e-7 absolute on O(1) outputs); a bf16 output within one
-bf16 rounding step (measured: every element equal); soft-capped decode keeps the matmul path and stays bit-identical.
+bf16 rounding step (measured on Intel hosts: every element equal; on an AMD EPYC host one element in 2048 rounds to
+the neighbouring bf16 value, relative 0.0042); soft-capped decode keeps the matmul path and stays bit-identical.
 The golden tests against float64 and vLLM live in test_gqa_attention.py with their own tolerances; this file only
 pins new == old.
 """
@@ -24,7 +25,9 @@ from vllm_npu.attention.ops.paged_attention import (
 
 BS = 16
 DECODE_FP32_TOL = dict(rtol=1e-5, atol=1e-6)  # a few fp32 ulps: the fused decode attention's summation order
-DECODE_BF16_TOL = dict(rtol=2**-8, atol=1e-6)  # one bf16 rounding step of the same fp32 result
+# One bf16 rounding step of the same fp32 result: bf16 keeps 8 significant bits, so neighbouring values differ by up
+# to 2**-7 relative (just above a power of two); 2**-8 held only where no element landed on the other side.
+DECODE_BF16_TOL = dict(rtol=2**-7, atol=1e-6)
 
 
 def _attend_oracle(query, key, value, allowed, scale, logits_soft_cap=None):  # type: ignore[no-untyped-def]

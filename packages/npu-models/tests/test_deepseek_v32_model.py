@@ -193,3 +193,39 @@ def test_forward_selects_what_a_brute_force_indexer_selects(indexers):
             torch.arange(1),
             get_rope(ROPE, rotary_dim=ROPE, max_position=256, base=500, is_neox_style=False),
         )
+
+
+def test_a_functionalized_graph_keeps_the_indexer_selection(indexers):
+    """The torchair mode compiles the decode forward through AOTAutograd, which hands the indexer op a copy of the
+    topk buffer and writes the copy back afterwards: the selection must survive that write-back (the eager result),
+    and a buffer of another shape is refused."""
+    from vllm.forward_context import ForwardContext, override_forward_context
+    from vllm.model_executor.layers.rotary_embedding import get_rope
+
+    _, ascend, _, _ = indexers
+    rope = get_rope(ROPE, rotary_dim=ROPE, max_position=256, base=10000, is_neox_style=False)
+    ascend.bind_rotary_emb(rope)
+    ascend.k_cache.kv_cache = [torch.zeros(4, BS, D)]
+    x, qr, positions = torch.randn(6, HIDDEN), torch.randn(6, Q_LORA), torch.arange(6)
+    meta = SimpleNamespace(
+        num_actual_tokens=6, slot_mapping=torch.arange(6) + 2 * BS, block_table=torch.tensor([[2]], dtype=torch.int32),
+        query_start_loc_list=[0, 6], seq_lens_list=[6],
+    )  # fmt: skip
+    ctx = ForwardContext(
+        no_compile_layers={ascend.k_cache.prefix: ascend.k_cache},
+        attn_metadata={ascend.k_cache.prefix: meta},
+        virtual_engine=0,
+    )
+    with override_forward_context(ctx), torch.no_grad():
+        eager = ascend(x, qr, positions, rope)[:6].clone()
+        ascend.topk_indices_buffer.fill_(99)
+        ascend.k_cache.kv_cache[0].zero_()
+        torch._dynamo.reset()
+        compiled = torch.compile(lambda a, b, c: ascend(a, b, c, rope), backend="aot_eager", fullgraph=True)
+        compiled(x, qr, positions)
+        assert torch.equal(ascend.topk_indices_buffer[:6], eager)
+        with pytest.raises(ConfigError, match="topk buffer"):
+            torch.ops.vllm.npu_dsa_lightning_indexer(
+                x, qr, positions, torch.zeros(3, TOPK, dtype=torch.int32), ascend.k_cache.prefix
+            )
+    torch._dynamo.reset()

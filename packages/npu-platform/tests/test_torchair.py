@@ -30,6 +30,7 @@ def graph_config(
     enforce_eager=False,
     mode=None,
     use_mla=False,
+    sparse=False,
     experts=0,
     quantization=None,
     quant_cfg=None,
@@ -40,15 +41,20 @@ def graph_config(
     ep=False,
     eplb=False,
     npu=None,
+    graph_mode=None,
 ):
+    """The parts of a VllmConfig the graph config reads; ``sparse``: DeepSeek-V3.2 (MLA with ``index_topk``);
+    ``quant_cfg``: config.json's ``quantization_config``; ``npu``: the plugin's additional-config section."""
+    hf_config = SimpleNamespace(quantization_config=quant_cfg, **({"index_topk": 2048} if sparse else {}))
+    section = {**(npu or {}), **({} if graph_mode is None else {"graph_mode": graph_mode})}
     return SimpleNamespace(
         compilation_config=CompilationConfig(cudagraph_mode=mode, cudagraph_capture_sizes=[1, 2, 4]),
         model_config=SimpleNamespace(
             enforce_eager=enforce_eager,
             get_num_layers=lambda parallel: 2,
-            use_mla=use_mla,
+            use_mla=use_mla or sparse,
+            hf_config=hf_config,
             hf_text_config=SimpleNamespace(num_experts=experts),
-            hf_config=SimpleNamespace(quantization_config=quant_cfg),
             model="/nonexistent-model-dir",
             quantization=quantization,
             dtype=dtype,
@@ -56,10 +62,10 @@ def graph_config(
         parallel_config=SimpleNamespace(
             tensor_parallel_size=1, data_parallel_size=dp, enable_expert_parallel=ep, enable_eplb=eplb
         ),
+        additional_config={"npu": section} if section else None,
         scheduler_config=SimpleNamespace(max_num_batched_tokens=64),
         speculative_config=spec,
         kv_transfer_config=kv_transfer,
-        additional_config={"npu": npu or {}},
     )
 
 
@@ -77,8 +83,9 @@ def test_torchair_runs_full_decode_only_dispatch_without_dynamo_pieces():
     assert comp.bs_to_padded_graph_size[3] == 4  # decode batches pad to the next compiled size
 
 
-def test_torchair_runs_gqa_models_on_an_npu():
-    plan = configure_graphs(graph_config(), "torchair", emulated=False)
+@pytest.mark.parametrize("use_mla", [False, True], ids=["gqa", "mla"])
+def test_torchair_runs_gqa_and_mla_models_on_an_npu(use_mla):
+    plan = configure_graphs(graph_config(use_mla=use_mla), "torchair", emulated=False)
     assert plan.mode == "FULL_DECODE_ONLY" and plan.capture_sizes == (1, 2, 4)
 
 
@@ -86,11 +93,24 @@ ASCEND = {"quantization": "ascend"}
 
 
 @pytest.mark.parametrize(
+    ("model", "in_graph"),
+    [({}, True), ({"use_mla": True}, True), ({"use_mla": True, "experts": 8}, True), ({"sparse": True}, False)],
+    ids=["gqa", "mla", "mla-moe", "sfa"],
+)
+def test_attention_is_in_the_graph_for_every_model_but_sparse_attention(model, in_graph):
+    from vllm_npu.platform.graphs.torchair import attention_in_graph
+
+    assert attention_in_graph(graph_config(graph_mode="torchair", **model)) is in_graph
+    assert attention_in_graph(graph_config(graph_mode="full_decode_only", **model)) is False  # torchair only
+
+
+@pytest.mark.parametrize(
     ("model", "match"),
     [
-        ({"use_mla": True}, r"MLA models .* opaque op"),
+        ({"sparse": True}, r"DeepSeek-V3.2's sparse attention \(SFA\): .*opaque op.*npu_sparse_flash_attention"),
         ({"experts": 8, **ASCEND, "quant_cfg": _description("W8A8_DYNAMIC")}, r"quantized MoE models: .*moe_forward"),
         ({"experts": 8, "dp": 2, "ep": True}, r"MoE models with data parallel > 1: .*read on the host"),
+        ({"use_mla": True, "experts": 8, "dp": 2}, r"MoE models with data parallel > 1"),  # MLA: the MoE reason
         ({"experts": 8, "eplb": True, "ep": True}, r"MoE models with --enable-eplb: .*frozen_parameter"),
         ({"experts": 8, "ep": True, "npu": {"moe_mc2": "on"}}, r"npu.moe_mc2='on': MC2 is chosen per step"),
         (
@@ -118,6 +138,7 @@ def test_torchair_on_an_npu_refuses_what_is_not_converted_with_the_reason(model,
     "model",
     [
         {"experts": 8},  # unquantized MoE, no expert parallelism
+        {"use_mla": True, "experts": 8},  # DeepSeek-V2/V3: MLA and MoE both in the graph
         {"experts": 8, "ep": True, "npu": {"moe_mc2": "auto"}},  # EP over replicated tokens; 'auto' MC2 stays off
         *({**ASCEND, "quant_cfg": _description(t)} for t in ("W8A8", "W8A8_DYNAMIC", "W4A8_DYNAMIC")),
         {**ASCEND, "quant_cfg": _description("W4A4_FLATQUANT_DYNAMIC", "FLOAT"), "dtype": torch.float16},
@@ -128,10 +149,13 @@ def test_torchair_on_an_npu_runs_moe_and_dense_quant_schemes(model):
     assert plan.mode == "FULL_DECODE_ONLY"
 
 
+@pytest.mark.parametrize("use_mla", [False, True], ids=["gqa", "mla"])
 @pytest.mark.parametrize("emulated", [True, False])
-def test_torchair_with_attention_in_the_graph_refuses_speculative_decoding(emulated):
+def test_torchair_with_attention_in_the_graph_refuses_speculative_decoding(emulated, use_mla):
+    spec = SimpleNamespace(num_speculative_tokens=1)
     with pytest.raises(ConfigError, match=r"'torchair' conflicts with speculative decoding .*one token per request"):
-        configure_graphs(graph_config(spec=SimpleNamespace(num_speculative_tokens=1)), "torchair", emulated=emulated)
+        configure_graphs(graph_config(spec=spec, use_mla=use_mla), "torchair", emulated=emulated)
+    configure_graphs(graph_config(spec=spec, sparse=True), "torchair", emulated=True)  # SFA: the opaque op
 
 
 def test_torchair_with_enforce_eager_names_the_key():
@@ -394,9 +418,10 @@ def test_wrapper_counts_a_second_compile_of_a_size_as_a_recompile(tmp_path):
     assert torchair.TORCHAIR_STATS.recompiles == before + 1 and wrapper.compile_counts[3] == 2
 
 
+@pytest.mark.parametrize("use_mla", [False, True], ids=["gqa", "mla"])
 @pytest.mark.parametrize("emulated", [True, False])
-def test_torchair_with_attention_in_the_graph_refuses_a_kv_connector(emulated):
-    cfg = graph_config(kv_transfer=SimpleNamespace(kv_connector="MooncakeConnectorV1"))
+def test_torchair_with_attention_in_the_graph_refuses_a_kv_connector(emulated, use_mla):
+    kv_transfer = SimpleNamespace(kv_connector="MooncakeConnectorV1")
     with pytest.raises(ConfigError, match=r"'torchair' conflicts with a KV connector .*skips the connector"):
-        configure_graphs(cfg, "torchair", emulated=emulated)
-    configure_graphs(graph_config(kv_transfer=cfg.kv_transfer_config, use_mla=True), "torchair", emulated=True)
+        configure_graphs(graph_config(kv_transfer=kv_transfer, use_mla=use_mla), "torchair", emulated=emulated)
+    configure_graphs(graph_config(kv_transfer=kv_transfer, sparse=True), "torchair", emulated=True)  # the opaque op

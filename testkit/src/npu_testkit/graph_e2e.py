@@ -10,7 +10,9 @@ compared token for token with HF transformers (float32, greedy).
 - :func:`check_mixed_and_chunked`: prompts of 1..150 tokens with a 64-token step budget, so long prompts are
   prefilled in chunks while the short ones already decode (mixed prefill/decode steps);
 - :func:`check_prefix_cache`: two prompts sharing ``prefix_blocks`` full KV blocks, the second served from the cache;
-- :func:`check_skipped_refresh_gives_wrong_tokens`: FULL replays without the per-step metadata refresh go wrong.
+- :func:`check_skipped_refresh_gives_wrong_tokens`: FULL replays without the per-step metadata refresh go wrong;
+- the torchair modules: :func:`torchair_stats` / :func:`stats_delta` (the process's torchair counts and what changed
+  between two snapshots) and :func:`stale_graph_outputs` (decode steps run on the first step's graph inputs).
 
 Prompt seeds are chosen so that no HF greedy continuation hits EOS: ``hf_greedy`` forbids EOS (``min_new_tokens``)
 while vLLM's ``ignore_eos`` still emits it, which would be a reference mismatch, not a bug.
@@ -19,6 +21,7 @@ while vLLM's ``ignore_eos`` still emits it, which would be a reference mismatch,
 from __future__ import annotations
 
 import contextlib
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -109,3 +112,40 @@ def check_skipped_refresh_gives_wrong_tokens(llm: Any, model_dir: Any, monkeypat
 
 def replays(llm: Any, mode: str) -> int:
     return int(runtime_info(llm)["graphs"]["replays"].get(mode, 0))
+
+
+def torchair_stats() -> dict[str, Any]:
+    """A snapshot of this process's torchair counts (``TORCHAIR_STATS``: every engine of the process adds to them)."""
+    from vllm_npu.platform.graphs.torchair import TORCHAIR_STATS
+
+    return TORCHAIR_STATS.snapshot()
+
+
+def stats_delta(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
+    """What changed between two :func:`torchair_stats` snapshots (per-size counts: only the sizes that changed)."""
+    out: dict[str, Any] = {}
+    for name, value in after.items():
+        if isinstance(value, dict):
+            diff = Counter(value)
+            diff.subtract(before[name])
+            out[name] = {k: v for k, v in diff.items() if v}
+        else:
+            out[name] = value - before[name]
+    return out
+
+
+def stale_graph_outputs(llm: Any, prompts: list[list[int]], new_tokens: int, metadata_cls: type) -> list[list[int]]:
+    """Greedy outputs of ``prompts`` (one compiled-size batch) whose compiled decode steps all get the first step's
+    graph inputs: ``metadata_cls.graph_inputs`` (the backend's metadata class) hands out the first result again."""
+    fresh = metadata_cls.graph_inputs
+    first: list[Any] = []
+
+    def stale(self: Any, batch_size: int) -> Any:
+        first.append(first[0] if first else fresh(self, batch_size))
+        return first[0]
+
+    metadata_cls.graph_inputs = stale
+    try:
+        return greedy(llm, prompts, new_tokens)
+    finally:
+        metadata_cls.graph_inputs = fresh

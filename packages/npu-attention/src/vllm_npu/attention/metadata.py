@@ -91,6 +91,29 @@ class GraphDecodeInputs:
     slots: torch.Tensor  # [B] int64: KV write slots, all in [0, num_blocks * block_size)
     seq_lens_list: list[int]  # the same lengths as a host list: the NPU kernel's SymInt[] (the reference ignores it)
 
+    @classmethod
+    def padded(
+        cls,
+        block_table: torch.Tensor,
+        seq_lens: torch.Tensor,
+        seq_lens_list: list[int],
+        slot_mapping: torch.Tensor,
+        num_reqs: int,
+        batch_size: int,
+    ) -> GraphDecodeInputs:
+        """A decode step's first ``num_reqs`` rows (one new token each: ``slot_mapping[i]`` is request ``i``'s)
+        padded to ``batch_size`` rows as the class docstring says; lengths raised to at least
+        :data:`GRAPH_PAD_SEQ_LEN`, negative (padding) slots to 0."""
+        n = num_reqs
+        table = block_table.new_zeros(batch_size, block_table.shape[1])
+        table[:n] = block_table[:n]
+        lens = torch.full((batch_size,), GRAPH_PAD_SEQ_LEN, dtype=torch.int32, device=block_table.device)
+        lens[:n] = seq_lens[:n].clamp(min=GRAPH_PAD_SEQ_LEN)
+        slots = torch.zeros(batch_size, dtype=torch.long, device=slot_mapping.device)
+        slots[:n] = slot_mapping[:n].clamp(min=0)
+        host = [max(s, GRAPH_PAD_SEQ_LEN) for s in seq_lens_list[:n]] + [GRAPH_PAD_SEQ_LEN] * (batch_size - n)
+        return cls(table, lens, slots, host)
+
 
 @dataclass
 class AscendMetadata:
@@ -139,15 +162,9 @@ class AscendMetadata:
                 f"single-token requests, got {self.attn_state.name} with {n} requests and "
                 f"{self.num_actual_tokens} tokens"
             )
-        device = self.block_table.device
-        block_table = self.block_table.new_zeros(batch_size, self.block_table.shape[1])
-        block_table[:n] = self.block_table[:n]
-        seq_lens = torch.full((batch_size,), GRAPH_PAD_SEQ_LEN, dtype=torch.int32, device=device)
-        seq_lens[:n] = self.seq_lens[:n].clamp(min=GRAPH_PAD_SEQ_LEN)
-        slots = torch.zeros(batch_size, dtype=torch.long, device=self.slot_mapping.device)
-        slots[:n] = self.slot_mapping[:n].clamp(min=0)
-        lens = [max(s, GRAPH_PAD_SEQ_LEN) for s in self.seq_lens_list[:n]] + [GRAPH_PAD_SEQ_LEN] * (batch_size - n)
-        return GraphDecodeInputs(block_table, seq_lens, slots, lens)
+        return GraphDecodeInputs.padded(
+            self.block_table, self.seq_lens, self.seq_lens_list, self.slot_mapping, n, batch_size
+        )
 
     @property
     def actual_seq_lengths_q(self) -> list[int]:

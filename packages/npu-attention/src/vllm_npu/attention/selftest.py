@@ -21,7 +21,7 @@ from vllm_npu.interface.selftest import KernelCall, KernelCase, randn, randperm
 
 from .masks import AttentionMaskBuilder
 from .ops.flash_attention import ENCODER_ATTENTION, PREFILL_NO_CACHE
-from .ops.graph_decode import GRAPH_DECODE, GRAPH_KV_WRITE
+from .ops.graph_decode import GRAPH_DECODE, GRAPH_KV_WRITE, MLA_GRAPH_DECODE
 from .ops.kv_cache import RESHAPE_AND_CACHE
 from .ops.mla_attention import MLA_DECODE, MLA_SPEC_DECODE, RING_MLA, mla_decode_workspace_npu, ring_mla_mask
 from .ops.mla_cache import KV_RMSNORM_ROPE_CACHE, MLA_CACHE_WRITE, PAGED_CACHE_LOAD, latent_cache_planes
@@ -382,6 +382,34 @@ def _mla_cases() -> list[KernelCase]:
                     note="audit #9, #15" + (", graph-task form of the call" if graph else ""),
                 )
             )
+
+    for n, bs in ((32, 128), (128, 16)):
+        for dtype in HALVES:
+
+            def graph_decode(device: Any, n: int = n, bs: int = bs, dt: str = dtype) -> KernelCall:
+                # a compiled decode graph of 4 requests, the last one padding (block-table row 0, length 2)
+                seq_lens = [150, 37, 129, 2]
+                table, nb = _block_table(70, seq_lens, bs, device)
+                table[3] = 0
+                nope, rope = _latent_planes(71, nb, bs, _dt(dt), device)
+                ql, qpe = (randn(s, 4, n, w, dtype=_dt(dt), device=device) for s, w in ((72, L), (73, R)))
+                lens = torch.tensor(seq_lens, dtype=torch.int32, device=device)
+                return KernelCall((ql, qpe, nope, rope, table, lens, seq_lens, (P + R) ** -0.5), {})
+
+            label = f"ql_nope [4, {n}, {L}] q_pe [4, {n}, {R}], block {bs}, lens [150, 37, 129, pad 2]"
+            cases.append(KernelCase(MLA_GRAPH_DECODE, label, dtype, graph_decode, note="torchair graph decode (MLA)"))
+
+            def graph_write(device: Any, bs: int = bs, dt: str = dtype) -> KernelCall:
+                table, nb = _block_table(74, [5, 130, 1], bs, device)
+                slots = torch.cat([_slots(table, [(0, 4), (1, 129), (2, 0)], bs), torch.zeros(1, dtype=torch.long)])
+                nope, rope = _latent_planes(75, nb, bs, _dt(dt), device)
+                kv_c, k_pe = (randn(s, 4, 1, w, dtype=_dt(dt), device=device) for s, w in ((76, L), (77, R)))
+                lens = torch.tensor([5, 130, 1, 2], dtype=torch.int32, device=device)
+                args = (kv_c, k_pe, nope, rope, slots.to(device), lens)
+                return KernelCall(args, {}, lambda r, a, k: {"seq_lens": r, "nope[1:]": a[2][1:], "rope[1:]": a[3][1:]})
+
+            label = f"kv_c [4, 1, {L}] k_pe [4, 1, {R}] -> latent planes, block {bs}, a padding slot 0"
+            cases.append(KernelCase(GRAPH_KV_WRITE, label, dtype, graph_write, note="torchair graph latent write"))
 
     for n, bs in ((32, 128), (128, 16)):
         for dtype in HALVES:

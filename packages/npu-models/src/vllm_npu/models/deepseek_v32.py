@@ -198,15 +198,29 @@ def _lightning_indexer_op(
     layer_name: str,
 ) -> None:
     """Body of ``torch.ops.vllm.npu_dsa_lightning_indexer``: find the layer's indexer through its key-cache layer
-    in the forward context and run it (fills ``topk_indices_buffer[:T]``)."""
+    in the forward context and run it (fills ``topk_indices_buffer[:T]``).
+
+    The indexer writes its own buffer, which the sparse attention reads. In a functionalized graph (the torchair
+    mode's compiled decode) the op is handed a copy of that buffer instead, which the graph writes back into the
+    buffer afterwards: the copy then gets the indexer's result too, so the write-back keeps it."""
     from vllm.forward_context import get_forward_context
 
     cache = get_forward_context().no_compile_layers[layer_name]
     owner = cache.__dict__.get("_owner")
     indexer = owner() if owner is not None else None
-    if indexer is None or indexer.topk_indices_buffer is not topk_indices_buffer:
+    if indexer is None:
         raise ConfigError(f"{layer_name} is not the key cache of a live AscendIndexer")
+    own = indexer.topk_indices_buffer
+    if topk_indices_buffer is not own and (
+        topk_indices_buffer.shape != own.shape or topk_indices_buffer.dtype != own.dtype
+    ):
+        raise ConfigError(
+            f"{layer_name}: the indexer op was given a topk buffer {tuple(topk_indices_buffer.shape)} "
+            f"{topk_indices_buffer.dtype}, not its indexer's {tuple(own.shape)} {own.dtype}"
+        )
     indexer.run(hidden_states, qr, positions)
+    if topk_indices_buffer is not own:
+        topk_indices_buffer.copy_(own)
 
 
 def _lightning_indexer_fake(

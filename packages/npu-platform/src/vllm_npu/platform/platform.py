@@ -269,9 +269,9 @@ class NPUPlatform(Platform):
     @classmethod
     def opaque_attention_op(cls) -> bool:
         # Attention runs as one registered op (`vllm.unified_attention_with_output`, under `dispatch_key`), which
-        # is also the split point of piecewise graphs. Except in the torchair mode with a GQA model: vLLM's layer
-        # then sets Attention.use_direct_call and calls the impl directly, so attention is traced into the compiled
-        # decode graph (.graphs.torchair).
+        # is also the split point of piecewise graphs. Except in the torchair mode with a GQA or MLA model: vLLM's
+        # layer then sets Attention.use_direct_call and calls the impl directly, so attention is traced into the
+        # compiled decode graph (.graphs.torchair; DeepSeek-V3.2's sparse attention keeps the op).
         # vLLM asks once per attention layer, while the model is built under the engine's config.
         from vllm.config import get_current_vllm_config
 

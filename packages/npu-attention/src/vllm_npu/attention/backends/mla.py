@@ -20,6 +20,13 @@ verification step's requests of up to ``1 + k`` tokens are decodes):
   :data:`~..ops.mla_cache.PAGED_CACHE_LOAD`), up-projected, and merged with a running log-sum-exp
   (:data:`~..ops.mla_attention.RING_MLA`).
 
+A decode step inside a compiled decode graph (``npu.graph_mode='torchair'``: the platform then answers
+``opaque_attention_op()`` False, so vLLM's attention layer calls this impl directly and Dynamo traces it) hands the
+layer graph inputs instead (:meth:`AscendMLAMetadata.graph_inputs`, through
+:func:`vllm_npu.interface.graphs.compiled_step_inputs`): every row of the padded batch is written to the latent
+planes (:data:`~..ops.graph_decode.GRAPH_KV_WRITE`) and attended by the absorbed decode
+(:data:`~..ops.graph_decode.MLA_GRAPH_DECODE`), from those tensors and the shapes only.
+
 Kernels are chosen once per impl (``Kernel.select()``): torch_npu on an NPU, the references on the emulated device.
 """
 
@@ -48,7 +55,8 @@ from vllm_npu.interface.device import kernel_backend
 from vllm_npu.interface.errors import ConfigError, KernelContractError
 
 from ..masks import AttentionMaskBuilder
-from ..metadata import MAX_DECODE_THRESHOLD, reject_decode_context_parallel
+from ..metadata import MAX_DECODE_THRESHOLD, GraphDecodeInputs, reject_decode_context_parallel
+from ..ops.graph_decode import GRAPH_KV_WRITE, MLA_GRAPH_DECODE
 from ..ops.mla_attention import MLA_DECODE, MLA_SPEC_DECODE, RING_MLA, mla_decode_workspace_npu, ring_mla_mask
 from ..ops.mla_cache import MLA_CACHE_WRITE, PAGED_CACHE_LOAD, latent_cache_planes
 from ..ops.weight_format import kv_b_proj_to_nd
@@ -142,6 +150,26 @@ class AscendMLAMetadata(MLACommonMetadata[AscendMLADecodeMetadata]):  # type: ig
     """vLLM's MLA metadata with our decode/prefill parts. ``head_dim`` stays None: vLLM's check only knows 576."""
 
     prefill: AscendMLAPrefillMetadata | None = None  # type: ignore[assignment]
+
+    def graph_inputs(self, batch_size: int) -> GraphDecodeInputs:
+        """This pure-decode step (one token per request) laid out as the inputs of a compiled decode graph of
+        ``batch_size`` requests (:class:`~vllm_npu.interface.protocols.GraphInputsProvider`; the torchair wrapper
+        calls it): block table, sequence lengths and latent-cache slots of the padded batch, padding rows on vLLM's
+        null block (:class:`~vllm_npu.attention.metadata.GraphDecodeInputs`)."""
+        d, n = self.decode, self.num_reqs
+        if (
+            self.prefill is not None
+            or d is None
+            or d.max_query_len != 1
+            or self.num_actual_tokens != n
+            or n > batch_size
+        ):
+            raise ValueError(
+                f"a compiled MLA decode graph of {batch_size} requests takes a pure-decode step of at most "
+                f"{batch_size} single-token requests, got {self.num_decodes} decode and {self.num_prefills} prefill "
+                f"requests with {self.num_actual_tokens} tokens"
+            )
+        return GraphDecodeInputs.padded(d.block_table, d.seq_lens, d.seq_lens_list, self.slot_mapping, n, batch_size)
 
 
 class AscendMLAMetadataBuilder(AttentionMetadataBuilder[AscendMLAMetadata]):
@@ -307,6 +335,8 @@ class AscendMLAImpl(MLACommonBaseImpl[AscendMLAMetadata]):
         self._decode = MLA_DECODE.select()
         self._spec_decode = MLA_SPEC_DECODE.select()
         self._ring = RING_MLA.select()
+        self._graph_write = GRAPH_KV_WRITE.select()
+        self._graph_decode = MLA_GRAPH_DECODE.select()
         self._ring_mask: torch.Tensor | None = None
         # True when the MLA layer writes the latent cache itself with the fused k-norm + rope + write kernel
         # (vllm_npu.attention.ops.mla_layer.AscendMultiHeadLatentAttention sets it once, at construction).
@@ -334,6 +364,9 @@ class AscendMLAImpl(MLACommonBaseImpl[AscendMLAMetadata]):
             raise NotImplementedError("fused output quantization is not supported by AscendMLABackend")
         if attn_metadata is None:  # profile run: no cache yet; zeros keep DP/EP ranks consistent
             return output.fill_(0)
+        graph = graphs.compiled_step_inputs(getattr(layer, "layer_name", None))
+        if isinstance(graph, GraphDecodeInputs):
+            return self._graph_forward(q, k_c_normed, k_pe, kv_cache, graph, output)
 
         n = attn_metadata.num_actual_tokens
         nd = attn_metadata.num_decode_tokens
@@ -418,3 +451,34 @@ class AscendMLAImpl(MLACommonBaseImpl[AscendMLAMetadata]):
             scale=self.scale, out=latent, **scratch,
         )  # fmt: skip
         return torch.bmm(latent.transpose(0, 1), self.W_UV).transpose(0, 1)  # [B, N, V]
+
+    def _graph_forward(
+        self,
+        q: torch.Tensor,
+        kv_c: torch.Tensor,
+        k_pe: torch.Tensor,
+        kv_cache: torch.Tensor,
+        graph: GraphDecodeInputs,
+        output: torch.Tensor,
+    ) -> torch.Tensor:
+        """A decode step inside a compiled graph (the torchair mode): every row of the padded batch written to the
+        latent cache and attended, from the graph inputs and shapes only (no host-side slicing by the step's request
+        count, which would be baked into the graph); padding rows write to and read vLLM's null block."""
+        batch = graph.seq_lens.shape[0]
+        if q.shape[0] != batch:
+            raise ValueError(
+                f"a compiled MLA decode graph of {batch} requests got {q.shape[0]} query tokens; it takes one token "
+                "per request"
+            )
+        nope, rope = latent_cache_planes(kv_cache, self.kv_lora_rank, self.qk_rope_head_dim)
+        # Always written here: the MLA layer's fused norm + rope + write is off when the model is traced
+        # (ops/mla_layer.py). The decode reads the lengths the write returns, which orders it after the write.
+        latent, rotated = kv_c.reshape(batch, 1, -1), k_pe.reshape(batch, 1, self.qk_rope_head_dim)
+        seq_lens = self._graph_write(latent, rotated, nope, rope, graph.slots, graph.seq_lens)
+        q_nope, q_pe = q.split([self.qk_nope_head_dim, self.qk_rope_head_dim], dim=-1)
+        ql_nope = torch.bmm(q_nope.transpose(0, 1), self.W_UK_T).transpose(0, 1)  # [B, N, L]
+        latent_out = self._graph_decode(
+            ql_nope, q_pe, nope, rope, graph.block_table, seq_lens, graph.seq_lens_list, self.scale
+        )
+        out = torch.bmm(latent_out.transpose(0, 1), self.W_UV).transpose(0, 1)  # [B, N, V]
+        return output.copy_(out.reshape(batch, -1))

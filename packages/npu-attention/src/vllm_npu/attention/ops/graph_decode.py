@@ -11,7 +11,9 @@ and derive everything else from shapes. Both are what vllm-ascend v0.11.0's torc
 ``npu_fused_infer_attention_score`` for the decode), ops torchair ships GE converters for.
 
 ``graph_kv_write`` — the step's K/V into the paged cache; returns the lengths the decode must read after it:
-    key/value ``[B, Nkv, D]``; key_cache/value_cache ``[num_blocks, block_size, Nkv, D]`` updated in place;
+    key ``[B, Nkv, Dk]``, value ``[B, Nkv, Dv]``; key_cache ``[num_blocks, block_size, Nkv, Dk]``, value_cache
+    ``[num_blocks, block_size, Nkv, Dv]``, updated in place (GQA: K and V, ``Dk = Dv``; MLA: the latent ``kv_c``
+    and the rotated ``k_pe`` into the nope and rope planes, ``Nkv = 1``, ``Dk = L``, ``Dv = R``);
     slots ``[B]`` int64, every entry in ``[0, num_blocks * block_size)`` (padding rows point at slot 0 of vLLM's
     null block 0, which no request reads: ``npu_scatter_nd_update_`` does not accept out-of-range indices);
     seq_lens ``[B]``: returned (NPU) or returned as a copy (reference), so that the decode depends on the write.
@@ -35,6 +37,19 @@ and derive everything else from shapes. Both are what vllm-ascend v0.11.0's torc
     ``sparse_mode=0`` (a sliding window as an explicit mask ``[B, 1, W * block_size]`` made in the graph from
     ``seq_lens``: with Q_S = 1 the kernel ignores ``pre_tokens``). Reference: every one of the W pages gathered
     (a static shape), positions ``>= seq_lens[b]`` masked.
+
+``mla_graph_decode`` — MLA's absorbed decode, one query token per request over its latent pages (returns it):
+    ql_nope ``[B, N, L]`` (q_nope already multiplied by ``W_UK``), q_pe ``[B, N, R]``; nope_cache / rope_cache
+    ``[num_blocks, block_size, 1, L|R]`` (this step's latents already written); block_table, seq_lens and
+    seq_lens_list as for ``graph_decode``. Returns ``[B, N, L]``: ``softmax(scale * (ql_nope . kv_c + q_pe . k_pe))
+    @ kv_c`` over the request's ``seq_lens[b]`` cached tokens (the caller applies ``W_UV``).
+    NPU: ``torch_npu.npu_fused_infer_attention_score`` (the functional op: its GE converter is registered for
+    ``.default``, not ``.out``) in its MLA mode, as vllm-ascend v0.11.0's torchair MLA decode calls it
+    (``vllm_ascend/torchair/torchair_mla.py``, ``_forward_decode`` in graph mode): BNSD with ``Q_S = 1`` (query
+    ``[B, N, 1, L]``, ``query_rope [B, N, 1, R]``, caches viewed ``[num_blocks, 1, block_size, L|R]``, the latent
+    plane as key and value), ``key_rope`` = the rope plane, one KV head, ``sparse_mode=0``, no mask,
+    ``actual_seq_lengths_kv=seq_lens_list``. Reference: every one of the W pages gathered, positions
+    ``>= seq_lens[b]`` masked (:func:`~.mla_attention.latent_attention`, float32 softmax).
 """
 
 from __future__ import annotations
@@ -46,6 +61,7 @@ from vllm_npu.interface.device import Kernel
 
 from ._checks import check_heads, no_soft_cap
 from ._reference import attend
+from .mla_attention import latent_attention, mla_decode_npu_inputs
 from .paged_attention import fia_decode_bsh
 
 
@@ -75,9 +91,9 @@ def _write_in_place(
     slots: torch.Tensor,
     seq_lens: torch.Tensor,
 ) -> torch.Tensor:
-    nkv, d = key_cache.shape[-2:]
-    key_cache.view(-1, nkv, d).index_copy_(0, slots, key.to(key_cache.dtype))
-    value_cache.view(-1, nkv, d).index_copy_(0, slots, value.to(value_cache.dtype))
+    # Each cache by its own row shape: MLA's latent and rope planes differ in width.
+    key_cache.view(-1, *key_cache.shape[2:]).index_copy_(0, slots, key.to(key_cache.dtype))
+    value_cache.view(-1, *value_cache.shape[2:]).index_copy_(0, slots, value.to(value_cache.dtype))
     return seq_lens.clone()
 
 
@@ -170,3 +186,56 @@ def graph_decode_reference(
 
 
 GRAPH_DECODE = Kernel("graph_decode", npu=graph_decode_npu, reference=graph_decode_reference)
+
+
+def mla_graph_decode_npu(
+    ql_nope: torch.Tensor,
+    q_pe: torch.Tensor,
+    nope_cache: torch.Tensor,
+    rope_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    seq_lens: torch.Tensor,
+    seq_lens_list: list[int],
+    scale: float,
+) -> torch.Tensor:
+    q, q_rope, kv, k_rope = mla_decode_npu_inputs(ql_nope, q_pe, nope_cache, rope_cache)
+    import torch_npu
+
+    attn_out, _ = torch_npu.npu_fused_infer_attention_score(
+        q,
+        kv,
+        kv,
+        query_rope=q_rope,
+        key_rope=k_rope,
+        num_heads=q.shape[1],
+        num_key_value_heads=1,
+        input_layout="BNSD",
+        atten_mask=None,
+        sparse_mode=0,
+        scale=scale,
+        block_table=block_table,
+        block_size=kv.shape[2],
+        actual_seq_lengths_kv=seq_lens_list,
+    )
+    return cast(torch.Tensor, attn_out).view(ql_nope.shape)
+
+
+def mla_graph_decode_reference(
+    ql_nope: torch.Tensor,
+    q_pe: torch.Tensor,
+    nope_cache: torch.Tensor,
+    rope_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    seq_lens: torch.Tensor,
+    seq_lens_list: list[int],
+    scale: float,
+) -> torch.Tensor:
+    width, block_size = block_table.shape[1], nope_cache.shape[1]
+    positions = torch.arange(width * block_size, device=ql_nope.device)
+    # [B, W * block_size]: every page of the table, in order (a static shape); past the length masked
+    slots = block_table.to(torch.long)[:, positions // block_size] * block_size + positions % block_size
+    hidden = _window_hidden(seq_lens, positions, None)
+    return latent_attention(ql_nope, q_pe, nope_cache, rope_cache, slots, ~hidden, scale)
+
+
+MLA_GRAPH_DECODE = Kernel("mla_graph_decode", npu=mla_graph_decode_npu, reference=mla_graph_decode_reference)

@@ -80,7 +80,7 @@ def latent_attention(
     return torch.einsum("tnk,tkl->tnl", p, k_c).to(ql_nope.dtype)
 
 
-def _mla_decode_npu_inputs(
+def mla_decode_npu_inputs(
     ql_nope: torch.Tensor, q_pe: torch.Tensor, nope_cache: torch.Tensor, rope_cache: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(query, query_rope, key_cache, key_rope)`` of ``npu_fused_infer_attention_score`` in its MLA mode (BNSD,
@@ -126,7 +126,7 @@ def mla_decode_npu(
     both allocated before the capture's task so that every task update re-issues the kernel on the same addresses;
     eagerly both may be None (the kernel then sizes its own workspace; ``softmax_lse`` is reserved, "暂不支持", and
     discarded)."""
-    q, q_rope, kv, k_rope = _mla_decode_npu_inputs(ql_nope, q_pe, nope_cache, rope_cache)
+    q, q_rope, kv, k_rope = mla_decode_npu_inputs(ql_nope, q_pe, nope_cache, rope_cache)
     import torch_npu
 
     torch_npu.npu_fused_infer_attention_score.out(
@@ -161,7 +161,7 @@ def mla_decode_workspace_npu(
     schema takes query_rope / key_rope like the op, although the prose docs list them only for the op). Queried once
     per captured task; the graph's task updates change only the sequence lengths. NPU only: the reference
     (:func:`mla_decode_reference`) needs no workspace."""
-    q, q_rope, kv, k_rope = _mla_decode_npu_inputs(ql_nope, q_pe, nope_cache, rope_cache)
+    q, q_rope, kv, k_rope = mla_decode_npu_inputs(ql_nope, q_pe, nope_cache, rope_cache)
     import torch_npu
 
     workspace: torch.Tensor = torch_npu._npu_fused_infer_attention_score_get_max_workspace(

@@ -20,8 +20,10 @@ Falls back to vLLM's ``forward_native`` whenever the fusion does not apply: spar
 rope, partial rotary, a biased norm, an attention backend other than :class:`AscendMLABackend`, or a model Dynamo
 traces (PIECEWISE graphs, the torchair mode). The fused write sits outside the attention op and reads the step's
 metadata in Python (whether there is any, ``num_actual_tokens``, the slot mapping): Dynamo would freeze those at its
-first (metadata-less) run and never write the cache again; ``forward_native`` leaves the write to the impl, inside
-the attention op, which runs eagerly between graph pieces.
+first (metadata-less) run and never write the cache again; ``forward_native`` leaves the write to the impl: inside
+the attention op, which runs eagerly between PIECEWISE graph pieces, or (torchair) in the impl's graph decode path,
+on the compiled step's graph inputs (:meth:`AscendMLAImpl._graph_forward`). vllm-ascend's torchair MLA fuses the
+decode step's write instead (docs/torchair.md says why ours does not).
 
 A FULL_DECODE_ONLY graph captures this forward as it runs with the capture batch's metadata, and everything it
 reads stays right on replay: the slot mapping is a view of vLLM's persistent slot buffer (rewritten in place every

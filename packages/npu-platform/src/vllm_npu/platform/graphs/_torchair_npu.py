@@ -24,7 +24,8 @@ v0.11.0 compiles its torchair graphs the same way (``dynamic=True`` + ``torch._d
 ``vllm_ascend/torchair/torchair_model_runner.py``). ``.tolist()`` of a lengths tensor inside the graph is not an
 option: torchair has no converter for ``aten._local_scalar_dense``.
 
-What is compiled on an NPU is refused or allowed by :func:`.config.torchair_npu_refusal` (GQA decoder models).
+What is compiled on an NPU is refused or allowed by :func:`.config.torchair_npu_refusal` (GQA and MLA decoder
+models).
 Checked against a fake ``torchair`` only: no NPU here.
 """
 

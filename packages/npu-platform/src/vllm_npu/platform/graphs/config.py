@@ -26,11 +26,11 @@ slow every engine start of the test suite; everything else is the same code path
 ``npu.graph_mode``: ``auto`` follows the above; ``eager`` / ``piecewise`` / ``full_decode_only`` set the mode (an
 explicit, different ``cudagraph_mode`` is a conflict). ``--enforce-eager`` with a graph mode is a conflict.
 ``torchair`` uses FULL_DECODE_ONLY's dispatch and compiles each decode size instead of capturing it
-(:mod:`.torchair`). On an NPU it runs GQA decoder models, attention inside the compiled graph, unquantized MoE layers
-without cross-rank exchanges and npu-quant's dense schemes; MLA models, quantized MoE models and the MoE and quant
-configurations of :data:`TORCHAIR_NPU_REFUSALS` are refused there with the reason. With attention in the graph (GQA,
-either device) speculative decoding and KV connectors are refused (:data:`TORCHAIR_SPEC_DECODE`,
-:data:`TORCHAIR_KV_TRANSFER`).
+(:mod:`.torchair`). On an NPU it runs GQA and MLA (DeepSeek-V2/V3) decoder models, attention inside the compiled
+graph, unquantized MoE layers without cross-rank exchanges and npu-quant's dense schemes; DeepSeek-V3.2's sparse
+attention, quantized MoE models and the MoE and quant configurations of :data:`TORCHAIR_NPU_REFUSALS` are refused
+there with the reason. With attention in the graph (every model but V3.2's, either device) speculative decoding and
+KV connectors are refused (:data:`TORCHAIR_SPEC_DECODE`, :data:`TORCHAIR_KV_TRANSFER`).
 """
 
 from __future__ import annotations
@@ -62,20 +62,22 @@ GRAPH_MODES: dict[str, str | None] = {
 
 #: What the torchair mode compiles on an NPU, and why the rest is refused (docs/torchair.md, "On an NPU"). torchair's
 #: GE compiler (max-autotune) must translate every op of the decode graph to Ascend IR; a node without a converter
-#: fails the engine's start. GQA decoder models compile: their attention is in the graph (the platform answers
-#: opaque_attention_op() False, the impl's graph decode path: npu_scatter_nd_update_ + npu_fused_infer_attention_score,
-#: both with converters in torch_npu 2.8.0's torchair), as are the dense ops of npu-ops (npu_rms_norm,
-#: npu_add_rms_norm, npu_rotary_mul, npu_swiglu), unquantized MoE layers without cross-rank exchanges (npu-ops traces
-#: them: npu_moe_gating_top_k(_softmax), npu_moe_init_routing_v2, npu_grouped_matmul, npu_swiglu,
-#: npu_moe_finalize_routing) and the linear layers of npu-quant's W8A8, W8A8_DYNAMIC, W4A8_DYNAMIC and
-#: W4A4_FLATQUANT_DYNAMIC schemes (npu_quantize, npu_dynamic_quant, npu_quant_matmul, npu_weight_quant_batchmatmul,
-#: npu_kronecker_quant). Each entry: what is refused -> why.
+#: fails the engine's start. GQA and MLA decoder models compile: their attention is in the graph (the platform
+#: answers opaque_attention_op() False; the impls' graph decode paths: npu_scatter_nd_update_ +
+#: npu_fused_infer_attention_score, BSH for GQA, BNSD with query_rope/key_rope for MLA, both with converters in
+#: torch_npu 2.8.0's torchair), as are the dense ops of npu-ops (npu_rms_norm, npu_add_rms_norm, npu_rotary_mul,
+#: npu_swiglu), unquantized MoE layers without cross-rank exchanges (npu-ops traces them: npu_moe_gating_top_k(_softmax),
+#: npu_moe_init_routing_v2, npu_grouped_matmul, npu_swiglu, npu_moe_finalize_routing) and the linear layers of
+#: npu-quant's W8A8, W8A8_DYNAMIC, W4A8_DYNAMIC and W4A4_FLATQUANT_DYNAMIC schemes (npu_quantize, npu_dynamic_quant,
+#: npu_quant_matmul, npu_weight_quant_batchmatmul, npu_kronecker_quant). Each entry: what is refused -> why.
 TORCHAIR_NPU_REFUSALS: dict[str, str] = {
-    "mla": (
-        "MLA models (DeepSeek-V2/V3, and V3.2's sparse attention) run their attention as vLLM's opaque op "
-        "(vllm.unified_attention_with_output) in the torchair mode: the MLA and SFA impls have no graph decode path "
-        "yet, and that op takes the layer's name and reads the step's block tables and sequence lengths from vLLM's "
-        "forward context in Python, which no GE converter can follow"
+    "sfa": (
+        "DeepSeek-V3.2's sparse attention (SFA): its attention stays vLLM's opaque op "
+        "(vllm.unified_attention_with_output) in the torchair mode, which takes the layer's name and reads the "
+        "step's metadata from vLLM's forward context in Python, so no GE converter can follow it; and the SFA "
+        "kernels (torch.ops.custom.npu_sparse_flash_attention / npu_lightning_indexer, from Ascend's custom_ops "
+        "package) have no GE converter in torch_npu 2.8.0's torchair, so a graph decode path could not be "
+        "compiled either"
     ),
     "moe_quantized": (
         "quantized MoE models: npu-quant's MoE methods are not traced into the decode graph, so their layers stay "
@@ -115,7 +117,7 @@ TORCHAIR_NPU_REFUSALS: dict[str, str] = {
 
 #: Why the torchair mode refuses a KV connector (disaggregated prefill) on every device when attention is in its graph.
 TORCHAIR_KV_TRANSFER = (
-    "npu.graph_mode='torchair' conflicts with a KV connector (--kv-transfer-config): with GQA attention inside the "
+    "npu.graph_mode='torchair' conflicts with a KV connector (--kv-transfer-config): with attention inside the "
     "compiled graph vLLM's layers call the attention impl directly, which skips the connector's per-layer KV load "
     "and save (they run only in vLLM's opaque attention op); use npu.graph_mode='full_decode_only' or 'piecewise'"
 )
@@ -129,6 +131,13 @@ def _num_experts(vllm_config: VllmConfig) -> int:
         if isinstance(value, int) and value > 0:
             return value
     return 0
+
+
+def sparse_attention(vllm_config: VllmConfig) -> bool:
+    """Whether the model runs DeepSeek-V3.2's sparse attention (SFA): its HF config has ``index_topk``, vLLM's own
+    test (``vllm/model_executor/models/config.py``). Its attention stays vLLM's opaque op in the torchair mode."""
+    model = vllm_config.model_config
+    return model is not None and hasattr(getattr(model, "hf_config", None), "index_topk")
 
 
 def _quant_refusal(vllm_config: VllmConfig, moe: bool) -> str | None:
@@ -172,8 +181,8 @@ def torchair_npu_refusal(vllm_config: VllmConfig) -> str | None:
     """Why ``npu.graph_mode='torchair'`` cannot run this engine on an NPU, or None (:data:`TORCHAIR_NPU_REFUSALS`)."""
     model = vllm_config.model_config
     moe = _num_experts(vllm_config) > 0
-    if model is not None and getattr(model, "use_mla", False):
-        key: str | None = "mla"
+    if sparse_attention(vllm_config):
+        key: str | None = "sfa"
     else:
         key = (_quant_refusal(vllm_config, moe) if model is not None else None) or (
             _moe_refusal(vllm_config) if moe else None
@@ -216,10 +225,10 @@ def _resolve_mode(vllm_config: VllmConfig, graph_mode: str, emulated: bool) -> t
         refusal = None if emulated else torchair_npu_refusal(vllm_config)
         if refusal is not None:
             raise ConfigError(refusal)
-        use_mla = bool(model is not None and getattr(model, "use_mla", False))
-        if getattr(vllm_config, "speculative_config", None) is not None and not use_mla:
+        in_graph = not sparse_attention(vllm_config)  # .torchair.attention_in_graph, for the model of this config
+        if getattr(vllm_config, "speculative_config", None) is not None and in_graph:
             raise ConfigError(TORCHAIR_SPEC_DECODE)
-        if getattr(vllm_config, "kv_transfer_config", None) is not None and not use_mla:
+        if getattr(vllm_config, "kv_transfer_config", None) is not None and in_graph:
             raise ConfigError(TORCHAIR_KV_TRANSFER)
     if enforce_eager:
         if requested not in (None, "NONE"):

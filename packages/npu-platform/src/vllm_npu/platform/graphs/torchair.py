@@ -17,7 +17,7 @@ CustomOp overrides included, and so are unquantized MoE layers whose dispatch ne
 ``AscendFusedMoE`` calls its ``forward_impl`` instead of vLLM's opaque ``moe_forward`` op in this mode); other MoE
 layers stay that opaque op.
 
-Attention of GQA models is inside the graph (:func:`attention_in_graph`): the platform answers
+Attention of GQA and MLA models is inside the graph (:func:`attention_in_graph`): the platform answers
 ``opaque_attention_op()`` False, so vLLM's attention layer calls the impl directly and Dynamo traces it. Before each
 compiled step this wrapper has every attention metadata object of the step lay itself out for the padded batch
 (:func:`vllm_npu.interface.protocols.graph_inputs_of`: block tables, sequence lengths and KV slots as fixed-shape
@@ -25,9 +25,9 @@ tensors, plus the lengths as a host list for the NPU kernel) and passes them to 
 argument, which stores them where the impls read them (:data:`vllm_npu.interface.graphs.COMPILED_STEP`). So they are
 graph *inputs*, guarded on shapes only: per-step values are neither baked in nor recompiled for. (Read from vLLM's
 forward context, a module global, Dynamo would bake the Python ints in as constants even with dynamic shapes.)
-MLA models keep vLLM's opaque attention op (registered with a fake implementation): one node in the graph that
-reads the step's metadata from the forward context when it runs, which the stand-in backend can run and GE cannot
-convert (the torchair mode is refused for MLA on an NPU).
+DeepSeek-V3.2's sparse attention (SFA) keeps vLLM's opaque attention op (registered with a fake implementation): one
+node in the graph that reads the step's metadata from the forward context when it runs, which the stand-in backend
+can run and GE cannot convert (the torchair mode is refused for SFA on an NPU).
 
 Backends: on an NPU torchair's (:mod:`._torchair_npu`: ``dynamic=True`` with every tensor input marked static, so
 that the only symbolic values are the Python ints the NPU attention kernel takes as ``SymInt[]``, the sequence
@@ -60,6 +60,7 @@ from vllm_npu.interface.log import get_logger
 from vllm_npu.interface.protocols import graph_inputs_of
 
 from .compile_cache import CompileCache, cache_key, default_cache_root
+from .config import sparse_attention
 
 logger = get_logger(__name__)
 
@@ -115,15 +116,15 @@ def torchair_enabled(vllm_config: VllmConfig) -> bool:
 
 
 def attention_in_graph(vllm_config: VllmConfig) -> bool:
-    """Whether this engine's attention is compiled into the torchair decode graph (the torchair mode with a GQA
-    model; MLA keeps vLLM's opaque op): the platform's ``opaque_attention_op()`` answer is its negation."""
-    model = vllm_config.model_config
-    return torchair_enabled(vllm_config) and model is not None and not getattr(model, "use_mla", False)
+    """Whether this engine's attention is compiled into the torchair decode graph (the torchair mode with a GQA or
+    MLA model; DeepSeek-V3.2's sparse attention keeps vLLM's opaque op): the platform's ``opaque_attention_op()``
+    answer is its negation."""
+    return torchair_enabled(vllm_config) and vllm_config.model_config is not None and not sparse_attention(vllm_config)
 
 
 def _graph_inputs(size: int) -> dict[str, object]:
     """This step's graph inputs of the size-``size`` graph: attention layer name -> its metadata's inputs, for the
-    metadata that provides them (:func:`vllm_npu.interface.protocols.graph_inputs_of`; MLA's does not)."""
+    metadata that provides them (:func:`vllm_npu.interface.protocols.graph_inputs_of`; SFA's does not)."""
     metadata = get_forward_context().attn_metadata
     inputs: dict[str, object] = {}
     if not isinstance(metadata, Mapping):
