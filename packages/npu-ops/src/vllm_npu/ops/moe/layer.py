@@ -228,7 +228,10 @@ def moe_graph_refusal(layer: AscendFusedMoE) -> str | None:
             "MoE methods are not yet)"
         )
     if plan.mc2 is not None:
-        return "MC2 (npu.moe_mc2) chooses MC2 or the other dispatcher per step on the host"
+        return (
+            "MC2 (npu.moe_mc2) chooses MC2 or the other dispatcher per step on the host, and reads the number of rows "
+            "it received on the host"
+        )
     if plan.all_to_all or layer._moe_across_dp:
         return (
             "data-parallel MoE exchanges rows between ranks with split sizes read on the host (all-to-all) or "

@@ -94,8 +94,9 @@ TORCHAIR_NPU_REFUSALS: dict[str, str] = {
         "tables between steps; the compiled graph freezes its parameters and tables (frozen_parameter)"
     ),
     "moe_mc2": (
-        "npu.moe_mc2='on': MC2 is chosen per step on the host (by the step's token count); in the torchair mode "
-        "'auto' keeps the graph-ready dispatchers"
+        "npu.moe_mc2='on': MC2 is chosen per step on the host (by the step's token count), and the MC2 dispatcher "
+        "reads the number of rows it received on the host to size the experts' input (the MC2 kernels themselves "
+        "have GE converters); in the torchair mode 'auto' keeps the graph-ready dispatchers"
     ),
     "moe_overlap": (
         "npu.multistream_overlap_shared_expert: the shared experts run on a side stream the compiled graph does not "
