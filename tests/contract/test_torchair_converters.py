@@ -39,12 +39,20 @@ def test_the_three_kinds_of_converter_are_told_apart() -> None:
         @declare_supported([])
         def not_a_converter(x):
             raise NotImplementedError
+
+        def conv_d(x: Tensor, meta_outputs: TensorSpec = None):
+            return ge.D(x)
+
+        d_reg = register_fx_node_ge_converter(torch.ops.npu.npu_d.default)(conv_d)
+        d_list_reg = register_fx_node_ge_converter(torch.ops.npu.npu_d.List)(conv_d)
         '''
     )
     assert parse_converters(source) == {
         "npu.npu_a.default": IMPLEMENTED,
         "aten.b.Tensor": NOT_IMPLEMENTED,
         "npu.npu_c.default": PARTIAL,
+        "npu.npu_d.default": IMPLEMENTED,  # registered by a call, not a decorator
+        "npu.npu_d.List": IMPLEMENTED,
     }
 
 
@@ -57,8 +65,24 @@ def test_the_wheel_has_converters_for_the_gqa_decode_graph_and_none_for_the_unpe
         "npu.npu_rms_norm.default",
         "npu.npu_add_rms_norm.default",
         "npu.npu_swiglu.default",
+        # the MoE decode graph (npu-ops) and the dense quant schemes' forward (npu-quant)
+        "npu.npu_moe_gating_top_k_softmax.default",
+        "npu.npu_moe_gating_top_k.default",
+        "npu.npu_moe_init_routing_v2.default",
+        "npu.npu_grouped_matmul.default",
+        "npu.npu_grouped_matmul.List",
+        "npu.npu_moe_finalize_routing.default",
+        "aten.scatter.src",
+        "npu.npu_quantize.default",
+        "npu.npu_dynamic_quant.default",
+        "npu.npu_quant_matmul.default",
+        "npu.npu_weight_quant_batchmatmul.default",
+        "npu.npu_kronecker_quant.default",
     ):
         assert table[op] == IMPLEMENTED, op
+    # why the graph paths avoid these: index assignment and repeat_interleave have refusing converters
+    for op in ("aten.index_put.default", "aten.repeat_interleave.self_int", "aten.repeat_interleave.Tensor"):
+        assert table[op] == NOT_IMPLEMENTED, op
     assert table["npu.npu_rotary_mul.default"] == PARTIAL  # refuses some rotary modes only
     assert missing_converters(["npu.npu_moe_token_unpermute.default", "aten._local_scalar_dense.default"]) == [
         "aten._local_scalar_dense.default: its GE converter raises NotImplementedError",

@@ -33,12 +33,20 @@ def graph_config(
     sparse=False,
     experts=0,
     quantization=None,
+    quant_cfg=None,
+    dtype=torch.bfloat16,
     spec=None,
     kv_transfer=None,
+    dp=1,
+    ep=False,
+    eplb=False,
+    npu=None,
     graph_mode=None,
 ):
-    """The parts of a VllmConfig the graph config reads; ``sparse``: DeepSeek-V3.2 (MLA with ``index_topk``)."""
-    hf_config = SimpleNamespace(index_topk=2048) if sparse else SimpleNamespace()
+    """The parts of a VllmConfig the graph config reads; ``sparse``: DeepSeek-V3.2 (MLA with ``index_topk``);
+    ``quant_cfg``: config.json's ``quantization_config``; ``npu``: the plugin's additional-config section."""
+    hf_config = SimpleNamespace(quantization_config=quant_cfg, **({"index_topk": 2048} if sparse else {}))
+    section = {**(npu or {}), **({} if graph_mode is None else {"graph_mode": graph_mode})}
     return SimpleNamespace(
         compilation_config=CompilationConfig(cudagraph_mode=mode, cudagraph_capture_sizes=[1, 2, 4]),
         model_config=SimpleNamespace(
@@ -47,14 +55,23 @@ def graph_config(
             use_mla=use_mla or sparse,
             hf_config=hf_config,
             hf_text_config=SimpleNamespace(num_experts=experts),
+            model="/nonexistent-model-dir",
             quantization=quantization,
+            dtype=dtype,
         ),
-        additional_config=None if graph_mode is None else {"npu": {"graph_mode": graph_mode}},
-        parallel_config=SimpleNamespace(tensor_parallel_size=1, data_parallel_size=1, enable_expert_parallel=False),
+        parallel_config=SimpleNamespace(
+            tensor_parallel_size=1, data_parallel_size=dp, enable_expert_parallel=ep, enable_eplb=eplb
+        ),
+        additional_config={"npu": section} if section else None,
         scheduler_config=SimpleNamespace(max_num_batched_tokens=64),
         speculative_config=spec,
         kv_transfer_config=kv_transfer,
     )
+
+
+def _description(*types: str, **settings: str) -> dict[str, str]:
+    """An old-style msModelSlim description in config.json's quantization_config (one tensor per type)."""
+    return {f"model.layers.{i}.mlp.down_proj.weight": t for i, t in enumerate(types)} | settings
 
 
 def test_torchair_runs_full_decode_only_dispatch_without_dynamo_pieces():
@@ -70,6 +87,9 @@ def test_torchair_runs_full_decode_only_dispatch_without_dynamo_pieces():
 def test_torchair_runs_gqa_and_mla_models_on_an_npu(use_mla):
     plan = configure_graphs(graph_config(use_mla=use_mla), "torchair", emulated=False)
     assert plan.mode == "FULL_DECODE_ONLY" and plan.capture_sizes == (1, 2, 4)
+
+
+ASCEND = {"quantization": "ascend"}
 
 
 @pytest.mark.parametrize(
@@ -88,15 +108,45 @@ def test_attention_is_in_the_graph_for_every_model_but_sparse_attention(model, i
     ("model", "match"),
     [
         ({"sparse": True}, r"DeepSeek-V3.2's sparse attention \(SFA\): .*opaque op.*npu_sparse_flash_attention"),
-        ({"use_mla": True, "experts": 8}, r"MoE models: "),  # an MLA model with experts: the MoE reason
-        ({"experts": 8}, r"MoE models: .*npu_moe_token_unpermute\) has no GE converter"),
-        ({"quantization": "ascend"}, r"quantized checkpoints: .*not been checked against torchair"),
+        ({"experts": 8, **ASCEND, "quant_cfg": _description("W8A8_DYNAMIC")}, r"quantized MoE models: .*moe_forward"),
+        ({"experts": 8, "dp": 2, "ep": True}, r"MoE models with data parallel > 1: .*read on the host"),
+        ({"use_mla": True, "experts": 8, "dp": 2}, r"MoE models with data parallel > 1"),  # MLA: the MoE reason
+        ({"experts": 8, "eplb": True, "ep": True}, r"MoE models with --enable-eplb: .*frozen_parameter"),
+        ({"experts": 8, "ep": True, "npu": {"moe_mc2": "on"}}, r"npu.moe_mc2='on': MC2 is chosen per step"),
+        (
+            {"experts": 8, "npu": {"multistream_overlap_shared_expert": True}},
+            r"npu.multistream_overlap_shared_expert: .*side stream",
+        ),
+        (
+            {**ASCEND, "quant_cfg": _description("W8A8", kv_quant_type="C8")},
+            r"checkpoints with an int8 KV cache \(C8\)",
+        ),
+        (
+            {**ASCEND, "quant_cfg": _description("W8A8"), "dtype": torch.float32},
+            r"quantized checkpoints served in float32: .*npu_quant_matmul",
+        ),
+        ({"quantization": "fp8"}, r"quantization methods other than npu-quant's 'ascend'"),
     ],
 )
 def test_torchair_on_an_npu_refuses_what_is_not_converted_with_the_reason(model, match):
     with pytest.raises(ConfigError, match=r"npu.graph_mode='torchair' is not supported on an NPU for " + match):
         configure_graphs(graph_config(**model), "torchair", emulated=False)
     configure_graphs(graph_config(**model), "torchair", emulated=True)  # the emulated device runs them all
+
+
+@pytest.mark.parametrize(
+    "model",
+    [
+        {"experts": 8},  # unquantized MoE, no expert parallelism
+        {"use_mla": True, "experts": 8},  # DeepSeek-V2/V3: MLA and MoE both in the graph
+        {"experts": 8, "ep": True, "npu": {"moe_mc2": "auto"}},  # EP over replicated tokens; 'auto' MC2 stays off
+        *({**ASCEND, "quant_cfg": _description(t)} for t in ("W8A8", "W8A8_DYNAMIC", "W4A8_DYNAMIC")),
+        {**ASCEND, "quant_cfg": _description("W4A4_FLATQUANT_DYNAMIC", "FLOAT"), "dtype": torch.float16},
+    ],
+)
+def test_torchair_on_an_npu_runs_moe_and_dense_quant_schemes(model):
+    plan = configure_graphs(graph_config(**model), "torchair", emulated=False)
+    assert plan.mode == "FULL_DECODE_ONLY"
 
 
 @pytest.mark.parametrize("use_mla", [False, True], ids=["gqa", "mla"])

@@ -10,17 +10,21 @@ same way as a missing one. Others raise only for some arguments (``partial``): t
 
 :func:`converter_table` maps ``"<namespace>.<op>.<overload>"`` (``"npu.npu_rms_norm.default"``,
 ``"aten.add.Tensor"``) to :data:`IMPLEMENTED`, :data:`PARTIAL` or :data:`NOT_IMPLEMENTED`;
-:func:`missing_converters` names the ops of a list that GE could not convert. The wheel is
+:func:`missing_converters` names the ops of a list that GE could not convert. For tests that compile code the way the
+torchair mode does: :func:`compile_lowered` (the lowered aten graphs), :func:`graph_ops` / :func:`symbolic_inputs`
+(what to check in them) and :func:`fresh_dynamo_imports` (code that imports a fake ``torch_npu``). The wheel is
 :func:`npu_testkit.torch_npu_docs.wheel_path`'s (downloaded once, cached).
 """
 
 from __future__ import annotations
 
 import ast
+import contextlib
 import functools
 import zipfile
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
+from typing import Any
 
 from npu_testkit.torch_npu_docs import wheel_path
 
@@ -58,17 +62,34 @@ def _status(fn: ast.FunctionDef) -> str:
     return IMPLEMENTED
 
 
+def _registered_op(call: ast.expr) -> str | None:
+    """``register_fx_node_ge_converter(torch.ops.<op>)`` -> the op's name, else None."""
+    if isinstance(call, ast.Call) and getattr(call.func, "id", None) == DECORATOR and call.args:
+        return _op_name(call.args[0])
+    return None
+
+
 def parse_converters(source: str) -> dict[str, str]:
-    """The converters one ``ge_converter`` module registers: op name -> status."""
+    """The converters one ``ge_converter`` module registers: op name -> status.
+
+    Both spellings of a registration count: the decorator, and the call ``register_fx_node_ge_converter(op)(fn)``
+    on a function defined in the module (how ``custom/grouped_matmul.py`` registers ``npu_grouped_matmul``'s two
+    overloads with one converter).
+    """
+    tree = ast.parse(source)
+    functions = {fn.name: fn for fn in ast.walk(tree) if isinstance(fn, ast.FunctionDef)}
     found: dict[str, str] = {}
-    for fn in ast.walk(ast.parse(source)):
-        if not isinstance(fn, ast.FunctionDef):
-            continue
+    for fn in functions.values():
         for deco in fn.decorator_list:
-            if isinstance(deco, ast.Call) and getattr(deco.func, "id", None) == DECORATOR and deco.args:
-                name = _op_name(deco.args[0])
-                if name is not None:
-                    found[name] = _status(fn)
+            name = _registered_op(deco)
+            if name is not None:
+                found[name] = _status(fn)
+    for call in ast.walk(tree):
+        if isinstance(call, ast.Call) and len(call.args) == 1 and isinstance(call.args[0], ast.Name):
+            name = _registered_op(call.func)
+            target = functions.get(call.args[0].id)
+            if name is not None and target is not None:
+                found[name] = _status(target)
     return found
 
 
@@ -104,3 +125,56 @@ def missing_converters(ops: Iterable[str]) -> list[str]:
         elif status == NOT_IMPLEMENTED:
             out.append(f"{op}: its GE converter raises NotImplementedError")
     return out
+
+
+@contextlib.contextmanager
+def fresh_dynamo_imports() -> Iterator[None]:
+    """Forget, on entry and on exit, the modules Dynamo's traced code imported.
+
+    Dynamo resolves an ``import`` it traces through a process-wide cache by module name
+    (``torch._dynamo.symbolic_convert._import_module``), so a test that compiles code importing a *fake* ``torch_npu``
+    would otherwise get the first test's fake, whatever ``sys.modules`` holds now (and leave its own to the next).
+    """
+    from torch._dynamo import symbolic_convert
+
+    symbolic_convert._import_module.cache_clear()
+    try:
+        yield
+    finally:
+        symbolic_convert._import_module.cache_clear()
+
+
+def compile_lowered(fn: Callable[..., Any], *, dynamic: bool) -> tuple[Callable[..., Any], list[Any]]:
+    """``torch.compile(fn, fullgraph=True, dynamic=dynamic)`` lowered by AOTAutograd (functionalized aten, as the
+    torchair backend and the emulated stand-in see it, ``keep_inference_input_mutations=True``) and run as is; returns
+    the compiled function and the list its lowered graphs are appended to (one per compile). Resets Dynamo first."""
+    import torch
+    from torch._dynamo.backends.common import aot_autograd
+
+    graphs: list[Any] = []
+
+    def keep(gm: Any, example_inputs: list[Any]) -> Any:
+        graphs.append(gm)
+        return gm
+
+    torch._dynamo.reset()
+    backend = aot_autograd(fw_compiler=keep, keep_inference_input_mutations=True)
+    return torch.compile(fn, backend=backend, fullgraph=True, dynamic=dynamic), graphs
+
+
+def graph_ops(gm: Any) -> set[str]:
+    """The ops a lowered graph calls, named as in :func:`converter_table` (``"npu.npu_swiglu.default"``)."""
+    import torch
+
+    return {
+        f"{t.namespace}.{t._schema.name.split('::')[-1]}.{t._overloadname}"
+        for t in (n.target for n in gm.graph.nodes)
+        if isinstance(t, torch._ops.OpOverload)
+    }
+
+
+def symbolic_inputs(gm: Any) -> list[str]:
+    """The graph's inputs that are not tensors (symbolic ints): GE converters take op ints as attributes."""
+    import torch
+
+    return [n.name for n in gm.graph.nodes if n.op == "placeholder" and not isinstance(n.meta.get("val"), torch.Tensor)]

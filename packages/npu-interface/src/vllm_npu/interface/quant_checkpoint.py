@@ -85,3 +85,21 @@ def read_scheme(model_dir: str | os.PathLike[str] | None, hf_quant_cfg: Any = No
         if isinstance(cfg, Mapping):
             return scheme_of(cfg) or "unnamed"
     return f"quant_method {QUANT_METHOD!r}"
+
+
+def quant_types(model_dir: str | os.PathLike[str] | None, hf_quant_cfg: Any = None) -> frozenset[str] | None:
+    """The quant types a msModelSlim checkpoint uses: its tensors' non-float types (``W8A8_DYNAMIC``, ...) plus its
+    ``kv_quant_type`` / ``fa_quant_type`` settings (``C8``), from ``hf_quant_cfg`` when it is a description, else
+    from the description file; None when there is no readable description. Never raises."""
+    cfg: Any = hf_quant_cfg if looks_like_description(hf_quant_cfg) else None
+    path = None if cfg is not None else find_description_file(model_dir)
+    if path is not None:
+        try:
+            cfg = json.loads(path.read_text())
+        except (OSError, ValueError):
+            return None
+    if not isinstance(cfg, Mapping):
+        return None
+    types = {v for k, v in cfg.items() if isinstance(k, str) and k.endswith(".weight") and v in QUANT_TYPES}
+    types |= {cfg[k] for k in ("kv_quant_type", "fa_quant_type") if isinstance(cfg.get(k), str) and cfg[k]}
+    return frozenset(types - {"FLOAT"})

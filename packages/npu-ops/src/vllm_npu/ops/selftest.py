@@ -22,7 +22,7 @@ from .lora.kernels import BGMV_EXPAND, BGMV_SHRINK, SGMV_EXPAND, SGMV_SHRINK
 from .moe.experts import GROUPED_MATMUL
 from .moe.gating import GROUPED_TOPK, TOPK_SOFTMAX
 from .moe.mc2 import MC2_COMBINE, MC2_DISPATCH
-from .moe.routing import INIT_ROUTING, UNPERMUTE
+from .moe.routing import FINALIZE_ROUTING, INIT_ROUTING, UNPERMUTE
 from .mrope import MROPE
 from .rotary_embedding import ROTARY_MUL, ROTARY_MUL_QK
 from .swiglu import SWIGLU
@@ -223,6 +223,15 @@ def _moe_cases() -> list[KernelCase]:
         return KernelCall((permuted, randperm(27, t * k, device), probs), {})
 
     cases.append(KernelCase(UNPERMUTE, "permuted [36, 256], probs [9, 4]", "bfloat16", unpermute, note="bf16 only"))
+    for dtype in FLOATS:  # the torchair graph's combine: every float dtype
+
+        def finalize(device: Any, d: str = dtype) -> KernelCall:
+            t, k, h = 9, 4, 256
+            permuted = randn(28, t * k, h, dtype=_dt(d), device=device)
+            probs = torch.softmax(randn(29, t, k, dtype=torch.float32, device="cpu"), -1).to(_dt(d)).to(device)
+            return KernelCall((permuted, randperm(30, t * k, device), probs), {})
+
+        cases.append(KernelCase(FINALIZE_ROUTING, "permuted [36, 256], probs [9, 4]", dtype, finalize))
     return cases
 
 

@@ -31,7 +31,7 @@ from typing import Any
 import torch
 
 from .experts import ExpertsFn
-from .placement import ExpertPlacement
+from .placement import ExpertPlacement, static_table
 from .routing import InitRouting, Unpermute, combine_masked
 
 # (input [N, ...], output_split_sizes, input_split_sizes) -> output [sum(output_split_sizes), ...]
@@ -61,6 +61,9 @@ class LocalDispatcher:
     expert_map: torch.Tensor | None = None
     placement: ExpertPlacement | None = None
     rank: int = 0
+    #: the full-permutation combine while Dynamo traces (a torchair decode graph): ``npu_moe_finalize_routing``,
+    #: which GE converts; None: ``unpermute`` there too
+    graph_unpermute: Unpermute | None = None
 
     def __post_init__(self) -> None:
         if self.placement is not None:
@@ -71,7 +74,7 @@ class LocalDispatcher:
             physical = torch.arange(self.placement.num_physical)
             mine = (physical >= start) & (physical < start + self.num_local)
             # physical id -> local id, the sentinel num_local for other ranks' slots
-            self._local_id = torch.where(mine, physical - start, self.num_local).long()
+            self._local_id = static_table(torch.where(mine, physical - start, self.num_local).long())
         elif self.expert_map is None:
             self.num_local = self.num_experts
         else:
@@ -79,16 +82,20 @@ class LocalDispatcher:
                 raise ValueError(f"expert_map has {self.expert_map.numel()} entries, expected {self.num_experts}")
             self.num_local = int((self.expert_map >= 0).sum())
             # Non-local experts map to one sentinel id past the local range, which init_routing leaves out.
-            self._local_id = torch.where(self.expert_map >= 0, self.expert_map, self.num_local).long()
+            self._local_id = static_table(torch.where(self.expert_map >= 0, self.expert_map, self.num_local).long())
 
     def __call__(
         self, hidden: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor, experts: ExpertsFn
     ) -> torch.Tensor:
+        # Traced into a compiled graph (torchair), only ops with GE converters and no host reads: the finalize
+        # instead of the unpermute, and every row to the experts (see below). Eager steps keep the eager kernels.
+        traced = torch.compiler.is_compiling()
         if self.expert_map is None and self.placement is None:
             rows, row_idx, counts = self.init_routing(hidden, topk_ids, self.num_experts, (0, self.num_experts))
-            return self.unpermute(run_experts(experts, rows, counts), row_idx, topk_weights)
+            unpermute = self.graph_unpermute if traced and self.graph_unpermute is not None else self.unpermute
+            return unpermute(run_experts(experts, rows, counts), row_idx, topk_weights)
         if self._local_id.device != topk_ids.device:  # once, if the layer moved after it was built
-            self._local_id = self._local_id.to(topk_ids.device)
+            self._local_id = static_table(self._local_id.to(topk_ids.device))
         if self.placement is not None:
             local_ids = self._local_id[self.placement.to(topk_ids.device).choose(topk_ids)]
         else:
@@ -97,7 +104,12 @@ class LocalDispatcher:
         if self.placement is not None:
             # Rows of this rank's own slots only: with replicated tokens each row is then counted on one rank.
             self.placement.record_counts(counts, self.placement.offsets[self.rank])
-        # The NPU grouped matmul wants the counts to cover every row it gets: keep the in-range rows only.
+        if traced:
+            # No host read of the row count: every row goes to the grouped matmul, whose counts cover the in-range
+            # rows only (the rest come out undefined, as in vllm-ascend v0.11.0's torchair expert-parallel MoE), and
+            # the combine drops the rows marked -1, whatever they hold.
+            return combine_masked(run_experts(experts, rows, counts), row_idx, topk_weights, out_dtype=hidden.dtype)
+        # Eager: the grouped matmul gets exactly the rows its counts cover (the in-range ones).
         n = int(counts.sum())
         return combine_masked(run_experts(experts, rows[:n], counts), row_idx[:n], topk_weights, out_dtype=hidden.dtype)
 

@@ -6,7 +6,8 @@
 one output: ``split_item=2``, ``group_type=0`` (groups along M), ``group_list_type=1`` (counts))::
 
     (x [N, K], weight [G, K, M] (any strides: a transposed view of vLLM's [G, M, K] parameter is fine),
-     group_counts [G] int64 with sum == N) -> y [N, M], y[rows of group g] = x[rows of group g] @ weight[g]
+     group_counts [G] int64 with sum <= N) -> y [N, M], y[rows of group g] = x[rows of group g] @ weight[g]
+    (rows past the sum: undefined)
 
 :data:`SWIGLU` (``npu_swiglu``, dim=-1, from :mod:`vllm_npu.ops.swiglu`, the kernel of ``SiluAndMul``): ``x = [a | b]``
 -> ``silu(a) * b`` (vLLM's ``w13`` stacks gate (w1) then up (w3), so this is ``SiluAndMul``).
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import cast
 
 import torch
 import torch.nn.functional as F
@@ -40,20 +42,44 @@ def grouped_matmul_npu(x: torch.Tensor, weight: torch.Tensor, group_counts: torc
     )[0]
 
 
-def grouped_matmul_reference(x: torch.Tensor, weight: torch.Tensor, group_counts: torch.Tensor) -> torch.Tensor:
-    """Reference twin of :func:`grouped_matmul_npu` (a loop over experts, none over tokens)."""
+def _grouped_matmul_loop(x: torch.Tensor, weight: torch.Tensor, group_counts: torch.Tensor) -> torch.Tensor:
     counts = group_counts.tolist()
     if len(counts) != weight.shape[0]:
         raise ValueError(f"group_counts has {len(counts)} groups but weight has {weight.shape[0]} experts")
-    if sum(counts) != x.shape[0]:
+    if sum(counts) > x.shape[0]:
         raise ValueError(f"group_counts sum to {sum(counts)} but x has {x.shape[0]} rows")
-    out = x.new_empty(x.shape[0], weight.shape[-1])
+    out = x.new_zeros(x.shape[0], weight.shape[-1])
     start = 0
     for expert, n in enumerate(counts):
         if n:
             torch.matmul(x[start : start + n], weight[expert], out=out[start : start + n])
         start += n
     return out
+
+
+def _registered_grouped_matmul() -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]:
+    """``torch.ops.vllm_npu.moe_grouped_matmul`` (the loop above), registered on first import."""
+    try:
+        return cast(Callable[..., torch.Tensor], torch.ops.vllm_npu.moe_grouped_matmul)
+    except (AttributeError, RuntimeError):
+        pass
+    op = torch.library.custom_op("vllm_npu::moe_grouped_matmul", mutates_args=())(_grouped_matmul_loop)
+    op.register_fake(lambda x, weight, group_counts: x.new_empty(x.shape[0], weight.shape[-1]))
+    return cast(Callable[..., torch.Tensor], torch.ops.vllm_npu.moe_grouped_matmul)
+
+
+_REFERENCE_GROUPED_MATMUL = _registered_grouped_matmul()
+
+
+def grouped_matmul_reference(x: torch.Tensor, weight: torch.Tensor, group_counts: torch.Tensor) -> torch.Tensor:
+    """Reference twin of :func:`grouped_matmul_npu` (a loop over experts, none over tokens).
+
+    Rows past ``group_counts.sum()`` (fewer counted rows than rows: the expert-parallel graph path, where rows of
+    other ranks' experts stay in the buffer) are zeros; the NPU leaves them undefined, and callers mask them. The loop
+    reads the counts on the host, so it runs inside a registered op (``torch.ops.vllm_npu.moe_grouped_matmul``, fake
+    output ``[N, M]``): a compiled graph holds one opaque node, as it holds the NPU kernel's, instead of a host read.
+    """
+    return _REFERENCE_GROUPED_MATMUL(x, weight, group_counts)
 
 
 GROUPED_MATMUL = Kernel("moe_grouped_matmul", npu=grouped_matmul_npu, reference=grouped_matmul_reference)
@@ -73,7 +99,7 @@ def build_activation(activation: str, backend: KernelBackend | None = None) -> C
     raise ConfigError(f"MoE activation {activation!r} is not supported by npu-ops; supported: 'silu', 'gelu'")
 
 
-@dataclass(frozen=True)
+@dataclass
 class UnquantizedExperts:
     """The expert MLP for float weights in vLLM's layout: w13 [E, 2I, H], w2 [E, H, I] (used as transposed views)."""
 

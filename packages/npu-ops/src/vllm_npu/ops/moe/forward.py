@@ -26,7 +26,7 @@ from .experts import GROUPED_MATMUL, ExpertsFn, GroupedMatmul, UnquantizedExpert
 from .gating import Gate, RoutingConfig, build_gate, gate_path
 from .mc2 import MC2Comm, MC2Dispatcher, StepDispatcher, build_mc2
 from .placement import ExpertPlacement
-from .routing import INIT_ROUTING, build_unpermute
+from .routing import INIT_ROUTING, build_graph_unpermute, build_unpermute
 
 Dispatcher = LocalDispatcher | AllToAllDispatcher | MC2Dispatcher | StepDispatcher
 
@@ -105,7 +105,9 @@ def build_moe_plan(
     elif placement is not None:
         dispatcher = LocalDispatcher(num_experts, init_routing, unpermute, placement=placement, rank=ep_rank)
     else:
-        dispatcher = LocalDispatcher(num_experts, init_routing, unpermute, expert_map)
+        dispatcher = LocalDispatcher(
+            num_experts, init_routing, unpermute, expert_map, graph_unpermute=build_graph_unpermute(backend)
+        )
     if mc2 is not None:
         if mc2_capacity <= 0:
             raise ConfigError("MC2 needs a positive token capacity (mc2_capacity)")

@@ -160,7 +160,9 @@ def _grouped_choice(
     group_scores = grouped.max(dim=-1).values if bias is None else grouped.topk(2, dim=-1).values.sum(dim=-1)
     kept = group_scores.topk(topk_group, dim=-1).indices
     group_mask = torch.zeros_like(group_scores, dtype=torch.bool).scatter_(1, kept, True)
-    expert_mask = group_mask.repeat_interleave(num_experts // num_expert_group, dim=1)
+    # expand + reshape, not repeat_interleave: GE has no converter for aten.repeat_interleave (torchair graphs)
+    per_group = num_experts // num_expert_group
+    expert_mask = group_mask.unsqueeze(-1).expand(num_tokens, num_expert_group, per_group).reshape(num_tokens, -1)
     return choice.masked_fill(~expert_mask, float("-inf")).topk(top_k, dim=-1).indices
 
 

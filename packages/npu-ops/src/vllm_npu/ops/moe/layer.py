@@ -57,6 +57,7 @@ from .overlap import SideStream, device_stream_api
 from .placement import ExpertPlacement, layer_index, load_expert_map
 
 logger = get_logger(__name__)
+_LOGGED_REFUSALS: set[str] = set()
 
 
 def routing_config_of(layer: FusedMoE) -> RoutingConfig:
@@ -174,7 +175,12 @@ def build_layer_plan(
         kwargs.update(all_to_all=all_to_all, ep_rank=layer.ep_rank, expert_maps=_expert_maps_of(layer))
     else:
         kwargs.update(expert_map=layer.expert_map)
-    setting = mc2 if mc2 is not None else npu_settings().moe_mc2
+    settings = npu_settings()
+    setting = mc2 if mc2 is not None else settings.moe_mc2
+    if setting == "auto" and settings.graph_mode == "torchair":
+        # MC2 picks its dispatcher per step on the host, which a compiled decode graph cannot hold: 'auto' keeps
+        # the graph-ready dispatchers in the torchair mode ('on' is refused there on an NPU).
+        setting = "off"
     if layer.use_ep and mc2_candidate(
         setting, npu=current_mode() is DeviceMode.NPU, soc=_device_soc(), ep_world=layer.ep_size
     ):
@@ -205,6 +211,37 @@ def build_layer_plan(
     )
     logger.debug("%s: MoE gate=%s dispatcher=%s", layer.layer_name, plan.gate_path, type(plan.dispatcher).__name__)
     return plan
+
+
+def moe_graph_refusal(layer: AscendFusedMoE) -> str | None:
+    """Why this built layer cannot run inside a compiled (torchair) decode graph, or None.
+
+    Inside the graph every op needs a GE converter and nothing may be read on the host: the plan's local dispatcher
+    (no experts, or experts split over ranks that hold the same tokens) qualifies; the exchanges that size their
+    messages on the host or choose per step do not. Such a layer keeps vLLM's opaque op (the emulated device runs
+    it; the platform refuses these configurations on an NPU, ``graphs/config.py``).
+    """
+    plan = layer.moe_plan
+    if type(layer.quant_method) is not AscendUnquantizedFusedMoEMethod:
+        return (
+            f"{type(layer.quant_method).__name__}: only unquantized MoE layers are traced into the graph (npu-quant's "
+            "MoE methods are not yet)"
+        )
+    if plan.mc2 is not None:
+        return (
+            "MC2 (npu.moe_mc2) chooses MC2 or the other dispatcher per step on the host, and reads the number of rows "
+            "it received on the host"
+        )
+    if plan.all_to_all or layer._moe_across_dp:
+        return (
+            "data-parallel MoE exchanges rows between ranks with split sizes read on the host (all-to-all) or "
+            "gathered per step (all-gather / reduce-scatter)"
+        )
+    if layer.enable_eplb:
+        return "dynamic EPLB counts expert load into buffers and rewrites the placement tables between steps"
+    if layer._side_stream is not None:
+        return "npu.multistream_overlap_shared_expert runs the shared experts on a side stream"
+    return None
 
 
 class AscendUnquantizedFusedMoEMethod(UnquantizedFusedMoEMethod):
@@ -297,6 +334,32 @@ class AscendFusedMoE(FusedMoE):
             api = device_stream_api()
             if api is not None:
                 self._side_stream = SideStream(api)
+        #: In the torchair mode the layer runs inside the compiled decode graph (forward_native calls forward_impl,
+        #: not vLLM's opaque op) when its whole forward is traceable without host reads; else the opaque op stays.
+        self.moe_graph_refusal = moe_graph_refusal(self) if settings.graph_mode == "torchair" else None
+        self._moe_in_graph = settings.graph_mode == "torchair" and self.moe_graph_refusal is None
+        if self.moe_graph_refusal is not None and self.moe_graph_refusal not in _LOGGED_REFUSALS:
+            _LOGGED_REFUSALS.add(self.moe_graph_refusal)  # once per reason, not once per layer
+            logger.info(
+                "torchair mode: MoE layers stay vLLM's opaque moe_forward op in the compiled graph (%s)",
+                self.moe_graph_refusal,
+            )
+
+    def forward_native(
+        self, hidden_states: torch.Tensor, router_logits: torch.Tensor
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        if not self._moe_in_graph:
+            return super().forward_native(hidden_states, router_logits)
+        # vLLM's forward_native without its opaque op (torch.ops.vllm.moe_forward takes the layer's name and finds
+        # the layer in the forward context in Python: no GE converter can follow it), as vLLM does on TPU; the
+        # padding to the layer's hidden size is vLLM's.
+        width = hidden_states.shape[-1]
+        if self.hidden_size != width:
+            hidden_states = torch.nn.functional.pad(hidden_states, (0, self.hidden_size - width))
+        out = self.forward_impl(hidden_states, router_logits)
+        if isinstance(out, tuple):
+            return out[0][..., :width], out[1][..., :width]
+        return out[..., :width]
 
     def set_eplb_state(
         self,

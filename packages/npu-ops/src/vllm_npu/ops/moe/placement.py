@@ -43,6 +43,14 @@ import torch
 from vllm_npu.interface import ConfigError
 
 
+def static_table(table: torch.Tensor) -> torch.Tensor:
+    """``table`` (a lookup table of fixed shape, not a module buffer) marked static for Dynamo: compiled with
+    ``dynamic=True`` (the torchair mode on an NPU) a plain tensor attribute would get a symbolic size, which the GE
+    graph would carry as a shape input. A no-op outside compilation."""
+    torch._dynamo.mark_static(table)
+    return table
+
+
 class ExpertPlacement:
     """The placement of ``num_logical`` experts over ``len(slots)`` ranks (see the module docstring)."""
 
@@ -70,12 +78,12 @@ class ExpertPlacement:
         physical_to_logical = torch.tensor([e for s in self.slots for e in s], dtype=torch.long)
         self.physical_to_logical = physical_to_logical
         replicas = [(physical_to_logical == e).nonzero().flatten() for e in range(num_logical)]
-        self.replica_counts = torch.tensor([len(ids) for ids in replicas], dtype=torch.long)
+        self.replica_counts = static_table(torch.tensor([len(ids) for ids in replicas], dtype=torch.long))
         width = int(self.replica_counts.max())
         table = torch.zeros(num_logical, width, dtype=torch.long)
         for e, ids in enumerate(replicas):
             table[e, : len(ids)] = ids
-        self.replica_table = table
+        self.replica_table = static_table(table)
         self.num_redundant = self.num_physical - num_logical
         #: Rows routed to each physical expert ([num_physical] int32 on the device), or None: not counted.
         self.load: torch.Tensor | None = None
@@ -137,8 +145,8 @@ class ExpertPlacement:
                 raise RuntimeError(f"the EPLB state is on {self.replica_table.device}, the layer runs on {device}")
             return self
         if self.replica_table.device != device:
-            self.replica_table = self.replica_table.to(device)
-            self.replica_counts = self.replica_counts.to(device)
+            self.replica_table = static_table(self.replica_table.to(device))
+            self.replica_counts = static_table(self.replica_counts.to(device))
         return self
 
     def choose(self, topk_ids: torch.Tensor, offset: int = 0) -> torch.Tensor:

@@ -18,7 +18,10 @@ Rows past ``counts.sum()`` are undefined on the NPU (zeros in the reference): ca
 
 :func:`unpermute_npu` / :func:`unpermute_reference` (``npu_moe_token_unpermute``): ``sorted_indices`` is a full
 permutation of ``range(T*k)`` (row i holds slot ``sorted_indices[i]``) and ``out[t] = sum_j probs[t, j] *
-permuted[pos(t, j)]``. :func:`combine_masked` is the same sum in plain torch for a partial set of rows (expert
+permuted[pos(t, j)]``. :func:`finalize_routing_npu` / :func:`finalize_routing_reference`
+(``npu_moe_finalize_routing``) have the same contract: the eager path uses the unpermute (as vllm-ascend v0.11.0's
+eager MoE does), a graph compiled for torchair the finalize (as vllm-ascend's torchair MoE does; the unpermute has no
+GE converter). :func:`combine_masked` is the same sum in plain torch for a partial set of rows (expert
 parallel with replicated tokens) and for the dtypes the NPU op does not take (it is documented for bf16 only).
 """
 
@@ -70,13 +73,13 @@ def init_routing_reference(
     # Out-of-range slots get a key past every local expert, so one stable sort puts them last in slot order.
     key = torch.where(in_range, flat - start, torch.full_like(flat, end - start))
     order = torch.sort(key, stable=True).indices
-    n_valid = int(in_range.sum())
-    expanded_row_idx = torch.full_like(order, -1, dtype=torch.int32)
-    expanded_row_idx[:n_valid] = order[:n_valid].to(torch.int32)
-    expanded_x = hidden.new_zeros((order.numel(), hidden.shape[1]))
-    torch.index_select(hidden, 0, order[:n_valid] // top_k, out=expanded_x[:n_valid])
-    counts = torch.zeros(end - start, dtype=torch.int64, device=hidden.device)
-    counts.index_add_(0, key[in_range], torch.ones_like(key[in_range]))
+    # Tensors only, no count read on the host: the torchair decode graph traces this twin (static shapes).
+    valid = in_range.index_select(0, order)  # the in-range rows come first
+    expanded_row_idx = torch.where(valid, order, torch.full_like(order, -1)).to(torch.int32)
+    rows = hidden.index_select(0, order // top_k)
+    expanded_x = torch.where(valid.unsqueeze(1), rows, torch.zeros((), dtype=hidden.dtype, device=hidden.device))
+    counts = torch.zeros(end - start + 1, dtype=torch.int64, device=hidden.device)
+    counts = counts.index_add(0, key, torch.ones_like(key))[: end - start]
     return expanded_x, expanded_row_idx, counts
 
 
@@ -107,6 +110,50 @@ def unpermute_reference(permuted: torch.Tensor, sorted_indices: torch.Tensor, pr
 UNPERMUTE = Kernel("moe_token_unpermute", npu=unpermute_npu, reference=unpermute_reference)
 
 
+def src_to_dst_rows(sorted_indices: torch.Tensor, top_k: int) -> torch.Tensor:
+    """``npu_moe_finalize_routing``'s ``expanded_src_to_dst_row`` [T*k] int32 for a gather-type full permutation.
+
+    ``sorted_indices[i]`` is the flat slot ``t * k + j`` held by permuted row i; the op wants, at ``j * T + t``
+    (slot-major, the layout ``npu_moe_init_routing`` writes for vllm-ascend's ``row_idx``), the row holding slot j
+    of token t. A scatter inverts the permutation (``aten.scatter``: GE converts it, unlike an index assignment).
+    """
+    flat = sorted_indices.long()
+    rows = torch.arange(flat.numel(), device=flat.device)
+    position = torch.empty_like(flat).scatter(0, flat, rows)
+    return position.view(-1, top_k).t().reshape(-1).to(torch.int32)
+
+
+def finalize_routing_npu(permuted: torch.Tensor, sorted_indices: torch.Tensor, probs: torch.Tensor) -> torch.Tensor:
+    """:func:`unpermute_npu`'s contract with ``npu_moe_finalize_routing`` (float16, bfloat16, float32), the
+    combine vllm-ascend v0.11.0's torchair MoE runs: it has a GE converter, ``npu_moe_token_unpermute`` has none."""
+    import torch_npu
+
+    return torch_npu.npu_moe_finalize_routing(
+        permuted,
+        None,
+        None,
+        None,
+        probs.to(permuted.dtype),
+        src_to_dst_rows(sorted_indices, probs.shape[1]),
+        None,
+        drop_pad_mode=0,
+    )
+
+
+def finalize_routing_reference(
+    permuted: torch.Tensor, sorted_indices: torch.Tensor, probs: torch.Tensor
+) -> torch.Tensor:
+    """Reference twin of :func:`finalize_routing_npu`, the op's documented formula without skips or bias:
+    ``out[t] = sum_j probs[t, j] * permuted[src_to_dst[j * T + t]]`` (float32 accumulation, ``permuted.dtype``)."""
+    num_tokens, top_k = probs.shape
+    dst = src_to_dst_rows(sorted_indices, top_k).long()
+    rows = permuted.index_select(0, dst).view(top_k, num_tokens, permuted.shape[-1]).float()
+    return (rows * probs.float().t().unsqueeze(-1)).sum(0).to(permuted.dtype)
+
+
+FINALIZE_ROUTING = Kernel("moe_finalize_routing", npu=finalize_routing_npu, reference=finalize_routing_reference)
+
+
 def combine_masked(
     rows: torch.Tensor, row_idx: torch.Tensor, probs: torch.Tensor, *, out_dtype: torch.dtype | None = None
 ) -> torch.Tensor:
@@ -130,3 +177,9 @@ def build_unpermute(act_dtype: torch.dtype, backend: KernelBackend | None = None
     if UNPERMUTE.select(backend) is not unpermute_npu:
         return unpermute_reference
     return unpermute_npu if act_dtype == torch.bfloat16 else combine_masked
+
+
+def build_graph_unpermute(backend: KernelBackend | None = None) -> Unpermute:
+    """The full-permutation combine inside a compiled (torchair) graph: ``npu_moe_finalize_routing`` (or its twin),
+    whose GE converter exists, for every float dtype."""
+    return FINALIZE_ROUTING.select(backend)

@@ -27,9 +27,10 @@ slow every engine start of the test suite; everything else is the same code path
 explicit, different ``cudagraph_mode`` is a conflict). ``--enforce-eager`` with a graph mode is a conflict.
 ``torchair`` uses FULL_DECODE_ONLY's dispatch and compiles each decode size instead of capturing it
 (:mod:`.torchair`). On an NPU it runs GQA and MLA (DeepSeek-V2/V3) decoder models, attention inside the compiled
-graph; DeepSeek-V3.2's sparse attention, MoE and quantized models are refused there with the reason
-(:data:`TORCHAIR_NPU_REFUSALS`). With attention in the graph (every model but V3.2's, either device) speculative
-decoding and KV connectors are refused (:data:`TORCHAIR_SPEC_DECODE`, :data:`TORCHAIR_KV_TRANSFER`).
+graph, unquantized MoE layers without cross-rank exchanges and npu-quant's dense schemes; DeepSeek-V3.2's sparse
+attention, quantized MoE models and the MoE and quant configurations of :data:`TORCHAIR_NPU_REFUSALS` are refused
+there with the reason. With attention in the graph (every model but V3.2's, either device) speculative decoding and
+KV connectors are refused (:data:`TORCHAIR_SPEC_DECODE`, :data:`TORCHAIR_KV_TRANSFER`).
 """
 
 from __future__ import annotations
@@ -65,7 +66,10 @@ GRAPH_MODES: dict[str, str | None] = {
 #: answers opaque_attention_op() False; the impls' graph decode paths: npu_scatter_nd_update_ +
 #: npu_fused_infer_attention_score, BSH for GQA, BNSD with query_rope/key_rope for MLA, both with converters in
 #: torch_npu 2.8.0's torchair), as are the dense ops of npu-ops (npu_rms_norm, npu_add_rms_norm, npu_rotary_mul,
-#: npu_swiglu). Each entry: what is refused -> why.
+#: npu_swiglu), unquantized MoE layers without cross-rank exchanges (npu-ops traces them: npu_moe_gating_top_k(_softmax),
+#: npu_moe_init_routing_v2, npu_grouped_matmul, npu_swiglu, npu_moe_finalize_routing) and the linear layers of
+#: npu-quant's W8A8, W8A8_DYNAMIC, W4A8_DYNAMIC and W4A4_FLATQUANT_DYNAMIC schemes (npu_quantize, npu_dynamic_quant,
+#: npu_quant_matmul, npu_weight_quant_batchmatmul, npu_kronecker_quant). Each entry: what is refused -> why.
 TORCHAIR_NPU_REFUSALS: dict[str, str] = {
     "sfa": (
         "DeepSeek-V3.2's sparse attention (SFA): its attention stays vLLM's opaque op "
@@ -75,12 +79,39 @@ TORCHAIR_NPU_REFUSALS: dict[str, str] = {
         "package) have no GE converter in torch_npu 2.8.0's torchair, so a graph decode path could not be "
         "compiled either"
     ),
-    "moe": (
-        "MoE models: the MoE stack's unpermute (torch_npu.npu_moe_token_unpermute) has no GE converter in torch_npu "
-        "2.8.0's torchair, so the decode graph cannot be compiled for the NPU"
+    "moe_quantized": (
+        "quantized MoE models: npu-quant's MoE methods are not traced into the decode graph, so their layers stay "
+        "vLLM's opaque op (vllm.moe_forward: the layer's name in, the layer found in the forward context in Python), "
+        "which has no GE converter (and static W8A8 experts expand per-expert scales with aten.repeat_interleave, "
+        "which has none either)"
     ),
-    "quantization": (
-        "quantized checkpoints: npu-quant's kernels have not been checked against torchair's GE converters"
+    "moe_data_parallel": (
+        "MoE models with data parallel > 1: the experts' rows cross the DP ranks with split sizes read on the host "
+        "(all-to-all) or per-step gathers, which a compiled graph cannot hold"
+    ),
+    "moe_eplb": (
+        "MoE models with --enable-eplb: dynamic EPLB counts expert load into buffers and rewrites the placement "
+        "tables between steps; the compiled graph freezes its parameters and tables (frozen_parameter)"
+    ),
+    "moe_mc2": (
+        "npu.moe_mc2='on': MC2 is chosen per step on the host (by the step's token count), and the MC2 dispatcher "
+        "reads the number of rows it received on the host to size the experts' input (the MC2 kernels themselves "
+        "have GE converters); in the torchair mode 'auto' keeps the graph-ready dispatchers"
+    ),
+    "moe_overlap": (
+        "npu.multistream_overlap_shared_expert: the shared experts run on a side stream the compiled graph does not "
+        "hold"
+    ),
+    "quant_c8": (
+        "checkpoints with an int8 KV cache (C8): the graph decode attention path has not been checked against it"
+    ),
+    "quant_float32": (
+        "quantized checkpoints served in float32: torchair's npu_quant_matmul converter takes float16, bfloat16, "
+        "int8 or int32 output only (it raises for float32); serve them with --dtype bfloat16 or float16"
+    ),
+    "quant_other": (
+        "quantization methods other than npu-quant's 'ascend': only its schemes' kernels were checked against "
+        "torchair's GE converters"
     ),
 }
 
@@ -110,16 +141,54 @@ def sparse_attention(vllm_config: VllmConfig) -> bool:
     return model is not None and hasattr(getattr(model, "hf_config", None), "index_topk")
 
 
+def _quant_refusal(vllm_config: VllmConfig, moe: bool) -> str | None:
+    from vllm_npu.interface.quant_checkpoint import QUANT_METHOD, quant_types
+
+    model = vllm_config.model_config
+    method = getattr(model, "quantization", None)
+    if not method:
+        return None
+    if method != QUANT_METHOD:
+        return "quant_other"
+    hf_config = getattr(model, "hf_config", None)
+    types = quant_types(getattr(model, "model", None), getattr(hf_config, "quantization_config", None)) or frozenset()
+    if "C8" in types:
+        return "quant_c8"
+    import torch
+
+    if getattr(model, "dtype", None) == torch.float32:
+        return "quant_float32"
+    return "moe_quantized" if moe else None
+
+
+def _moe_refusal(vllm_config: VllmConfig) -> str | None:
+    from vllm_npu.interface.config import AdditionalConfig
+
+    parallel = vllm_config.parallel_config
+    if getattr(parallel, "data_parallel_size", 1) > 1:
+        return "moe_data_parallel"
+    if getattr(parallel, "enable_eplb", False):
+        return "moe_eplb"
+    extra = getattr(vllm_config, "additional_config", None)
+    npu = AdditionalConfig.from_vllm(extra if isinstance(extra, dict) else None)
+    if npu.moe_mc2 == "on" and getattr(parallel, "enable_expert_parallel", False):
+        return "moe_mc2"
+    if npu.multistream_overlap_shared_expert:
+        return "moe_overlap"
+    return None
+
+
 def torchair_npu_refusal(vllm_config: VllmConfig) -> str | None:
     """Why ``npu.graph_mode='torchair'`` cannot run this engine on an NPU, or None (:data:`TORCHAIR_NPU_REFUSALS`)."""
     model = vllm_config.model_config
+    moe = _num_experts(vllm_config) > 0
     if sparse_attention(vllm_config):
-        key = "sfa"
-    elif _num_experts(vllm_config):
-        key = "moe"
-    elif model is not None and getattr(model, "quantization", None):
-        key = "quantization"
+        key: str | None = "sfa"
     else:
+        key = (_quant_refusal(vllm_config, moe) if model is not None else None) or (
+            _moe_refusal(vllm_config) if moe else None
+        )
+    if key is None:
         return None
     return (
         f"npu.graph_mode='torchair' is not supported on an NPU for {TORCHAIR_NPU_REFUSALS[key]}. Use "

@@ -12,8 +12,10 @@ loop (warm-up, then one FULL call per size, largest first) is where each size is
 What is compiled: the model's own ``forward`` (one code path: the same modules, attention and MoE stacks as eager),
 through ``torch.compile(fullgraph=True)``, one compiled function per batch size, each calling ``forward`` from a code
 object and name of its own (:func:`forward_for`; Dynamo keeps its cache per code object, so sizes never evict each
-other and torchair's cache can key by name). Embedding, norms, RoPE, linear layers and MoE are traced by Dynamo, our
-CustomOp overrides included.
+other and torchair's cache can key by name). Embedding, norms, RoPE and linear layers are traced by Dynamo, our
+CustomOp overrides included, and so are unquantized MoE layers whose dispatch needs no host reads (npu-ops'
+``AscendFusedMoE`` calls its ``forward_impl`` instead of vLLM's opaque ``moe_forward`` op in this mode); other MoE
+layers stay that opaque op.
 
 Attention of GQA and MLA models is inside the graph (:func:`attention_in_graph`): the platform answers
 ``opaque_attention_op()`` False, so vLLM's attention layer calls the impl directly and Dynamo traces it. Before each
@@ -74,6 +76,7 @@ class TorchairStats:
     cache_writes: int = 0  # emulated: lowered graphs written to the cache directory
     uncacheable: int = 0  # emulated: lowered graphs that could not be cached (reason logged)
     opaque_attention_nodes: int = 0  # vLLM opaque attention op calls in the compiled graphs (0: attention in-graph)
+    opaque_moe_nodes: int = 0  # vLLM opaque MoE op calls (moe_forward, moe_forward_shared) in them (0: MoE in-graph)
     graph_inputs_prepared: int = 0  # attention metadata objects laid out as graph inputs before compiled steps
     compiled_calls: Counter[int] = field(default_factory=Counter)  # batch size -> decode steps run compiled
     eager_calls: int = 0  # steps run eagerly (prefill, mixed, or larger than every compiled size)
@@ -89,6 +92,7 @@ class TorchairStats:
             "cache_writes": self.cache_writes,
             "uncacheable": self.uncacheable,
             "opaque_attention_nodes": self.opaque_attention_nodes,
+            "opaque_moe_nodes": self.opaque_moe_nodes,
             "graph_inputs_prepared": self.graph_inputs_prepared,
             "compiled_calls": dict(self.compiled_calls),
             "eager_calls": self.eager_calls,
@@ -239,9 +243,9 @@ class TorchairWrapper(CUDAGraphWrapper):
         def count_then_compile(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
             self.compile_counts[size] += 1
             TORCHAIR_STATS.compiles[size] += 1
-            TORCHAIR_STATS.opaque_attention_nodes += sum(
-                1 for n in gm.graph.nodes if n.op == "call_function" and "unified_attention" in str(n.target)
-            )
+            calls = [str(n.target) for n in gm.graph.nodes if n.op == "call_function"]
+            TORCHAIR_STATS.opaque_attention_nodes += sum("unified_attention" in t for t in calls)
+            TORCHAIR_STATS.opaque_moe_nodes += sum("vllm.moe_forward" in t for t in calls)
             if self.compile_counts[size] > 1:
                 TORCHAIR_STATS.recompiles += 1
                 logger.warning("torchair mode: batch size %d recompiled (a Dynamo guard failed)", size)

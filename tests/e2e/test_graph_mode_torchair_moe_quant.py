@@ -1,0 +1,92 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
+"""``npu.graph_mode='torchair'`` with MoE and quantized models (cache off), one engine per case:
+
+- ``moe``: a tiny Qwen3-MoE (every decoder layer MoE, 6 experts, top-2). Its MoE layers are traced into the compiled
+  decode graph with the attention (npu-ops' ``AscendFusedMoE`` calls its ``forward_impl``, not vLLM's opaque
+  ``moe_forward`` op): no opaque MoE node in any compiled graph, and the graph's combine is the finalize twin
+  (``npu_moe_finalize_routing``'s). Greedy output equals HF's.
+- ``w8a8``: the tiny Qwen2 quantized to static W8A8 by ``vllm-npu quantize``; its quantized linear layers run in the
+  compiled graph. Greedy output equals the independent simulation's (:mod:`vllm_npu.quant.simulate`).
+
+Both for batches of 1..5 (3 pads to 4, 5 is eager, so the eager paths run in the same engine), with no compile after
+start-up.
+"""
+
+from __future__ import annotations
+
+import pytest
+from npu_testkit.engine import emulated_env, engine, greedy, make_prompts, tiny_config
+from npu_testkit.models import build_tiny_model, hf_greedy
+from npu_testkit.quant_e2e import QuantCase, dense_methods, layer_methods, quantize
+
+pytestmark = pytest.mark.engine
+
+SIZES = [1, 2, 4]
+BATCHES = range(1, SIZES[-1] + 2)
+NEW_TOKENS = 6
+W8A8 = QuantCase("w8a8", "W8A8", "qwen2", 0.1, dense_methods("W8A8Scheme"))
+
+
+def _stats():
+    from vllm_npu.platform.graphs.torchair import TORCHAIR_STATS
+
+    return TORCHAIR_STATS.snapshot()
+
+
+@pytest.fixture(scope="module", params=["moe", "w8a8"])
+def case(request):
+    return request.param
+
+
+@pytest.fixture(scope="module")
+def checkpoint(case, tmp_path_factory):
+    if case == "moe":
+        return build_tiny_model(tiny_config("qwen3_moe"))
+    return quantize(W8A8, tmp_path_factory.mktemp("quant"))[1]
+
+
+@pytest.fixture(scope="module")
+def llm(checkpoint, case, tmp_path_factory):
+    npu = {"graph_mode": "torchair", "torchair_cache": False}
+    env = emulated_env(tmp_path_factory.mktemp(f"torchair_{case}"))
+    kwargs = {"compilation_config": {"cudagraph_capture_sizes": SIZES}, "block_size": 16}
+    with engine(checkpoint, env, additional_config={"npu": npu}, **kwargs) as llm:
+        yield llm
+
+
+def test_layers_run_in_the_compiled_graph(llm, case):
+    (info,) = llm.collective_rpc("npu_runtime_info")
+    model = llm.llm_engine.model_executor.driver_worker.worker.model_runner.model
+    assert type(model).__name__ == "TorchairWrapper" and sorted(model.compiled) == SIZES
+    assert model.compile_counts == dict.fromkeys(SIZES, 1)
+    assert info["torchair"]["opaque_moe_nodes"] == 0 and info["torchair"]["opaque_attention_nodes"] == 0, info
+    if case == "w8a8":
+        (methods,) = llm.collective_rpc(layer_methods)
+        assert methods == W8A8.methods
+        return
+    from vllm_npu.ops.moe import AscendFusedMoE
+    from vllm_npu.ops.moe.routing import finalize_routing_reference
+
+    layers = [m for m in model.unwrap().modules() if isinstance(m, AscendFusedMoE)]
+    assert layers and all(m._moe_in_graph and m.moe_graph_refusal is None for m in layers)
+    assert all(m.moe_plan.dispatcher.graph_unpermute is finalize_routing_reference for m in layers)
+
+
+def test_greedy_matches_the_reference_with_zero_recompiles(llm, case, checkpoint):
+    prompts = make_prompts([3 + (7 * i) % 13 for i in BATCHES], seed=12)
+    before = _stats()
+    outputs = {n: greedy(llm, prompts[:n], NEW_TOKENS) for n in BATCHES}
+    after = _stats()
+    if case == "moe":
+        reference = hf_greedy(checkpoint, prompts, NEW_TOKENS)
+    else:
+        from vllm_npu.quant.simulate import greedy as sim_greedy
+        from vllm_npu.quant.simulate import simulated_hf_model
+
+        reference = sim_greedy(simulated_hf_model(checkpoint), prompts, NEW_TOKENS)
+    for n in BATCHES:
+        assert outputs[n] == reference[:n], f"batch of {n}"
+    assert after["compiles"] == before["compiles"] and after["recompiles"] == before["recompiles"]
+    assert all(after["compiled_calls"][n] > before["compiled_calls"].get(n, 0) for n in SIZES), after
+    assert after["eager_calls"] > before["eager_calls"]  # prefills and the batch of 5
