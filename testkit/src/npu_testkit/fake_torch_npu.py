@@ -162,12 +162,9 @@ def _grouped_matmul_modes(
         rules.grouped_matmul_quant_dtypes(
             scale[0], None if per_token_scale is None else per_token_scale[0], output_dtype, bias and bias[0]
         )
-        if per_token_scale is not None:
-            assert bias is None
-            out = qe._grouped_qmm_loop(x, w, scale[0], per_token_scale[0], group_list, output_dtype)
-        else:
-            assert bias is not None
-            out = qe._grouped_static_loop(x, w, scale[0], bias[0], group_list, output_dtype)
+        pertoken = None if per_token_scale is None else per_token_scale[0]
+        assert (pertoken is None) != (bias is None)  # our two int8 modes
+        out = qe._grouped_int8_loop(x, w, scale[0], pertoken, bias and bias[0], group_list, output_dtype)
     elif w.dtype == torch.int32:  # float x, int4 weight packed 8 per int32, per-group antiquant scale
         assert antiquant_scale is not None and scale is None and bias is None and per_token_scale is None
         assert antiquant_scale[0].dtype == x.dtype and output_dtype is None

@@ -19,8 +19,8 @@ expert e:
 
 All of it can be traced into a compiled decode graph (the torchair mode): the experts read nothing on the host, the
 NPU twins call ops with GE converters, and each grouped-matmul reference twin (a loop over the experts that reads the
-counts) runs inside a registered op (``torch.ops.vllm_npu.quant_grouped_matmul_*``), one opaque node as the NPU
-kernel is. The grouped matmuls accept more rows than the counts cover (the expert-parallel graph path hands every
+counts) runs inside a registered op (``torch.ops.vllm_npu.quant_grouped_matmul_int8`` / ``_w4_antiquant``), one
+opaque node as the NPU kernel is. The grouped matmuls accept more rows than the counts cover (the expert-parallel graph path hands every
 row over): rows past the counts are zeros in the twins, undefined on the NPU, and dropped by the combine.
 """
 
@@ -108,25 +108,32 @@ def _grouped_qmm_npu(
     )[0]
 
 
-def _grouped_qmm_loop(
+def _grouped_int8_loop(
     xq: torch.Tensor,
     weight: torch.Tensor,
     scale: torch.Tensor,
-    pertoken: torch.Tensor,
+    pertoken: torch.Tensor | None,
+    bias: torch.Tensor | None,
     counts: torch.Tensor,
     out_dtype: torch.dtype,
 ) -> torch.Tensor:
+    """Both int8 modes: ``((xq_g @ W[g]) (+ bias[g])) * scale[g] (* pertoken_g)``, rows past the counts zeros."""
     out = torch.zeros(xq.shape[0], weight.shape[-1], dtype=out_dtype, device=xq.device)
     for g, rows in _group_rows(counts, xq.shape[0], weight.shape[0]):
         acc = xq[rows].to(torch.float64) @ weight[g].to(torch.float64)  # exact for int8
-        out[rows] = (acc.to(torch.float32) * scale[g].to(torch.float32) * pertoken[rows].unsqueeze(-1)).to(out_dtype)
+        if bias is not None:
+            acc = acc + bias[g].to(torch.float64)
+        y = acc.to(torch.float32) * scale[g].to(torch.float32)
+        out[rows] = (y if pertoken is None else y * pertoken[rows].unsqueeze(-1)).to(out_dtype)
     return out
 
 
-_GROUPED_QMM_OP = _registered(
-    "quant_grouped_matmul_per_token",
-    _grouped_qmm_loop,
-    lambda xq, weight, scale, pertoken, counts, out_dtype: xq.new_empty(xq.shape[0], weight.shape[-1], dtype=out_dtype),
+_GROUPED_INT8_OP = _registered(
+    "quant_grouped_matmul_int8",
+    _grouped_int8_loop,
+    lambda xq, weight, scale, pertoken, bias, counts, out_dtype: xq.new_empty(
+        xq.shape[0], weight.shape[-1], dtype=out_dtype
+    ),
 )
 
 
@@ -141,8 +148,8 @@ def _grouped_qmm_ref(
     """xq int8 ``[N, K]`` (rows sorted by group), weight int8 ``[G, K, M]``, scale ``[G, M]`` (float32, or bfloat16 for
     bfloat16 output: the NPU twin's pairing), pertoken float32 ``[N]``, counts int64 ``[G]`` (sum <= N) -> ``[N, M]``:
     ``(xq_g @ W[g]) * scale[g] * pertoken_g`` (rows past the counts: zeros). Runs as the registered op
-    ``torch.ops.vllm_npu.quant_grouped_matmul_per_token``."""
-    return cast(torch.Tensor, _GROUPED_QMM_OP(xq, weight, scale, pertoken, counts, out_dtype))
+    ``torch.ops.vllm_npu.quant_grouped_matmul_int8``."""
+    return cast(torch.Tensor, _GROUPED_INT8_OP(xq, weight, scale, pertoken, None, counts, out_dtype))
 
 
 grouped_quant_matmul = Kernel("npu_grouped_matmul[int8,per-token]", npu=_grouped_qmm_npu, reference=_grouped_qmm_ref)
@@ -314,28 +321,6 @@ def _grouped_static_npu(
     )[0]
 
 
-def _grouped_static_loop(
-    xq: torch.Tensor,
-    weight: torch.Tensor,
-    scale: torch.Tensor,
-    bias: torch.Tensor,
-    counts: torch.Tensor,
-    out_dtype: torch.dtype,
-) -> torch.Tensor:
-    out = torch.zeros(xq.shape[0], weight.shape[-1], dtype=out_dtype, device=xq.device)
-    for g, rows in _group_rows(counts, xq.shape[0], weight.shape[0]):
-        acc = xq[rows].to(torch.float64) @ weight[g].to(torch.float64) + bias[g].to(torch.float64)
-        out[rows] = (acc.to(torch.float32) * scale[g].to(torch.float32)).to(out_dtype)
-    return out
-
-
-_GROUPED_STATIC_OP = _registered(
-    "quant_grouped_matmul_per_channel",
-    _grouped_static_loop,
-    lambda xq, weight, scale, bias, counts, out_dtype: xq.new_empty(xq.shape[0], weight.shape[-1], dtype=out_dtype),
-)
-
-
 def _grouped_static_ref(
     xq: torch.Tensor,
     weight: torch.Tensor,
@@ -347,8 +332,8 @@ def _grouped_static_ref(
     """The documented per-channel int8 mode: xq int8 ``[N, K]`` (rows sorted by group), weight int8 ``[G, K, M]``,
     bias int32 ``[G, M]``, scale ``[G, M]`` (float32 or bfloat16), counts ``[G]`` (sum <= N) -> ``[N, M]``:
     ``(xq_g @ W[g] + bias[g]) * scale[g]`` (rows past the counts: zeros). Runs as the registered op
-    ``torch.ops.vllm_npu.quant_grouped_matmul_per_channel``."""
-    return cast(torch.Tensor, _GROUPED_STATIC_OP(xq, weight, scale, bias, counts, out_dtype))
+    ``torch.ops.vllm_npu.quant_grouped_matmul_int8``."""
+    return cast(torch.Tensor, _GROUPED_INT8_OP(xq, weight, scale, None, bias, counts, out_dtype))
 
 
 grouped_static_matmul = Kernel(
