@@ -8,8 +8,9 @@
   (``npu_moe_finalize_routing``'s). Greedy output equals HF's.
 - ``w8a8``: the tiny Qwen2 quantized to static W8A8 by ``vllm-npu quantize``; its quantized linear layers run in the
   compiled graph. Greedy output equals the independent simulation's (:mod:`vllm_npu.quant.simulate`).
-- ``moe_w8a8_dynamic``: the tiny Qwen3-MoE quantized to W8A8_DYNAMIC (experts through npu-quant's MoE method): its
-  quantized MoE layers are traced into the graph too (no opaque MoE node). Greedy output equals the simulation's.
+- ``moe_w8a8_dynamic`` / ``moe_w8a8``: the tiny Qwen3-MoE quantized to W8A8_DYNAMIC / static W8A8 (experts through
+  npu-quant's MoE method): its quantized MoE layers are traced into the graph too (no opaque MoE node). Greedy output
+  equals the simulation's.
 
 All for batches of 1..5 (3 pads to 4, 5 is eager, so the eager paths run in the same engine), with no compile after
 start-up.
@@ -36,6 +37,7 @@ QUANT = {
         0.05,
         moe_methods("AscendW8A8DynamicFusedMoEMethod", "W8A8DynamicScheme"),
     ),
+    "moe_w8a8": QuantCase("moe_w8a8", "W8A8", "qwen3_moe", 0.05, moe_methods("AscendW8A8FusedMoEMethod", "W8A8Scheme")),
 }
 
 
@@ -45,7 +47,7 @@ def _stats():
     return TORCHAIR_STATS.snapshot()
 
 
-@pytest.fixture(scope="module", params=["moe", "w8a8", "moe_w8a8_dynamic"])
+@pytest.fixture(scope="module", params=["moe", "w8a8", "moe_w8a8_dynamic", "moe_w8a8"])
 def case(request):
     return request.param
 

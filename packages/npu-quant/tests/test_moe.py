@@ -211,6 +211,17 @@ def test_grouped_matmul_twins_match_per_row_maths_with_empty_groups() -> None:
         grouped_quant_matmul.reference(xq, w8, scale, tok, torch.tensor([2, 0, 4]), torch.float32)
 
 
+def test_row_experts_gathers_each_rows_expert_on_the_device() -> None:
+    """Static W8A8 experts' per-row scales: each sorted row's expert from the counts (empty experts skipped); rows
+    past the counts (the expert-parallel graph path) get the last expert."""
+    from vllm_npu.quant.moe_experts import row_experts
+
+    counts = torch.tensor([2, 0, 3, 1])
+    assert row_experts(counts, 6).tolist() == torch.arange(4).repeat_interleave(counts).tolist() == [0, 0, 2, 2, 2, 3]
+    assert row_experts(counts, 8).tolist() == [0, 0, 2, 2, 2, 3, 3, 3]
+    assert row_experts(torch.tensor([0, 0, 1]), 2).tolist() == [2, 2]
+
+
 def test_every_moe_method_runs_the_layer_plan() -> None:
     """They declare npu-interface's LayerMoEPlanRunner (apply runs ``layer.moe_plan``), so npu-ops' layer may give
     the plan its all-to-all dispatcher under data-parallel attention, as for unquantised experts; and

@@ -20,8 +20,9 @@ expert e:
 All of it can be traced into a compiled decode graph (the torchair mode): the experts read nothing on the host, the
 NPU twins call ops with GE converters, and each grouped-matmul reference twin (a loop over the experts that reads the
 counts) runs inside a registered op (``torch.ops.vllm_npu.quant_grouped_matmul_int8`` / ``_w4_antiquant``), one
-opaque node as the NPU kernel is. The grouped matmuls accept more rows than the counts cover (the expert-parallel graph path hands every
-row over): rows past the counts are zeros in the twins, undefined on the NPU, and dropped by the combine.
+opaque node as the NPU kernel is. The grouped matmuls accept more rows than the counts cover (the expert-parallel
+graph path hands every row over): rows past the counts are zeros in the twins, undefined on the NPU, and dropped by
+the combine.
 """
 
 from __future__ import annotations
