@@ -216,8 +216,9 @@ def build_layer_plan(
 def moe_graph_refusal(layer: AscendFusedMoE) -> str | None:
     """Why this built layer cannot run inside a compiled (torchair) decode graph, or None.
 
-    Inside the graph every op needs a GE converter and nothing may be read on the host: the plan's local dispatcher
-    (no experts, or experts split over ranks that hold the same tokens) qualifies; the exchanges that size their
+    Inside the graph every op needs a GE converter and nothing may be read on the host: a quant method that declares
+    npu-interface's ``MoEGraphTraceable`` (ours, npu-quant's MoE methods) with the plan's local dispatcher (no
+    experts, or experts split over ranks that hold the same tokens) qualifies; the exchanges that size their
     messages on the host or choose per step do not. Such a layer keeps vLLM's opaque op (the emulated device runs
     it; the platform refuses these configurations on an NPU, ``graphs/config.py``).
     """
