@@ -8,8 +8,11 @@
   (``npu_moe_finalize_routing``'s). Greedy output equals HF's.
 - ``w8a8``: the tiny Qwen2 quantized to static W8A8 by ``vllm-npu quantize``; its quantized linear layers run in the
   compiled graph. Greedy output equals the independent simulation's (:mod:`vllm_npu.quant.simulate`).
+- ``moe_w8a8_dynamic`` / ``moe_w8a8``: the tiny Qwen3-MoE quantized to W8A8_DYNAMIC / static W8A8 (experts through
+  npu-quant's MoE method): its quantized MoE layers are traced into the graph too (no opaque MoE node). Greedy output
+  equals the simulation's.
 
-Both for batches of 1..5 (3 pads to 4, 5 is eager, so the eager paths run in the same engine), with no compile after
+All for batches of 1..5 (3 pads to 4, 5 is eager, so the eager paths run in the same engine), with no compile after
 start-up.
 """
 
@@ -18,14 +21,24 @@ from __future__ import annotations
 import pytest
 from npu_testkit.engine import emulated_env, engine, greedy, make_prompts, tiny_config
 from npu_testkit.models import build_tiny_model, hf_greedy
-from npu_testkit.quant_e2e import QuantCase, dense_methods, layer_methods, quantize
+from npu_testkit.quant_e2e import QuantCase, dense_methods, layer_methods, moe_methods, quantize
 
 pytestmark = pytest.mark.engine
 
 SIZES = [1, 2, 4]
 BATCHES = range(1, SIZES[-1] + 2)
 NEW_TOKENS = 6
-W8A8 = QuantCase("w8a8", "W8A8", "qwen2", 0.1, dense_methods("W8A8Scheme"))
+QUANT = {
+    "w8a8": QuantCase("w8a8", "W8A8", "qwen2", 0.1, dense_methods("W8A8Scheme")),
+    "moe_w8a8_dynamic": QuantCase(
+        "moe_w8a8_dynamic",
+        "W8A8_DYNAMIC",
+        "qwen3_moe",
+        0.05,
+        moe_methods("AscendW8A8DynamicFusedMoEMethod", "W8A8DynamicScheme"),
+    ),
+    "moe_w8a8": QuantCase("moe_w8a8", "W8A8", "qwen3_moe", 0.05, moe_methods("AscendW8A8FusedMoEMethod", "W8A8Scheme")),
+}
 
 
 def _stats():
@@ -34,7 +47,7 @@ def _stats():
     return TORCHAIR_STATS.snapshot()
 
 
-@pytest.fixture(scope="module", params=["moe", "w8a8"])
+@pytest.fixture(scope="module", params=["moe", "w8a8", "moe_w8a8_dynamic", "moe_w8a8"])
 def case(request):
     return request.param
 
@@ -43,7 +56,7 @@ def case(request):
 def checkpoint(case, tmp_path_factory):
     if case == "moe":
         return build_tiny_model(tiny_config("qwen3_moe"))
-    return quantize(W8A8, tmp_path_factory.mktemp("quant"))[1]
+    return quantize(QUANT[case], tmp_path_factory.mktemp("quant"))[1]
 
 
 @pytest.fixture(scope="module")
@@ -61,9 +74,10 @@ def test_layers_run_in_the_compiled_graph(llm, case):
     assert type(model).__name__ == "TorchairWrapper" and sorted(model.compiled) == SIZES
     assert model.compile_counts == dict.fromkeys(SIZES, 1)
     assert info["torchair"]["opaque_moe_nodes"] == 0 and info["torchair"]["opaque_attention_nodes"] == 0, info
-    if case == "w8a8":
+    if case in QUANT:
         (methods,) = llm.collective_rpc(layer_methods)
-        assert methods == W8A8.methods
+        assert methods == QUANT[case].methods
+    if case == "w8a8":
         return
     from vllm_npu.ops.moe import AscendFusedMoE
     from vllm_npu.ops.moe.routing import finalize_routing_reference

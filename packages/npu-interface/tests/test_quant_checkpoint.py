@@ -9,9 +9,11 @@ from pathlib import Path
 
 from vllm_npu.interface.quant_checkpoint import (
     DESCRIPTION_FILENAME,
+    expert_quant_types,
     find_description_file,
     is_msmodelslim_quant_config,
     looks_like_description,
+    quant_types,
     read_scheme,
     scheme_of,
 )
@@ -40,3 +42,21 @@ def test_scheme_names(tmp_path: Path) -> None:
     assert read_scheme(tmp_path, {"quant_method": "ascend"}) == "W8A8"
     (tmp_path / DESCRIPTION_FILENAME).write_text("{not json")
     assert read_scheme(tmp_path) == f"unreadable {DESCRIPTION_FILENAME} (JSONDecodeError)"
+
+
+def test_expert_quant_types_are_the_routed_experts_only(tmp_path: Path) -> None:
+    """DeepSeek-style mixes: static W8A8 attention, W8A8_DYNAMIC routed experts, float shared experts and gate."""
+    desc = {
+        "model.layers.0.self_attn.o_proj.weight": "W8A8",
+        "model.layers.1.mlp.experts.0.gate_proj.weight": "W8A8_DYNAMIC",
+        "model.layers.1.mlp.experts.17.down_proj.weight": "W8A8_DYNAMIC",
+        "model.layers.1.mlp.shared_experts.down_proj.weight": "W4A8_DYNAMIC",
+        "model.layers.1.mlp.gate.weight": "FLOAT",
+        "kv_quant_type": "C8",
+    }
+    assert quant_types(None, desc) == {"W8A8", "W8A8_DYNAMIC", "W4A8_DYNAMIC", "C8"}
+    assert expert_quant_types(None, desc) == {"W8A8_DYNAMIC"}
+    assert expert_quant_types(None, {"model.layers.0.mlp.down_proj.weight": "W8A8"}) == frozenset()
+    (tmp_path / DESCRIPTION_FILENAME).write_text(json.dumps(desc))
+    assert expert_quant_types(tmp_path) == {"W8A8_DYNAMIC"}
+    assert expert_quant_types(tmp_path / "none") is None

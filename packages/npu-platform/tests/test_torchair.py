@@ -69,9 +69,13 @@ def graph_config(
     )
 
 
-def _description(*types: str, **settings: str) -> dict[str, str]:
-    """An old-style msModelSlim description in config.json's quantization_config (one tensor per type)."""
-    return {f"model.layers.{i}.mlp.down_proj.weight": t for i, t in enumerate(types)} | settings
+def _description(*types: str, experts: str | None = None, **settings: str) -> dict[str, str]:
+    """An old-style msModelSlim description in config.json's quantization_config (one tensor per type, and with
+    ``experts`` a routed expert of that type)."""
+    desc = {f"model.layers.{i}.mlp.down_proj.weight": t for i, t in enumerate(types)}
+    if experts is not None:
+        desc["model.layers.9.mlp.experts.0.down_proj.weight"] = experts
+    return desc | settings
 
 
 def test_torchair_runs_full_decode_only_dispatch_without_dynamo_pieces():
@@ -108,7 +112,14 @@ def test_attention_is_in_the_graph_for_every_model_but_sparse_attention(model, i
     ("model", "match"),
     [
         ({"sparse": True}, r"DeepSeek-V3.2's sparse attention \(SFA\): .*opaque op.*npu_sparse_flash_attention"),
-        ({"experts": 8, **ASCEND, "quant_cfg": _description("W8A8_DYNAMIC")}, r"quantized MoE models: .*moe_forward"),
+        (
+            {"experts": 8, **ASCEND, "quant_cfg": _description("W8A8_DYNAMIC", experts="W4A8_DYNAMIC")},
+            r"W4A8_DYNAMIC MoE experts: .*per-group antiquant mode.*never calls",
+        ),
+        (
+            {"experts": 8, "quantization": "ascend"},  # "ascend" without a readable description
+            r"quantized MoE models whose routed experts' quant types cannot be read",
+        ),
         ({"experts": 8, "dp": 2, "ep": True}, r"MoE models with data parallel > 1: .*read on the host"),
         ({"use_mla": True, "experts": 8, "dp": 2}, r"MoE models with data parallel > 1"),  # MLA: the MoE reason
         ({"experts": 8, "eplb": True, "ep": True}, r"MoE models with --enable-eplb: .*frozen_parameter"),
@@ -141,6 +152,9 @@ def test_torchair_on_an_npu_refuses_what_is_not_converted_with_the_reason(model,
         {"use_mla": True, "experts": 8},  # DeepSeek-V2/V3: MLA and MoE both in the graph
         {"experts": 8, "ep": True, "npu": {"moe_mc2": "auto"}},  # EP over replicated tokens; 'auto' MC2 stays off
         *({**ASCEND, "quant_cfg": _description(t)} for t in ("W8A8", "W8A8_DYNAMIC", "W4A8_DYNAMIC")),
+        # quantized MoE: W8A8_DYNAMIC or static W8A8 experts (DeepSeek's mix: static W8A8 attention, dynamic experts)
+        *({"experts": 8, **ASCEND, "quant_cfg": _description("W8A8", experts=t)} for t in ("W8A8_DYNAMIC", "W8A8")),
+        {"experts": 8, "use_mla": True, **ASCEND, "quant_cfg": _description("W8A8", experts="W8A8_DYNAMIC")},
         {**ASCEND, "quant_cfg": _description("W4A4_FLATQUANT_DYNAMIC", "FLOAT"), "dtype": torch.float16},
     ],
 )

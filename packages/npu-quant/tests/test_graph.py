@@ -4,8 +4,8 @@
 
 ``torch.compile(fullgraph=True, dynamic=True)`` with every tensor marked static, the scheme's forward kernels swapped
 for their NPU twins and ``torch_npu`` replaced by opaque custom ops in the ``npu`` namespace (the real ops' names, so
-the lowered graph's node names are the converter table's) with the documented arguments. Their bodies are the
-reference twins, which :mod:`test_schemes` checks against float maths and an independent simulation: what this test
+the lowered graph's node names are the converter table's) with the documented arguments
+(:mod:`npu_testkit.fake_torch_npu`). Their bodies are the reference twins, which :mod:`test_schemes` checks against float maths and an independent simulation: what this test
 adds is the graph. The compiled forward equals the eager reference over three inputs of one shape, compiles once,
 reads nothing on the host, has no symbolic input, and every op of it has an implemented GE converter in torch_npu
 2.8.0's bundled torchair (read from the wheel). Load-time kernels (``npu_trans_quant_param``,
@@ -14,13 +14,12 @@ reads nothing on the host, has no symbolic input, and every op of it has an impl
 
 from __future__ import annotations
 
-import functools
 import sys
-import types
 from typing import Any
 
 import pytest
 import torch
+from npu_testkit.fake_torch_npu import fake_torch_npu
 from npu_testkit.torchair_converters import (
     compile_lowered,
     fresh_dynamo_imports,
@@ -41,105 +40,6 @@ from vllm_npu.quant.quantize_math import (
 )
 
 IN, OUT, PREFIX = 128, 64, "model.layers.0.mlp.down_proj"
-
-
-@functools.cache
-def _register_npu_ops() -> None:
-    """The forward ops of the schemes as ``torch.ops.npu.*`` custom ops (the bodies: the reference twins)."""
-    lib = "npu::"
-
-    @torch.library.custom_op(lib + "npu_quantize", mutates_args=())
-    def quantize(
-        x: torch.Tensor, scales: torch.Tensor, zero_points: torch.Tensor, dtype: torch.dtype, axis: int, div_mode: bool
-    ) -> torch.Tensor:
-        assert dtype == torch.qint8 and axis == -1 and not div_mode  # multiply mode, per channel of the last dim
-        return K._quantize_ref(x, scales, zero_points)
-
-    quantize.register_fake(lambda x, s, z, dtype, axis, div: torch.empty_like(x, dtype=torch.int8))
-
-    @torch.library.custom_op(lib + "npu_dynamic_quant", mutates_args=())
-    def dynamic_quant(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return K._dynamic_quant_ref(x)
-
-    dynamic_quant.register_fake(
-        lambda x: (torch.empty_like(x, dtype=torch.int8), x.new_empty(x.shape[:-1], dtype=torch.float32))
-    )
-
-    @torch.library.custom_op(lib + "npu_quant_matmul", mutates_args=())
-    def quant_matmul(
-        x1: torch.Tensor,
-        x2: torch.Tensor,
-        scale: torch.Tensor,
-        pertoken_scale: torch.Tensor | None,
-        bias: torch.Tensor | None,
-        output_dtype: torch.dtype,
-    ) -> torch.Tensor:
-        return K._quant_matmul_ref(x1, x2, scale, pertoken_scale, bias, output_dtype)
-
-    @quant_matmul.register_fake
-    def _(x1, x2, scale, pertoken_scale, bias, output_dtype):
-        return x1.new_empty(x1.shape[0], x2.shape[-1], dtype=output_dtype)  # x2 [K, N] int8 or [K/8, N] int32
-
-    @torch.library.custom_op(lib + "npu_weight_quant_batchmatmul", mutates_args=())
-    def weight_quant_bmm(
-        x: torch.Tensor, weight: torch.Tensor, antiquant_scale: torch.Tensor, antiquant_group_size: int
-    ) -> torch.Tensor:
-        return K._weight_quant_bmm_ref(x, weight, antiquant_scale, antiquant_group_size)
-
-    weight_quant_bmm.register_fake(lambda x, w, s, g: x.new_empty(x.shape[0], w.shape[-1] * 8))
-
-    @torch.library.custom_op(lib + "npu_kronecker_quant", mutates_args=())
-    def kronecker_quant(
-        x: torch.Tensor, p1: torch.Tensor, p2: torch.Tensor, clip_ratio: float, dst_dtype: torch.dtype
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        assert dst_dtype == torch.int32  # the converter takes int32 only
-        return K._kronecker_quant_ref(x, p1, p2, clip_ratio)
-
-    kronecker_quant.register_fake(
-        lambda x, p1, p2, c, d: (
-            x.new_empty(*x.shape[:-1], x.shape[-1] // 8, dtype=torch.int32),
-            x.new_empty(x.shape[0], dtype=torch.float32),
-        )
-    )
-
-
-@functools.cache
-def _fake_torch_npu() -> types.ModuleType:
-    _register_npu_ops()
-    ops = torch.ops.npu
-    m = types.ModuleType("torch_npu")  # a module: Dynamo traces the twins' `import torch_npu`
-
-    def npu_quantize(x, scales, zero_points, dtype, axis=1, div_mode=True):
-        return ops.npu_quantize(x, scales, zero_points, dtype, axis, div_mode)
-
-    def npu_dynamic_quant(x, *, smooth_scales=None, group_index=None, dst_type=torch.int8):
-        assert smooth_scales is None and group_index is None and dst_type == torch.int8
-        return ops.npu_dynamic_quant(x)
-
-    def npu_quant_matmul(x1, x2, scale, *, offset=None, pertoken_scale=None, bias=None, output_dtype=None):
-        assert offset is None
-        return ops.npu_quant_matmul(x1, x2, scale, pertoken_scale, bias, output_dtype)
-
-    def npu_weight_quant_batchmatmul(
-        x,
-        weight,
-        antiquant_scale,
-        antiquant_offset=None,
-        quant_scale=None,
-        quant_offset=None,
-        bias=None,
-        antiquant_group_size=0,
-        inner_precise=0,
-    ):
-        assert antiquant_offset is None and quant_scale is None and quant_offset is None and bias is None
-        return ops.npu_weight_quant_batchmatmul(x, weight, antiquant_scale, antiquant_group_size)
-
-    def npu_kronecker_quant(x, kronecker_p1, kronecker_p2, clip_ratio=1.0, dst_dtype=torch.int32):
-        return ops.npu_kronecker_quant(x, kronecker_p1, kronecker_p2, clip_ratio, dst_dtype)
-
-    for fn in (npu_quantize, npu_dynamic_quant, npu_quant_matmul, npu_weight_quant_batchmatmul, npu_kronecker_quant):
-        setattr(m, fn.__name__, fn)
-    return m
 
 
 def _layer(qtype: str, dtype: torch.dtype) -> torch.nn.Module:
@@ -194,7 +94,7 @@ def test_scheme_linear_in_the_npu_graph(vllm_ctx, monkeypatch, qtype, dtype):
     with torch.no_grad():
         expected = [layer(x)[0] for x in xs]  # eager, reference kernels
     assert _npu_twins(layer.quant_method.scheme)
-    monkeypatch.setitem(sys.modules, "torch_npu", _fake_torch_npu())
+    monkeypatch.setitem(sys.modules, "torch_npu", fake_torch_npu(quant=True))
     compiled, graphs = compile_lowered(lambda x: layer(x), dynamic=True)
     with torch.no_grad(), fresh_dynamo_imports():
         for x, exp in zip(xs, expected, strict=True):

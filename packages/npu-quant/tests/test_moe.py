@@ -17,84 +17,15 @@ from typing import Any
 import pytest
 import torch
 import torch.nn.functional as F
-from vllm_npu.quant.config import AscendQuantConfig
-from vllm_npu.quant.description import QuantDescription
+from quant_moe_harness import INTER, PREFIX, TOP_K, E, G, H, build, float_experts, quantized
 from vllm_npu.quant.params import QuantLoadError
-from vllm_npu.quant.quantize_math import quantize_w4a8, quantize_w8a8, quantize_w8a8_dynamic
-
-E, TOP_K, H, INTER, G = 4, 2, 32, 32, 16
-PREFIX = "model.layers.0.mlp.experts"
-PROJ = {"gate_proj": "w1", "up_proj": "w3", "down_proj": "w2"}
+from vllm_npu.quant.quantize_math import quantize_w4a8
 
 
 @pytest.fixture(autouse=True)
 def _no_grad() -> Iterator[None]:
     with torch.no_grad():
         yield
-
-
-def float_experts(seed: int = 0) -> dict[tuple[int, str], torch.Tensor]:
-    g = torch.Generator().manual_seed(seed)
-    out = {}
-    for e in range(E):
-        out[(e, "gate_proj")] = torch.randn(INTER, H, generator=g) * 0.2
-        out[(e, "up_proj")] = torch.randn(INTER, H, generator=g) * 0.2
-        out[(e, "down_proj")] = torch.randn(H, INTER, generator=g) * 0.2
-    return out
-
-
-def quantized(
-    qtype: str, weights: dict[tuple[int, str], torch.Tensor]
-) -> dict[tuple[int, str], dict[str, torch.Tensor]]:
-    if qtype == "W8A8_DYNAMIC":
-        return {k: quantize_w8a8_dynamic(w, torch.float32) for k, w in weights.items()}
-    if qtype == "W8A8":
-        # calibration on other N(0, 1) rows than the test's: every expert sees all of them (as the quantizer does)
-        xc = torch.randn(64, H, generator=torch.Generator().manual_seed(123))
-        out = {}
-        for e in range(E):
-            h = F.silu(xc @ weights[(e, "gate_proj")].t()) * (xc @ weights[(e, "up_proj")].t())
-            for proj, inp in (("gate_proj", xc), ("up_proj", xc), ("down_proj", h)):
-                out[(e, proj)] = quantize_w8a8(
-                    weights[(e, proj)], None, float(inp.min()), float(inp.max()), torch.float32
-                )
-        return out
-    return {k: quantize_w4a8(w, G, "0", False, torch.float32) for k, w in weights.items()}
-
-
-def build(
-    qtype: str,
-    tensors: dict[tuple[int, str], dict[str, torch.Tensor]],
-    skip: tuple[int, str] | None = None,
-    version: str = "0",
-    prefix: str = PREFIX,
-) -> Any:
-    from vllm.model_executor.layers.fused_moe.layer import FusedMoE
-
-    entries: dict[str, Any] = {f"{prefix}.{e}.{p}.{s}": qtype for (e, p), ts in tensors.items() for s in ts}
-    entries["group_size"] = G
-    entries["version"] = version
-    cfg = AscendQuantConfig(QuantDescription.from_mapping(entries))
-    layer = FusedMoE(
-        num_experts=E,
-        top_k=TOP_K,
-        hidden_size=H,
-        intermediate_size=INTER,
-        params_dtype=torch.float32,
-        renormalize=True,
-        quant_config=cfg,
-        prefix=prefix,
-    )
-    params = dict(layer.named_parameters())
-    for (e, proj), ts in tensors.items():
-        if (e, proj) == skip:
-            continue
-        for suffix, t in ts.items():
-            name = ("w2_" if proj == "down_proj" else "w13_") + suffix
-            params[name].weight_loader(
-                params[name], t, f"{prefix}.{e}.{proj}.{suffix}", shard_id=PROJ[proj], expert_id=e
-            )
-    return layer
 
 
 def reference(x: torch.Tensor, logits: torch.Tensor, linear) -> torch.Tensor:
@@ -244,8 +175,9 @@ def test_static_w8a8_experts_refuse_tensor_parallel_split(vllm_ctx: object, tp1_
 
 
 def test_grouped_matmul_twins_match_per_row_maths_with_empty_groups() -> None:
-    """The three grouped-matmul reference twins against row-by-row maths (group 1 empty; rows sorted by group),
-    and a count list that does not fit the rows is refused."""
+    """The three grouped-matmul reference twins against row-by-row maths (group 1 empty; rows sorted by group);
+    rows past the counts (the expert-parallel graph path) come out zero; a count list that does not fit the rows is
+    refused."""
     from vllm_npu.quant import kernels
     from vllm_npu.quant.moe_experts import grouped_quant_matmul, grouped_static_matmul, grouped_w4_matmul
 
@@ -268,14 +200,33 @@ def test_grouped_matmul_twins_match_per_row_maths_with_empty_groups() -> None:
         assert torch.allclose(y[r].double(), acc * scale[e].double() * float(tok[r]), rtol=1e-6)
         assert torch.allclose(ys[r].double(), (acc + bias[e].double()) * scale[e].double(), rtol=1e-6)
         assert torch.allclose(y4[r], x[r] @ (w4[e].float() * s4[e].repeat_interleave(8, 0)), atol=1e-5)
-    with pytest.raises(ValueError, match=r"counts \[2, 0, 2\] do not fit 5 rows / 3 groups"):
-        grouped_quant_matmul.reference(xq, w8, scale, tok, torch.tensor([2, 0, 2]), torch.float32)
+    short = torch.tensor([2, 0, 2])  # the last row belongs to no group
+    for out, full in (
+        (grouped_quant_matmul.reference(xq, w8, scale, tok, short, torch.float32), y),
+        (grouped_static_matmul.reference(xq, w8, scale, bias, short, torch.float32), ys),
+        (grouped_w4_matmul.reference(x, kernels.pack_int4(w4), s4, short), y4),
+    ):
+        assert torch.equal(out[:4], full[:4]) and not out[4].any()
+    with pytest.raises(ValueError, match=r"counts \[2, 0, 4\] do not fit 5 rows / 3 groups"):
+        grouped_quant_matmul.reference(xq, w8, scale, tok, torch.tensor([2, 0, 4]), torch.float32)
+
+
+def test_row_experts_gathers_each_rows_expert_on_the_device() -> None:
+    """Static W8A8 experts' per-row scales: each sorted row's expert from the counts (empty experts skipped); rows
+    past the counts (the expert-parallel graph path) get the last expert."""
+    from vllm_npu.quant.moe_experts import row_experts
+
+    counts = torch.tensor([2, 0, 3, 1])
+    assert row_experts(counts, 6).tolist() == torch.arange(4).repeat_interleave(counts).tolist() == [0, 0, 2, 2, 2, 3]
+    assert row_experts(counts, 8).tolist() == [0, 0, 2, 2, 2, 3, 3, 3]
+    assert row_experts(torch.tensor([0, 0, 1]), 2).tolist() == [2, 2]
 
 
 def test_every_moe_method_runs_the_layer_plan() -> None:
     """They declare npu-interface's LayerMoEPlanRunner (apply runs ``layer.moe_plan``), so npu-ops' layer may give
-    the plan its all-to-all dispatcher under data-parallel attention, as for unquantised experts."""
-    from vllm_npu.interface.protocols import runs_layer_moe_plan
+    the plan its all-to-all dispatcher under data-parallel attention, as for unquantised experts; and
+    MoEGraphTraceable, so the torchair mode traces their layers (test_moe_graph.py)."""
+    from vllm_npu.interface.protocols import runs_layer_moe_plan, traces_moe_in_graph
     from vllm_npu.ops.moe import AscendUnquantizedFusedMoEMethod
     from vllm_npu.quant.moe_method import (
         AscendW4A8DynamicFusedMoEMethod,
@@ -284,5 +235,5 @@ def test_every_moe_method_runs_the_layer_plan() -> None:
     )
 
     for cls in (AscendW8A8DynamicFusedMoEMethod, AscendW4A8DynamicFusedMoEMethod, AscendW8A8FusedMoEMethod):
-        assert runs_layer_moe_plan(cls), cls
-    assert runs_layer_moe_plan(AscendUnquantizedFusedMoEMethod)
+        assert runs_layer_moe_plan(cls) and traces_moe_in_graph(cls), cls
+    assert runs_layer_moe_plan(AscendUnquantizedFusedMoEMethod) and traces_moe_in_graph(AscendUnquantizedFusedMoEMethod)

@@ -45,10 +45,12 @@ _EXPORTS = {
     "get_logger": ".log:get_logger",
     "GraphInputsProvider": ".protocols:GraphInputsProvider",
     "LayerMoEPlanRunner": ".protocols:LayerMoEPlanRunner",
+    "MoEGraphTraceable": ".protocols:MoEGraphTraceable",
     "OutputBufferFiller": ".protocols:OutputBufferFiller",
     "fills_output_buffer": ".protocols:fills_output_buffer",
     "graph_inputs_of": ".protocols:graph_inputs_of",
     "runs_layer_moe_plan": ".protocols:runs_layer_moe_plan",
+    "traces_moe_in_graph": ".protocols:traces_moe_in_graph",
     "ENTRY_POINT_GROUP": ".registry:ENTRY_POINT_GROUP",
     "ComponentReport": ".registry:ComponentReport",
     "check_installed_set": ".registry:check_installed_set",
@@ -97,10 +99,12 @@ if TYPE_CHECKING:
     from .protocols import (
         GraphInputsProvider,
         LayerMoEPlanRunner,
+        MoEGraphTraceable,
         OutputBufferFiller,
         fills_output_buffer,
         graph_inputs_of,
         runs_layer_moe_plan,
+        traces_moe_in_graph,
     )
     from .registry import (
         ENTRY_POINT_GROUP,
@@ -146,6 +150,7 @@ __all__ = [
     "KernelContractError",
     "LayerMoEPlanRunner",
     "MissingComponentError",
+    "MoEGraphTraceable",
     "NPUPluginError",
     "NPUProbe",
     "OutputBufferFiller",
@@ -174,4 +179,5 @@ __all__ = [
     "require",
     "reset_device_selection",
     "runs_layer_moe_plan",
+    "traces_moe_in_graph",
 ]

@@ -18,10 +18,12 @@ from typing import ClassVar, Protocol, runtime_checkable
 __all__ = [
     "GraphInputsProvider",
     "LayerMoEPlanRunner",
+    "MoEGraphTraceable",
     "OutputBufferFiller",
     "fills_output_buffer",
     "graph_inputs_of",
     "runs_layer_moe_plan",
+    "traces_moe_in_graph",
 ]
 
 
@@ -59,6 +61,24 @@ class LayerMoEPlanRunner(Protocol):
 def runs_layer_moe_plan(method: object) -> bool:
     """Whether ``method`` (a FusedMoE quant method instance or class) declares :class:`LayerMoEPlanRunner`."""
     return getattr(method, "uses_layer_moe_plan", False) is True
+
+
+class MoEGraphTraceable(Protocol):
+    """A FusedMoE quant method whose ``apply`` can be traced into a compiled decode graph (the torchair mode): every
+    op it runs has a GE converter in torch_npu 2.8.0's torchair (its NPU kernels) or is one opaque registered op (its
+    reference twins), and nothing is read on the host while Dynamo traces it.
+
+    Declared by npu-ops' unquantised method and npu-quant's MoE methods (W8A8_DYNAMIC, W4A8_DYNAMIC, static W8A8);
+    read by npu-ops' ``AscendFusedMoE`` (``moe_graph_refusal``): only a declaring method's layer calls its
+    ``forward_impl`` directly in that mode; any other keeps vLLM's opaque ``vllm.moe_forward`` op.
+    """
+
+    traces_in_moe_graph: ClassVar[bool]
+
+
+def traces_moe_in_graph(method: object) -> bool:
+    """Whether ``method`` (a FusedMoE quant method instance or class) declares :class:`MoEGraphTraceable`."""
+    return getattr(method, "traces_in_moe_graph", False) is True
 
 
 @runtime_checkable

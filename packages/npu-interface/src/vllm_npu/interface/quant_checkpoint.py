@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -87,10 +88,8 @@ def read_scheme(model_dir: str | os.PathLike[str] | None, hf_quant_cfg: Any = No
     return f"quant_method {QUANT_METHOD!r}"
 
 
-def quant_types(model_dir: str | os.PathLike[str] | None, hf_quant_cfg: Any = None) -> frozenset[str] | None:
-    """The quant types a msModelSlim checkpoint uses: its tensors' non-float types (``W8A8_DYNAMIC``, ...) plus its
-    ``kv_quant_type`` / ``fa_quant_type`` settings (``C8``), from ``hf_quant_cfg`` when it is a description, else
-    from the description file; None when there is no readable description. Never raises."""
+def _read_description(model_dir: str | os.PathLike[str] | None, hf_quant_cfg: Any) -> Mapping[str, Any] | None:
+    """The description: ``hf_quant_cfg`` when it is one, else the description file's; None when unreadable."""
     cfg: Any = hf_quant_cfg if looks_like_description(hf_quant_cfg) else None
     path = None if cfg is not None else find_description_file(model_dir)
     if path is not None:
@@ -98,8 +97,31 @@ def quant_types(model_dir: str | os.PathLike[str] | None, hf_quant_cfg: Any = No
             cfg = json.loads(path.read_text())
         except (OSError, ValueError):
             return None
-    if not isinstance(cfg, Mapping):
+    return cfg if isinstance(cfg, Mapping) else None
+
+
+def quant_types(model_dir: str | os.PathLike[str] | None, hf_quant_cfg: Any = None) -> frozenset[str] | None:
+    """The quant types a msModelSlim checkpoint uses: its tensors' non-float types (``W8A8_DYNAMIC``, ...) plus its
+    ``kv_quant_type`` / ``fa_quant_type`` settings (``C8``), from ``hf_quant_cfg`` when it is a description, else
+    from the description file; None when there is no readable description. Never raises."""
+    cfg = _read_description(model_dir, hf_quant_cfg)
+    if cfg is None:
         return None
     types = {v for k, v in cfg.items() if isinstance(k, str) and k.endswith(".weight") and v in QUANT_TYPES}
     types |= {cfg[k] for k in ("kv_quant_type", "fa_quant_type") if isinstance(cfg.get(k), str) and cfg[k]}
+    return frozenset(types - {"FLOAT"})
+
+
+#: A routed expert's weight key: ``<...>.experts.<expert>.<proj>.weight`` (vLLM FusedMoE layers are named
+#: ``<...>.experts``; ``shared_experts`` are dense layers and do not match).
+_EXPERT_WEIGHT = re.compile(r"(^|\.)experts\.\d+\.[^.]+\.weight$")
+
+
+def expert_quant_types(model_dir: str | os.PathLike[str] | None, hf_quant_cfg: Any = None) -> frozenset[str] | None:
+    """The non-float quant types of a msModelSlim checkpoint's routed MoE experts (keys
+    ``<...>.experts.<e>.<proj>.weight``), read as :func:`quant_types` reads; None without a readable description."""
+    cfg = _read_description(model_dir, hf_quant_cfg)
+    if cfg is None:
+        return None
+    types = {v for k, v in cfg.items() if isinstance(k, str) and _EXPERT_WEIGHT.search(k) and v in QUANT_TYPES}
     return frozenset(types - {"FLOAT"})

@@ -16,11 +16,19 @@ expert e:
   mode (float rows, int4 weights packed 8 per int32, ``antiquant_scale [E, K/g, N]``);
 - static W8A8: per-row (the row's expert's) static int8 input quant, int8 grouped matmul with int32 quant bias and
   per-channel dequant scale (see :class:`vllm_npu.quant.moe_method.AscendW8A8FusedMoEMethod`).
+
+All of it can be traced into a compiled decode graph (the torchair mode): the experts read nothing on the host, the
+NPU twins call ops with GE converters, and each grouped-matmul reference twin (a loop over the experts that reads the
+counts) runs inside a registered op (``torch.ops.vllm_npu.quant_grouped_matmul_int8`` / ``_w4_antiquant``), one
+opaque node as the NPU kernel is. The grouped matmuls accept more rows than the counts cover (the expert-parallel
+graph path hands every row over): rows past the counts are zeros in the twins, undefined on the NPU, and dropped by
+the combine.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any, cast
 
 import torch
 from vllm_npu.interface import Kernel
@@ -34,10 +42,11 @@ from .params import param
 
 
 def _group_rows(counts: torch.Tensor, num_rows: int, num_groups: int) -> list[tuple[int, slice]]:
-    """``(group, rows)`` for every non-empty group of ``num_rows`` rows sorted by group, ``counts [G]`` rows each;
-    ``ValueError`` unless there are ``num_groups`` counts summing to ``num_rows``."""
+    """``(group, rows)`` for every non-empty group of ``num_rows`` rows sorted by group, ``counts [G]`` rows each
+    (rows past their sum belong to no group); ``ValueError`` unless there are ``num_groups`` counts summing to at
+    most ``num_rows``. Reads the counts on the host: called only inside the registered reference ops."""
     sizes = counts.tolist()
-    if len(sizes) != num_groups or sum(sizes) != num_rows:
+    if len(sizes) != num_groups or sum(sizes) > num_rows:
         raise ValueError(f"grouped matmul: counts {sizes} do not fit {num_rows} rows / {num_groups} groups")
     bounds, start = [], 0
     for g, n in enumerate(sizes):
@@ -45,6 +54,18 @@ def _group_rows(counts: torch.Tensor, num_rows: int, num_groups: int) -> list[tu
             bounds.append((g, slice(start, start + n)))
         start += n
     return bounds
+
+
+def _registered(name: str, loop: Callable[..., torch.Tensor], fake: Callable[..., torch.Tensor]) -> Any:
+    """``torch.ops.vllm_npu.<name>``: ``loop`` as a custom op without mutated arguments and with ``fake`` as its
+    shape function (registered once per process), so a compiled graph holds one node instead of the host reads."""
+    try:
+        return getattr(torch.ops.vllm_npu, name)
+    except (AttributeError, RuntimeError):
+        pass
+    op = torch.library.custom_op(f"vllm_npu::{name}", mutates_args=())(loop)
+    op.register_fake(fake)
+    return getattr(torch.ops.vllm_npu, name)
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -88,6 +109,35 @@ def _grouped_qmm_npu(
     )[0]
 
 
+def _grouped_int8_loop(
+    xq: torch.Tensor,
+    weight: torch.Tensor,
+    scale: torch.Tensor,
+    pertoken: torch.Tensor | None,
+    bias: torch.Tensor | None,
+    counts: torch.Tensor,
+    out_dtype: torch.dtype,
+) -> torch.Tensor:
+    """Both int8 modes: ``((xq_g @ W[g]) (+ bias[g])) * scale[g] (* pertoken_g)``, rows past the counts zeros."""
+    out = torch.zeros(xq.shape[0], weight.shape[-1], dtype=out_dtype, device=xq.device)
+    for g, rows in _group_rows(counts, xq.shape[0], weight.shape[0]):
+        acc = xq[rows].to(torch.float64) @ weight[g].to(torch.float64)  # exact for int8
+        if bias is not None:
+            acc = acc + bias[g].to(torch.float64)
+        y = acc.to(torch.float32) * scale[g].to(torch.float32)
+        out[rows] = (y if pertoken is None else y * pertoken[rows].unsqueeze(-1)).to(out_dtype)
+    return out
+
+
+_GROUPED_INT8_OP = _registered(
+    "quant_grouped_matmul_int8",
+    _grouped_int8_loop,
+    lambda xq, weight, scale, pertoken, bias, counts, out_dtype: xq.new_empty(
+        xq.shape[0], weight.shape[-1], dtype=out_dtype
+    ),
+)
+
+
 def _grouped_qmm_ref(
     xq: torch.Tensor,
     weight: torch.Tensor,
@@ -97,13 +147,10 @@ def _grouped_qmm_ref(
     out_dtype: torch.dtype,
 ) -> torch.Tensor:
     """xq int8 ``[N, K]`` (rows sorted by group), weight int8 ``[G, K, M]``, scale ``[G, M]`` (float32, or bfloat16 for
-    bfloat16 output: the NPU twin's pairing), pertoken
-    float32 ``[N]``, counts int64 ``[G]`` -> ``[N, M]``: ``(xq_g @ W[g]) * scale[g] * pertoken_g``."""
-    out = torch.empty(xq.shape[0], weight.shape[-1], dtype=out_dtype, device=xq.device)
-    for g, rows in _group_rows(counts, xq.shape[0], weight.shape[0]):
-        acc = xq[rows].to(torch.float64) @ weight[g].to(torch.float64)  # exact for int8
-        out[rows] = (acc.to(torch.float32) * scale[g].to(torch.float32) * pertoken[rows].unsqueeze(-1)).to(out_dtype)
-    return out
+    bfloat16 output: the NPU twin's pairing), pertoken float32 ``[N]``, counts int64 ``[G]`` (sum <= N) -> ``[N, M]``:
+    ``(xq_g @ W[g]) * scale[g] * pertoken_g`` (rows past the counts: zeros). Runs as the registered op
+    ``torch.ops.vllm_npu.quant_grouped_matmul_int8``."""
+    return cast(torch.Tensor, _GROUPED_INT8_OP(xq, weight, scale, pertoken, None, counts, out_dtype))
 
 
 grouped_quant_matmul = Kernel("npu_grouped_matmul[int8,per-token]", npu=_grouped_qmm_npu, reference=_grouped_qmm_ref)
@@ -118,14 +165,34 @@ class W8A8DynamicExperts:
         self._dq = kernels.dynamic_quant.select()
         self._gqmm = grouped_quant_matmul.select()
         self._scales: dict[tuple[str, torch.dtype], torch.Tensor] = {}
+        # The scales paired with the layer's activation dtype, converted now and held as (non-persistent) buffers of
+        # the layer: a compiled graph reads them as the module's static tensors, not as inputs of a dynamic shape.
+        act = getattr(getattr(layer, "moe_config", None), "in_dtype", None)
+        self._paired: dict[str, str] = {}
+        for name in ("w13_weight_scale", "w2_weight_scale"):
+            scale = getattr(layer, name)
+            paired = _PER_TOKEN_SCALE_DTYPE.get(act) if isinstance(act, torch.dtype) else None
+            if paired is not None and scale.dtype != paired:
+                layer.register_buffer(f"{name}_paired", scale.to(paired), persistent=False)
+                self._paired[name] = f"{name}_paired"
 
     def _scale(self, name: str, out_dtype: torch.dtype) -> torch.Tensor:
         """The float32 load-time scale in the dtype the kernel pairs with ``out_dtype`` (bfloat16 for bfloat16
-        output, as vllm-ascend v0.11.0's ``w1_scale.to(w2_scale.dtype)``), converted once per dtype."""
+        output, as vllm-ascend v0.11.0's ``w1_scale.to(w2_scale.dtype)``): the layer's buffer for its activation
+        dtype; for another dtype converted once (eagerly) or in the graph (traced)."""
+        scale = getattr(self.layer, name)
+        paired = _PER_TOKEN_SCALE_DTYPE.get(out_dtype, scale.dtype)
+        if paired == scale.dtype:
+            return scale
+        if name in self._paired:
+            buffer = getattr(self.layer, self._paired[name])
+            if buffer.dtype == paired:
+                return buffer
+        if torch.compiler.is_compiling():
+            return scale.to(paired)
         key = (name, out_dtype)
         if key not in self._scales:
-            scale = getattr(self.layer, name)
-            self._scales[key] = scale.to(_PER_TOKEN_SCALE_DTYPE.get(out_dtype, scale.dtype))
+            self._scales[key] = scale.to(paired)
         return self._scales[key]
 
     def __call__(self, rows: torch.Tensor, group_counts: torch.Tensor) -> torch.Tensor:
@@ -157,15 +224,27 @@ def _grouped_w4_npu(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, 
     )[0]
 
 
-def _grouped_w4_ref(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
-    """x ``[N, K]`` float (rows sorted by group), weight int32 ``[G, K, M/8]`` (int4), scale ``[G, K/g, M]`` in x's
-    dtype, counts ``[G]`` -> ``[N, M]``: ``x_g @ (W4[g] * scale[g][k // group])``."""
+def _grouped_w4_loop(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
     group = weight.shape[1] // scale.shape[1]
-    out = torch.empty(x.shape[0], weight.shape[-1] * 8, dtype=x.dtype, device=x.device)
+    out = torch.zeros(x.shape[0], weight.shape[-1] * 8, dtype=x.dtype, device=x.device)
     for g, rows in _group_rows(counts, x.shape[0], weight.shape[0]):
         w = kernels.unpack_int4(weight[g]).to(torch.float32) * scale[g].to(torch.float32).repeat_interleave(group, 0)
         out[rows] = (x[rows].to(torch.float32) @ w).to(x.dtype)
     return out
+
+
+_GROUPED_W4_OP = _registered(
+    "quant_grouped_matmul_w4_antiquant",
+    _grouped_w4_loop,
+    lambda x, weight, scale, counts: x.new_empty(x.shape[0], weight.shape[-1] * 8),
+)
+
+
+def _grouped_w4_ref(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+    """x ``[N, K]`` float (rows sorted by group), weight int32 ``[G, K, M/8]`` (int4), scale ``[G, K/g, M]`` in x's
+    dtype, counts ``[G]`` (sum <= N) -> ``[N, M]``: ``x_g @ (W4[g] * scale[g][k // group])`` (rows past the counts:
+    zeros). Runs as the registered op ``torch.ops.vllm_npu.quant_grouped_matmul_w4_antiquant``."""
+    return cast(torch.Tensor, _GROUPED_W4_OP(x, weight, scale, counts))
 
 
 grouped_w4_matmul = Kernel(
@@ -252,13 +331,10 @@ def _grouped_static_ref(
     out_dtype: torch.dtype,
 ) -> torch.Tensor:
     """The documented per-channel int8 mode: xq int8 ``[N, K]`` (rows sorted by group), weight int8 ``[G, K, M]``,
-    bias int32 ``[G, M]``, scale ``[G, M]`` (float32 or bfloat16), counts ``[G]`` -> ``[N, M]``:
-    ``(xq_g @ W[g] + bias[g]) * scale[g]``."""
-    out = torch.empty(xq.shape[0], weight.shape[-1], dtype=out_dtype, device=xq.device)
-    for g, rows in _group_rows(counts, xq.shape[0], weight.shape[0]):
-        acc = xq[rows].to(torch.float64) @ weight[g].to(torch.float64) + bias[g].to(torch.float64)
-        out[rows] = (acc.to(torch.float32) * scale[g].to(torch.float32)).to(out_dtype)
-    return out
+    bias int32 ``[G, M]``, scale ``[G, M]`` (float32 or bfloat16), counts ``[G]`` (sum <= N) -> ``[N, M]``:
+    ``(xq_g @ W[g] + bias[g]) * scale[g]`` (rows past the counts: zeros). Runs as the registered op
+    ``torch.ops.vllm_npu.quant_grouped_matmul_int8``."""
+    return cast(torch.Tensor, _GROUPED_INT8_OP(xq, weight, scale, None, bias, counts, out_dtype))
 
 
 grouped_static_matmul = Kernel(
@@ -276,11 +352,11 @@ class W8A8StaticExperts:
         self._q = quantize_rows.select()
         self._gmm = grouped_static_matmul.select()
 
-    def _stage(self, x: torch.Tensor, w: str, counts: torch.Tensor) -> torch.Tensor:
-        layer, n = self.layer, x.shape[0]
-        # one scale per row: the row's expert's input scale (rows are sorted by expert; output_size avoids a sync)
-        inv = torch.repeat_interleave(getattr(layer, f"{w}_input_inv_scale"), counts, output_size=n).to(x.dtype)
-        off = torch.repeat_interleave(getattr(layer, f"{w}_input_offset"), counts, output_size=n).to(x.dtype)
+    def _stage(self, x: torch.Tensor, w: str, experts: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+        layer = self.layer
+        # one scale per row: the row's expert's input scale, gathered by the row's expert
+        inv = getattr(layer, f"{w}_input_inv_scale")[experts].to(x.dtype)
+        off = getattr(layer, f"{w}_input_offset")[experts].to(x.dtype)
         xq = self._q(x, inv, off)
         # the documented pairing: bfloat16 output takes a bfloat16 scale, float16 (and the reference) float32
         scale = getattr(layer, f"{w}_deq_scale")
@@ -289,4 +365,18 @@ class W8A8StaticExperts:
 
     def __call__(self, rows: torch.Tensor, group_counts: torch.Tensor) -> torch.Tensor:
         counts = group_counts.to(torch.int64)
-        return self._stage(self.activation(self._stage(rows, "w13", counts)), "w2", counts)
+        experts = row_experts(counts, rows.shape[0])
+        return self._stage(self.activation(self._stage(rows, "w13", experts, counts)), "w2", experts, counts)
+
+
+def row_experts(counts: torch.Tensor, num_rows: int) -> torch.Tensor:
+    """The expert of each of ``num_rows`` rows sorted by expert, ``counts [E]`` rows each: int64 ``[num_rows]``.
+
+    The number of counts' prefix sums at or below the row's index (``searchsorted(cumsum, row, right=True)``), on
+    the device, without a host read: ``aten.cumsum`` and ``aten.searchsorted.Tensor`` have GE converters,
+    ``repeat_interleave`` has a refusing one. Rows past the counts' sum (the expert-parallel graph path's undefined
+    rows) get the last expert: their values are dropped by the combine.
+    """
+    ends = torch.cumsum(counts, 0)
+    rows = torch.arange(num_rows, device=counts.device, dtype=ends.dtype)
+    return torch.searchsorted(ends, rows, right=True).clamp(max=counts.shape[0] - 1)

@@ -21,7 +21,9 @@ dependency (extra ``moe`` in its pyproject): the import happens when a MoE layer
 ``vllm_npu.ops.moe`` door, and a missing npu-ops is a :class:`~vllm_npu.interface.MissingComponentError` with the
 install command. Every method here runs the layer's own plan and says so
 (:class:`~vllm_npu.interface.protocols.LayerMoEPlanRunner`), so npu-ops' layer may give the plan its all-to-all
-dispatcher under data-parallel attention. Load-time processing: transposes to
+dispatcher under data-parallel attention; and each declares
+:class:`~vllm_npu.interface.protocols.MoEGraphTraceable`, so in the torchair mode the layer is traced into the
+compiled decode graph (where npu-ops' ``moe_graph_refusal`` admits its configuration). Load-time processing: transposes to
 ``[E, H, 2I]`` / ``[E, I, H]`` and flattening of the scales, in :meth:`process_weights_after_loading`.
 """
 
@@ -52,6 +54,9 @@ class AscendW8A8DynamicFusedMoEMethod(FusedMoEMethodBase):
     _required: tuple[str, ...] = ("w13_weight", "w2_weight", "w13_weight_scale", "w2_weight_scale")
     #: apply() runs ``layer.moe_plan`` (see :meth:`_build`): the LayerMoEPlanRunner contract of npu-interface.
     uses_layer_moe_plan: ClassVar[bool] = True
+    #: apply() traces into a compiled decode graph (npu-interface's MoEGraphTraceable): the experts of every scheme
+    #: here read nothing on the host, their reference grouped matmuls are registered ops (:mod:`.moe_experts`).
+    traces_in_moe_graph: ClassVar[bool] = True
 
     def __init__(self, moe: Any, prefix: str) -> None:
         super().__init__(moe)

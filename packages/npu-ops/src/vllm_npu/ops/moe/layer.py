@@ -46,7 +46,7 @@ from vllm.model_executor.layers.shared_fused_moe.shared_fused_moe import SharedF
 from vllm_npu.interface import ConfigError, get_logger
 from vllm_npu.interface.config import AdditionalConfig
 from vllm_npu.interface.device import DeviceMode, current_mode
-from vllm_npu.interface.protocols import runs_layer_moe_plan
+from vllm_npu.interface.protocols import runs_layer_moe_plan, traces_moe_in_graph
 
 from .comm import AllToAll, coordinator_all_to_all
 from .eplb import check_eplb_layer, eplb_placement, follow_eplb_state
@@ -216,16 +216,17 @@ def build_layer_plan(
 def moe_graph_refusal(layer: AscendFusedMoE) -> str | None:
     """Why this built layer cannot run inside a compiled (torchair) decode graph, or None.
 
-    Inside the graph every op needs a GE converter and nothing may be read on the host: the plan's local dispatcher
-    (no experts, or experts split over ranks that hold the same tokens) qualifies; the exchanges that size their
+    Inside the graph every op needs a GE converter and nothing may be read on the host: a quant method that declares
+    npu-interface's ``MoEGraphTraceable`` (ours, npu-quant's MoE methods) with the plan's local dispatcher (no
+    experts, or experts split over ranks that hold the same tokens) qualifies; the exchanges that size their
     messages on the host or choose per step do not. Such a layer keeps vLLM's opaque op (the emulated device runs
     it; the platform refuses these configurations on an NPU, ``graphs/config.py``).
     """
     plan = layer.moe_plan
-    if type(layer.quant_method) is not AscendUnquantizedFusedMoEMethod:
+    if not traces_moe_in_graph(layer.quant_method):
         return (
-            f"{type(layer.quant_method).__name__}: only unquantized MoE layers are traced into the graph (npu-quant's "
-            "MoE methods are not yet)"
+            f"{type(layer.quant_method).__name__} does not declare MoEGraphTraceable (npu-interface): only quant "
+            "methods whose apply runs graph-safe kernels are traced (npu-ops' unquantized one, npu-quant's MoE methods)"
         )
     if plan.mc2 is not None:
         return (
@@ -250,6 +251,8 @@ class AscendUnquantizedFusedMoEMethod(UnquantizedFusedMoEMethod):
     #: This method runs ``layer.moe_plan`` (npu-interface's LayerMoEPlanRunner: the layer may give the plan the
     #: all-to-all dispatcher under DP attention).
     uses_layer_moe_plan: ClassVar[bool] = True
+    #: Its apply runs the plan's kernels only, all traceable (npu-interface's MoEGraphTraceable).
+    traces_in_moe_graph: ClassVar[bool] = True
 
     def process_weights_after_loading(self, layer: torch.nn.Module) -> None:
         # vLLM's version repacks weights for ROCm/CPU/XPU kernels; none of those run here, so nothing to do.

@@ -27,9 +27,9 @@ slow every engine start of the test suite; everything else is the same code path
 explicit, different ``cudagraph_mode`` is a conflict). ``--enforce-eager`` with a graph mode is a conflict.
 ``torchair`` uses FULL_DECODE_ONLY's dispatch and compiles each decode size instead of capturing it
 (:mod:`.torchair`). On an NPU it runs GQA and MLA (DeepSeek-V2/V3) decoder models, attention inside the compiled
-graph, unquantized MoE layers without cross-rank exchanges and npu-quant's dense schemes; DeepSeek-V3.2's sparse
-attention, quantized MoE models and the MoE and quant configurations of :data:`TORCHAIR_NPU_REFUSALS` are refused
-there with the reason. With attention in the graph (every model but V3.2's, either device) speculative decoding and
+graph, MoE layers without cross-rank exchanges (unquantized, W8A8_DYNAMIC or static W8A8 experts) and npu-quant's
+dense schemes; DeepSeek-V3.2's sparse attention, W4A8_DYNAMIC experts and the MoE and quant configurations of
+:data:`TORCHAIR_NPU_REFUSALS` are refused there with the reason. With attention in the graph (every model but V3.2's, either device) speculative decoding and
 KV connectors are refused (:data:`TORCHAIR_SPEC_DECODE`, :data:`TORCHAIR_KV_TRANSFER`).
 """
 
@@ -66,10 +66,13 @@ GRAPH_MODES: dict[str, str | None] = {
 #: answers opaque_attention_op() False; the impls' graph decode paths: npu_scatter_nd_update_ +
 #: npu_fused_infer_attention_score, BSH for GQA, BNSD with query_rope/key_rope for MLA, both with converters in
 #: torch_npu 2.8.0's torchair), as are the dense ops of npu-ops (npu_rms_norm, npu_add_rms_norm, npu_rotary_mul,
-#: npu_swiglu), unquantized MoE layers without cross-rank exchanges (npu-ops traces them: npu_moe_gating_top_k(_softmax),
-#: npu_moe_init_routing_v2, npu_grouped_matmul, npu_swiglu, npu_moe_finalize_routing) and the linear layers of
-#: npu-quant's W8A8, W8A8_DYNAMIC, W4A8_DYNAMIC and W4A4_FLATQUANT_DYNAMIC schemes (npu_quantize, npu_dynamic_quant,
-#: npu_quant_matmul, npu_weight_quant_batchmatmul, npu_kronecker_quant). Each entry: what is refused -> why.
+#: npu_swiglu), MoE layers without cross-rank exchanges (npu-ops traces them: npu_moe_gating_top_k(_softmax),
+#: npu_moe_init_routing_v2, npu_grouped_matmul, npu_swiglu, npu_moe_finalize_routing), unquantized or with
+#: npu-quant's W8A8_DYNAMIC experts (npu_dynamic_quant + npu_grouped_matmul with per-token scales, as vllm-ascend
+#: v0.11.0's torchair MoE) or static W8A8 experts (npu_quantize per row + npu_grouped_matmul with an int32 bias), and
+#: the linear layers of npu-quant's W8A8, W8A8_DYNAMIC, W4A8_DYNAMIC and W4A4_FLATQUANT_DYNAMIC schemes (npu_quantize,
+#: npu_dynamic_quant, npu_quant_matmul, npu_weight_quant_batchmatmul, npu_kronecker_quant). Each entry: what is
+#: refused -> why.
 TORCHAIR_NPU_REFUSALS: dict[str, str] = {
     "sfa": (
         "DeepSeek-V3.2's sparse attention (SFA): its attention stays vLLM's opaque op "
@@ -79,11 +82,16 @@ TORCHAIR_NPU_REFUSALS: dict[str, str] = {
         "package) have no GE converter in torch_npu 2.8.0's torchair, so a graph decode path could not be "
         "compiled either"
     ),
+    "moe_w4a8": (
+        "W4A8_DYNAMIC MoE experts: npu-quant runs them weight-only, npu_grouped_matmul in its per-group antiquant mode "
+        "(bf16/fp16 rows x int4 weights packed in int32), which vllm-ascend v0.11.0's torchair MoE never calls (its "
+        "W4A8 experts run int8 rows x int4 weights with int64-packed scales and a scale bias) and which torchair's "
+        "GroupedMatmul converter passes on unchecked; the W8A8_DYNAMIC and static W8A8 experts compile"
+    ),
     "moe_quantized": (
-        "quantized MoE models: npu-quant's MoE methods are not traced into the decode graph, so their layers stay "
-        "vLLM's opaque op (vllm.moe_forward: the layer's name in, the layer found in the forward context in Python), "
-        "which has no GE converter (and static W8A8 experts expand per-expert scales with aten.repeat_interleave, "
-        "which has none either)"
+        "quantized MoE models whose routed experts' quant types cannot be read from the checkpoint's description "
+        "(quant_model_description.json or config.json's quantization_config): only W8A8_DYNAMIC and static W8A8 "
+        "experts were checked against torchair's converters"
     ),
     "moe_data_parallel": (
         "MoE models with data parallel > 1: the experts' rows cross the DP ranks with split sizes read on the host "
@@ -142,7 +150,7 @@ def sparse_attention(vllm_config: VllmConfig) -> bool:
 
 
 def _quant_refusal(vllm_config: VllmConfig, moe: bool) -> str | None:
-    from vllm_npu.interface.quant_checkpoint import QUANT_METHOD, quant_types
+    from vllm_npu.interface.quant_checkpoint import QUANT_METHOD, expert_quant_types, quant_types
 
     model = vllm_config.model_config
     method = getattr(model, "quantization", None)
@@ -158,7 +166,12 @@ def _quant_refusal(vllm_config: VllmConfig, moe: bool) -> str | None:
 
     if getattr(model, "dtype", None) == torch.float32:
         return "quant_float32"
-    return "moe_quantized" if moe else None
+    if not moe:
+        return None
+    experts = expert_quant_types(getattr(model, "model", None), getattr(hf_config, "quantization_config", None))
+    if experts is None:
+        return "moe_quantized"
+    return "moe_w4a8" if "W4A8_DYNAMIC" in experts else None
 
 
 def _moe_refusal(vllm_config: VllmConfig) -> str | None:

@@ -13,9 +13,9 @@ What is compiled: the model's own ``forward`` (one code path: the same modules, 
 through ``torch.compile(fullgraph=True)``, one compiled function per batch size, each calling ``forward`` from a code
 object and name of its own (:func:`forward_for`; Dynamo keeps its cache per code object, so sizes never evict each
 other and torchair's cache can key by name). Embedding, norms, RoPE and linear layers are traced by Dynamo, our
-CustomOp overrides included, and so are unquantized MoE layers whose dispatch needs no host reads (npu-ops'
-``AscendFusedMoE`` calls its ``forward_impl`` instead of vLLM's opaque ``moe_forward`` op in this mode); other MoE
-layers stay that opaque op.
+CustomOp overrides included, and so are MoE layers (unquantized, or npu-quant's quantized experts) whose dispatch
+needs no host reads (npu-ops' ``AscendFusedMoE`` calls its ``forward_impl`` instead of vLLM's opaque ``moe_forward``
+op in this mode); other MoE layers stay that opaque op.
 
 Attention of GQA and MLA models is inside the graph (:func:`attention_in_graph`): the platform answers
 ``opaque_attention_op()`` False, so vLLM's attention layer calls the impl directly and Dynamo traces it. Before each
