@@ -124,7 +124,14 @@ def _mc2_capacity() -> int:
 
 
 def _dp_step_tokens(hidden: torch.Tensor) -> int:
-    """The step's largest per-DP-rank token count (the same on every rank), from vLLM's forward context."""
+    """The step's largest per-DP-rank token count (the same on every rank), from vLLM's forward context.
+
+    Traced (the torchair mode): the compiled size. vLLM pads every DP rank's batch to the largest one
+    (``get_dp_padding``; the torchair mode never runs ``--enforce-eager``), so each rank's row count is that size, a
+    static shape in the graph: the choice is made once per compiled size, not read from the host per step.
+    """
+    if torch.compiler.is_compiling():
+        return int(hidden.shape[0])
     from vllm.forward_context import get_forward_context
 
     meta = get_forward_context().dp_metadata
@@ -177,10 +184,8 @@ def build_layer_plan(
         kwargs.update(expert_map=layer.expert_map)
     settings = npu_settings()
     setting = mc2 if mc2 is not None else settings.moe_mc2
-    if setting == "auto" and settings.graph_mode == "torchair":
-        # MC2 picks its dispatcher per step on the host, which a compiled decode graph cannot hold: 'auto' keeps
-        # the graph-ready dispatchers in the torchair mode ('on' is refused there on an NPU).
-        setting = "off"
+    # The torchair mode changes nothing here: a compiled size takes MC2 or the other dispatcher once, when it is
+    # traced (its padded size against the MC2 capacity), eager steps per step.
     if layer.use_ep and mc2_candidate(
         setting, npu=current_mode() is DeviceMode.NPU, soc=_device_soc(), ep_world=layer.ep_size
     ):
@@ -217,8 +222,9 @@ def moe_graph_refusal(layer: AscendFusedMoE) -> str | None:
     """Why this built layer cannot run inside a compiled (torchair) decode graph, or None.
 
     Inside the graph every op needs a GE converter and nothing may be read on the host: the plan's local dispatcher
-    (no experts, or experts split over ranks that hold the same tokens) qualifies; the exchanges that size their
-    messages on the host or choose per step do not. Such a layer keeps vLLM's opaque op (the emulated device runs
+    (no experts, or experts split over ranks that hold the same tokens) and MC2 (its graph path sizes everything by
+    its capacity; the choice is made per compiled size) qualify; the exchanges that size their messages on the host
+    do not. Such a layer keeps vLLM's opaque op (the emulated device runs
     it; the platform refuses these configurations on an NPU, ``graphs/config.py``).
     """
     plan = layer.moe_plan
@@ -226,11 +232,6 @@ def moe_graph_refusal(layer: AscendFusedMoE) -> str | None:
         return (
             f"{type(layer.quant_method).__name__}: only unquantized MoE layers are traced into the graph (npu-quant's "
             "MoE methods are not yet)"
-        )
-    if plan.mc2 is not None:
-        return (
-            "MC2 (npu.moe_mc2) chooses MC2 or the other dispatcher per step on the host, and reads the number of rows "
-            "it received on the host"
         )
     if plan.all_to_all or layer._moe_across_dp:
         return (

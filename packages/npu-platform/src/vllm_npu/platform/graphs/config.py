@@ -66,10 +66,11 @@ GRAPH_MODES: dict[str, str | None] = {
 #: answers opaque_attention_op() False; the impls' graph decode paths: npu_scatter_nd_update_ +
 #: npu_fused_infer_attention_score, BSH for GQA, BNSD with query_rope/key_rope for MLA, both with converters in
 #: torch_npu 2.8.0's torchair), as are the dense ops of npu-ops (npu_rms_norm, npu_add_rms_norm, npu_rotary_mul,
-#: npu_swiglu), unquantized MoE layers without cross-rank exchanges (npu-ops traces them: npu_moe_gating_top_k(_softmax),
-#: npu_moe_init_routing_v2, npu_grouped_matmul, npu_swiglu, npu_moe_finalize_routing) and the linear layers of
-#: npu-quant's W8A8, W8A8_DYNAMIC, W4A8_DYNAMIC and W4A4_FLATQUANT_DYNAMIC schemes (npu_quantize, npu_dynamic_quant,
-#: npu_quant_matmul, npu_weight_quant_batchmatmul, npu_kronecker_quant). Each entry: what is refused -> why.
+#: npu_swiglu), unquantized MoE layers (npu-ops traces them: npu_moe_gating_top_k(_softmax), npu_moe_init_routing_v2,
+#: npu_grouped_matmul, npu_swiglu, npu_moe_finalize_routing; with MC2 npu_moe_distribute_dispatch_v2 / combine_v2,
+#: sized by the MC2 capacity and chosen once per compiled size) and the linear layers of npu-quant's W8A8,
+#: W8A8_DYNAMIC, W4A8_DYNAMIC and W4A4_FLATQUANT_DYNAMIC schemes (npu_quantize, npu_dynamic_quant, npu_quant_matmul,
+#: npu_weight_quant_batchmatmul, npu_kronecker_quant). Each entry: what is refused -> why.
 TORCHAIR_NPU_REFUSALS: dict[str, str] = {
     "sfa": (
         "DeepSeek-V3.2's sparse attention (SFA): its attention stays vLLM's opaque op "
@@ -92,11 +93,6 @@ TORCHAIR_NPU_REFUSALS: dict[str, str] = {
     "moe_eplb": (
         "MoE models with --enable-eplb: dynamic EPLB counts expert load into buffers and rewrites the placement "
         "tables between steps; the compiled graph freezes its parameters and tables (frozen_parameter)"
-    ),
-    "moe_mc2": (
-        "npu.moe_mc2='on': MC2 is chosen per step on the host (by the step's token count), and the MC2 dispatcher "
-        "reads the number of rows it received on the host to size the experts' input (the MC2 kernels themselves "
-        "have GE converters); in the torchair mode 'auto' keeps the graph-ready dispatchers"
     ),
     "moe_overlap": (
         "npu.multistream_overlap_shared_expert: the shared experts run on a side stream the compiled graph does not "
@@ -171,8 +167,6 @@ def _moe_refusal(vllm_config: VllmConfig) -> str | None:
         return "moe_eplb"
     extra = getattr(vllm_config, "additional_config", None)
     npu = AdditionalConfig.from_vllm(extra if isinstance(extra, dict) else None)
-    if npu.moe_mc2 == "on" and getattr(parallel, "enable_expert_parallel", False):
-        return "moe_mc2"
     if npu.multistream_overlap_shared_expert:
         return "moe_overlap"
     return None
