@@ -30,6 +30,8 @@ GROUP = "hccl_ep_group_0"
 SCENARIOS: dict[str, tuple[int, int, bool, str]] = {
     "mc2_replicated": (8, 2, False, "mc2"),
     "mc2_dp": (8, 2, True, "mc2"),
+    "gathered_dp": (8, 2, True, "gathered"),
+    "mc2_over_gathered_dp": (8, 2, True, "mc2+gathered"),  # steps past MC2's capacity: the gathered dispatcher
 }
 
 _COMMS: dict[str, Any] = {}
@@ -82,18 +84,11 @@ def _register_mc2_ops() -> None:
         expand_x[n:] = float("nan")  # undefined past the received rows
         return (expand_x, *(t.clone() for t in d[1:]))  # type: ignore[return-value]
 
-    @dispatch.register_fake
-    def _(x, expert_ids, group_ep, world, rank, num, gtp, tpw, tpr, shard, shared, quant, global_bs, counts_type):
-        capacity, (bs, k) = global_bs * min(num // world, expert_ids.shape[1]), expert_ids.shape
-        return (
-            x.new_empty(capacity, x.shape[1]),
-            x.new_empty(capacity, dtype=torch.float32),
-            x.new_empty(max(bs * k, capacity * 128), dtype=torch.int32),
-            x.new_empty(num // world, dtype=torch.int64),
-            x.new_empty(num, dtype=torch.int32),
-            x.new_empty(0, dtype=torch.int32),
-            x.new_empty(0, dtype=torch.float32),
+    dispatch.register_fake(
+        lambda x, ids, group, world, rank, num, gtp, tpw, tpr, shard, shared, quant, global_bs, counts_type: (
+            mc2.dispatch_outputs_like(x, ids, world, num, global_bs, quant == 2)
         )
+    )
 
     @torch.library.custom_op("npu::npu_moe_distribute_combine_v2", mutates_args=())
     def combine(
@@ -183,11 +178,14 @@ def build_layer(name: str, rank: int, world: int, backend: str) -> Layer:
     exchange = torch_all_to_all(torch.distributed.group.WORLD)
     kwargs: dict[str, Any] = dict(act_dtype=torch.float32, placement=placement, ep_rank=rank, backend=backend)
     if differ:
-        kwargs["all_to_all"] = exchange
-    if kind == "mc2":
+        if "gathered" in kind:
+            kwargs["gather_group"] = torch.distributed.group.WORLD
+        else:
+            kwargs["all_to_all"] = exchange
+    if kind.startswith("mc2"):
         comm = MC2Comm(rank, world, exchange, GROUP if backend == "npu" else "", "A2")
         _COMMS[GROUP] = comm
-        kwargs.update(mc2=comm, mc2_capacity=2 * TOKENS)
+        kwargs.update(mc2=comm, mc2_capacity=TOKENS // 2 if kind == "mc2+gathered" else 2 * TOKENS)
     plan = build_moe_plan(RoutingConfig(top_k=top_k), num_experts, **kwargs)
     w13, w2 = weights(num_experts)
     mine = torch.tensor(slots[rank])

@@ -99,7 +99,8 @@ ADDITIONAL_CONFIG_SETTINGS: tuple[Setting, ...] = (
         "`auto` follows vLLM's `cudagraph_mode` (PIECEWISE graphs by default on the NPU, eager on the emulated "
         "device unless `cudagraph_mode` is set); `torchair` compiles the decode forward per padded batch size, "
         "attention included for GQA and MLA models, and unquantized MoE (on an NPU: GQA and MLA decoder models, "
-        "unquantized MoE without data parallel, EPLB or MC2, and the dense quant schemes; DeepSeek-V3.2's sparse "
+        "unquantized MoE (MC2 and data parallel with expert parallel included) without EPLB, and the dense quant "
+        "schemes; DeepSeek-V3.2's sparse "
         "attention and quantized MoE models are refused) (docs/torchair.md); the others set the mode (see "
         "docs/graphs.md)",
         choices=GRAPH_MODES,

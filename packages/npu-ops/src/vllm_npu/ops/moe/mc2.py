@@ -284,9 +284,10 @@ def _mc2_dispatch_op(
     return tuple(_dispatch_exchange(x, expert_ids, _twin_group(group), num_experts, global_bs, quant))  # type: ignore[return-value]
 
 
-@_mc2_dispatch_op.register_fake
-def _(x, expert_ids, group, num_experts, global_bs, quant):  # type: ignore[no-untyped-def]
-    world = _twin_group(group).world
+def dispatch_outputs_like(
+    x: torch.Tensor, expert_ids: torch.Tensor, world: int, num_experts: int, global_bs: int, quant: bool
+) -> tuple[torch.Tensor, ...]:
+    """Empty tensors of the dispatch's output shapes and dtypes (the module docstring's; fake implementations)."""
     capacity, (bs, k) = _capacity(expert_ids, world, num_experts, global_bs), expert_ids.shape
     return (
         x.new_empty(capacity, x.shape[1], dtype=torch.int8 if quant else x.dtype),
@@ -297,6 +298,13 @@ def _(x, expert_ids, group, num_experts, global_bs, quant):  # type: ignore[no-u
         x.new_empty(0, dtype=torch.int32),
         x.new_empty(0, dtype=torch.float32),
     )
+
+
+_mc2_dispatch_op.register_fake(
+    lambda x, expert_ids, group, num_experts, global_bs, quant: dispatch_outputs_like(
+        x, expert_ids, _twin_group(group).world, num_experts, global_bs, quant
+    )
+)
 
 
 @torch.library.custom_op("vllm_npu::mc2_combine", mutates_args=())

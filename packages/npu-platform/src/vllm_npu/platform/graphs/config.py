@@ -87,8 +87,10 @@ TORCHAIR_NPU_REFUSALS: dict[str, str] = {
         "which has none either)"
     ),
     "moe_data_parallel": (
-        "MoE models with data parallel > 1: the experts' rows cross the DP ranks with split sizes read on the host "
-        "(all-to-all) or per-step gathers, which a compiled graph cannot hold"
+        "MoE models with data parallel > 1 without expert parallelism or with tensor parallel > 1: in the torchair "
+        "mode only the DP exchange of expert parallelism over DP ranks with attention TP 1 (all-gather and "
+        "reduce-scatter of static shapes over the EP group, or MC2) has been compiled and run; the other DP layouts "
+        "(the layer's gather over the DP group then a TP all-reduce, or vLLM's own forward per DP rank) have not"
     ),
     "moe_eplb": (
         "MoE models with --enable-eplb: dynamic EPLB counts expert load into buffers and rewrites the placement "
@@ -161,7 +163,9 @@ def _moe_refusal(vllm_config: VllmConfig) -> str | None:
     from vllm_npu.interface.config import AdditionalConfig
 
     parallel = vllm_config.parallel_config
-    if getattr(parallel, "data_parallel_size", 1) > 1:
+    if getattr(parallel, "data_parallel_size", 1) > 1 and (
+        not getattr(parallel, "enable_expert_parallel", False) or getattr(parallel, "tensor_parallel_size", 1) > 1
+    ):
         return "moe_data_parallel"
     if getattr(parallel, "enable_eplb", False):
         return "moe_eplb"
