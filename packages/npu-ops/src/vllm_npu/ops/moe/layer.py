@@ -16,7 +16,9 @@ model that builds those gets these classes. What changes against vLLM:
   and vLLM's usual all-reduce sums the ranks. With data-parallel attention (DP > 1) rows cross the DP ranks in
   ``forward_impl`` (vLLM's own DP dispatch/combine is a no-op on our device communicator): by all-to-all through
   the EP group's device communicator when attention TP is 1 and the quant method runs ``layer.moe_plan``, else by
-  all-gather over the DP group, local experts, reduce-scatter back, then vLLM's TP all-reduce.
+  all-gather over the DP group, local experts, reduce-scatter back, then vLLM's TP all-reduce. In the torchair mode
+  every DP rank runs the same padded size, so the all-to-all becomes the gathered dispatcher (:mod:`.gathered`) and
+  the DP gather takes static shapes: no size is read on the host, and the layer runs inside the compiled graph.
 
 - ``npu.expert_map_path``: a static placement (:mod:`.placement`, redundant replicas allowed) replaces vLLM's;
   the layer then holds that rank's slots (its weights are re-created at their count) and every dispatcher maps
@@ -446,10 +448,7 @@ class AscendFusedMoE(FusedMoE):
     def forward_impl(
         self, hidden_states: torch.Tensor, router_logits: torch.Tensor
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        # In the graph with DP > 1 this path too: vLLM's forward_impl sizes its (here no-op) DP dispatch from the
-        # forward context's per-rank counts on the host.
-        in_graph_dp = self._moe_in_graph and self.dp_size > 1
-        if not self._moe_across_dp and not in_graph_dp and (self._side_stream is None or self.shared_experts is None):
+        if not self._moe_across_dp and (self._side_stream is None or self.shared_experts is None):
             return super().forward_impl(hidden_states, router_logits)
         self.ensure_moe_quant_config()
         if self._moe_across_dp and self._dp_padded:

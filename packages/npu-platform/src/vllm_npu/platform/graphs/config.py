@@ -88,9 +88,11 @@ TORCHAIR_NPU_REFUSALS: dict[str, str] = {
     ),
     "moe_data_parallel": (
         "MoE models with data parallel > 1 without expert parallelism or with tensor parallel > 1: in the torchair "
-        "mode only the DP exchange of expert parallelism over DP ranks with attention TP 1 (all-gather and "
-        "reduce-scatter of static shapes over the EP group, or MC2) has been compiled and run; the other DP layouts "
-        "(the layer's gather over the DP group then a TP all-reduce, or vLLM's own forward per DP rank) have not"
+        "mode only expert parallelism over DP ranks with attention TP 1 (all-gather and reduce-scatter of static "
+        "shapes over the EP group, or MC2) has been compiled and run; with TP > 1 the layer's static gather over the "
+        "DP group and the TP all-reduce have not; without expert parallelism vLLM shards every expert over the "
+        "DP x TP ranks and needs its DP dispatch/combine, which the plugin's device communicator does not implement "
+        "(the eager modes give wrong tokens there too)"
     ),
     "moe_eplb": (
         "MoE models with --enable-eplb: dynamic EPLB counts expert load into buffers and rewrites the placement "
