@@ -12,12 +12,13 @@ twin's registered op); every op of the NPU graph has an implemented GE converter
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
 import torch
 from npu_testkit.distributed import load_worker, run_rank_workers
-from npu_testkit.torchair_converters import missing_converters
+from npu_testkit.torchair_converters import converter_parameters, missing_converters
 
 WORKER = Path(__file__).with_name("moe_graph_worker.py")
 HOST_READS = {"aten._local_scalar_dense.default", "aten.item.default", "aten.nonzero.default"}
@@ -84,3 +85,37 @@ def test_exchange_compiles_once_without_host_reads_and_equals_eager(ranks, name)
             torch.testing.assert_close(
                 eager[0] + eager[1], _single_process(worker, name, 0, step), atol=1e-5, rtol=1e-5
             )
+
+
+@pytest.mark.parametrize("soc", ["A2", "A3"])
+@pytest.mark.parametrize("traced", [False, True])
+def test_mc2_npu_arguments_are_what_the_converters_take(monkeypatch, soc, traced):
+    """Every argument our MC2 kernels pass, eagerly and in a graph (the TP-domain ones there on every chip), is a
+    parameter of the op's GE converter in torch_npu 2.8.0's torchair (read from the wheel)."""
+    import types
+
+    from vllm_npu.ops.moe.mc2 import MC2Comm, mc2_combine_npu, mc2_dispatch_npu
+
+    calls: dict[str, tuple[int, dict]] = {}
+
+    def record(name, result):
+        def fn(*args, **kwargs):
+            calls[name] = (len(args), kwargs)
+            return result
+
+        return fn
+
+    x, ids = torch.randn(2, 8), torch.tensor([[0, 1], [2, 3]])
+    out7 = tuple(torch.zeros(1) for _ in range(7))
+    fake = types.ModuleType("torch_npu")
+    fake.npu_moe_distribute_dispatch_v2 = record("npu.npu_moe_distribute_dispatch_v2.default", out7)
+    fake.npu_moe_distribute_combine_v2 = record("npu.npu_moe_distribute_combine_v2.default", torch.zeros(2, 8))
+    monkeypatch.setitem(sys.modules, "torch_npu", fake)
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: traced)
+    comm = MC2Comm(0, 2, None, "hccl_ep", soc)
+    d = mc2_dispatch_npu(x, ids, comm, 4, 4, False)
+    mc2_combine_npu(torch.zeros(4, 8), ids, d, torch.ones(2, 2), comm, 4, 4)
+    for op, (positional, kwargs) in calls.items():
+        params = converter_parameters(op)
+        assert not set(kwargs) - set(params[positional:]), (op, set(kwargs) - set(params))
+        assert ("group_tp" in kwargs) == (soc == "A3" or traced)
