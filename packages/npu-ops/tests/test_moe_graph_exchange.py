@@ -119,3 +119,22 @@ def test_mc2_npu_arguments_are_what_the_converters_take(monkeypatch, soc, traced
         params = converter_parameters(op)
         assert not set(kwargs) - set(params[positional:]), (op, set(kwargs) - set(params))
         assert ("group_tp" in kwargs) == (soc == "A3" or traced)
+
+
+def test_eager_step_with_unequal_dp_ranks_is_an_error(monkeypatch):
+    """The static DP exchange needs every DP rank padded to one size (vLLM's DP padding): an eager step that breaks
+    that is an error naming the counts, not a hung or wrong collective."""
+    import types
+
+    import vllm.forward_context as fc
+    from vllm_npu.ops.moe.layer import _check_dp_padded
+
+    def context(counts):
+        meta = types.SimpleNamespace(num_tokens_across_dp_cpu=torch.tensor(counts))
+        return types.SimpleNamespace(dp_metadata=meta)
+
+    monkeypatch.setattr(fc, "get_forward_context", lambda: context([4, 4]))
+    _check_dp_padded(torch.zeros(4, 8))
+    monkeypatch.setattr(fc, "get_forward_context", lambda: context([4, 3]))
+    with pytest.raises(RuntimeError, match=r"the DP ranks hold \[4, 3\] tokens this step, this rank's MoE input 4"):
+        _check_dp_padded(torch.zeros(4, 8))
