@@ -8,7 +8,8 @@ Usage: python dp_rank.py <model dir> <request json> <output json>
 
 The request JSON holds ``prompts`` (this rank's token prompts), ``max_tokens`` and ``llm`` (extra ``LLM`` keyword
 arguments). The output JSON holds the greedy tokens per prompt and what the worker's parallel state says (DP rank
-and size, EP size, the MoE layers' local expert count).
+and size, EP size, the MoE layers' local expert count); with ``graph_state`` in the request (torchair mode) also
+the torchair counts at start-up and what generating added, and the MoE layers' graph state.
 """
 
 from __future__ import annotations
@@ -32,6 +33,33 @@ def _parallel_state(worker) -> dict:
     }
 
 
+def _moe_layers(worker) -> dict:
+    from vllm_npu.ops.moe import AscendFusedMoE
+
+    model = worker.model_runner.model
+    layers = [m for m in model.unwrap().modules() if isinstance(m, AscendFusedMoE)]
+    return {
+        "wrapper": type(model).__name__,
+        "compile_counts": {str(k): v for k, v in model.compile_counts.items()},
+        "in_graph": [bool(m._moe_in_graph) for m in layers],
+        "dispatchers": sorted({type(m.moe_plan.dispatcher).__name__ for m in layers}),
+    }
+
+
+def _torchair_stats() -> dict:
+    from vllm_npu.platform.graphs.torchair import TORCHAIR_STATS
+
+    return TORCHAIR_STATS.snapshot()
+
+
+def _delta(before: dict, after: dict) -> dict:
+    keys = ("recompiles", "opaque_moe_nodes", "opaque_attention_nodes", "eager_calls")
+    out = {k: after[k] - before[k] for k in keys}
+    out["compiles"] = sum(after["compiles"].values()) - sum(before["compiles"].values())
+    out["compiled_calls"] = sum(after["compiled_calls"].values()) - sum(before["compiled_calls"].values())
+    return out
+
+
 def main() -> None:
     model, request_path, out_path = sys.argv[1:4]
     request = json.loads(Path(request_path).read_text())
@@ -40,9 +68,13 @@ def main() -> None:
 
     llm = make_llm(model, **request["llm"])
     params = SamplingParams(temperature=0.0, max_tokens=request["max_tokens"], ignore_eos=True)
+    before = _torchair_stats()
     outs = llm.generate(token_prompts(request["prompts"]), params, use_tqdm=False)
     (state,) = llm.collective_rpc(_parallel_state)
     result = {"tokens": [list(o.outputs[0].token_ids) for o in outs], **state}
+    if request.get("graph_state"):  # the torchair mode: its counts at start-up and during generate, the MoE layers
+        (layers,) = llm.collective_rpc(_moe_layers)
+        result.update(startup=before, generate=_delta(before, _torchair_stats()), moe_layers=layers)
     Path(out_path).write_text(json.dumps(result))
     shutdown_llm(llm)
 

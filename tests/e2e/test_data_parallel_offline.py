@@ -13,16 +13,10 @@ prompt.
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
-from npu_testkit.engine import emulated_env, make_prompts, tiny_config
+from npu_testkit.engine import make_prompts, tiny_config
 from npu_testkit.models import build_tiny_model, hf_greedy
-from npu_testkit.serve import free_port
+from npu_testkit.sibling import import_sibling
 
 pytestmark = pytest.mark.engine
 
@@ -33,42 +27,7 @@ CASES = {
     "dense": ("qwen2", {}),
     "moe-ep": ("qwen3_moe", {"enable_expert_parallel": True}),
 }
-TIMEOUT_S = 900
-
-
-def _run_dp(model: Path, llm_kwargs: dict, tmp: Path) -> dict[int, dict]:
-    # in-process engine core per rank (vLLM's LLMEngine then joins the DP group itself): two processes, not four
-    env = {**os.environ, **emulated_env(tmp, multiprocessing=False)}
-    port = free_port()
-    procs = {}
-    for rank, share in SHARES.items():
-        request = tmp / f"request{rank}.json"
-        request.write_text(
-            json.dumps({"prompts": [PROMPTS[i] for i in share], "max_tokens": MAX_TOKENS, "llm": llm_kwargs})
-        )
-        dp_env = {
-            **env,
-            "VLLM_DP_RANK": str(rank),
-            "VLLM_DP_RANK_LOCAL": str(rank),
-            "VLLM_DP_SIZE": str(len(SHARES)),
-            "VLLM_DP_MASTER_IP": "127.0.0.1",
-            "VLLM_DP_MASTER_PORT": str(port),
-        }
-        cmd = [sys.executable, str(Path(__file__).with_name("dp_rank.py")), str(model), str(request)]
-        log = open(tmp / f"rank{rank}.log", "w")  # noqa: SIM115 (closed below, after the process ends)
-        procs[rank] = (subprocess.Popen([*cmd, str(tmp / f"out{rank}.json")], env=dp_env, stdout=log, stderr=log), log)
-    try:
-        for rank, (proc, log) in procs.items():
-            rc = proc.wait(timeout=TIMEOUT_S)
-            log.close()
-            assert rc == 0, f"DP rank {rank} exited with {rc}:\n{(tmp / f'rank{rank}.log').read_text()[-4000:]}"
-    finally:
-        for proc, log in procs.values():
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-            log.close()
-    return {rank: json.loads((tmp / f"out{rank}.json").read_text()) for rank in SHARES}
+dp = import_sibling(__file__, "dp_support")
 
 
 @pytest.mark.parametrize("case", list(CASES))
@@ -76,7 +35,8 @@ def test_dp2_greedy_equals_hf(case, tmp_path):
     arch, llm_kwargs = CASES[case]
     model = build_tiny_model(tiny_config(arch))
     reference = hf_greedy(model, PROMPTS, MAX_TOKENS)
-    results = _run_dp(model, {"max_num_batched_tokens": 64, **llm_kwargs}, tmp_path)
+    shares = {rank: [PROMPTS[i] for i in share] for rank, share in SHARES.items()}
+    results = dp.run_dp(model, {"max_num_batched_tokens": 64, **llm_kwargs}, tmp_path, shares, MAX_TOKENS)
     for rank, share in SHARES.items():
         got = results[rank]
         assert (got["dp_rank"], got["dp_size"]) == (rank, 2)

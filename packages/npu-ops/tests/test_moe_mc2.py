@@ -9,49 +9,20 @@ swapped and redundant experts, and ranks holding the same tokens (MC2 splits the
 
 from __future__ import annotations
 
-import importlib.util
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
+from npu_testkit.distributed import load_worker, run_rank_workers
 
 WORKER = Path(__file__).with_name("moe_mc2_worker.py")
-
-
-def _load_worker():
-    spec = importlib.util.spec_from_file_location(WORKER.stem, WORKER)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory):
     """Run both ranks once; returns (worker module, [rank0 results, rank1 results])."""
-    out = tmp_path_factory.mktemp("mc2")
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "VLLM_NPU_DEVICE": "emulated"}
-    procs = [
-        subprocess.Popen(
-            [sys.executable, str(WORKER), str(r), "2", f"file://{out}/pg", str(out)],
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        for r in range(2)
-    ]
-    logs = []
-    for p in procs:
-        try:
-            logs.append(p.communicate(timeout=240)[0])
-        except subprocess.TimeoutExpired:
-            p.kill()
-            logs.append(p.communicate()[0])
-    assert all(p.returncode == 0 for p in procs), "\n".join(logs)
-    return _load_worker(), [torch.load(out / f"rank{r}.pt") for r in range(2)]
+    out = tmp_path_factory.mktemp("ranks")
+    return load_worker(WORKER), run_rank_workers(WORKER, 2, out)
 
 
 def _single_process(worker, name: str, rank: int) -> torch.Tensor:

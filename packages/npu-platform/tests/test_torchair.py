@@ -38,6 +38,7 @@ def graph_config(
     spec=None,
     kv_transfer=None,
     dp=1,
+    tp=1,
     ep=False,
     eplb=False,
     npu=None,
@@ -60,7 +61,7 @@ def graph_config(
             dtype=dtype,
         ),
         parallel_config=SimpleNamespace(
-            tensor_parallel_size=1, data_parallel_size=dp, enable_expert_parallel=ep, enable_eplb=eplb
+            tensor_parallel_size=tp, data_parallel_size=dp, enable_expert_parallel=ep, enable_eplb=eplb
         ),
         additional_config={"npu": section} if section else None,
         scheduler_config=SimpleNamespace(max_num_batched_tokens=64),
@@ -120,10 +121,10 @@ def test_attention_is_in_the_graph_for_every_model_but_sparse_attention(model, i
             {"experts": 8, "quantization": "ascend"},  # "ascend" without a readable description
             r"quantized MoE models whose routed experts' quant types cannot be read",
         ),
-        ({"experts": 8, "dp": 2, "ep": True}, r"MoE models with data parallel > 1: .*read on the host"),
+        ({"experts": 8, "dp": 2}, r"MoE models with data parallel > 1 without expert parallelism or with tensor"),
+        ({"experts": 8, "dp": 2, "ep": True, "tp": 2}, r"MoE models with data parallel > 1 .* tensor parallel > 1"),
         ({"use_mla": True, "experts": 8, "dp": 2}, r"MoE models with data parallel > 1"),  # MLA: the MoE reason
         ({"experts": 8, "eplb": True, "ep": True}, r"MoE models with --enable-eplb: .*frozen_parameter"),
-        ({"experts": 8, "ep": True, "npu": {"moe_mc2": "on"}}, r"npu.moe_mc2='on': MC2 is chosen per step"),
         (
             {"experts": 8, "npu": {"multistream_overlap_shared_expert": True}},
             r"npu.multistream_overlap_shared_expert: .*side stream",
@@ -150,7 +151,11 @@ def test_torchair_on_an_npu_refuses_what_is_not_converted_with_the_reason(model,
     [
         {"experts": 8},  # unquantized MoE, no expert parallelism
         {"use_mla": True, "experts": 8},  # DeepSeek-V2/V3: MLA and MoE both in the graph
-        {"experts": 8, "ep": True, "npu": {"moe_mc2": "auto"}},  # EP over replicated tokens; 'auto' MC2 stays off
+        {"experts": 8, "ep": True, "npu": {"moe_mc2": "auto"}},  # EP over replicated tokens
+        {"experts": 8, "ep": True, "npu": {"moe_mc2": "on"}},  # MC2 in the graph (chosen per compiled size)
+        {"experts": 8, "dp": 2, "ep": True},  # DP attention + EP: static all-gather / reduce-scatter
+        {"experts": 8, "dp": 2, "ep": True, "npu": {"moe_mc2": "on"}},  # ... or MC2
+        {"use_mla": True, "experts": 8, "dp": 2, "ep": True},  # DeepSeek with DP + EP
         *({**ASCEND, "quant_cfg": _description(t)} for t in ("W8A8", "W8A8_DYNAMIC", "W4A8_DYNAMIC")),
         # quantized MoE: W8A8_DYNAMIC or static W8A8 experts (DeepSeek's mix: static W8A8 attention, dynamic experts)
         *({"experts": 8, **ASCEND, "quant_cfg": _description("W8A8", experts=t)} for t in ("W8A8_DYNAMIC", "W8A8")),

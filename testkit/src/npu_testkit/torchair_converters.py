@@ -113,6 +113,22 @@ def converter_table() -> dict[str, str]:
     return parse_wheel_converters(wheel_path())
 
 
+@functools.cache
+def converter_parameters(op: str) -> tuple[str, ...]:
+    """The parameter names of the wheel's converter of ``op`` (``"npu.npu_swiglu.default"``), positional and
+    keyword-only, without torchair's own ``meta_outputs``: the arguments GE can be handed for that op."""
+    with zipfile.ZipFile(wheel_path()) as zf:
+        for name in zf.namelist():
+            if not (name.startswith(CONVERTER_DIR) and name.endswith(".py")):
+                continue
+            tree = ast.parse(zf.read(name).decode("utf-8"))
+            for fn in ast.walk(tree):
+                if isinstance(fn, ast.FunctionDef) and any(_registered_op(d) == op for d in fn.decorator_list):
+                    args = [*fn.args.posonlyargs, *fn.args.args, *fn.args.kwonlyargs]
+                    return tuple(a.arg for a in args if a.arg != "meta_outputs")
+    raise KeyError(f"no decorated GE converter for {op} in torch_npu's torchair")
+
+
 def missing_converters(ops: Iterable[str]) -> list[str]:
     """The ops of ``ops`` (names as in :func:`converter_table`) that GE cannot convert: no converter, or one that
     only raises ``NotImplementedError``; each with the reason."""

@@ -99,9 +99,9 @@ ADDITIONAL_CONFIG_SETTINGS: tuple[Setting, ...] = (
         "`auto` follows vLLM's `cudagraph_mode` (PIECEWISE graphs by default on the NPU, eager on the emulated "
         "device unless `cudagraph_mode` is set); `torchair` compiles the decode forward per padded batch size, "
         "attention included for GQA and MLA models, and MoE layers, quantized ones included (on an NPU: GQA and "
-        "MLA decoder models, MoE with unquantized, W8A8_DYNAMIC or static W8A8 experts without data parallel, EPLB "
-        "or MC2, and the dense quant schemes; DeepSeek-V3.2's sparse attention and W4A8_DYNAMIC MoE experts are "
-        "refused) (docs/torchair.md); the others set the mode (see docs/graphs.md)",
+        "MLA decoder models, MoE with unquantized, W8A8_DYNAMIC or static W8A8 experts (MC2 and data parallel with "
+        "expert parallel included) without EPLB, and the dense quant schemes; DeepSeek-V3.2's sparse attention and "
+        "W4A8_DYNAMIC MoE experts are refused) (docs/torchair.md); the others set the mode (see docs/graphs.md)",
         choices=GRAPH_MODES,
     ),
     _key(

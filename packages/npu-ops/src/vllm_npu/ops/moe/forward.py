@@ -17,18 +17,20 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from vllm_npu.interface import ConfigError, KernelBackend
 
 from .comm import AllToAll, AllToAllDispatcher, LocalDispatcher
 from .experts import GROUPED_MATMUL, ExpertsFn, GroupedMatmul, UnquantizedExperts, build_activation
+from .gathered import GatheredDispatcher
 from .gating import Gate, RoutingConfig, build_gate, gate_path
 from .mc2 import MC2Comm, MC2Dispatcher, StepDispatcher, build_mc2
 from .placement import ExpertPlacement
 from .routing import INIT_ROUTING, build_graph_unpermute, build_unpermute
 
-Dispatcher = LocalDispatcher | AllToAllDispatcher | MC2Dispatcher | StepDispatcher
+Dispatcher = LocalDispatcher | AllToAllDispatcher | GatheredDispatcher | MC2Dispatcher | StepDispatcher
 
 
 @dataclass(frozen=True, eq=False)
@@ -54,7 +56,18 @@ class MoEPlan:
         d = self.dispatcher
         if isinstance(d, StepDispatcher):
             d = d.mc2
-        return isinstance(d, AllToAllDispatcher) or (isinstance(d, MC2Dispatcher) and not d.replicated_tokens)
+        return isinstance(d, (AllToAllDispatcher, GatheredDispatcher)) or (
+            isinstance(d, MC2Dispatcher) and not d.replicated_tokens
+        )
+
+    @property
+    def host_sized(self) -> bool:
+        """Whether a dispatcher of the plan sizes its messages on the host (the all-to-all's split sizes): such a
+        plan cannot run inside a compiled graph."""
+        d = self.dispatcher
+        return any(
+            isinstance(x, AllToAllDispatcher) for x in ((d.mc2, d.other) if isinstance(d, StepDispatcher) else (d,))
+        )
 
     @property
     def mc2(self) -> MC2Dispatcher | None:
@@ -78,6 +91,7 @@ def build_moe_plan(
     mc2: MC2Comm | None = None,
     mc2_capacity: int = 0,
     step_tokens: Callable[[torch.Tensor], int] | None = None,
+    gather_group: Any | None = None,
     backend: KernelBackend | None = None,
 ) -> MoEPlan:
     """Choose the kernels and the dispatcher for one MoE layer.
@@ -90,13 +104,24 @@ def build_moe_plan(
     - ``mc2`` (the group of the MC2 kernels): MC2 for steps of up to ``mc2_capacity`` tokens (``step_tokens``
       counts a step; default: the rows of this rank), the dispatcher above beyond. With ``all_to_all`` tokens differ
       per rank; without, every rank holds the same tokens and MC2 splits them (the output stays a partial sum).
+    - ``gather_group`` (a process group) instead of ``all_to_all``: tokens differ per rank, every rank holds the same
+      number of them, and they are exchanged by all-gather and reduce-scatter over that group
+      (:class:`~.gathered.GatheredDispatcher`: no size read on the host); the output is complete.
     """
     if apply_router_weight_on_input and routing.top_k != 1:
         raise ConfigError("apply_router_weight_on_input needs top_k == 1 (as in vLLM)")
     init_routing = INIT_ROUTING.select(backend)
     unpermute = build_unpermute(act_dtype, backend)
     dispatcher: Dispatcher
-    if all_to_all is not None:
+    if gather_group is not None:
+        if all_to_all is not None:
+            raise ConfigError("give the all-to-all exchange or the gather group, not both")
+        where = placement or (ExpertPlacement.from_expert_maps(expert_maps) if expert_maps else None)
+        if where is None:
+            raise ConfigError("the gathered dispatcher needs the placement of the experts (placement or expert_maps)")
+        local = LocalDispatcher(num_experts, init_routing, unpermute, placement=where, rank=ep_rank)
+        dispatcher = GatheredDispatcher(local, gather_group, where.world)
+    elif all_to_all is not None:
         if expert_maps is None and placement is None:
             raise ConfigError("the all-to-all dispatcher needs the expert maps of every rank (expert_maps)")
         dispatcher = AllToAllDispatcher(
@@ -118,7 +143,13 @@ def build_moe_plan(
             raise ConfigError("MC2 needs the placement of the experts (placement or expert_maps)")
         steps = step_tokens or (lambda hidden: int(hidden.shape[0]))
         dispatcher = StepDispatcher(
-            build_mc2(where, mc2, capacity=mc2_capacity, replicated_tokens=all_to_all is None, backend=backend),
+            build_mc2(
+                where,
+                mc2,
+                capacity=mc2_capacity,
+                replicated_tokens=all_to_all is None and gather_group is None,
+                backend=backend,
+            ),
             dispatcher,
             mc2_capacity,
             steps,

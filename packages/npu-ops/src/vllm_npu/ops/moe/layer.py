@@ -16,7 +16,9 @@ model that builds those gets these classes. What changes against vLLM:
   and vLLM's usual all-reduce sums the ranks. With data-parallel attention (DP > 1) rows cross the DP ranks in
   ``forward_impl`` (vLLM's own DP dispatch/combine is a no-op on our device communicator): by all-to-all through
   the EP group's device communicator when attention TP is 1 and the quant method runs ``layer.moe_plan``, else by
-  all-gather over the DP group, local experts, reduce-scatter back, then vLLM's TP all-reduce.
+  all-gather over the DP group, local experts, reduce-scatter back, then vLLM's TP all-reduce. In the torchair mode
+  every DP rank runs the same padded size, so the all-to-all becomes the gathered dispatcher (:mod:`.gathered`) and
+  the DP gather takes static shapes: no size is read on the host, and the layer runs inside the compiled graph.
 
 - ``npu.expert_map_path``: a static placement (:mod:`.placement`, redundant replicas allowed) replaces vLLM's;
   the layer then holds that rank's slots (its weights are re-created at their count) and every dispatcher maps
@@ -51,6 +53,7 @@ from vllm_npu.interface.protocols import runs_layer_moe_plan, traces_moe_in_grap
 from .comm import AllToAll, coordinator_all_to_all
 from .eplb import check_eplb_layer, eplb_placement, follow_eplb_state
 from .forward import MoEPlan, build_moe_plan, moe_forward
+from .gathered import all_gather_rows, reduce_scatter_rows
 from .gating import RoutingConfig
 from .mc2 import MC2Comm, mc2_candidate, mc2_tokens_capacity
 from .overlap import SideStream, device_stream_api
@@ -124,7 +127,14 @@ def _mc2_capacity() -> int:
 
 
 def _dp_step_tokens(hidden: torch.Tensor) -> int:
-    """The step's largest per-DP-rank token count (the same on every rank), from vLLM's forward context."""
+    """The step's largest per-DP-rank token count (the same on every rank), from vLLM's forward context.
+
+    Traced (the torchair mode): the compiled size. vLLM pads every DP rank's batch to the largest one
+    (``get_dp_padding``; the torchair mode never runs ``--enforce-eager``), so each rank's row count is that size, a
+    static shape in the graph: the choice is made once per compiled size, not read from the host per step.
+    """
+    if torch.compiler.is_compiling():
+        return int(hidden.shape[0])
     from vllm.forward_context import get_forward_context
 
     meta = get_forward_context().dp_metadata
@@ -142,6 +152,21 @@ def _mc2_comm(layer: FusedMoE, all_to_all: AllToAll | None) -> MC2Comm:
         name = backend.get_hccl_comm_name(torch.distributed.get_rank(group=group.device_group))
     exchange = all_to_all or coordinator_all_to_all(group)
     return MC2Comm(group.rank_in_group, group.world_size, exchange, name, _device_soc())
+
+
+def _check_dp_padded(hidden: torch.Tensor) -> None:
+    """Eager steps: every DP rank holds ``hidden``'s row count (what the static exchanges assume)."""
+    if torch.compiler.is_compiling():
+        return  # the compiled size; vLLM pads every DP rank's step to it
+    from vllm.forward_context import get_forward_context
+
+    meta = get_forward_context().dp_metadata
+    counts = None if meta is None else meta.num_tokens_across_dp_cpu.tolist()
+    if counts is not None and any(n != hidden.shape[0] for n in counts):
+        raise RuntimeError(
+            f"torchair mode: the DP ranks hold {counts} tokens this step, this rank's MoE input {hidden.shape[0]}; "
+            "its MoE exchange needs every DP rank padded to one size (vLLM pads them unless --enforce-eager)"
+        )
 
 
 def build_layer_plan(
@@ -163,24 +188,32 @@ def build_layer_plan(
     if getattr(layer.moe_config, "has_bias", False):
         raise ConfigError(f"{layer.layer_name}: MoE expert biases (has_bias=True) are not supported by npu-ops' MoE")
     kwargs: dict[str, Any] = {}
+    settings = npu_settings()
     placement = placement or getattr(layer, "expert_placement", None)
     supplied_exchange = all_to_all
+    gather_group = None
     if all_to_all is None and allow_all_to_all and tokens_differ_per_ep_rank(layer):
         from vllm.distributed import get_ep_group
 
-        all_to_all = coordinator_all_to_all(get_ep_group())
+        if settings.graph_mode == "torchair":
+            # Every DP rank runs the same padded size (vLLM's DP padding), so the rows cross the ranks by all-gather
+            # and reduce-scatter of static shapes, in compiled and eager steps alike: a rank in a compiled step and a
+            # rank in an eager one issue the same collectives.
+            gather_group = get_ep_group().device_group
+        else:
+            all_to_all = coordinator_all_to_all(get_ep_group())
+    exchange = all_to_all is not None or gather_group is not None
     if placement is not None:
-        kwargs.update(placement=placement, ep_rank=layer.ep_rank, all_to_all=all_to_all)
-    elif all_to_all is not None:
-        kwargs.update(all_to_all=all_to_all, ep_rank=layer.ep_rank, expert_maps=_expert_maps_of(layer))
+        kwargs.update(placement=placement, ep_rank=layer.ep_rank, all_to_all=all_to_all, gather_group=gather_group)
+    elif exchange:
+        kwargs.update(
+            all_to_all=all_to_all, gather_group=gather_group, ep_rank=layer.ep_rank, expert_maps=_expert_maps_of(layer)
+        )
     else:
         kwargs.update(expert_map=layer.expert_map)
-    settings = npu_settings()
     setting = mc2 if mc2 is not None else settings.moe_mc2
-    if setting == "auto" and settings.graph_mode == "torchair":
-        # MC2 picks its dispatcher per step on the host, which a compiled decode graph cannot hold: 'auto' keeps
-        # the graph-ready dispatchers in the torchair mode ('on' is refused there on an NPU).
-        setting = "off"
+    # The torchair mode changes nothing here: a compiled size takes MC2 or the other dispatcher once, when it is
+    # traced (its padded size against the MC2 capacity), eager steps per step.
     if layer.use_ep and mc2_candidate(
         setting, npu=current_mode() is DeviceMode.NPU, soc=_device_soc(), ep_world=layer.ep_size
     ):
@@ -198,7 +231,7 @@ def build_layer_plan(
                 ep_rank=layer.ep_rank,
                 mc2=_mc2_comm(layer, supplied_exchange),
                 mc2_capacity=_mc2_capacity(),
-                step_tokens=_dp_step_tokens if all_to_all is not None else None,
+                step_tokens=_dp_step_tokens if exchange else None,
             )
     plan = build_moe_plan(
         routing_config_of(layer),
@@ -217,9 +250,10 @@ def moe_graph_refusal(layer: AscendFusedMoE) -> str | None:
     """Why this built layer cannot run inside a compiled (torchair) decode graph, or None.
 
     Inside the graph every op needs a GE converter and nothing may be read on the host: a quant method that declares
-    npu-interface's ``MoEGraphTraceable`` (ours, npu-quant's MoE methods) with the plan's local dispatcher (no
-    experts, or experts split over ranks that hold the same tokens) qualifies; the exchanges that size their
-    messages on the host or choose per step do not. Such a layer keeps vLLM's opaque op (the emulated device runs
+    npu-interface's ``MoEGraphTraceable`` (ours, npu-quant's MoE methods) qualifies with the plan's local dispatcher
+    (no experts, or experts split over ranks that hold the same tokens), the gathered DP dispatcher (static shapes)
+    and MC2 (its graph path sizes everything by its capacity; the choice is made per compiled size); the exchanges
+    that size their messages on the host do not. Such a layer keeps vLLM's opaque op (the emulated device runs
     it; the platform refuses these configurations on an NPU, ``graphs/config.py``).
     """
     plan = layer.moe_plan
@@ -228,16 +262,8 @@ def moe_graph_refusal(layer: AscendFusedMoE) -> str | None:
             f"{type(layer.quant_method).__name__} does not declare MoEGraphTraceable (npu-interface): only quant "
             "methods whose apply runs graph-safe kernels are traced (npu-ops' unquantized one, npu-quant's MoE methods)"
         )
-    if plan.mc2 is not None:
-        return (
-            "MC2 (npu.moe_mc2) chooses MC2 or the other dispatcher per step on the host, and reads the number of rows "
-            "it received on the host"
-        )
-    if plan.all_to_all or layer._moe_across_dp:
-        return (
-            "data-parallel MoE exchanges rows between ranks with split sizes read on the host (all-to-all) or "
-            "gathered per step (all-gather / reduce-scatter)"
-        )
+    if plan.host_sized:
+        return "the all-to-all dispatcher reads its split sizes on the host"
     if layer.enable_eplb:
         return "dynamic EPLB counts expert load into buffers and rewrites the placement tables between steps"
     if layer._side_stream is not None:
@@ -327,6 +353,9 @@ class AscendFusedMoE(FusedMoE):
         # vLLM's DP dispatch/combine (forward_impl) goes through the device communicator's dispatch/combine,
         # which are no-ops on ours.
         self._moe_across_dp = bool(self.use_ep and self.dp_size > 1)
+        #: Every DP rank runs the same number of tokens per step (the torchair mode: vLLM's DP padding, never
+        #: --enforce-eager), so the DP exchanges take static shapes (.gathered) in compiled and eager steps.
+        self._dp_padded = settings.graph_mode == "torchair"
         if self._moe_across_dp and self.is_sequence_parallel:
             raise ConfigError(
                 f"{self.layer_name}: sequence-parallel MoE with data parallel is not supported by npu-ops' MoE; "
@@ -425,6 +454,8 @@ class AscendFusedMoE(FusedMoE):
         if not self._moe_across_dp and (self._side_stream is None or self.shared_experts is None):
             return super().forward_impl(hidden_states, router_logits)
         self.ensure_moe_quant_config()
+        if self._moe_across_dp and self._dp_padded:
+            _check_dp_padded(hidden_states)
         # Without DP this is vLLM's forward_impl (no dispatch/combine) with the shared experts overlapped. With DP:
         # the all-to-all plan's result is complete here, the gathered one a partial over the TP group's experts.
         gathered = self._moe_across_dp and not self.moe_plan.all_to_all
@@ -446,6 +477,10 @@ class AscendFusedMoE(FusedMoE):
         from vllm.distributed import get_dp_group
 
         dp = get_dp_group()
+        if self._dp_padded:  # every DP rank holds the same number of tokens: static shapes, no size exchange
+            rows = all_gather_rows(hidden_states, dp.device_group)
+            logits = all_gather_rows(router_logits, dp.device_group)
+            return reduce_scatter_rows(self._run_quant_method(rows, logits), dp.device_group)
         count = torch.tensor([hidden_states.shape[0]], dtype=torch.int64, device=hidden_states.device)
         sizes = [int(n) for n in dp.all_gather(count, dim=0).tolist()]
         gathered = self._run_quant_method(

@@ -50,13 +50,19 @@ AllToAll = Callable[[torch.Tensor, list[int], list[int]], torch.Tensor]
 MC2_MAX_CAPACITY = 512
 
 
+#: The reference twin's groups by key: the twin's exchange runs inside a registered op (one opaque node in a
+#: compiled graph, as the NPU kernel is), which takes the group as a string.
+_TWIN_GROUPS: dict[str, MC2Comm] = {}
+
+
 @dataclass(frozen=True)
 class MC2Comm:
     """The communication group of the MC2 kernels: the expert-parallel group.
 
     ``group_name`` is its HCCL communicator name (NPU); ``all_to_all`` its variable-split all-to-all (the twin's
     exchange, gloo on the emulated device); ``soc`` the chip family ("A2", "A3", or "" when unknown), which decides
-    the extra arguments A3 takes.
+    the extra arguments A3 takes. ``twin_key`` (set when ``all_to_all`` is given) names the group for the twin's
+    registered ops.
     """
 
     rank: int
@@ -64,6 +70,13 @@ class MC2Comm:
     all_to_all: AllToAll | None = None
     group_name: str = ""
     soc: str = ""
+    twin_key: str = field(default="", init=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if self.all_to_all is not None:
+            key = f"mc2-{len(_TWIN_GROUPS)}"
+            _TWIN_GROUPS[key] = self
+            object.__setattr__(self, "twin_key", key)
 
 
 class MC2Dispatch(NamedTuple):
@@ -96,8 +109,12 @@ class MC2CombineFn(Protocol):
 
 
 def _a3_args(comm: MC2Comm) -> dict[str, Any]:
-    # vllm-ascend v0.11.0 (ops/moe/token_dispatcher.py, need_extra_args): A3 takes the TP-domain arguments too.
-    return {"group_tp": comm.group_name, "tp_world_size": 1, "tp_rank_id": 0} if comm.soc == "A3" else {}
+    # vllm-ascend v0.11.0 (ops/moe/token_dispatcher.py, need_extra_args): A3 takes the TP-domain arguments too; its
+    # torchair MoE passes them in a compiled graph on every chip (torchair_fused_moe.py: "when in A3 or in torchair
+    # graph, we need to pass in some extra param").
+    if comm.soc == "A3" or torch.compiler.is_compiling():
+        return {"group_tp": comm.group_name, "tp_world_size": 1, "tp_rank_id": 0}
+    return {}
 
 
 def mc2_dispatch_npu(
@@ -179,10 +196,10 @@ def _dynamic_quant_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.clamp(torch.round(xf / safe.unsqueeze(-1)), -127, 127).to(torch.int8), scale
 
 
-def mc2_dispatch_reference(
+def _dispatch_exchange(
     x: torch.Tensor, expert_ids: torch.Tensor, comm: MC2Comm, num_experts: int, global_bs: int, quant: bool
 ) -> MC2Dispatch:
-    """Reference twin of :func:`mc2_dispatch_npu` (three all-to-alls: counts, rows with their scales, origins)."""
+    """The twin's dispatch (three all-to-alls: counts, rows with their scales, origins); reads sizes on the host."""
     local = _check(x, expert_ids, comm, num_experts, global_bs)
     assert comm.all_to_all is not None
     world, (bs, k), hidden = comm.world, expert_ids.shape, x.shape[1]
@@ -220,22 +237,21 @@ def mc2_dispatch_reference(
     )
 
 
-def mc2_combine_reference(
+def _combine_exchange(
     expert_out: torch.Tensor,
     expert_ids: torch.Tensor,
-    dispatched: MC2Dispatch,
+    ep_recv_counts: torch.Tensor,
     expert_scales: torch.Tensor,
     comm: MC2Comm,
     num_experts: int,
-    global_bs: int,
 ) -> torch.Tensor:
-    """Reference twin of :func:`mc2_combine_npu`: rows back to their source ranks, weighted sum there (float32)."""
+    """The twin's combine: rows back to their source ranks, weighted sum there (float32); reads sizes on the host."""
     world = comm.world
     if comm.all_to_all is None or num_experts % world:
         raise ValueError("the MC2 reference twin needs the group's all_to_all and evenly split experts")
     local = num_experts // world
     (bs, k), hidden = expert_ids.shape, expert_out.shape[1]
-    cumulative = dispatched.ep_recv_counts[: local * world].long()
+    cumulative = ep_recv_counts[: local * world].long()
     per = torch.diff(cumulative, prepend=cumulative.new_zeros(1)).view(local, world)  # [local expert, source]
     n = int(per.sum())
     source_of_row = torch.arange(world, device=expert_out.device).repeat(local).repeat_interleave(per.reshape(-1))
@@ -248,6 +264,99 @@ def mc2_combine_reference(
     out = torch.zeros(bs, hidden, dtype=torch.float32, device=expert_out.device)
     out.index_add_(0, order // k, returned.float() * weight.unsqueeze(1))
     return out.to(expert_out.dtype)
+
+
+def _twin_group(key: str) -> MC2Comm:
+    comm = _TWIN_GROUPS.get(key)
+    if comm is None:
+        raise ValueError(f"MC2 twin: no group {key!r} (an MC2Comm built with its all_to_all registers one)")
+    return comm
+
+
+def _capacity(expert_ids: torch.Tensor, world: int, num_experts: int, global_bs: int) -> int:
+    return global_bs * min(max(num_experts // world, 1), expert_ids.shape[1])
+
+
+@torch.library.custom_op("vllm_npu::mc2_dispatch", mutates_args=())
+def _mc2_dispatch_op(
+    x: torch.Tensor, expert_ids: torch.Tensor, group: str, num_experts: int, global_bs: int, quant: bool
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    return tuple(_dispatch_exchange(x, expert_ids, _twin_group(group), num_experts, global_bs, quant))  # type: ignore[return-value]
+
+
+def dispatch_outputs_like(
+    x: torch.Tensor, expert_ids: torch.Tensor, world: int, num_experts: int, global_bs: int, quant: bool
+) -> tuple[torch.Tensor, ...]:
+    """Empty tensors of the dispatch's output shapes and dtypes (the module docstring's; fake implementations)."""
+    capacity, (bs, k) = _capacity(expert_ids, world, num_experts, global_bs), expert_ids.shape
+    return (
+        x.new_empty(capacity, x.shape[1], dtype=torch.int8 if quant else x.dtype),
+        x.new_empty(capacity, dtype=torch.float32),
+        x.new_empty(max(bs * k, capacity * 128), dtype=torch.int32),
+        x.new_empty(num_experts // world, dtype=torch.int64),
+        x.new_empty(num_experts, dtype=torch.int32),
+        x.new_empty(0, dtype=torch.int32),
+        x.new_empty(0, dtype=torch.float32),
+    )
+
+
+_mc2_dispatch_op.register_fake(
+    lambda x, expert_ids, group, num_experts, global_bs, quant: dispatch_outputs_like(
+        x, expert_ids, _twin_group(group).world, num_experts, global_bs, quant
+    )
+)
+
+
+@torch.library.custom_op("vllm_npu::mc2_combine", mutates_args=())
+def _mc2_combine_op(
+    expert_out: torch.Tensor,
+    expert_ids: torch.Tensor,
+    ep_recv_counts: torch.Tensor,
+    expert_scales: torch.Tensor,
+    group: str,
+    num_experts: int,
+) -> torch.Tensor:
+    return _combine_exchange(expert_out, expert_ids, ep_recv_counts, expert_scales, _twin_group(group), num_experts)
+
+
+_mc2_combine_op.register_fake(
+    lambda expert_out, expert_ids, counts, scales, group, num_experts: expert_out.new_empty(
+        expert_ids.shape[0], expert_out.shape[1]
+    )
+)
+
+
+def mc2_dispatch_reference(
+    x: torch.Tensor, expert_ids: torch.Tensor, comm: MC2Comm, num_experts: int, global_bs: int, quant: bool
+) -> MC2Dispatch:
+    """Reference twin of :func:`mc2_dispatch_npu` (three all-to-alls: counts, rows with their scales, origins).
+
+    The exchange reads its split sizes on the host, so it runs inside the registered op
+    ``torch.ops.vllm_npu.mc2_dispatch`` (outputs of the kernel's static shapes): a compiled graph holds one opaque
+    node, as it holds the NPU kernel's.
+    """
+    if comm.all_to_all is None:
+        raise ValueError("the MC2 reference twin needs the group's all_to_all (MC2Comm.all_to_all)")
+    return MC2Dispatch(*torch.ops.vllm_npu.mc2_dispatch(x, expert_ids, comm.twin_key, num_experts, global_bs, quant))
+
+
+def mc2_combine_reference(
+    expert_out: torch.Tensor,
+    expert_ids: torch.Tensor,
+    dispatched: MC2Dispatch,
+    expert_scales: torch.Tensor,
+    comm: MC2Comm,
+    num_experts: int,
+    global_bs: int,
+) -> torch.Tensor:
+    """Reference twin of :func:`mc2_combine_npu`: rows back to their source ranks, weighted sum there (float32),
+    inside the registered op ``torch.ops.vllm_npu.mc2_combine`` (it reads the received counts on the host). Only the
+    rows the counts cover are read: the rest of ``expert_out`` may hold anything."""
+    if comm.all_to_all is None or num_experts % comm.world:
+        raise ValueError("the MC2 reference twin needs the group's all_to_all and evenly split experts")
+    return torch.ops.vllm_npu.mc2_combine(
+        expert_out, expert_ids, dispatched.ep_recv_counts, expert_scales, comm.twin_key, num_experts
+    )
 
 
 MC2_DISPATCH = Kernel("moe_distribute_dispatch", npu=mc2_dispatch_npu, reference=mc2_dispatch_reference)
@@ -351,6 +460,16 @@ class MC2Dispatcher:
         quant = callable(getattr(experts, "run_int8", None))
         d = self.dispatch(x, physical, self.comm, placement.num_physical, self.global_bs, quant)
         counts = d.expert_token_nums
+        if torch.compiler.is_compiling():
+            # Traced into a compiled (torchair) graph: no host read of the received row count. The experts get the
+            # whole buffer (the MC2 capacity, a static shape) with the kernel's counts as the grouped matmul's
+            # group list; rows past the counts come out undefined and the combine reads only the counted ones
+            # (vllm-ascend v0.11.0's torchair MC2, torchair_fused_moe.py: expand_x and expert_token_nums passed on).
+            if quant:
+                expert_out = experts.run_int8(d.expand_x, d.dynamic_scales, counts, hidden.dtype)  # type: ignore[attr-defined]
+            else:
+                expert_out = experts(d.expand_x, counts)
+            return self._finish(hidden, expert_out, physical, d, weights, placement, empty, lo, hi)
         n = int(counts.sum())
         if n == 0:
             done = d.expand_x.new_zeros((0, width), dtype=hidden.dtype)
@@ -360,13 +479,30 @@ class MC2Dispatcher:
             done = experts(d.expand_x[:n], counts)
         expert_out = done.new_zeros((d.expand_x.shape[0], width))
         expert_out[:n] = done
+        return self._finish(hidden, expert_out, physical, d, weights, placement, empty, lo, hi)
+
+    def _finish(
+        self,
+        hidden: torch.Tensor,
+        expert_out: torch.Tensor,
+        physical: torch.Tensor,
+        d: MC2Dispatch,
+        weights: torch.Tensor,
+        placement: ExpertPlacement,
+        empty: bool,
+        lo: int,
+        hi: int,
+    ) -> torch.Tensor:
+        """Combine, then place this rank's rows: its own tokens, or its share in an otherwise-zero [T, H]."""
         out = self.combine(expert_out, physical, d, weights, self.comm, placement.num_physical, self.global_bs)
         out = out[:0] if empty else out
         if not self.replicated_tokens:
             return out.to(hidden.dtype)
-        full = hidden.new_zeros(num_tokens, width)
-        full[lo:hi] = out.to(hidden.dtype)
-        return full
+        if lo == 0 and hi == hidden.shape[0]:
+            return out.to(hidden.dtype)
+        # zero rows around the share: a concatenation (in a graph: no scatter into a zero buffer)
+        before, after = hidden.new_zeros(lo, hidden.shape[1]), hidden.new_zeros(hidden.shape[0] - hi, hidden.shape[1])
+        return torch.cat((before, out.to(hidden.dtype), after))
 
 
 @dataclass
@@ -389,10 +525,15 @@ class StepDispatcher:
     def __call__(
         self, hidden: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor, experts: ExpertsFn
     ) -> torch.Tensor:
+        # Traced (torchair): the choice is made once, for the compiled size (a static shape), and the graph holds
+        # only the chosen dispatcher; ``calls`` counts eager steps.
+        traced = torch.compiler.is_compiling()
         if self.uses_mc2(self.step_tokens(hidden)):
-            self.calls["mc2"] += 1
+            if not traced:
+                self.calls["mc2"] += 1
             return self.mc2(hidden, topk_weights, topk_ids, experts)
-        self.calls["other"] += 1
+        if not traced:
+            self.calls["other"] += 1
         return self.other(hidden, topk_weights, topk_ids, experts)
 
 

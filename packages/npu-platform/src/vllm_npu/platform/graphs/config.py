@@ -66,13 +66,13 @@ GRAPH_MODES: dict[str, str | None] = {
 #: answers opaque_attention_op() False; the impls' graph decode paths: npu_scatter_nd_update_ +
 #: npu_fused_infer_attention_score, BSH for GQA, BNSD with query_rope/key_rope for MLA, both with converters in
 #: torch_npu 2.8.0's torchair), as are the dense ops of npu-ops (npu_rms_norm, npu_add_rms_norm, npu_rotary_mul,
-#: npu_swiglu), MoE layers without cross-rank exchanges (npu-ops traces them: npu_moe_gating_top_k(_softmax),
-#: npu_moe_init_routing_v2, npu_grouped_matmul, npu_swiglu, npu_moe_finalize_routing), unquantized or with
-#: npu-quant's W8A8_DYNAMIC experts (npu_dynamic_quant + npu_grouped_matmul with per-token scales, as vllm-ascend
-#: v0.11.0's torchair MoE) or static W8A8 experts (npu_quantize per row + npu_grouped_matmul with an int32 bias), and
-#: the linear layers of npu-quant's W8A8, W8A8_DYNAMIC, W4A8_DYNAMIC and W4A4_FLATQUANT_DYNAMIC schemes (npu_quantize,
-#: npu_dynamic_quant, npu_quant_matmul, npu_weight_quant_batchmatmul, npu_kronecker_quant). Each entry: what is
-#: refused -> why.
+#: npu_swiglu), MoE layers (npu-ops traces them: npu_moe_gating_top_k(_softmax), npu_moe_init_routing_v2,
+#: npu_grouped_matmul, npu_swiglu, npu_moe_finalize_routing; with MC2 npu_moe_distribute_dispatch_v2 / combine_v2,
+#: sized by the MC2 capacity and chosen once per compiled size), unquantized or with npu-quant's W8A8_DYNAMIC experts
+#: (npu_dynamic_quant + npu_grouped_matmul with per-token scales, as vllm-ascend v0.11.0's torchair MoE) or static
+#: W8A8 experts (npu_quantize per row + npu_grouped_matmul with an int32 bias), and the linear layers of npu-quant's
+#: W8A8, W8A8_DYNAMIC, W4A8_DYNAMIC and W4A4_FLATQUANT_DYNAMIC schemes (npu_quantize, npu_dynamic_quant,
+#: npu_quant_matmul, npu_weight_quant_batchmatmul, npu_kronecker_quant). Each entry: what is refused -> why.
 TORCHAIR_NPU_REFUSALS: dict[str, str] = {
     "sfa": (
         "DeepSeek-V3.2's sparse attention (SFA): its attention stays vLLM's opaque op "
@@ -94,17 +94,16 @@ TORCHAIR_NPU_REFUSALS: dict[str, str] = {
         "experts were checked against torchair's converters"
     ),
     "moe_data_parallel": (
-        "MoE models with data parallel > 1: the experts' rows cross the DP ranks with split sizes read on the host "
-        "(all-to-all) or per-step gathers, which a compiled graph cannot hold"
+        "MoE models with data parallel > 1 without expert parallelism or with tensor parallel > 1: in the torchair "
+        "mode only expert parallelism over DP ranks with attention TP 1 (all-gather and reduce-scatter of static "
+        "shapes over the EP group, or MC2) has been compiled and run; with TP > 1 the layer's static gather over the "
+        "DP group and the TP all-reduce have not; without expert parallelism vLLM shards every expert over the "
+        "DP x TP ranks and needs its DP dispatch/combine, which the plugin's device communicator does not implement "
+        "(the eager modes give wrong tokens there too)"
     ),
     "moe_eplb": (
         "MoE models with --enable-eplb: dynamic EPLB counts expert load into buffers and rewrites the placement "
         "tables between steps; the compiled graph freezes its parameters and tables (frozen_parameter)"
-    ),
-    "moe_mc2": (
-        "npu.moe_mc2='on': MC2 is chosen per step on the host (by the step's token count), and the MC2 dispatcher "
-        "reads the number of rows it received on the host to size the experts' input (the MC2 kernels themselves "
-        "have GE converters); in the torchair mode 'auto' keeps the graph-ready dispatchers"
     ),
     "moe_overlap": (
         "npu.multistream_overlap_shared_expert: the shared experts run on a side stream the compiled graph does not "
@@ -178,14 +177,14 @@ def _moe_refusal(vllm_config: VllmConfig) -> str | None:
     from vllm_npu.interface.config import AdditionalConfig
 
     parallel = vllm_config.parallel_config
-    if getattr(parallel, "data_parallel_size", 1) > 1:
+    if getattr(parallel, "data_parallel_size", 1) > 1 and (
+        not getattr(parallel, "enable_expert_parallel", False) or getattr(parallel, "tensor_parallel_size", 1) > 1
+    ):
         return "moe_data_parallel"
     if getattr(parallel, "enable_eplb", False):
         return "moe_eplb"
     extra = getattr(vllm_config, "additional_config", None)
     npu = AdditionalConfig.from_vllm(extra if isinstance(extra, dict) else None)
-    if npu.moe_mc2 == "on" and getattr(parallel, "enable_expert_parallel", False):
-        return "moe_mc2"
     if npu.multistream_overlap_shared_expert:
         return "moe_overlap"
     return None

@@ -65,6 +65,14 @@ from .config import sparse_attention
 logger = get_logger(__name__)
 
 
+#: What marks a MoE exchange's node in a Dynamo graph (``TorchairStats.moe_exchange_nodes``).
+_EXCHANGES = {
+    "mc2": ("mc2_dispatch", "npu_moe_distribute_dispatch"),
+    "all_gather": ("all_gather_into_tensor",),
+    "reduce_scatter": ("reduce_scatter_tensor",),
+}
+
+
 @dataclass
 class TorchairStats:
     """Per-process counts of the torchair mode (see the module docstring)."""
@@ -77,6 +85,9 @@ class TorchairStats:
     uncacheable: int = 0  # emulated: lowered graphs that could not be cached (reason logged)
     opaque_attention_nodes: int = 0  # vLLM opaque attention op calls in the compiled graphs (0: attention in-graph)
     opaque_moe_nodes: int = 0  # vLLM opaque MoE op calls (moe_forward, moe_forward_shared) in them (0: MoE in-graph)
+    #: MoE exchanges in the compiled graphs: "mc2" (MC2 dispatch calls, kernel or twin), "all_gather" /
+    #: "reduce_scatter" (functional collectives of the data-parallel MoE)
+    moe_exchange_nodes: Counter[str] = field(default_factory=Counter)
     graph_inputs_prepared: int = 0  # attention metadata objects laid out as graph inputs before compiled steps
     compiled_calls: Counter[int] = field(default_factory=Counter)  # batch size -> decode steps run compiled
     eager_calls: int = 0  # steps run eagerly (prefill, mixed, or larger than every compiled size)
@@ -93,6 +104,7 @@ class TorchairStats:
             "uncacheable": self.uncacheable,
             "opaque_attention_nodes": self.opaque_attention_nodes,
             "opaque_moe_nodes": self.opaque_moe_nodes,
+            "moe_exchange_nodes": dict(self.moe_exchange_nodes),
             "graph_inputs_prepared": self.graph_inputs_prepared,
             "compiled_calls": dict(self.compiled_calls),
             "eager_calls": self.eager_calls,
@@ -246,6 +258,8 @@ class TorchairWrapper(CUDAGraphWrapper):
             calls = [str(n.target) for n in gm.graph.nodes if n.op == "call_function"]
             TORCHAIR_STATS.opaque_attention_nodes += sum("unified_attention" in t for t in calls)
             TORCHAIR_STATS.opaque_moe_nodes += sum("vllm.moe_forward" in t for t in calls)
+            for name, marks in _EXCHANGES.items():
+                TORCHAIR_STATS.moe_exchange_nodes[name] += sum(any(m in t for m in marks) for t in calls)
             if self.compile_counts[size] > 1:
                 TORCHAIR_STATS.recompiles += 1
                 logger.warning("torchair mode: batch size %d recompiled (a Dynamo guard failed)", size)

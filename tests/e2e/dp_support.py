@@ -1,0 +1,56 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
+"""Running an offline data-parallel engine on the emulated device, one process per DP rank (``dp_rank.py``), as
+vLLM runs offline data parallel (``VLLM_DP_*`` variables; each rank's engine core in its process). Shared by the DP
+e2e modules; not a test module."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from npu_testkit.engine import emulated_env
+from npu_testkit.serve import free_port
+
+TIMEOUT_S = 900
+
+
+def run_dp(
+    model: Path, llm_kwargs: dict, tmp: Path, shares: dict[int, list[list[int]]], max_tokens: int, **request: Any
+) -> dict[int, dict]:
+    """Greedy ``max_tokens`` for each DP rank's prompts (``shares``: rank -> its token prompts); ``request`` adds keys
+    to each rank's request (``dp_rank.py``). Returns each rank's output JSON."""
+    # in-process engine core per rank (vLLM's LLMEngine then joins the DP group itself): two processes, not four
+    env = {**os.environ, **emulated_env(tmp, multiprocessing=False)}
+    port = free_port()
+    procs = {}
+    for rank, prompts in shares.items():
+        path = tmp / f"request{rank}.json"
+        path.write_text(json.dumps({"prompts": prompts, "max_tokens": max_tokens, "llm": llm_kwargs, **request}))
+        dp_env = {
+            **env,
+            "VLLM_DP_RANK": str(rank),
+            "VLLM_DP_RANK_LOCAL": str(rank),
+            "VLLM_DP_SIZE": str(len(shares)),
+            "VLLM_DP_MASTER_IP": "127.0.0.1",
+            "VLLM_DP_MASTER_PORT": str(port),
+        }
+        cmd = [sys.executable, str(Path(__file__).with_name("dp_rank.py")), str(model), str(path)]
+        log = open(tmp / f"rank{rank}.log", "w")  # noqa: SIM115 (closed below, after the process ends)
+        procs[rank] = (subprocess.Popen([*cmd, str(tmp / f"out{rank}.json")], env=dp_env, stdout=log, stderr=log), log)
+    try:
+        for rank, (proc, log) in procs.items():
+            rc = proc.wait(timeout=TIMEOUT_S)
+            log.close()
+            assert rc == 0, f"DP rank {rank} exited with {rc}:\n{(tmp / f'rank{rank}.log').read_text()[-4000:]}"
+    finally:
+        for proc, log in procs.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+            log.close()
+    return {rank: json.loads((tmp / f"out{rank}.json").read_text()) for rank in shares}
