@@ -18,7 +18,6 @@ from __future__ import annotations
 import functools
 import sys
 import types
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -114,11 +113,10 @@ def _register_mc2_ops() -> None:
 
 @functools.cache
 def fake_torch_npu() -> types.ModuleType:
-    """test_moe_graph's stand-in ``torch_npu`` (gating, routing, grouped matmul, swiglu, finalize) plus MC2."""
-    sys.path.insert(0, str(Path(__file__).parent))
-    import test_moe_graph
+    """The testkit's stand-in ``torch_npu`` (gating, routing, grouped matmul, swiglu, finalize) plus MC2."""
+    from npu_testkit.fake_torch_npu import fake_torch_npu as moe_fake
 
-    base = test_moe_graph._fake_torch_npu(checked=False)
+    base = moe_fake(checked=False)
     _register_mc2_ops()
     ops = torch.ops.npu
     m = types.ModuleType("torch_npu")
