@@ -4,10 +4,11 @@
 one process per DP rank (``dp_rank.py``, ``VLLM_DP_*`` variables), each an ``LLM`` whose engine core runs in that
 process (vLLM's ``LLMEngine`` joins the DP group and steps dummy batches itself).
 
-Two configurations, one DP=2 run each: tiny Qwen2 (dense: the ranks are independent engines joined by vLLM's DP
-group) and tiny Qwen3-MoE with ``enable_expert_parallel`` (EP=2 over the two DP ranks, 3 of the 6 experts per rank:
-every MoE layer exchanges tokens between the ranks, and the rank with fewer requests keeps stepping with dummy
-batches until the other is done). Rank 0 gets three prompts, rank 1 one. Reference: HF transformers greedy, per
+Three configurations, one DP=2 run each: tiny Qwen2 (dense: the ranks are independent engines joined by vLLM's DP
+group), tiny Qwen3-MoE without expert parallelism (vLLM splits every expert's intermediate size over the two ranks:
+each MoE layer gathers both ranks' tokens and reduce-scatters the partial sums) and with ``enable_expert_parallel``
+(EP=2 over the two DP ranks, 3 of the 6 experts per rank). In the MoE cases every MoE layer exchanges tokens between
+the ranks, and the rank with fewer requests keeps stepping with dummy batches until the other is done. Rank 0 gets three prompts, rank 1 one. Reference: HF transformers greedy, per
 prompt.
 """
 
@@ -25,6 +26,7 @@ PROMPTS = make_prompts([5, 9, 17, 3], seed=3)
 SHARES = {0: [0, 1, 2], 1: [3]}  # prompt indices per DP rank: uneven, so rank 1 runs dummy batches in the MoE case
 CASES = {
     "dense": ("qwen2", {}),
+    "moe": ("qwen3_moe", {}),  # no EP: vLLM splits every expert over the two ranks (intermediate size halved)
     "moe-ep": ("qwen3_moe", {"enable_expert_parallel": True}),
 }
 dp = import_sibling(__file__, "dp_support")
@@ -43,5 +45,7 @@ def test_dp2_greedy_equals_hf(case, tmp_path):
         assert got["tokens"] == [reference[i] for i in share], rank
         if llm_kwargs.get("enable_expert_parallel"):
             assert (got["ep_size"], got["local_experts"]) == (2, [3])  # 6 experts split over the two DP ranks
+        elif arch == "qwen3_moe":
+            assert got["local_experts"] == [6]  # every expert on every rank, each a slice
         else:
             assert got["ep_size"] == 1 or got["local_experts"] == []

@@ -349,10 +349,11 @@ class AscendFusedMoE(FusedMoE):
         # The all-to-all dispatcher lives in the plan, so it only helps a quant method that runs this plan
         # (LayerMoEPlanRunner); other methods get the all-gather / reduce-scatter of forward_impl.
         self.moe_plan = build_layer_plan(self, allow_all_to_all=runs_layer_moe_plan(self.quant_method))
-        # Experts split over DP ranks that hold different tokens: rows must cross the DP ranks here, because
-        # vLLM's DP dispatch/combine (forward_impl) goes through the device communicator's dispatch/combine,
-        # which are no-ops on ours.
-        self._moe_across_dp = bool(self.use_ep and self.dp_size > 1)
+        # DP ranks hold different tokens and the experts are split over the DP x TP ranks (whole experts per rank
+        # with expert parallelism, a slice of every expert without it), so rows must cross the DP ranks here:
+        # vLLM's DP dispatch/combine (forward_impl) goes through the device communicator's dispatch/combine, which
+        # are no-ops on ours (left alone, each rank would sum only its own slice: wrong tokens).
+        self._moe_across_dp = self.dp_size > 1
         #: Every DP rank runs the same number of tokens per step (the torchair mode: vLLM's DP padding, never
         #: --enforce-eager), so the DP exchanges take static shapes (.gathered) in compiled and eager steps.
         self._dp_padded = settings.graph_mode == "torchair"
@@ -471,8 +472,9 @@ class AscendFusedMoE(FusedMoE):
     def _gathered_apply(self, hidden_states: torch.Tensor, router_logits: torch.Tensor) -> torch.Tensor:
         """Gather the DP ranks' tokens, let the quant method add this rank's experts, reduce-scatter the sums back.
 
-        Used when the plan has no all-to-all (attention TP > 1, or a quant method that does not run
-        ``layer.moe_plan``); the result is this rank's experts' share, summed over TP afterwards.
+        Used when the plan has no all-to-all (no expert parallelism, attention TP > 1, or a quant method that does
+        not run ``layer.moe_plan``); the result is this rank's experts' share (without expert parallelism: its slice
+        of every expert), summed over TP afterwards.
         """
         from vllm.distributed import get_dp_group
 

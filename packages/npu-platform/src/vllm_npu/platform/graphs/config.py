@@ -96,10 +96,9 @@ TORCHAIR_NPU_REFUSALS: dict[str, str] = {
     "moe_data_parallel": (
         "MoE models with data parallel > 1 without expert parallelism or with tensor parallel > 1: in the torchair "
         "mode only expert parallelism over DP ranks with attention TP 1 (all-gather and reduce-scatter of static "
-        "shapes over the EP group, or MC2) has been compiled and run; with TP > 1 the layer's static gather over the "
-        "DP group and the TP all-reduce have not; without expert parallelism vLLM shards every expert over the "
-        "DP x TP ranks and needs its DP dispatch/combine, which the plugin's device communicator does not implement "
-        "(the eager modes give wrong tokens there too)"
+        "shapes over the EP group, or MC2) has been compiled and run; without expert parallelism (every expert "
+        "sliced over the DP x TP ranks, the layer's static gather over the DP group) and with TP > 1 (that gather "
+        "plus the TP all-reduce) the graphs have not"
     ),
     "moe_eplb": (
         "MoE models with --enable-eplb: dynamic EPLB counts expert load into buffers and rewrites the placement "
