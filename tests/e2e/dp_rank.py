@@ -43,6 +43,7 @@ def _moe_layers(worker) -> dict:
         "compile_counts": {str(k): v for k, v in model.compile_counts.items()},
         "in_graph": [bool(m._moe_in_graph) for m in layers],
         "dispatchers": sorted({type(m.moe_plan.dispatcher).__name__ for m in layers}),
+        "quant_methods": sorted({type(m.quant_method).__name__ for m in layers}),
     }
 
 

@@ -4,8 +4,10 @@
 ``enable_expert_parallel`` (EP=2 over the DP ranks, 3 of 6 experts each), offline, one process per DP rank
 (``dp_support``), cache off, sizes [1, 2, 4]. The MoE layers are in the compiled decode graph (no opaque
 ``vllm.moe_forward`` node) with their exchange: the all-gather / reduce-scatter of static shapes (``default``) or MC2's
-twin (``mc2``: ``npu.moe_mc2='on'``, every compiled size within its capacity). Rank 0 gets three prompts, rank 1 one
-(it keeps stepping with dummy batches, padded to rank 0's size). Greedy output equals HF's; no compile after start-up.
+twin (``mc2``: ``npu.moe_mc2='on'``, every compiled size within its capacity), the latter on the model quantized to
+W8A8_DYNAMIC (npu-quant's MoE method behind MC2's quantized dispatch: the production DeepSeek layout). Rank 0 gets
+three prompts, rank 1 one (it keeps stepping with dummy batches, padded to rank 0's size). Greedy output equals HF's
+(float) or the independent simulation's (quantized, :mod:`vllm_npu.quant.simulate`); no compile after start-up.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 import pytest
 from npu_testkit.engine import make_prompts, tiny_config
 from npu_testkit.models import build_tiny_model, hf_greedy
+from npu_testkit.quant_e2e import QuantCase, moe_methods, quantize
 from npu_testkit.sibling import import_sibling
 
 pytestmark = pytest.mark.engine
@@ -22,18 +25,32 @@ SIZES = [1, 2, 4]
 MAX_TOKENS = 6
 PROMPTS = make_prompts([5, 9, 17, 3], seed=3)
 SHARES = {0: [0, 1, 2], 1: [3]}
-# case -> (npu settings, the MoE layers' dispatcher, the exchange's nodes per MoE layer in a compiled graph)
+W8A8_DYNAMIC = QuantCase(
+    "moe_w8a8_dynamic",
+    "W8A8_DYNAMIC",
+    "qwen3_moe",
+    0.05,
+    moe_methods("AscendW8A8DynamicFusedMoEMethod", "W8A8DynamicScheme"),
+)
+# case -> (npu settings, the MoE layers' dispatcher, the exchange's nodes per MoE layer in a compiled graph, quantized)
 CASES = {
-    "default": ({}, "GatheredDispatcher", {"all_gather": 3, "reduce_scatter": 1}),  # rows, weights, ids; the sums
-    "mc2": ({"moe_mc2": "on"}, "StepDispatcher", {"mc2": 1, "all_gather": 0}),  # MC2 for every compiled size
+    "default": ({}, "GatheredDispatcher", {"all_gather": 3, "reduce_scatter": 1}, False),  # rows, weights, ids; sums
+    "mc2_w8a8_dynamic": ({"moe_mc2": "on"}, "StepDispatcher", {"mc2": 1, "all_gather": 0}, True),  # MC2, every size
 }
 
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_dp_moe_in_the_graph_equals_hf(case, tmp_path):
-    npu, dispatcher, exchanges = CASES[case]
-    model = build_tiny_model(tiny_config("qwen3_moe"))
-    reference = hf_greedy(model, PROMPTS, MAX_TOKENS)
+    npu, dispatcher, exchanges, quantized = CASES[case]
+    if quantized:
+        from vllm_npu.quant.simulate import greedy as sim_greedy
+        from vllm_npu.quant.simulate import simulated_hf_model
+
+        model = quantize(W8A8_DYNAMIC, tmp_path / "quant")[1]
+        reference = sim_greedy(simulated_hf_model(model), PROMPTS, MAX_TOKENS)
+    else:
+        model = build_tiny_model(tiny_config("qwen3_moe"))
+        reference = hf_greedy(model, PROMPTS, MAX_TOKENS)
     llm_kwargs = {
         "enable_expert_parallel": True,
         "max_num_batched_tokens": 64,
@@ -50,6 +67,8 @@ def test_dp_moe_in_the_graph_equals_hf(case, tmp_path):
         layers = got["moe_layers"]
         assert layers["wrapper"] == "TorchairWrapper" and layers["compile_counts"] == {str(s): 1 for s in SIZES}
         assert layers["in_graph"] and all(layers["in_graph"]) and layers["dispatchers"] == [dispatcher]
+        method = "AscendW8A8DynamicFusedMoEMethod" if quantized else "AscendUnquantizedFusedMoEMethod"
+        assert layers["quant_methods"] == [method]
         startup, generate = got["startup"], got["generate"]
         assert startup["opaque_moe_nodes"] == 0 and startup["opaque_attention_nodes"] == 0, startup
         # every MoE layer of every compiled size holds its exchange
