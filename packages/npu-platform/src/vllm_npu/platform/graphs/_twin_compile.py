@@ -106,13 +106,19 @@ def _is_view(node: torch.fx.Node) -> bool:
 
 def sink_state_views(graph: torch.fx.Graph, eager: set[torch.fx.Node]) -> int:
     """Move each state node that is a view of a captured buffer only (no data read, no write: the per-layer views
-    of the KV cache) to just before its first user; returns how many moved.
+    of the KV cache) to just before its first user, and drop such views nobody uses; returns how many moved or
+    went.
 
     Traced in program order, those views sit between a layer's pure nodes and would cut them into two compiled
     pieces; a view reads nothing, so computing it later changes no value. Views of views move with them."""
     moved = 0
     for node in reversed(list(graph.nodes)):
-        if node not in eager or not _is_view(node) or not node.users:
+        if node not in eager or not _is_view(node):
+            continue
+        if not node.users:  # an unused view (the value half of an unbound cache a layer never reads): dead code
+            graph.erase_node(node)
+            eager.discard(node)
+            moved += 1
             continue
         if any(
             n.op not in ("placeholder", "get_attr") and not (n in eager and _is_view(n)) for n in node.all_input_nodes

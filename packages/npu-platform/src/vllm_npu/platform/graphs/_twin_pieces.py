@@ -26,6 +26,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import shutil
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -104,7 +105,9 @@ def piece_digest(gm: torch.fx.GraphModule, inputs: Sequence[torch.Tensor]) -> st
     return digest.hexdigest()
 
 
-def _inductor(gm: torch.fx.GraphModule, inputs: Sequence[torch.Tensor]) -> Callable[[list[Any]], Any]:
+def _inductor(
+    gm: torch.fx.GraphModule, inputs: Sequence[torch.Tensor], vec_isa_ok: bool | None = None
+) -> Callable[[list[Any]], Any]:
     """``compile_fx_inner`` under a tracing context with a shape environment (inductor's FX-graph cache needs one),
     inference only; the generated ``call`` (boxed)."""
     from torch._guards import TracingContext, tracing
@@ -114,15 +117,64 @@ def _inductor(gm: torch.fx.GraphModule, inputs: Sequence[torch.Tensor]) -> Calla
 
     fake_mode = FakeTensorMode(shape_env=ShapeEnv())
     fakes = [fake_mode.from_tensor(x, static_shapes=True) for x in inputs]
-    with tracing(TracingContext(fake_mode)), torch.no_grad(), torch._inductor.config.patch(_INDUCTOR_CONFIG):
+    patch = {**_INDUCTOR_CONFIG, **({} if vec_isa_ok is None else {"cpp.vec_isa_ok": vec_isa_ok})}
+    with tracing(TracingContext(fake_mode)), torch.no_grad(), torch._inductor.config.patch(patch):
         compiled = compile_fx_inner(gm, fakes, is_inference=True)
     call = getattr(compiled, "current_callable", None)
     return call if call is not None else compiled
 
 
+def _vec_isa_fingerprint() -> dict[str, Any]:
+    """What decides inductor's check of the CPU's vector ISAs: the CPU's ISA flags, the C++ compiler, torch."""
+    from torch._inductor.cpp_builder import get_cpp_compiler
+    from torch._inductor.cpu_vec_isa import x86_isa_checker
+
+    compiler = shutil.which(get_cpp_compiler()) or get_cpp_compiler()
+    stat = os.stat(compiler) if os.path.exists(compiler) else None
+    return {
+        "cpu_isa": sorted(x86_isa_checker()),
+        "compiler": [compiler, stat.st_size if stat else None, stat.st_mtime_ns if stat else None],
+        "torch": torch.__version__,
+    }
+
+
+def _vec_isa_ok(cache: CompileCache) -> bool | None:
+    """Inductor checks, once per process before its first C++ kernel, that each vector ISA the CPU reports builds
+    and loads (one compile plus one Python subprocess importing torch per ISA: seconds at every engine start).
+    The result is kept in the cache directory with what decides it (:func:`_vec_isa_fingerprint`): True when every
+    ISA the CPU reports passed, and then this and every later process with the same fingerprint compiles with
+    ``torch._inductor.config.cpp.vec_isa_ok=True`` (the same ISAs, no check; the same inductor configuration, so
+    the cached pieces of one process are found by the next). None: inductor checks as usual.
+    """
+    import json
+
+    from torch._inductor import config as inductor_config
+    from torch._inductor.cpu_vec_isa import supported_vec_isa_list, valid_vec_isa_list
+
+    if inductor_config.cpp.vec_isa_ok is not None or os.uname().machine not in ("x86_64", "AMD64"):
+        return None  # set by the user (TORCHINDUCTOR_VEC_ISA_OK), or not the x86 check
+    marker = cache.directory / "vec_isa.json"
+    fingerprint = _vec_isa_fingerprint()
+    try:
+        stored = json.loads(marker.read_text())
+    except (OSError, ValueError):
+        stored = None
+    if stored is not None and stored.get("fingerprint") == fingerprint:
+        return True if stored.get("ok") is True else None
+    flags = fingerprint["cpu_isa"]
+    candidates = [str(isa) for isa in supported_vec_isa_list if all(f in flags for f in str(isa).split())]
+    ok = bool(candidates) and [str(isa) for isa in valid_vec_isa_list()] == candidates  # runs the check
+    cache.prepare()
+    tmp = marker.with_suffix(f".tmp{os.getpid()}")
+    tmp.write_text(json.dumps({"fingerprint": fingerprint, "ok": ok}))
+    tmp.replace(marker)
+    return True if ok else None
+
+
 def _compile(gm: torch.fx.GraphModule, inputs: Sequence[torch.Tensor], digest: str, cache: CompileCache | None) -> Any:
     if cache is None:
         return _inductor(gm, inputs)
+    vec_isa_ok = _vec_isa_ok(cache)
     from torch._inductor.codecache import FxGraphCache  # noqa: F401  (registers inductor's cache artifact types)
     from torch.compiler._cache import CacheArtifactManager
 
@@ -130,14 +182,14 @@ def _compile(gm: torch.fx.GraphModule, inputs: Sequence[torch.Tensor], digest: s
     if path.exists():
         torch.compiler.load_cache_artifacts(path.read_bytes())
         counters_before = _fx_cache_hits()
-        compiled = _inductor(gm, inputs)
+        compiled = _inductor(gm, inputs, vec_isa_ok)
         if _fx_cache_hits() > counters_before:
             PIECE_STATS.disk_hits += 1
             return compiled
         PIECE_STATS.reasons["stored artifacts not used by inductor"] += 1
         return compiled
     with CacheArtifactManager.with_fresh_cache():
-        compiled = _inductor(gm, inputs)
+        compiled = _inductor(gm, inputs, vec_isa_ok)
         saved = torch.compiler.save_cache_artifacts()
     if saved is None or not saved[1].inductor_artifacts:
         PIECE_STATS.reasons["inductor made no cache artifact"] += 1
