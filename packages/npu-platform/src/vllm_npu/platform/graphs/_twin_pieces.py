@@ -51,6 +51,10 @@ class PieceStats:
     disk_writes: int = 0  # artifacts written to the on-disk cache
     reasons: Counter[str] = field(default_factory=Counter)  # why a compile could not be cached on disk
 
+    def reset(self) -> None:
+        self.pieces = self.compiles = self.shared = self.disk_hits = self.disk_writes = 0
+        self.reasons.clear()
+
     def snapshot(self) -> dict[str, Any]:
         return {
             "pieces": self.pieces,

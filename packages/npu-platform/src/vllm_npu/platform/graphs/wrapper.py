@@ -55,7 +55,7 @@ class GraphStats:
     capture_seconds: dict[int, float] = field(default_factory=dict)
     capture_bytes: Counter[int] = field(default_factory=Counter)
     # emulated device, npu.emulated_compile=inductor: graphs compiled per runtime mode, compile seconds per size
-    # (part of capture_seconds)
+    # (part of capture_seconds); the snapshot adds the compiled pieces' counts (_twin_pieces.PIECE_STATS)
     compiled: Counter[str] = field(default_factory=Counter)
     compile_seconds: dict[int, float] = field(default_factory=dict)
 
@@ -67,6 +67,7 @@ class GraphStats:
         self.capture_bytes.clear()
         self.compiled.clear()
         self.compile_seconds.clear()
+        _piece_stats().reset()
 
     def snapshot(self) -> dict[str, Any]:
         return {
@@ -77,7 +78,14 @@ class GraphStats:
             "capture_bytes": dict(self.capture_bytes),
             "compiled": dict(self.compiled),
             "compile_seconds": dict(self.compile_seconds),
+            "pieces": _piece_stats().snapshot(),
         }
+
+
+def _piece_stats() -> Any:
+    from ._twin_pieces import PIECE_STATS
+
+    return PIECE_STATS
 
 
 #: This process's counts since its model runner was built (the runner resets them: one engine per process).
