@@ -11,15 +11,17 @@ step, and the decode-attention tasks would read that copy. So the graph is split
   (a graph input or a constant: the KV write's ``index_copy_``, each updatable ``vllm_npu_graph::task``), every
   view of such a buffer, and every op reading one;
 - the runs of pure nodes between them (embedding, linear layers, norms, RoPE, SwiGLU...) are compiled
-  with inductor, once per captured graph, at capture.
+  with inductor at capture (:mod:`._twin_pieces`). Views of captured buffers that read nothing (each layer's
+  unbound KV cache) are first moved to their first use (:func:`sink_state_views`), so that a layer's pure nodes
+  are one run rather than two.
 
 What a replay computes is unchanged: the same aten ops on the same buffers, tasks still opaque and refreshed with
 the step's host parameters, inputs still checked by address (by :class:`._twin.EmulatedGraph`, around this). Only
 the way a task is called changes: in the eager pieces a ``vllm_npu_graph::task`` node calls the task's Python
 (:func:`._twin.run_task`) directly; the custom op exists for the tracer and for the split (its schema says what
 it writes), and going through the dispatcher for it costs ~40 us a call on the CPU, per layer and step.
-Shapes are those of the capture (one compile per capture size); pure pieces that differ only in their weights
-(every decoder layer) hit inductor's FX-graph cache after the first.
+Shapes are those of the capture (one compile per distinct piece and capture size); pure pieces that differ only in
+their weights (every decoder layer) share one compiled function.
 """
 
 from __future__ import annotations
