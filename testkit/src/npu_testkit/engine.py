@@ -68,7 +68,7 @@ def emulated_env(
     (5-15 s per engine start otherwise). Pass ``vllm_cache_root=tmp_path`` for a fully private run.
     """
     root = Path(tmp_path)
-    dirs = {name: root / name for name in ("vllm_config", "hf_home", "inductor")}
+    dirs = {name: root / name for name in ("vllm_config", "hf_home", "inductor", "npu_cache")}
     # ZMQ IPC socket paths must fit sockaddr_un (107 bytes): pytest's tmp paths are too deep for vLLM's
     # "<rpc dir>/<uuid4>" names, so the socket dir is a short one directly under the system temp dir.
     dirs["rpc"] = Path(tempfile.mkdtemp(prefix="vrpc-"))
@@ -81,6 +81,7 @@ def emulated_env(
         "VLLM_CONFIG_ROOT": str(dirs["vllm_config"]),
         "HF_HOME": str(dirs["hf_home"]),
         "TORCHINDUCTOR_CACHE_DIR": str(dirs["inductor"]),
+        "VLLM_NPU_CACHE_DIR": str(dirs["npu_cache"]),  # the plugin's compile caches, never the user's
         "VLLM_RPC_BASE_PATH": str(dirs["rpc"]),
         "VLLM_NO_USAGE_STATS": "1",
         "DO_NOT_TRACK": "1",

@@ -108,8 +108,9 @@ ADDITIONAL_CONFIG_SETTINGS: tuple[Setting, ...] = (
         "emulated_compile",
         "none",
         "emulated device with graphs on (`piecewise`, `full_decode_only`): `inductor` compiles each captured graph's "
-        "pieces between its KV-cache writes and updatable kernels with inductor, once per capture size at start-up "
-        "(needs a C++ compiler; see docs/graphs.md)",
+        "pieces between its KV-cache writes and updatable kernels with inductor, once per distinct piece and capture "
+        "size at start-up, kept in `$VLLM_NPU_CACHE_DIR/emulated_compile` across restarts (off with "
+        "`VLLM_DISABLE_COMPILE_CACHE=1`; needs a C++ compiler; see docs/graphs.md)",
         choices=EMULATED_COMPILE_MODES,
     ),
     _key(

@@ -29,7 +29,7 @@ import contextlib
 import itertools
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
@@ -37,6 +37,9 @@ from torch.utils import _pytree as pytree
 from vllm_npu.interface.graphs import Refresh, recording
 
 from . import GraphInputMovedError
+
+if TYPE_CHECKING:
+    from .compile_cache import CompileCache
 
 
 @dataclass
@@ -49,11 +52,21 @@ class _Task:
     params: dict[str, Any]
     refresh: Refresh
 
+    # Fast path, when every positional argument is a leaf (no tensor inside a list...): the positional arguments
+    # with None holes, and the names of the tensor keyword arguments (they follow the positional tensors).
+    flat_args: list[Any] | None = None
+    tensor_names: tuple[str, ...] = ()
+
     def run(self, tensors: list[torch.Tensor]) -> None:
+        if self.flat_args is not None:
+            it = iter(tensors)
+            args = [next(it) if a is None else a for a in self.flat_args]
+            self.kernel(*args, **dict(zip(self.tensor_names, it, strict=True)), **self.params)
+            return
         it = iter(tensors)
         leaves = [next(it) if leaf is None else leaf for leaf in self.leaves]
-        args, kwargs = pytree.tree_unflatten(leaves, self.spec)
-        self.kernel(*args, **{**kwargs, **self.params})
+        args_, kwargs = pytree.tree_unflatten(leaves, self.spec)
+        self.kernel(*args_, **{**kwargs, **self.params})
 
 
 _TASKS: dict[int, _Task] = {}  # registry: task id -> task, owned by the EmulatedGraph that captured it
@@ -68,6 +81,11 @@ def run_task(task_id: int, tensors: list[torch.Tensor]) -> None:
 @torch.library.custom_op("vllm_npu_graph::task", mutates_args=("tensors",))
 def _run_task(task_id: int, tensors: list[torch.Tensor]) -> None:
     run_task(task_id, tensors)
+
+
+def _is_leaf(value: Any) -> bool:
+    leaves = pytree.tree_leaves(value)
+    return len(leaves) == 1 and leaves[0] is value
 
 
 class _TwinRecorder:
@@ -85,7 +103,10 @@ class _TwinRecorder:
         tensors = [x for x in leaves if isinstance(x, torch.Tensor)]
         holes = [None if isinstance(x, torch.Tensor) else x for x in leaves]
         task_id = next(_task_ids)
-        _TASKS[task_id] = _Task(kernel, spec, holes, host_params, refresh)
+        task = _TASKS[task_id] = _Task(kernel, spec, holes, host_params, refresh)
+        if all(_is_leaf(a) for a in args):
+            task.flat_args = [None if isinstance(a, torch.Tensor) else a for a in args]
+            task.tensor_names = tuple(tensor_kwargs)
         self.task_ids.append(task_id)
         torch.ops.vllm_npu_graph.task(task_id, tensors)
         return None
@@ -161,13 +182,14 @@ class EmulatedGraph:
         graph.output = module(*inputs)
         return graph
 
-    def compile(self) -> None:
+    def compile(self, cache: CompileCache | None = None) -> None:
         """Compile the graph's pure pieces with inductor (``npu.emulated_compile=inductor``; see
-        :mod:`._twin_compile`). Runs one step on the captured buffers, as the capture did."""
+        :mod:`._twin_compile`), with the on-disk cache ``cache`` (None: none). Runs one step on the captured
+        buffers, as the capture did."""
         from ._twin_compile import compile_graph
 
         inputs = [self.flat[i] for i in self.positions]
-        self.compiled = compile_graph(self.module, inputs)
+        self.compiled = compile_graph(self.module, inputs, cache)
 
     @property
     def num_tasks(self) -> int:

@@ -11,27 +11,33 @@ step, and the decode-attention tasks would read that copy. So the graph is split
   (a graph input or a constant: the KV write's ``index_copy_``, each updatable ``vllm_npu_graph::task``), every
   view of such a buffer, and every op reading one;
 - the runs of pure nodes between them (embedding, linear layers, norms, RoPE, SwiGLU...) are compiled
-  with inductor, once per captured graph, at capture.
+  with inductor at capture (:mod:`._twin_pieces`). Views of captured buffers that read nothing (each layer's
+  unbound KV cache) are first moved to their first use (:func:`sink_state_views`), so that a layer's pure nodes
+  are one run rather than two.
 
 What a replay computes is unchanged: the same aten ops on the same buffers, tasks still opaque and refreshed with
 the step's host parameters, inputs still checked by address (by :class:`._twin.EmulatedGraph`, around this). Only
 the way a task is called changes: in the eager pieces a ``vllm_npu_graph::task`` node calls the task's Python
 (:func:`._twin.run_task`) directly; the custom op exists for the tracer and for the split (its schema says what
 it writes), and going through the dispatcher for it costs ~40 us a call on the CPU, per layer and step.
-Shapes are those of the capture (one compile per capture size); pure pieces that differ only in their weights
-(every decoder layer) hit inductor's FX-graph cache after the first.
+Shapes are those of the capture (one compile per distinct piece and capture size); pure pieces that differ only in
+their weights (every decoder layer) share one compiled function.
 """
 
 from __future__ import annotations
 
 import operator
 from collections.abc import Callable
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.fx.passes.split_module import split_module
 
 from ._twin import run_task
+from ._twin_pieces import compile_piece
+
+if TYPE_CHECKING:
+    from .compile_cache import CompileCache
 
 
 def _schema(node: torch.fx.Node) -> torch.FunctionSchema | None:
@@ -88,20 +94,63 @@ def state_nodes(graph: torch.fx.Graph) -> set[torch.fx.Node]:
     return eager
 
 
-class _CompileOnFirstRun(torch.fx.Interpreter):
-    """Runs the split graph once; each pending (pure) submodule is compiled with inductor on the inputs it gets and
-    replaces itself in the split graph (an attribute of the same name, called by the graph's generated code)."""
+def _is_view(node: torch.fx.Node) -> bool:
+    """A node that only makes an alias of its first argument (a view op, or an element of a view op's tuple)."""
+    if node.op == "call_function" and node.target is operator.getitem:
+        return True
+    schema = _schema(node)
+    if schema is None or not schema.returns or schema.returns[0].alias_info is None:
+        return False
+    return not schema.returns[0].alias_info.is_write and not any(
+        a.alias_info is not None and a.alias_info.is_write for a in schema.arguments
+    )
 
-    def __init__(self, split: torch.fx.GraphModule, pending: set[str]) -> None:
+
+def sink_state_views(graph: torch.fx.Graph, eager: set[torch.fx.Node]) -> int:
+    """Move each state node that is a view of a captured buffer only (no data read, no write: the per-layer views
+    of the KV cache) to just before its first user, and drop such views nobody uses; returns how many moved or
+    went.
+
+    Traced in program order, those views sit between a layer's pure nodes and would cut them into two compiled
+    pieces; a view reads nothing, so computing it later changes no value. Views of views move with them."""
+    moved = 0
+    for node in reversed(list(graph.nodes)):
+        if node not in eager or not _is_view(node):
+            continue
+        if not node.users:  # an unused view (the value half of an unbound cache a layer never reads): dead code
+            graph.erase_node(node)
+            eager.discard(node)
+            moved += 1
+            continue
+        if any(
+            n.op not in ("placeholder", "get_attr") and not (n in eager and _is_view(n)) for n in node.all_input_nodes
+        ):
+            continue
+        first = min(node.users, key=_order(graph))
+        if node.next is not first:
+            first.prepend(node)
+            moved += 1
+    return moved
+
+
+def _order(graph: torch.fx.Graph) -> Callable[[torch.fx.Node], int]:
+    index = {n: i for i, n in enumerate(graph.nodes)}
+    return index.__getitem__
+
+
+class _CompileOnFirstRun(torch.fx.Interpreter):
+    """Runs the split graph once; each pending (pure) submodule is compiled on the inputs it gets
+    (:func:`._twin_pieces.compile_piece`) and replaced in the split graph by the compiled function (an attribute of
+    the same name, called by the graph's generated code)."""
+
+    def __init__(self, split: torch.fx.GraphModule, pending: set[str], cache: CompileCache | None) -> None:
         super().__init__(split)
-        self.split, self.pending = split, pending
+        self.split, self.pending, self.cache = split, pending, cache
 
     def call_module(self, target: Any, args: Any, kwargs: Any) -> Any:
-        from torch._inductor.compile_fx import compile_fx
-
         if target not in self.pending:
             return super().call_module(target, args, kwargs)
-        compiled = cast(Callable[..., Any], compile_fx(getattr(self.split, target), list(args)))
+        compiled = compile_piece(getattr(self.split, target), list(args), self.cache)
         delattr(self.split, target)  # the submodule; a plain callable of the same name takes its place
         setattr(self.split, target, compiled)
         self.pending.discard(target)
@@ -118,10 +167,16 @@ def _call_tasks_directly(piece: torch.fx.GraphModule) -> None:
         piece.recompile()
 
 
-def compile_graph(module: torch.fx.GraphModule, inputs: list[torch.Tensor]) -> Callable[..., Any]:
+def compile_graph(
+    module: torch.fx.GraphModule, inputs: list[torch.Tensor], cache: CompileCache | None = None
+) -> Callable[..., Any]:
     """``module`` with its pure pieces compiled by inductor; called like ``module``. Runs it once on ``inputs``
-    (a real step on the captured buffers, as the capture's own first run is) to compile each piece."""
+    (a real step on the captured buffers, as the capture's own first run is) to compile each piece. ``cache``: the
+    on-disk cache of compiled pieces (:mod:`._twin_pieces`), None for none. ``module``'s graph is reordered in place
+    (:func:`sink_state_views`; same values)."""
     eager = state_nodes(module.graph)
+    if sink_state_views(module.graph, eager):
+        module.recompile()
     part: dict[torch.fx.Node, int] = {}
     current, kind = 0, None
     for node in module.graph.nodes:
@@ -146,5 +201,5 @@ def compile_graph(module: torch.fx.GraphModule, inputs: list[torch.Tensor]) -> C
     # Inductor's default compiles C++ in a pool of worker processes started on first use: on a small host (2 cores
     # shared with vLLM's own threads) starting that pool costs more than it saves for a few kernels per piece.
     with torch._inductor.config.patch(compile_threads=1):
-        _CompileOnFirstRun(split, pending).run(*inputs)
+        _CompileOnFirstRun(split, pending, cache).run(*inputs)
     return split

@@ -1,10 +1,14 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
-"""The torchair mode's compile cache: one directory per cache key, reused across engine restarts.
+"""The compile caches of the torchair mode and of the emulated device's compiled twin: one directory per cache key,
+reused across engine restarts.
 
-Layout: ``<torchair_cache_dir>/<key digest>/`` holds ``key.json`` (the key in clear, for people) and what the
-compiler stored there: on an NPU torchair's ``cache_compile`` files (one sub-directory per compiled batch-size
-function), on the emulated device one artifact per batch size (:mod:`._standin`).
+Layout: ``<root>/<key digest>/`` holds ``key.json`` (the key in clear, for people) and what the compiler stored
+there. The torchair mode (root ``npu.torchair_cache_dir``): on an NPU torchair's ``cache_compile`` files (one
+sub-directory per compiled batch-size function), on the emulated device one artifact per batch size
+(:mod:`._standin`). The compiled twin (``npu.emulated_compile=inductor``, root
+``<VLLM_NPU_CACHE_DIR>/emulated_compile``): one file of inductor artifacts per distinct compiled piece
+(:mod:`._twin_pieces`).
 
 The key is everything that changes what a compiled decode graph computes or how it runs:
 
@@ -41,19 +45,21 @@ if TYPE_CHECKING:
 
 #: Sub-directory of ``VLLM_NPU_CACHE_DIR`` used when ``npu.torchair_cache_dir`` is not set.
 DEFAULT_SUBDIR = "torchair"
+#: Sub-directory of ``VLLM_NPU_CACHE_DIR`` of the emulated device's compiled twin pieces (``npu.emulated_compile``).
+EMULATED_COMPILE_SUBDIR = "emulated_compile"
 #: Distributions whose versions enter the key (absent ones are recorded as None).
 _VERSIONED = ("vllm", "torch", "torch_npu", "npu-interface", "npu-platform", "npu-ops", "npu-attention",
               "npu-quant", "npu-models", "npu-patches")  # fmt: skip
 
 
-def default_cache_root() -> Path:
-    """``<VLLM_NPU_CACHE_DIR>/torchair`` (``VLLM_NPU_CACHE_DIR`` defaults to ``$XDG_CACHE_HOME/vllm-npu``)."""
+def default_cache_root(subdir: str = DEFAULT_SUBDIR) -> Path:
+    """``<VLLM_NPU_CACHE_DIR>/<subdir>`` (``VLLM_NPU_CACHE_DIR`` defaults to ``$XDG_CACHE_HOME/vllm-npu``)."""
     from vllm_npu.interface.config import EnvConfig
 
     base = EnvConfig.from_environ().CACHE_DIR or os.path.join(
         os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "vllm-npu"
     )
-    return Path(base) / DEFAULT_SUBDIR
+    return Path(base) / subdir
 
 
 def _version(dist: str) -> str | None:
@@ -107,6 +113,20 @@ def cache_key(vllm_config: VllmConfig, *, device_type: str, kernels: str, tp_ran
         "cann": cann_version(),
         "plugin_sources": plugin_source_digest(),
     }
+
+
+def worker_cache(vllm_config: VllmConfig, root: Path, *, device_type: str, kernels: str) -> CompileCache:
+    """The cache of this worker (its TP and PP rank in the key) under ``root``."""
+    from vllm.distributed.parallel_state import get_pp_group, get_tensor_model_parallel_rank
+
+    key = cache_key(
+        vllm_config,
+        device_type=device_type,
+        kernels=kernels,
+        tp_rank=get_tensor_model_parallel_rank(),
+        pp_rank=get_pp_group().rank_in_group,
+    )
+    return CompileCache(root.expanduser().resolve(), key)
 
 
 @dataclass(frozen=True)

@@ -59,7 +59,7 @@ from vllm_npu.interface.graphs import COMPILED_STEP
 from vllm_npu.interface.log import get_logger
 from vllm_npu.interface.protocols import graph_inputs_of
 
-from .compile_cache import CompileCache, cache_key, default_cache_root
+from .compile_cache import CompileCache, default_cache_root, worker_cache
 from .config import sparse_attention
 
 logger = get_logger(__name__)
@@ -187,20 +187,11 @@ def forward_for(model: torch.nn.Module, batch_size: int) -> Callable[..., Any]:
 
 
 def _compile_cache(vllm_config: VllmConfig, device_type: str) -> CompileCache | None:
-    from vllm.distributed.parallel_state import get_pp_group, get_tensor_model_parallel_rank
-
     npu = _npu_config(vllm_config)
     if not npu.torchair_cache:
         return None
     root = default_cache_root() if npu.torchair_cache_dir is None else Path(npu.torchair_cache_dir)
-    key = cache_key(
-        vllm_config,
-        device_type=device_type,
-        kernels=npu.kernels,
-        tp_rank=get_tensor_model_parallel_rank(),
-        pp_rank=get_pp_group().rank_in_group,
-    )
-    return CompileCache(root.expanduser().resolve(), key)
+    return worker_cache(vllm_config, root, device_type=device_type, kernels=npu.kernels)
 
 
 class TorchairWrapper(CUDAGraphWrapper):

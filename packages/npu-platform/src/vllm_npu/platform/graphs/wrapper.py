@@ -15,7 +15,7 @@ capture and replay go through the platform's device backend instead of ``torch.c
 - before a replay, the graph's updatable tasks (decode attention kernels) are refreshed with the current step's host
   parameters (:mod:`vllm_npu.interface.graphs`);
 - on the emulated device with ``npu.emulated_compile=inductor``, each captured graph is compiled right after its
-  capture (:mod:`._twin_compile`).
+  capture (:mod:`._twin_compile`), its compiled pieces kept in an on-disk cache (:mod:`._twin_pieces`).
 
 Captures are counted in vLLM's ``compilation_counter.num_cudagraph_captured`` (as vLLM's wrapper does), replays in
 :data:`GRAPH_STATS`.
@@ -28,7 +28,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 from unittest.mock import patch
 
 from vllm.compilation.counter import compilation_counter
@@ -37,6 +37,9 @@ from vllm.compilation.monitor import validate_cudagraph_capturing_enabled
 from vllm.config import CUDAGraphMode, VllmConfig
 from vllm.forward_context import get_forward_context
 from vllm_npu.interface.log import get_logger
+
+if TYPE_CHECKING:
+    from .compile_cache import CompileCache
 
 logger = get_logger(__name__)
 
@@ -52,7 +55,7 @@ class GraphStats:
     capture_seconds: dict[int, float] = field(default_factory=dict)
     capture_bytes: Counter[int] = field(default_factory=Counter)
     # emulated device, npu.emulated_compile=inductor: graphs compiled per runtime mode, compile seconds per size
-    # (part of capture_seconds)
+    # (part of capture_seconds); the snapshot adds the compiled pieces' counts (_twin_pieces.PIECE_STATS)
     compiled: Counter[str] = field(default_factory=Counter)
     compile_seconds: dict[int, float] = field(default_factory=dict)
 
@@ -64,6 +67,7 @@ class GraphStats:
         self.capture_bytes.clear()
         self.compiled.clear()
         self.compile_seconds.clear()
+        _piece_stats().reset()
 
     def snapshot(self) -> dict[str, Any]:
         return {
@@ -74,7 +78,14 @@ class GraphStats:
             "capture_bytes": dict(self.capture_bytes),
             "compiled": dict(self.compiled),
             "compile_seconds": dict(self.compile_seconds),
+            "pieces": _piece_stats().snapshot(),
         }
+
+
+def _piece_stats() -> Any:
+    from ._twin_pieces import PIECE_STATS
+
+    return PIECE_STATS
 
 
 #: This process's counts since its model runner was built (the runner resets them: one engine per process).
@@ -95,6 +106,22 @@ def _emulated_compile(vllm_config: VllmConfig) -> str:
     return AdditionalConfig.from_vllm(extra if isinstance(extra, Mapping) else None).emulated_compile
 
 
+def _twin_compile_cache(vllm_config: VllmConfig) -> CompileCache | None:
+    """The on-disk cache of compiled twin pieces (``<VLLM_NPU_CACHE_DIR>/emulated_compile``), None when vLLM's own
+    compile cache is turned off (``VLLM_DISABLE_COMPILE_CACHE=1``)."""
+    import vllm.envs as envs
+    from vllm_npu.interface.config import AdditionalConfig
+
+    from .compile_cache import EMULATED_COMPILE_SUBDIR, default_cache_root, worker_cache
+
+    if envs.VLLM_DISABLE_COMPILE_CACHE:
+        return None
+    extra = vllm_config.additional_config
+    kernels = AdditionalConfig.from_vllm(extra if isinstance(extra, Mapping) else None).kernels
+    root = default_cache_root(EMULATED_COMPILE_SUBDIR)
+    return worker_cache(vllm_config, root, device_type="emulated", kernels=kernels)
+
+
 class NPUGraphWrapper(CUDAGraphWrapper):
     def __init__(
         self,
@@ -106,6 +133,7 @@ class NPUGraphWrapper(CUDAGraphWrapper):
         super().__init__(runnable, vllm_config, runtime_mode, cudagraph_options)
         self.device_backend = _device_backend()
         self.compile_captures = self.device_backend.type != "npu" and _emulated_compile(vllm_config) == "inductor"
+        self.compile_cache = _twin_compile_cache(vllm_config) if self.compile_captures else None
 
     def _capture_context(self) -> contextlib.AbstractContextManager:
         stack = contextlib.ExitStack()
@@ -138,7 +166,7 @@ class NPUGraphWrapper(CUDAGraphWrapper):
             size = key.num_tokens
             if self.compile_captures:
                 compile_start = time.perf_counter()
-                graph.compile()
+                graph.compile(self.compile_cache)
                 GRAPH_STATS.compile_seconds[size] = (
                     GRAPH_STATS.compile_seconds.get(size, 0.0) + time.perf_counter() - compile_start
                 )

@@ -1,0 +1,236 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
+"""The pure pieces of a compiled twin graph (:mod:`._twin_compile`), compiled by inductor once per distinct piece.
+
+A pure piece is an FX graph of aten ops with every tensor it reads as an argument: activations and the layer's
+weights alike (the split passes the captured graph's constants to its pieces as arguments). So the pieces of
+same-shaped decoder layers differ only in which tensors they are called with, and one compiled function serves
+them all: pieces are keyed by :func:`piece_digest` (the piece re-traced with inductor's decompositions, whose
+generated code names nothing after the layer, plus every input's shape, stride, dtype and device and the bytes of
+any tensor constant) and compiled once per key per process.
+
+Compilation is inductor's ``compile_fx_inner`` on the re-traced piece (the piece is already a functional aten
+graph: AOTAutograd's tracing and its runtime wrappers, which ``compile_fx`` adds, would only cost time at start-up
+and ~50 us per call). The compiled function is inductor's generated ``call``, called with the argument list.
+
+On-disk cache (``cache`` given, see :class:`.compile_cache.CompileCache`): the artifacts inductor's own FX-graph
+cache makes for a piece (its generated code; the C++ kernels it builds are in inductor's kernel cache,
+``TORCHINDUCTOR_CACHE_DIR``) are kept as ``twin-<digest>.bin`` in the key's directory; a later process loads
+them into inductor's cache and compiles the piece again, which then is a cache hit (no lowering, no code
+generation). The file's bytes are inductor's (``torch.compiler.save_cache_artifacts``); loading them runs the
+code they hold, so the directory must be as trusted as the model checkpoint.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import shutil
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+if TYPE_CHECKING:
+    from .compile_cache import CompileCache
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class PieceStats:
+    """Per-process counts of compiled pure pieces."""
+
+    pieces: int = 0  # pure pieces placed in compiled graphs
+    compiles: int = 0  # inductor compiles run (distinct pieces not found in this process)
+    shared: int = 0  # pieces served by a function compiled for an identical earlier piece in this process
+    disk_hits: int = 0  # compiles served from the on-disk cache's artifacts (no lowering)
+    disk_writes: int = 0  # artifacts written to the on-disk cache
+    reasons: Counter[str] = field(default_factory=Counter)  # why a compile could not be cached on disk
+
+    def reset(self) -> None:
+        self.pieces = self.compiles = self.shared = self.disk_hits = self.disk_writes = 0
+        self.reasons.clear()
+
+    def snapshot(self) -> dict[str, Any]:
+        return {
+            "pieces": self.pieces,
+            "compiles": self.compiles,
+            "shared": self.shared,
+            "disk_hits": self.disk_hits,
+            "disk_writes": self.disk_writes,
+            "uncached": dict(self.reasons),
+        }
+
+
+PIECE_STATS = PieceStats()
+# What vLLM's CPU platform sets for its inductor compiles, and one compile worker: a pool of worker processes
+# costs more to start on a small host than it saves for a few kernels per piece. ``size_asserts`` off: the
+# generated code checks no extern kernel's output strides per call (~50 checks per decode step).
+_INDUCTOR_CONFIG = {
+    "dce": True,
+    "size_asserts": False,
+    "nan_asserts": False,
+    "epilogue_fusion": True,
+    "compile_threads": 1,
+}
+# digest -> compiled function of that piece (boxed: takes the argument list), for this process
+_COMPILED: dict[str, Callable[[list[Any]], Any]] = {}
+
+
+def _decomposed(piece: torch.fx.GraphModule, inputs: Sequence[torch.Tensor]) -> torch.fx.GraphModule:
+    """``piece`` re-traced with inductor's decompositions, returning a tuple (as ``compile_fx_inner`` requires);
+    placeholders and nodes are named by position and op only, so identical computations give identical code."""
+    from torch._inductor.decomposition import select_decomp_table
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    def as_tuple(*args: torch.Tensor) -> tuple[Any, ...]:
+        out = piece(*args)
+        return tuple(out) if isinstance(out, (tuple, list)) else (out,)
+
+    with torch.no_grad():
+        return make_fx(as_tuple, decomposition_table=select_decomp_table(), tracing_mode="real")(*inputs)
+
+
+def piece_digest(gm: torch.fx.GraphModule, inputs: Sequence[torch.Tensor]) -> str:
+    """sha256 of a re-traced piece: its code, its inputs' metadata and its tensor constants' bytes."""
+    digest = hashlib.sha256(gm.code.encode())
+    for x in inputs:
+        digest.update(f"T{tuple(x.shape)}{x.stride()}{x.storage_offset()}{x.dtype}{x.device.type};".encode())
+    for node in gm.graph.nodes:
+        if node.op == "get_attr":
+            value = getattr(gm, str(node.target))
+            if isinstance(value, torch.Tensor):
+                digest.update(f"C{node.target}{tuple(value.shape)}{value.dtype};".encode())
+                digest.update(value.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
+
+
+def _inductor(
+    gm: torch.fx.GraphModule, inputs: Sequence[torch.Tensor], vec_isa_ok: bool | None = None
+) -> Callable[[list[Any]], Any]:
+    """``compile_fx_inner`` under a tracing context with a shape environment (inductor's FX-graph cache needs one),
+    inference only; the generated ``call`` (boxed)."""
+    from torch._guards import TracingContext, tracing
+    from torch._inductor.compile_fx import compile_fx_inner
+    from torch._subclasses import FakeTensorMode
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    fake_mode = FakeTensorMode(shape_env=ShapeEnv())
+    fakes = [fake_mode.from_tensor(x, static_shapes=True) for x in inputs]
+    patch = {**_INDUCTOR_CONFIG, **({} if vec_isa_ok is None else {"cpp.vec_isa_ok": vec_isa_ok})}
+    with tracing(TracingContext(fake_mode)), torch.no_grad(), torch._inductor.config.patch(patch):
+        compiled = compile_fx_inner(gm, fakes, is_inference=True)
+    call = getattr(compiled, "current_callable", None)
+    return call if call is not None else compiled
+
+
+def _vec_isa_fingerprint() -> dict[str, Any]:
+    """What decides inductor's check of the CPU's vector ISAs: the CPU's ISA flags, the C++ compiler, torch."""
+    from torch._inductor.cpp_builder import get_cpp_compiler
+    from torch._inductor.cpu_vec_isa import x86_isa_checker
+
+    compiler = shutil.which(get_cpp_compiler()) or get_cpp_compiler()
+    stat = os.stat(compiler) if os.path.exists(compiler) else None
+    return {
+        "cpu_isa": sorted(x86_isa_checker()),
+        "compiler": [compiler, stat.st_size if stat else None, stat.st_mtime_ns if stat else None],
+        "torch": torch.__version__,
+    }
+
+
+def _vec_isa_ok(cache: CompileCache) -> bool | None:
+    """Inductor checks, once per process before its first C++ kernel, that each vector ISA the CPU reports builds
+    and loads (one compile plus one Python subprocess importing torch per ISA: seconds at every engine start).
+    The result is kept in the cache directory with what decides it (:func:`_vec_isa_fingerprint`): True when every
+    ISA the CPU reports passed, and then this and every later process with the same fingerprint compiles with
+    ``torch._inductor.config.cpp.vec_isa_ok=True`` (the same ISAs, no check; the same inductor configuration, so
+    the cached pieces of one process are found by the next). None: inductor checks as usual.
+    """
+    import json
+
+    from torch._inductor import config as inductor_config
+    from torch._inductor.cpu_vec_isa import supported_vec_isa_list, valid_vec_isa_list
+
+    if inductor_config.cpp.vec_isa_ok is not None or os.uname().machine not in ("x86_64", "AMD64"):
+        return None  # set by the user (TORCHINDUCTOR_VEC_ISA_OK), or not the x86 check
+    marker = cache.directory / "vec_isa.json"
+    fingerprint = _vec_isa_fingerprint()
+    try:
+        stored = json.loads(marker.read_text())
+    except (OSError, ValueError):
+        stored = None
+    if stored is not None and stored.get("fingerprint") == fingerprint:
+        return True if stored.get("ok") is True else None
+    flags = fingerprint["cpu_isa"]
+    candidates = [str(isa) for isa in supported_vec_isa_list if all(f in flags for f in str(isa).split())]
+    ok = bool(candidates) and [str(isa) for isa in valid_vec_isa_list()] == candidates  # runs the check
+    cache.prepare()
+    tmp = marker.with_suffix(f".tmp{os.getpid()}")
+    tmp.write_text(json.dumps({"fingerprint": fingerprint, "ok": ok}))
+    tmp.replace(marker)
+    return True if ok else None
+
+
+def _compile(gm: torch.fx.GraphModule, inputs: Sequence[torch.Tensor], digest: str, cache: CompileCache | None) -> Any:
+    if cache is None:
+        return _inductor(gm, inputs)
+    vec_isa_ok = _vec_isa_ok(cache)
+    from torch._inductor.codecache import FxGraphCache  # noqa: F401  (registers inductor's cache artifact types)
+    from torch.compiler._cache import CacheArtifactManager
+
+    path = cache.directory / f"twin-{digest[:32]}.bin"
+    if path.exists():
+        torch.compiler.load_cache_artifacts(path.read_bytes())
+        counters_before = _fx_cache_hits()
+        compiled = _inductor(gm, inputs, vec_isa_ok)
+        if _fx_cache_hits() > counters_before:
+            PIECE_STATS.disk_hits += 1
+            return compiled
+        PIECE_STATS.reasons["stored artifacts not used by inductor"] += 1
+        return compiled
+    with CacheArtifactManager.with_fresh_cache():
+        compiled = _inductor(gm, inputs, vec_isa_ok)
+        saved = torch.compiler.save_cache_artifacts()
+    if saved is None or not saved[1].inductor_artifacts:
+        PIECE_STATS.reasons["inductor made no cache artifact"] += 1
+        return compiled
+    cache.prepare()
+    tmp = path.with_suffix(f".tmp{os.getpid()}")
+    tmp.write_bytes(saved[0])
+    tmp.replace(path)
+    PIECE_STATS.disk_writes += 1
+    return compiled
+
+
+def _fx_cache_hits() -> int:
+    from torch._dynamo.utils import counters
+
+    return int(counters["inductor"]["fxgraph_cache_hit"])
+
+
+def compile_piece(
+    piece: torch.fx.GraphModule, inputs: Sequence[torch.Tensor], cache: CompileCache | None = None
+) -> Callable[..., Any]:
+    """``piece`` (pure: no writes to its arguments) compiled, called like ``piece``; shared with every identical
+    piece compiled before in this process (see the module docstring)."""
+    gm = _decomposed(piece, inputs)
+    digest = piece_digest(gm, inputs)
+    PIECE_STATS.pieces += 1
+    call = _COMPILED.get(digest)
+    if call is None:
+        PIECE_STATS.compiles += 1
+        call = _COMPILED[digest] = _compile(gm, inputs, digest, cache)
+    else:
+        PIECE_STATS.shared += 1
+    if not _returns_tuple(piece):
+        return lambda *args: call(list(args))[0]
+    return lambda *args: call(list(args))
+
+
+def _returns_tuple(piece: torch.fx.GraphModule) -> bool:
+    output = next(n for n in reversed(piece.graph.nodes) if n.op == "output")
+    return isinstance(output.args[0], (tuple, list))
