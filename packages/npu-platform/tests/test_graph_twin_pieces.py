@@ -146,3 +146,22 @@ def test_a_task_with_nested_tensor_arguments_runs_through_pytree():
     g.replay((a, b), {})
     torch.testing.assert_close(g.output, torch.tensor([6.0, 7.0, 8.0]))
     g.reset()
+
+
+def test_in_place_ops_on_intermediates_compile_where_ci_is_set(fresh, monkeypatch: pytest.MonkeyPatch):
+    """The RMSNorm twin's shape: ``rsqrt_`` on an intermediate. compile_fx_inner skips AOTAutograd, so the piece is
+    functionalized when re-traced; left in place, inductor would lower ``rsqrt_`` as an implicit fallback, which it
+    refuses wherever ``CI`` is set (an op with a decomposition), as on the CI machine."""
+    monkeypatch.setenv("CI", "true")
+
+    def norm(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        var = x.pow(2).mean(-1, keepdim=True).add_(1e-6)
+        return x * var.rsqrt_() * w
+
+    inputs = [torch.linspace(-2, 2, 24).reshape(3, 8), torch.linspace(0.5, 1.5, 8)]
+    piece = make_fx(norm)(*inputs)
+    assert any(n.target is torch.ops.aten.rsqrt_.default for n in piece.graph.nodes)
+    decomposed = _twin_pieces._decomposed(piece, inputs)
+    assert not any(n.target is torch.ops.aten.rsqrt_.default for n in decomposed.graph.nodes)
+    compiled = _twin_pieces.compile_piece(piece, inputs)
+    torch.testing.assert_close(compiled(*inputs), norm(*inputs))

@@ -82,9 +82,17 @@ _COMPILED: dict[str, Callable[[list[Any]], Any]] = {}
 
 
 def _decomposed(piece: torch.fx.GraphModule, inputs: Sequence[torch.Tensor]) -> torch.fx.GraphModule:
-    """``piece`` re-traced with inductor's decompositions, returning a tuple (as ``compile_fx_inner`` requires);
-    placeholders and nodes are named by position and op only, so identical computations give identical code."""
+    """``piece`` re-traced functionalized with inductor's decompositions, returning a tuple (as
+    ``compile_fx_inner`` requires); placeholders and nodes are named by position and op only, so identical
+    computations give identical code.
+
+    Functionalized because ``compile_fx_inner`` skips AOTAutograd, which is what turns in-place ops on intermediates
+    (the RMSNorm twin's ``rsqrt_``, ...) into their functional forms for ``compile_fx``: left in place, inductor lowers
+    them as implicit fallbacks, slower, and an error wherever the ``CI`` environment variable is set (inductor's
+    ``make_fallback`` refuses a fallback for an op that has a decomposition there). A pure piece mutates none of its
+    inputs, so nothing is copied back."""
     from torch._inductor.decomposition import select_decomp_table
+    from torch.func import functionalize
     from torch.fx.experimental.proxy_tensor import make_fx
 
     def as_tuple(*args: torch.Tensor) -> tuple[Any, ...]:
@@ -92,7 +100,7 @@ def _decomposed(piece: torch.fx.GraphModule, inputs: Sequence[torch.Tensor]) -> 
         return tuple(out) if isinstance(out, (tuple, list)) else (out,)
 
     with torch.no_grad():
-        return make_fx(as_tuple, decomposition_table=select_decomp_table(), tracing_mode="real")(*inputs)
+        return make_fx(functionalize(as_tuple), decomposition_table=select_decomp_table(), tracing_mode="real")(*inputs)
 
 
 def piece_digest(gm: torch.fx.GraphModule, inputs: Sequence[torch.Tensor]) -> str:
