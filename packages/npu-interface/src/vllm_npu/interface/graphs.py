@@ -100,3 +100,21 @@ def compiled_step_inputs(layer_name: str | None) -> Any:
     if inputs is None or layer_name is None:
         return None
     return inputs.get(layer_name)
+
+
+def opaque_reference_op(name: str, fn: Callable[..., Any], fake: Callable[..., Any]) -> Any:
+    """``torch.ops.vllm_npu.<name>``: ``fn`` registered as a custom op without mutated arguments, ``fake`` its shape
+    function; registered once per process (a later call returns the existing op).
+
+    For reference twins that read sizes on the host or write a buffer Dynamo must not functionalize: inside a
+    compiled graph (the torchair mode, the emulated twin) the op is one opaque node, as the NPU kernel it stands for
+    is. Imports torch when called."""
+    import torch
+
+    try:
+        return getattr(torch.ops.vllm_npu, name)
+    except (AttributeError, RuntimeError):
+        pass
+    op = torch.library.custom_op(f"vllm_npu::{name}", mutates_args=())(fn)
+    op.register_fake(fake)
+    return getattr(torch.ops.vllm_npu, name)

@@ -28,11 +28,12 @@ the combine.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, cast
+from typing import cast
 
 import torch
 from vllm_npu.interface import Kernel
 from vllm_npu.interface.errors import KernelContractError
+from vllm_npu.interface.graphs import opaque_reference_op
 
 from . import kernels
 from .params import param
@@ -54,18 +55,6 @@ def _group_rows(counts: torch.Tensor, num_rows: int, num_groups: int) -> list[tu
             bounds.append((g, slice(start, start + n)))
         start += n
     return bounds
-
-
-def _registered(name: str, loop: Callable[..., torch.Tensor], fake: Callable[..., torch.Tensor]) -> Any:
-    """``torch.ops.vllm_npu.<name>``: ``loop`` as a custom op without mutated arguments and with ``fake`` as its
-    shape function (registered once per process), so a compiled graph holds one node instead of the host reads."""
-    try:
-        return getattr(torch.ops.vllm_npu, name)
-    except (AttributeError, RuntimeError):
-        pass
-    op = torch.library.custom_op(f"vllm_npu::{name}", mutates_args=())(loop)
-    op.register_fake(fake)
-    return getattr(torch.ops.vllm_npu, name)
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -129,7 +118,7 @@ def _grouped_int8_loop(
     return out
 
 
-_GROUPED_INT8_OP = _registered(
+_GROUPED_INT8_OP = opaque_reference_op(
     "quant_grouped_matmul_int8",
     _grouped_int8_loop,
     lambda xq, weight, scale, pertoken, bias, counts, out_dtype: xq.new_empty(
@@ -233,7 +222,7 @@ def _grouped_w4_loop(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
     return out
 
 
-_GROUPED_W4_OP = _registered(
+_GROUPED_W4_OP = opaque_reference_op(
     "quant_grouped_matmul_w4_antiquant",
     _grouped_w4_loop,
     lambda x, weight, scale, counts: x.new_empty(x.shape[0], weight.shape[-1] * 8),

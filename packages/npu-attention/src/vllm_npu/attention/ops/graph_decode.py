@@ -54,10 +54,11 @@ and derive everything else from shapes. Both are what vllm-ascend v0.11.0's torc
 
 from __future__ import annotations
 
-from typing import Any, cast
+from typing import cast
 
 import torch
 from vllm_npu.interface.device import Kernel
+from vllm_npu.interface.graphs import opaque_reference_op
 
 from ._checks import check_heads, no_soft_cap
 from ._reference import attend
@@ -97,18 +98,11 @@ def _write_in_place(
     return seq_lens.clone()
 
 
-def _registered_write() -> Any:
-    """``torch.ops.vllm_npu.graph_kv_write``, registered on first import (once per process)."""
-    try:
-        return torch.ops.vllm_npu.graph_kv_write
-    except (AttributeError, RuntimeError):
-        pass
-    op = torch.library.custom_op("vllm_npu::graph_kv_write", mutates_args=())(_write_in_place)
-    op.register_fake(lambda key, value, key_cache, value_cache, slots, seq_lens: torch.empty_like(seq_lens))
-    return torch.ops.vllm_npu.graph_kv_write
-
-
-_REFERENCE_WRITE = _registered_write()
+_REFERENCE_WRITE = opaque_reference_op(
+    "graph_kv_write",
+    _write_in_place,
+    lambda key, value, key_cache, value_cache, slots, seq_lens: torch.empty_like(seq_lens),
+)
 
 
 def graph_kv_write_reference(

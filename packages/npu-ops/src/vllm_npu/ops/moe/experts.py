@@ -21,11 +21,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import cast
 
 import torch
 import torch.nn.functional as F
 from vllm_npu.interface import ConfigError, Kernel, KernelBackend
+from vllm_npu.interface.graphs import opaque_reference_op
 
 from ..swiglu import SWIGLU, swiglu_npu, swiglu_reference  # noqa: F401 (re-exported: the silu activation twins)
 
@@ -57,18 +57,11 @@ def _grouped_matmul_loop(x: torch.Tensor, weight: torch.Tensor, group_counts: to
     return out
 
 
-def _registered_grouped_matmul() -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]:
-    """``torch.ops.vllm_npu.moe_grouped_matmul`` (the loop above), registered on first import."""
-    try:
-        return cast(Callable[..., torch.Tensor], torch.ops.vllm_npu.moe_grouped_matmul)
-    except (AttributeError, RuntimeError):
-        pass
-    op = torch.library.custom_op("vllm_npu::moe_grouped_matmul", mutates_args=())(_grouped_matmul_loop)
-    op.register_fake(lambda x, weight, group_counts: x.new_empty(x.shape[0], weight.shape[-1]))
-    return cast(Callable[..., torch.Tensor], torch.ops.vllm_npu.moe_grouped_matmul)
-
-
-_REFERENCE_GROUPED_MATMUL = _registered_grouped_matmul()
+_REFERENCE_GROUPED_MATMUL: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor] = opaque_reference_op(
+    "moe_grouped_matmul",
+    _grouped_matmul_loop,
+    lambda x, weight, group_counts: x.new_empty(x.shape[0], weight.shape[-1]),
+)
 
 
 def grouped_matmul_reference(x: torch.Tensor, weight: torch.Tensor, group_counts: torch.Tensor) -> torch.Tensor:
