@@ -77,6 +77,7 @@ CASES = [
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("window,cap", [(None, None), (7, None), (None, 30.0)])
 @pytest.mark.parametrize("with_plan", [False, True])
+@pytest.mark.parametrize("paired", [False, True])
 def test_paged_decode_matches_previous_twin(
     lens: list[int],
     n: int,
@@ -86,8 +87,11 @@ def test_paged_decode_matches_previous_twin(
     window: int | None,
     cap: float | None,
     with_plan: bool,
+    paired: bool,
 ) -> None:
     key_cache, value_cache, table, g = _paged(lens, nkv, d, dtype, len(lens) * n)
+    if paired:  # the halves of one [2, ...] tensor, as vLLM allocates a layer's cache: one gather serves both
+        key_cache, value_cache = torch.stack([key_cache, value_cache]).unbind(0)
     query = torch.randn(len(lens), n, d, generator=g).to(dtype)
     plan = DecodePlan.build(lens, BS, key_cache.device) if with_plan else None
     out = torch.empty(len(lens), n, d, dtype=dtype)
@@ -102,6 +106,28 @@ def test_paged_decode_matches_previous_twin(
         assert torch.equal(out, expect)
     else:
         torch.testing.assert_close(out, expect, **(DECODE_FP32_TOL if dtype == torch.float32 else DECODE_BF16_TOL))
+
+
+def test_one_gather_for_paired_caches_and_pages_made_once() -> None:
+    lens = [5, 30, 17]
+    key_cache, value_cache, table, g = _paged(lens, 2, 16, torch.float32, 1)
+    pair = torch.stack([key_cache, value_cache])
+    query = torch.randn(3, 4, 16, generator=g)
+    plan = DecodePlan.build(lens, BS, key_cache.device)
+    kw = dict(num_heads=4, num_kv_heads=2, scale=0.25, plan=plan)
+    apart, together = torch.empty(3, 4, 16), torch.empty(3, 4, 16)
+    paged_decode_reference(query, key_cache, value_cache, table, lens, out=apart, **kw)
+    paged_decode_reference(query, *pair.unbind(0), table, lens, out=together, **kw)
+    assert torch.equal(apart, together)  # the same pages gathered, the same attention
+    pages = plan.pages(table)
+    assert torch.equal(pages, table[:, : plan.num_blocks].reshape(-1)) and plan.pages(table) is pages
+    other = table.flip(0).contiguous()  # another block table (another KV-cache group): its own pages
+    assert torch.equal(plan.pages(other), other[:, : plan.num_blocks].reshape(-1))
+    # Caches that are not the two halves of one tensor (a view with other strides) take a gather each.
+    k_t = key_cache.transpose(2, 3).contiguous().transpose(2, 3)
+    out = torch.empty(3, 4, 16)
+    paged_decode_reference(query, k_t, value_cache, table, lens, out=out, **kw)
+    assert torch.equal(out, apart)
 
 
 def test_plan_for_other_lengths_is_not_used() -> None:

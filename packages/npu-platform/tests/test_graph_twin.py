@@ -54,6 +54,25 @@ def test_a_moved_input_buffer_is_refused():
         g.replay((x, x), {})
 
 
+def test_keyword_calls_of_tensors_and_none_are_checked_like_any_other():
+    """The model runner's call (keywords, each a tensor or None) takes a shortcut past pytree: the same checks."""
+    ids, pos = torch.ones(3), torch.arange(3.0)
+    g = EmulatedGraph.capture(
+        lambda input_ids, positions, embeds: input_ids + positions,
+        (),
+        {"input_ids": ids, "positions": pos, "embeds": None},
+    )
+    assert g.plain == (0, ("input_ids", "positions", "embeds"), (False, False, True))
+    pos.fill_(5.0)
+    assert torch.equal(g.replay((), {"input_ids": ids, "positions": pos, "embeds": None}), torch.full((3,), 6.0))
+    with pytest.raises(GraphInputMovedError, match="static graph input 1 moved"):
+        g.replay((), {"input_ids": ids, "positions": pos.clone(), "embeds": None})
+    with pytest.raises(GraphInputMovedError, match="tensors at argument leaves"):
+        g.replay((), {"input_ids": ids, "positions": pos, "embeds": ids})  # None at capture: a tensor now
+    with pytest.raises(GraphInputMovedError, match="differently structured"):
+        g.replay((), {"positions": pos, "input_ids": ids, "embeds": None})  # another order
+
+
 def _kernel(q: torch.Tensor, *, lens: list[int], out: torch.Tensor) -> None:
     out.copy_(q * torch.tensor(lens, dtype=q.dtype))
 

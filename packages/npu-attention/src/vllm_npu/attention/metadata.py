@@ -221,10 +221,16 @@ class AscendAttentionMetadataBuilder(AttentionMetadataBuilder[AscendMetadata]):
         cm = common_attn_metadata
         num_reqs = cm.num_reqs
         qsl_cpu = cm.query_start_loc_cpu[: num_reqs + 1]
-        query_lens = qsl_cpu[1:] - qsl_cpu[:-1]
         seq_lens_cpu = cm.seq_lens_cpu[:num_reqs]
-        state = classify_batch(query_lens, seq_lens_cpu, self.decode_threshold)
         seq_lens_list = seq_lens_cpu.tolist()  # one list object: the decode plan is matched to it by identity
+        if cm.max_query_len == 1 and num_reqs:
+            # One new token per request (every decode step): classify_batch's answer from the host list, without
+            # its tensor comparisons (cm.max_seq_len is no help: dummy runs set it to max_model_len). Query lengths
+            # equal the sequence lengths only if every sequence is 1 long.
+            first = max(seq_lens_list) == 1
+            state = AscendAttentionState.PrefillNoCache if first else AscendAttentionState.DecodeOnly
+        else:
+            state = classify_batch(qsl_cpu[1:] - qsl_cpu[:-1], seq_lens_cpu, self.decode_threshold)
         num_decodes, num_prefills, num_decode_tokens, _ = split_decodes_and_prefills(
             cm, decode_threshold=self.decode_threshold
         )

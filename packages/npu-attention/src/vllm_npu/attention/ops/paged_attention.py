@@ -40,7 +40,7 @@ the NPU); the reference twins apply ``cap * tanh(scores / cap)`` to the scaled s
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from vllm_npu.interface.device import Kernel
@@ -67,6 +67,10 @@ class DecodePlan:
     [B, 1, 1, 1, S]`` True where a position is past the request's length (the scores' padding mask); ``bias
     [B, 1, 1, S]`` float32, the same mask as an additive term (0 visible, the reference's large finite negative
     hidden), the form the fused attention of :func:`_decode` takes.
+
+    The pages a block table gives for the step (``block_table[:, :num_blocks]``, flattened) are made by the first
+    layer that asks (:meth:`pages`) and kept for the others: every layer of a KV-cache group reads the same block
+    table in one step, and a plan lives for one step.
     """
 
     context_lens: list[int]
@@ -76,6 +80,16 @@ class DecodePlan:
     positions: torch.Tensor
     masked: torch.Tensor
     bias: torch.Tensor
+    # (address, rows, row stride) of a block table -> its flattened pages; see the class docstring
+    _pages: dict[tuple[int, int, int], torch.Tensor] = field(default_factory=dict, compare=False, repr=False)
+
+    def pages(self, block_table: torch.Tensor) -> torch.Tensor:
+        """``block_table[:, :num_blocks]`` flattened (int, ``[B * num_blocks]``), made once per block table."""
+        key = (block_table.data_ptr(), block_table.shape[0], block_table.stride(0))
+        pages = self._pages.get(key)
+        if pages is None:
+            pages = self._pages[key] = block_table[:, : self.num_blocks].reshape(-1)
+        return pages
 
     @staticmethod
     def build(context_lens: list[int], block_size: int, device: torch.device) -> DecodePlan:
@@ -119,10 +133,12 @@ def _decode(
     pins the two), a quarter of the ops. Soft-capping needs the scores themselves: :func:`attend`.
     """
     batch = query.shape[0]
-    pages = block_table[:, : plan.num_blocks].reshape(-1)
     shape = (batch, plan.num_blocks * plan.block_size, *key_cache.shape[2:])
-    k = key_cache.index_select(0, pages).view(shape)
-    v = value_cache.index_select(0, pages).view(shape)
+    if torch.compiler.is_compiling():  # traced (Dynamo): no addresses, no per-step memo
+        pages = block_table[:, : plan.num_blocks].reshape(-1)
+        k, v = key_cache.index_select(0, pages).view(shape), value_cache.index_select(0, pages).view(shape)
+    else:
+        k, v = _gather_kv(key_cache, value_cache, plan.pages(block_table), shape)
     if logits_soft_cap:
         o = attend(query[:, None], k, v, None, scale, logits_soft_cap, masked=masked)
         out.copy_(o.view_as(out))
@@ -132,11 +148,37 @@ def _decode(
         bias = plan.bias
     else:  # a layer's own mask (sliding window): SDPA's bool form, True = attend
         bias = ~masked.view(batch, 1, 1, -1)
-    q = query.float().reshape(batch, nkv, -1, d)
+    if query.dtype != torch.float32:  # fp16/bf16 caches: the attention computes in fp32 (no-op calls cost too)
+        query, k, v = query.float(), k.float(), v.float()
     o = torch.nn.functional.scaled_dot_product_attention(
-        q, k.float().transpose(1, 2), v.float().transpose(1, 2), attn_mask=bias, scale=scale
+        query.reshape(batch, nkv, -1, d), k.transpose(1, 2), v.transpose(1, 2), attn_mask=bias, scale=scale
     )
     out.copy_(o.view_as(out))
+
+
+def _gather_kv(
+    key_cache: torch.Tensor, value_cache: torch.Tensor, pages: torch.Tensor, shape: tuple[int, ...]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The pages ``pages`` of both caches, each viewed as ``shape``. When the two caches are the halves of one
+    tensor (vLLM's per-layer ``[2, num_blocks, ...]`` KV cache, unbound), one gather over that tensor serves both:
+    half the gather calls in the decode step's hottest loop, the same values."""
+    step = value_cache.data_ptr() - key_cache.data_ptr()
+    size = key_cache.element_size()
+    if (
+        step > 0
+        and step % size == 0
+        and key_cache.is_contiguous()
+        and value_cache.is_contiguous()
+        and value_cache.shape == key_cache.shape
+        and value_cache.dtype == key_cache.dtype
+        and value_cache.untyped_storage().data_ptr() == key_cache.untyped_storage().data_ptr()
+    ):
+        both = key_cache.as_strided(
+            (2, key_cache.shape[0], key_cache.stride(0)), (step // size, key_cache.stride(0), 1)
+        )
+        kv = both.index_select(1, pages)
+        return kv[0].view(shape), kv[1].view(shape)
+    return key_cache.index_select(0, pages).view(shape), value_cache.index_select(0, pages).view(shape)
 
 
 def paged_decode_npu(
