@@ -86,18 +86,18 @@ def test_compiled_replay_equals_the_traced_graph_and_writes_the_real_cache(captu
 
 
 def test_compiled_eager_pieces_call_tasks_without_the_dispatcher(captured):
-    """The split's eager pieces call the task's Python (run_task) instead of the custom op: same task, same
-    tensors, no dispatcher round trip per layer and step."""
+    """The split's eager pieces are inlined into the split graph (no module call per piece) and call the task's
+    Python (run_task) instead of the custom op: same task, same tensors, no dispatcher round trip per layer and
+    step. Views of captured buffers are constants of the split (computed once, at compile)."""
     from vllm_npu.platform.graphs._twin import run_task
 
     _, compiled, _ = captured
-    targets = [
-        n.target
-        for name, piece in compiled.compiled.named_children()
-        if name.startswith("submod_") and isinstance(piece, torch.fx.GraphModule)
-        for n in piece.graph.nodes
-    ]
+    split = compiled.compiled
+    assert not [p for n, p in split.named_children() if isinstance(p, torch.fx.GraphModule)]  # all inlined
+    targets = [n.target for n in split.graph.nodes]
     assert run_task in targets and torch.ops.vllm_npu_graph.task.default not in targets
+    views = [n for n in split.graph.nodes if n.op == "call_function" and n.target is torch.ops.aten.unbind.int]
+    assert not views and any(str(n.target).startswith("_folded_view") for n in split.graph.nodes)
 
 
 def test_compiled_tasks_keep_capture_parameters_until_refreshed(captured):

@@ -13,7 +13,10 @@ step, and the decode-attention tasks would read that copy. So the graph is split
 - the runs of pure nodes between them (embedding, linear layers, norms, RoPE, SwiGLU...) are compiled
   with inductor at capture (:mod:`._twin_pieces`). Views of captured buffers that read nothing (each layer's
   unbound KV cache) are first moved to their first use (:func:`sink_state_views`), so that a layer's pure nodes
-  are one run rather than two.
+  are one run rather than two, and then computed once, as constants of the graph (:func:`fold_constant_views`).
+
+The state nodes run inline in the split graph (not as a submodule per run: a module call per layer and step costs
+more than the KV write it wraps); the pure runs are its compiled submodules.
 
 What a replay computes is unchanged: the same aten ops on the same buffers, tasks still opaque and refreshed with
 the step's host parameters, inputs still checked by address (by :class:`._twin.EmulatedGraph`, around this). Only
@@ -133,6 +136,72 @@ def sink_state_views(graph: torch.fx.Graph, eager: set[torch.fx.Node]) -> int:
     return moved
 
 
+def fold_constant_views(module: torch.fx.GraphModule, eager: set[torch.fx.Node]) -> int:
+    """Replace each view of a captured buffer that depends on nothing else (``unbind`` of a layer's KV cache, its
+    ``getitem`` and ``view`` chain) by a constant holding that view, computed once here; returns how many.
+
+    A captured buffer never moves (replay checks inputs by address; constants are the captured tensors themselves),
+    so its views are the same tensors at every replay: recomputing them costs a few dispatcher calls per layer and
+    step and gives nothing. The folded constants alias the buffers, so writes through them land where they did."""
+    graph = module.graph
+    values: dict[torch.fx.Node, Any] = {}
+    folded = 0
+    for node in list(graph.nodes):
+        if node.op == "get_attr":
+            values[node] = _attr(module, str(node.target))
+            continue
+        if not (node in eager and _is_view(node)) or not all(n in values for n in node.all_input_nodes):
+            continue
+        args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), values.__getitem__)
+        value = values[node] = node.target(*args, **kwargs)  # type: ignore[operator]
+        if isinstance(value, torch.Tensor):
+            name = f"_folded_view{folded}"
+            module.register_buffer(name, value, persistent=False)
+            with graph.inserting_before(node):
+                constant = graph.get_attr(name)
+            node.replace_all_uses_with(constant)
+            graph.erase_node(node)
+            eager.discard(node)
+            folded += 1
+    for node in reversed(list(graph.nodes)):  # tuple-valued views (unbind) whose elements all became constants
+        if node in values and node.op == "call_function" and not node.users:
+            graph.erase_node(node)
+            eager.discard(node)
+    return folded
+
+
+def _attr(module: torch.nn.Module, target: str) -> Any:
+    for part in target.split("."):
+        module = getattr(module, part)
+    return module
+
+
+def _inline_submodule(split: torch.fx.GraphModule, name: str) -> None:
+    """Put the nodes of the split's submodule ``name`` (an eager piece: KV writes, tasks, views) into the split
+    graph in place of its call, so a replay runs them without a module call per piece."""
+    sub = getattr(split, name)
+    graph = split.graph
+    call = next(n for n in graph.nodes if n.op == "call_module" and n.target == name)
+    env: dict[torch.fx.Node, Any] = dict(zip((n for n in sub.graph.nodes if n.op == "placeholder"), call.args))
+    result: Any = None
+    with graph.inserting_before(call):
+        for node in sub.graph.nodes:
+            if node.op == "placeholder":
+                continue
+            if node.op == "output":
+                result = torch.fx.node.map_arg(node.args[0], env.__getitem__)
+                break
+            env[node] = graph.node_copy(node, env.__getitem__)
+    for user in list(call.users):
+        if user.op == "call_function" and user.target is operator.getitem and isinstance(result, (tuple, list)):
+            user.replace_all_uses_with(result[user.args[1]])  # type: ignore[index]
+            graph.erase_node(user)
+        else:
+            user.replace_input_with(call, result)
+    graph.erase_node(call)
+    delattr(split, name)
+
+
 def _order(graph: torch.fx.Graph) -> Callable[[torch.fx.Node], int]:
     index = {n: i for i, n in enumerate(graph.nodes)}
     return index.__getitem__
@@ -175,7 +244,7 @@ def compile_graph(
     on-disk cache of compiled pieces (:mod:`._twin_pieces`), None for none. ``module``'s graph is reordered in place
     (:func:`sink_state_views`; same values)."""
     eager = state_nodes(module.graph)
-    if sink_state_views(module.graph, eager):
+    if sink_state_views(module.graph, eager) + fold_constant_views(module, eager):
         module.recompile()
     part: dict[torch.fx.Node, int] = {}
     current, kind = 0, None
@@ -195,8 +264,13 @@ def compile_graph(
         if name.startswith("submod_") and int(name.removeprefix("submod_")) not in eager_parts
     }
 
-    for name in {n for n, _ in split.named_children() if n.startswith("submod_")} - pending:
-        _call_tasks_directly(getattr(split, name))
+    for name in sorted({n for n, _ in split.named_children() if n.startswith("submod_")} - pending):
+        if any(n.op not in ("placeholder", "output", "call_function") for n in getattr(split, name).graph.nodes):
+            _call_tasks_directly(getattr(split, name))  # not plain calls (a submodule, an attribute): kept whole
+        else:
+            _inline_submodule(split, name)
+    split.recompile()
+    _call_tasks_directly(split)
 
     # Inductor's default compiles C++ in a pool of worker processes started on first use: on a small host (2 cores
     # shared with vLLM's own threads) starting that pool costs more than it saves for a few kernels per piece.
