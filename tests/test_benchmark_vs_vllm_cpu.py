@@ -84,3 +84,26 @@ def test_cold_caches_are_emptied_before_every_pair_and_prime_runs_each_side_once
     assert len(set(inductor)) == 4  # every measured run of either side starts with an empty inductor cache
     npu = [env["VLLM_NPU_CACHE_DIR"] for side, env, _ in measured if side == "ours"]
     assert len(set(npu)) == 2 and all("VLLM_NPU_CACHE_DIR" not in env for side, env, _ in measured if side == "peer")
+
+
+def test_breakdown_is_asked_of_both_sides_and_printed_as_medians(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Three pairs: each side's per-phase median is printed (ours' model 2.0 ms over runs of 1.0 / 2.0 / 9.0).
+    model_ms = iter([1.0, 3.0, 2.0, 3.0, 9.0, 3.0])
+    cmds: list[list[str]] = []
+
+    def fake_run(cmd: list[str], env: dict[str, str], capture_output: bool, text: bool) -> subprocess.CompletedProcess:
+        cmds.append(cmd)
+        decode = {"model": next(model_ms), "_prepare_inputs": 0.5, "steps": 63}
+        result = {"tokens_per_s": 100.0, "cpu_s_per_token": 0.002, "init_s": 5.0, "init_cpu_s": 4.0}
+        out = json.dumps(result | {"breakdown": {"decode": decode, "prefill": decode | {"steps": 1}}})
+        return subprocess.CompletedProcess(cmd, 0, stdout=out + "\n", stderr="")
+
+    monkeypatch.setattr(bench, "ensure_peer", lambda venv: Path("/peer/bin/python"))
+    monkeypatch.setattr(bench.subprocess, "run", fake_run)
+    bench.main(["--pairs", "3", "--breakdown"])
+    assert all("--breakdown" in c for c in cmds)
+    table = capsys.readouterr().out.split("ms per decode step (median)")[1].splitlines()
+    rows = {line.split()[0]: [float(x) for x in line.split()[1:]] for line in table[1:] if line.strip()}
+    assert rows == {"_prepare_inputs": [0.5, 0.5], "model": [2.0, 3.0]}
