@@ -207,6 +207,7 @@ class AscendAttentionMetadataBuilder(AttentionMetadataBuilder[AscendMetadata]):
         # Reference backend only: a persistent int64 buffer for the padding-free slot mapping (persistent, so a
         # captured graph that read it at capture sees every later step's slots).
         self._slots: torch.Tensor | None = None
+        self._slots_written = 0  # the buffer's prefix the last step wrote (zero past it)
 
     def reorder_batch(self, input_batch: Any, scheduler_output: Any) -> bool:
         # vLLM's model runner already reorders by reorder_batch_threshold (decodes first); nothing else to do.
@@ -272,11 +273,15 @@ class AscendAttentionMetadataBuilder(AttentionMetadataBuilder[AscendMetadata]):
             scheduler = getattr(self.vllm_config, "scheduler_config", None)
             size = max(m, int(getattr(scheduler, "max_num_batched_tokens", 0) or 0))
             self._slots = torch.zeros(size, dtype=torch.long, device=slot_mapping.device)
+            self._slots_written = 0
         out = self._slots[:m]
         torch.clamp(slot_mapping, min=0, out=out)
         # The tail too: a graph captured at a larger padded batch reads past this step's m, where vLLM's own buffer
-        # holds -1 (padding); here it must hold the null slot, not an earlier step's real slot.
-        self._slots[m:].zero_()
+        # holds -1 (padding); here it must hold the null slot, not an earlier step's real slot. Only what an earlier,
+        # longer step wrote needs zeroing (the rest is still 0).
+        if self._slots_written > m:
+            self._slots[m : self._slots_written].zero_()
+        self._slots_written = m
         return out
 
     def build_for_cudagraph_capture(self, common_attn_metadata: CommonAttentionMetadata) -> AscendMetadata:

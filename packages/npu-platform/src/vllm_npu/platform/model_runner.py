@@ -5,9 +5,9 @@
 Everything else (input preparation, the persistent batch, chunked prefill, prefix caching, async scheduling,
 sampling and logprobs, KV-cache allocation) is vLLM's own code. The overrides:
 
-- ``__init__`` and ``execute_model`` run inside :func:`._device.cuda_stream_api_as`: vLLM creates
-  ``torch.cuda.Stream``/``Event`` objects there (eagerly in ``__init__``; per step with async scheduling, in
-  ``AsyncGPUModelRunnerOutput``). Within those calls the CUDA stream API is the device's: ``torch.npu`` on an NPU,
+- ``__init__`` runs inside :func:`._device.cuda_stream_api_as`, and so does ``execute_model`` under async scheduling
+  or dual-batch overlap: vLLM creates ``torch.cuda.Stream``/``Event`` objects there (eagerly in ``__init__``; per
+  step in ``AsyncGPUModelRunnerOutput`` and for the micro-batch streams). Within those calls the CUDA stream API is the device's: ``torch.npu`` on an NPU,
   no-op in-order stream/event objects on the emulated device. Objects created there keep working afterwards
   (they are the device's own), so the shim never needs to be process-wide.
 - ``_init_device_properties`` and ``_sync_device``: the device's, instead of ``torch.cuda``'s.
@@ -148,8 +148,13 @@ class NPUModelRunner(GPUModelRunner):
         return out
 
     def execute_model(self, scheduler_output: Any, intermediate_tensors: Any | None = None) -> Any:
-        with cuda_stream_api_as(self.device_backend):
-            return super().execute_model(scheduler_output, intermediate_tensors)
+        # vLLM's execute_model makes CUDA streams/events only for async scheduling (AsyncGPUModelRunnerOutput) and
+        # dual-batch overlap (micro-batch streams); otherwise the shim's swap of torch.cuda's names is per-step
+        # cost for nothing (the events of __init__ were made under the shim already).
+        if self.use_async_scheduling or getattr(self.parallel_config, "enable_dbo", False):
+            with cuda_stream_api_as(self.device_backend):
+                return super().execute_model(scheduler_output, intermediate_tensors)
+        return super().execute_model(scheduler_output, intermediate_tensors)
 
     def load_lora_model(self, model: nn.Module, vllm_config: VllmConfig, device: torch.device) -> nn.Module:
         """vLLM's ``load_lora_model`` with npu-ops' worker LoRA manager in place of vLLM's LRU one: the same manager
