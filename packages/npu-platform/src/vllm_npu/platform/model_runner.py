@@ -7,9 +7,9 @@ sampling and logprobs, KV-cache allocation) is vLLM's own code. The overrides:
 
 - ``__init__`` runs inside :func:`._device.cuda_stream_api_as`, and so does ``execute_model`` under async scheduling
   or dual-batch overlap: vLLM creates ``torch.cuda.Stream``/``Event`` objects there (eagerly in ``__init__``; per
-  step in ``AsyncGPUModelRunnerOutput`` and for the micro-batch streams). Within those calls the CUDA stream API is the device's: ``torch.npu`` on an NPU,
-  no-op in-order stream/event objects on the emulated device. Objects created there keep working afterwards
-  (they are the device's own), so the shim never needs to be process-wide.
+  step in ``AsyncGPUModelRunnerOutput`` and for the micro-batch streams). Within those calls the CUDA stream API is
+  the device's: ``torch.npu`` on an NPU, no-op in-order stream/event objects on the emulated device. Objects created
+  there keep working afterwards (they are the device's own), so the shim never needs to be process-wide.
 - ``_init_device_properties`` and ``_sync_device``: the device's, instead of ``torch.cuda``'s.
 - ``eplb_step`` (vLLM's ``--enable-eplb``): vLLM's own step (``EplbState.step``: load window, and every
   ``eplb_config.step_interval`` steps the rearrangement over the EP group), run inside
