@@ -153,7 +153,7 @@ def fold_constant_views(module: torch.fx.GraphModule, eager: set[torch.fx.Node])
         if not (node in eager and _is_view(node)) or not all(n in values for n in node.all_input_nodes):
             continue
         args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), values.__getitem__)
-        value = values[node] = node.target(*args, **kwargs)  # type: ignore[operator]
+        value = values[node] = node.target(*args, **kwargs)
         if isinstance(value, torch.Tensor):
             name = f"_folded_view{folded}"
             module.register_buffer(name, value, persistent=False)
@@ -194,7 +194,7 @@ def _inline_submodule(split: torch.fx.GraphModule, name: str) -> None:
             env[node] = graph.node_copy(node, env.__getitem__)
     for user in list(call.users):
         if user.op == "call_function" and user.target is operator.getitem and isinstance(result, (tuple, list)):
-            user.replace_all_uses_with(result[user.args[1]])  # type: ignore[index]
+            user.replace_all_uses_with(result[user.args[1]])
             graph.erase_node(user)
         else:
             user.replace_input_with(call, result)
