@@ -169,7 +169,9 @@ class StandInBackend:
     def __call__(self, gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
         start = time.perf_counter()
         try:
-            return with_frozen_addresses(self._compile(gm, example_inputs), frozen_inputs(example_inputs), self.batch_size)
+            return with_frozen_addresses(
+                self._compile(gm, example_inputs), frozen_inputs(example_inputs), self.batch_size
+            )
         finally:
             self.stats.backend_seconds[self.batch_size] = time.perf_counter() - start
 
