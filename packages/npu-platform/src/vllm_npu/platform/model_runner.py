@@ -55,7 +55,7 @@ from vllm_npu.interface.log import get_logger
 
 from ._device import DeviceBackend, EmulatedDevice, _torch_npu, cuda_stream_api_as, cuda_synchronize_as
 from .graphs.torchair import TorchairWrapper, torchair_enabled
-from .graphs.wrapper import GRAPH_STATS, NPUGraphWrapper
+from .graphs.wrapper import GRAPH_STATS, NPUGraphWrapper, engine_wrappers
 
 logger = get_logger(__name__)
 
@@ -256,6 +256,22 @@ class NPUModelRunner(GPUModelRunner):
             taken / (1 << 30),
         )
         return taken
+
+    # --- sleep mode: graphs over moved weights and KV caches --------------------------------------------------
+
+    def release_graphs(self) -> int:
+        """Drop every captured graph (ACL or twin) and every torchair compiled size of this engine; returns how
+        many. Sleep mode calls it: wake-up gives the weights and KV caches new device addresses, which graphs
+        captured before would not see (see :mod:`.worker`)."""
+        released = sum(cast(Any, w).reset_graphs() for w in engine_wrappers(self.vllm_config))
+        if released:
+            logger.info("released %d static graphs / compiled sizes", released)
+        return released
+
+    def recapture_graphs(self) -> int:
+        """Capture (torchair: compile) every graph again, after :meth:`release_graphs` and wake-up: vLLM's capture
+        loop as at start-up (:meth:`capture_model`). Returns the device memory the graphs took (bytes)."""
+        return self.capture_model()
 
     # --- KV cache -----------------------------------------------------------------------------------------------
 

@@ -13,6 +13,30 @@ Inherited unchanged: model loading, KV-cache spec, ``execute_model``, warm-up. O
 - ``sleep``/``wake_up`` without CUDA's ``CuMemAllocator``: device memory is released by shrinking the storages of
   the weights and the KV cache to zero bytes (every view and every reference vLLM holds stays valid) and regrown on
   wake-up. Level 1 keeps a host copy of the weights; level 2 drops them and reloads them from the checkpoint.
+  Regrown storages have new device addresses, so every static graph is dropped at ``sleep`` and captured (torchair:
+  compiled) again once ``wake_up`` has restored both weights and KV cache (see "Sleep mode and graphs" below).
+
+Sleep mode and graphs. A captured ACL graph (PIECEWISE, FULL_DECODE_ONLY) embeds the device address of every
+weight and KV-cache tensor its kernels read, and a torchair graph compiled with ``frozen_parameter=True`` binds every
+parameter's address at its first run; after a wake-up that moved them, replaying those graphs would read freed
+memory. Two ways out:
+
+- keep the addresses, as vllm-ascend v0.11.0 does (``device_allocator/camem.py``): allocate weights and KV caches
+  through ``torch.npu.memory.NPUPluggableAllocator`` + ``MemPool`` + ``use_mem_pool`` (torch_npu 2.8.0
+  ``npu/memory.py``), with malloc/free functions that reserve virtual addresses and map physical memory
+  (``aclrtReserveMemAddress`` / ``aclrtMallocPhysical`` / ``aclrtMapMem``), and unmap/re-map at the same virtual
+  address on sleep/wake-up. torch_npu 2.8.0 exposes no Python API for those ACL calls: ``NPUPluggableAllocator``
+  takes the path of a compiled shared library and the names of its C functions, which vllm-ascend builds as its
+  own C extension (``vllm_ascend_C``, only with ``COMPILE_CUSTOM_KERNELS=1``). This plugin ships no C extension
+  (pure-Python wheels, built and tested without CANN), so that way is not open here.
+- re-capture after wake-up (what this worker does): ``sleep`` releases every graph of the engine
+  (:meth:`.model_runner.NPUModelRunner.release_graphs`: each wrapper's captured entries ``reset()``, each torchair
+  compiled size forgotten), so the graph pool's memory is released with the rest; ``wake_up`` re-runs vLLM's
+  capture loop (:meth:`~.model_runner.NPUModelRunner.recapture_graphs`) once no tag is asleep any more. Cost: one
+  capture as at start-up (one warm-up forward plus one captured forward per capture size; torchair: one Dynamo
+  trace per size, loaded from the compile cache when it is on, and GE's compile of each graph at its first run).
+  Buffers (rotary caches...) are never released, so level 2 loses none of them (vllm-ascend backs up
+  ``named_buffers()`` at level 2 because its "weights" pool holds everything allocated while loading).
 """
 
 from __future__ import annotations
@@ -128,6 +152,7 @@ class NPUWorker(Worker):
         # Storages released by sleep(): tag -> [(storage, nbytes)]; host copies of level-1 weights.
         self._released: dict[str, list[tuple[torch.UntypedStorage, int]]] = {}
         self._weights_host_copy: list[torch.UntypedStorage] = []
+        self._graphs_released = False  # sleep() dropped the engine's graphs; wake_up() captures them again
         super().__init__(vllm_config, local_rank, rank, distributed_init_method, is_driver_worker)
         logger.info(
             "NPUWorker rank %d: %s device, %s kernels, components %s",
@@ -190,7 +215,9 @@ class NPUWorker(Worker):
             report_usage_stats(self.vllm_config)
 
     def _maybe_get_memory_pool_context(self, tag: str) -> contextlib.AbstractContextManager:
-        return contextlib.nullcontext()  # sleep mode needs no special allocator here (see sleep())
+        # No address-keeping allocator (vllm-ascend's CaMemAllocator needs a C extension; module docstring): sleep
+        # shrinks the storages and wake-up re-captures the graphs instead.
+        return contextlib.nullcontext()
 
     # --- memory -------------------------------------------------------------------------------------------------
 
@@ -263,6 +290,8 @@ class NPUWorker(Worker):
             return
         backend = device_backend()
         free_before, _ = backend.mem_get_info(self.device)
+        # Graphs read the weights and KV caches at their current addresses, which wake-up changes (module docstring).
+        self._graphs_released = self.model_runner.release_graphs() > 0 or self._graphs_released
         for tag in SLEEP_TAGS:
             storages = _unique_storages(self._tensors_of(tag))
             if tag == "weights" and level == 1:
@@ -283,7 +312,8 @@ class NPUWorker(Worker):
         )
 
     def wake_up(self, tags: list[str] | None = None) -> None:
-        """Re-allocate the released memory of ``tags`` (default: all): KV cache zeroed, weights restored."""
+        """Re-allocate the released memory of ``tags`` (default: all): KV cache zeroed, weights restored. Once no
+        tag is asleep, the graphs released by :meth:`sleep` are captured again (they must see the new addresses)."""
         for tag in tags or list(SLEEP_TAGS):
             if tag not in SLEEP_TAGS:
                 raise ValueError(f"unknown sleep tag {tag!r}; expected one of {SLEEP_TAGS}")
@@ -302,6 +332,9 @@ class NPUWorker(Worker):
             else:
                 self.model_runner.reload_weights()
         device_backend().synchronize(self.device)
+        if self._graphs_released and not self._released:
+            self.model_runner.recapture_graphs()
+            self._graphs_released = False
 
     # --- diagnostics --------------------------------------------------------------------------------------------
 
