@@ -145,9 +145,9 @@ def test_get_device_total_memory_is_not_answered_on_either_device():
 
 
 def _fake_config(**parallel):
-    from test_platform import fake_vllm_config
+    from npu_testkit.sibling import import_sibling
 
-    cfg = fake_vllm_config()
+    cfg = import_sibling(__file__, "test_platform").fake_vllm_config()
     for k, v in parallel.items():
         setattr(cfg.parallel_config, k, v)
     return cfg
