@@ -96,13 +96,16 @@ class DeviceRuntimeState:
         self.calls.append(call)
         if self._initialized:
             return
-        with self._lock:
-            if self._initialized:
-                return
-            if self._bad_fork:
-                raise RuntimeError(f"{FORK_ERROR} (first runtime call in this process: {call})")
-            self._pid = os.getpid()
-            self._initialized = True
+        with self._lock:  # double-checked, as torch_npu: another thread may have initialised meanwhile
+            self._init_locked(call)
+
+    def _init_locked(self, call: str) -> None:
+        if self._initialized:
+            return
+        if self._bad_fork:
+            raise RuntimeError(f"{FORK_ERROR} (first runtime call in this process: {call})")
+        self._pid = os.getpid()
+        self._initialized = True
 
     def after_fork_in_child(self) -> None:
         if self._initialized and self._pid != os.getpid():

@@ -112,6 +112,8 @@ def _multi_token_decode_builds(runner: Any) -> dict[str, int]:
 class NPUWorker(Worker):
     # vLLM's Worker types it as GPUModelRunner; ours always builds the subclass (init_device).
     model_runner: NPUModelRunner
+    # torch's profiler on the emulated device, torch_npu's on an NPU, None without VLLM_TORCH_PROFILER_DIR.
+    profiler: Any
 
     def __init__(
         self,
