@@ -6,7 +6,7 @@ torch_npu 2.8.0 loads ``lib/libop_plugin_atb.so`` (which links NNAL's ``libatb.s
 ``torch_npu.op_plugin.atb._atb_ops`` is imported and keeps a load failure (a missing NNAL, or an NNAL that does not
 match torch_npu / CANN: "undefined symbol") until ``_register_atb_extensions()`` runs, which raises it
 (``op_plugin/atb/_atb_ops.py:58-87``). Until then ``torch_npu._npu_*`` / ``torch_npu.atb.*`` are lazy wrappers that
-register on their first call (lines 90-104), i.e. inside the first attention forward. vllm-ascend v0.11.0 registers
+register on their first call (lines 92-104), i.e. inside the first attention forward. vllm-ascend v0.11.0 registers
 in ``NPUWorker.__init__`` (``worker/worker_v1.py:27,88``) and warms ATB up with ``torch_npu._npu_matmul_add_fp32``
 on tiny tensors (``worker_v1.py:337-341``). Doing both at worker start turns an NNAL problem into one clear error
 before the model loads, and leaves real op objects (not Python wrappers) in place before anything is traced.

@@ -79,7 +79,8 @@ class DeviceRuntimeState:
         self._bad_fork = False
         self._pid: int | None = None
         self._lock = threading.Lock()
-        #: Every runtime call that initialised or would have initialised the runtime, oldest first (bounded).
+        #: The runtime calls made while the runtime was not initialised (the one that initialised it, or those that
+        #: raised in a bad fork), oldest first; calls after initialisation cost one attribute check and are not kept.
         self.calls: collections.deque[str] = collections.deque(maxlen=256)
 
     @property
@@ -93,9 +94,9 @@ class DeviceRuntimeState:
 
     def lazy_init(self, call: str) -> None:
         """Run before the runtime call ``call``: initialise this process's runtime, or raise in a bad fork."""
-        self.calls.append(call)
         if self._initialized:
             return
+        self.calls.append(call)
         with self._lock:  # double-checked, as torch_npu: another thread may have initialised meanwhile
             self._init_locked(call)
 
