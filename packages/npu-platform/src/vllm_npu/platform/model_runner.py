@@ -5,11 +5,13 @@
 Everything else (input preparation, the persistent batch, chunked prefill, prefix caching, async scheduling,
 sampling and logprobs, KV-cache allocation) is vLLM's own code. The overrides:
 
-- ``__init__`` runs inside :func:`._device.cuda_stream_api_as`, and so does ``execute_model`` under async scheduling
-  or dual-batch overlap: vLLM creates ``torch.cuda.Stream``/``Event`` objects there (eagerly in ``__init__``; per
-  step in ``AsyncGPUModelRunnerOutput`` and for the micro-batch streams). Within those calls the CUDA stream API is
-  the device's: ``torch.npu`` on an NPU, no-op in-order stream/event objects on the emulated device. Objects created
-  there keep working afterwards (they are the device's own), so the shim never needs to be process-wide.
+- ``__init__`` runs inside :func:`._device.cuda_stream_api_as`, and so does ``execute_model`` under async
+  scheduling: vLLM creates ``torch.cuda.Stream``/``Event`` objects there (eagerly in ``__init__``; per step in
+  ``AsyncGPUModelRunnerOutput``). Within those calls the CUDA stream API is the device's: ``torch.npu`` on an NPU,
+  no-op in-order stream/event objects on the emulated device. Objects created there keep working afterwards (they
+  are the device's own), so the shim never needs to be process-wide. Dual-batch overlap (``--enable-dbo``) is
+  refused by the platform: vLLM's ``UBatchWrapper`` calls ``torch.cuda`` in ``load_model`` and in its threads,
+  outside this shim, and asserts a CUDA platform.
 - ``_init_device_properties`` and ``_sync_device``: the device's, instead of ``torch.cuda``'s.
 - ``eplb_step`` (vLLM's ``--enable-eplb``): vLLM's own step (``EplbState.step``: load window, and every
   ``eplb_config.step_interval`` steps the rearrangement over the EP group), run inside
@@ -148,10 +150,10 @@ class NPUModelRunner(GPUModelRunner):
         return out
 
     def execute_model(self, scheduler_output: Any, intermediate_tensors: Any | None = None) -> Any:
-        # vLLM's execute_model makes CUDA streams/events only for async scheduling (AsyncGPUModelRunnerOutput) and
-        # dual-batch overlap (micro-batch streams); otherwise the shim's swap of torch.cuda's names is per-step
-        # cost for nothing (the events of __init__ were made under the shim already).
-        if self.use_async_scheduling or getattr(self.parallel_config, "enable_dbo", False):
+        # vLLM's execute_model makes CUDA streams/events only for async scheduling (AsyncGPUModelRunnerOutput; dual-
+        # batch overlap would too, but the platform refuses it); otherwise the shim's swap of torch.cuda's names is
+        # per-step cost for nothing (the events of __init__ were made under the shim already).
+        if self.use_async_scheduling:
             with cuda_stream_api_as(self.device_backend):
                 return super().execute_model(scheduler_output, intermediate_tensors)
         return super().execute_model(scheduler_output, intermediate_tensors)

@@ -6,7 +6,11 @@ Inherited unchanged: model loading, KV-cache spec, ``execute_model``, warm-up. O
 
 - ``__init__``: fixes the process's kernel backend (``npu.kernels``) and runs every installed component's worker
   hooks (``vllm_npu.interface.registry.init_worker``) before vLLM builds anything.
-- ``init_device``: device selection and the distributed environment on the platform's backend (HCCL / gloo).
+- ``init_device``: device selection and the distributed environment on the platform's backend (HCCL / gloo); on an
+  NPU also torch_npu's ATB registration and a tiny ATB kernel (:mod:`._atb`: a missing or mismatched NNAL fails here
+  with the fix, not in the first attention forward).
+- the profiler (``VLLM_TORCH_PROFILER_DIR``): torch_npu's with NPU activity on an NPU, torch's CPU profiler on the
+  emulated device (:mod:`._profiler`), started and stopped by ``profile(is_start)``.
 - ``determine_available_memory``: NPU = profile run + allocator peak, honouring ``gpu_memory_utilization``;
   emulated = profile run + an explicit KV budget (``npu.emulated_kv_cache_gb`` or
   ``VLLM_NPU_EMULATED_KV_CACHE_GB``), because the CPU has no device memory to measure.
@@ -48,6 +52,7 @@ from collections.abc import Iterable
 from typing import Any
 
 import torch
+import vllm.envs as envs
 from vllm.model_executor import set_random_seed
 from vllm.platforms import current_platform
 from vllm.v1.kv_cache_interface import KVCacheConfig
@@ -131,6 +136,8 @@ def _multi_token_decode_builds(runner: Any) -> dict[str, int]:
 class NPUWorker(Worker):
     # vLLM's Worker types it as GPUModelRunner; ours always builds the subclass (init_device).
     model_runner: NPUModelRunner
+    # torch's profiler on the emulated device, torch_npu's on an NPU, None without VLLM_TORCH_PROFILER_DIR.
+    profiler: Any
 
     def __init__(
         self,
@@ -154,6 +161,12 @@ class NPUWorker(Worker):
         self._weights_host_copy: list[torch.UntypedStorage] = []
         self._graphs_released = False  # sleep() dropped the engine's graphs; wake_up() captures them again
         super().__init__(vllm_config, local_rank, rank, distributed_init_method, is_driver_worker)
+        # vLLM's Worker built a CUDA-activity torch profiler (constructed, never started): replace it.
+        self.profiler = None
+        if envs.VLLM_TORCH_PROFILER_DIR:
+            from ._profiler import build_profiler
+
+            self.profiler = build_profiler(envs.VLLM_TORCH_PROFILER_DIR, emulated=self.emulated)
         logger.info(
             "NPUWorker rank %d: %s device, %s kernels, components %s",
             rank,
@@ -165,6 +178,18 @@ class NPUWorker(Worker):
     @property
     def emulated(self) -> bool:
         return self.device_mode is DeviceMode.EMULATED
+
+    def profile(self, is_start: bool = True) -> None:
+        """Start or stop the profiler (the trace is written at stop); on the emulated device rank 0 also prints the
+        CPU-time table (vLLM's sorts by CUDA time, which a CPU trace lacks)."""
+        if self.profiler is None:
+            raise RuntimeError("Profiler is not enabled: set VLLM_TORCH_PROFILER_DIR")
+        if is_start:
+            self.profiler.start()
+            return
+        self.profiler.stop()
+        if self.emulated and self.local_rank == 0:
+            print(self.profiler.key_averages().table(sort_by="self_cpu_time_total", row_limit=30))
 
     # --- device and distributed init ----------------------------------------------------------------------------
 
@@ -184,6 +209,11 @@ class NPUWorker(Worker):
         dtype = self.model_config.dtype
         assert isinstance(dtype, torch.dtype)  # ModelConfig resolves "auto"/strings to a torch.dtype at init
         current_platform.check_if_supports_dtype(dtype)
+        if not self.emulated:
+            # Before the distributed init: an NNAL problem stops every rank before any HCCL rendezvous.
+            from ._atb import prepare_atb
+
+            prepare_atb(self.device)
         init_worker_distributed_environment(
             self.vllm_config,
             self.rank,
