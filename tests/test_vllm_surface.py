@@ -39,6 +39,10 @@ OTHER_LIBRARIES = {
     "_actions": "argparse.ArgumentParser (vLLM's CLI parser: the quant layer reads its --quantization choices)",
     "_SubParsersAction": "argparse",
     "_get_backend": "torch.distributed.ProcessGroup (the EP group's HCCL backend, for MC2's communicator name)",
+    "_register_backend": "torch.distributed.ProcessGroup (a stateless HCCL group, as vllm-ascend v0.11.0 builds it)",
+    "_set_sequence_number_for_group": "torch.distributed Backend (torch_npu's ProcessGroupHCCL of a stateless group)",
+    "_timeout": "torch_npu ProcessGroupHCCL.Options (a stateless HCCL group's timeout)",
+    "_ExperimentalConfig": "torch_npu.profiler (the NPU worker's profiler, as vllm-ascend v0.11.0)",
 }
 
 

@@ -10,9 +10,16 @@ overlap in one process):
 - ``cold``: an empty cache. Every size is compiled once during start-up, its lowered graph written to the cache;
   batches of 1..5 requests (3 pads to 4, 5 runs eagerly) must equal HF's greedy output (what the eager engine
   produces, see ``test_qwen2_engine``) with zero compiles after start-up;
-- ``warm``: the same key. Dynamo traces again (a new process would too), but every lowered graph is loaded from the
-  cache instead of being lowered (cache hits, no lowering), and the loaded graphs produce the same tokens;
-- ``changed``: another KV block size, so another key: a new directory, everything lowered again, nothing loaded.
+- ``warm``: the same key (same KV budget, so the same KV-cache shapes). Dynamo traces again (a new process would
+  too), but every lowered graph is loaded from the cache instead of being lowered (cache hits, no lowering), and the
+  loaded graphs produce the same tokens. Then sleep (level 1) and wake-up: wake-up gives the weights new addresses,
+  which a ``frozen_parameter`` graph must not be called over (the stand-in refuses it, as the NPU graph would read
+  freed memory), so every size is compiled again after wake-up (from the cache) and the tokens stay HF's;
+- ``changed``: another KV budget (``VLLM_NPU_EMULATED_KV_CACHE_GB``, the emulated device's stand-in for what memory
+  profiling gives on an NPU; ``gpu_memory_utilization`` does not size the emulated KV cache, and
+  ``num_gpu_blocks_override`` / ``kv_cache_memory_bytes`` would bypass the worker's budget), so other KV-cache shapes
+  and another key: a new directory, everything lowered again, nothing loaded. On an NPU torchair's ``cache_compile``
+  reloads a cached graph without guards or shape checks, so the key is what keeps a graph of the old shapes away.
   Then, in the same engine, decode steps are run on *stale* graph inputs (each metadata object hands out the first
   patched step's inputs again): the tokens must go wrong, which proves the compiled graph really reads the per-step
   block tables, lengths and slots as inputs (and that nothing guards on them).
@@ -23,6 +30,7 @@ graphs), with each compiled step's metadata handed over as graph inputs.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -37,17 +45,26 @@ BATCHES = range(1, SIZES[-1] + 2)
 NEW_TOKENS = 6
 
 
-def _run(model_dir, tmp_path, cache_root, prompts, *, block_size: int, stale: bool = False) -> dict[str, Any]:
+def _run(
+    model_dir, tmp_path, cache_root, prompts, *, kv_cache_gb: float, stale: bool = False, sleep: bool = False
+) -> dict[str, Any]:
     from vllm.attention.layer import Attention
     from vllm_npu.attention.metadata import AscendMetadata
 
     before = torchair_stats()
     npu = {"graph_mode": "torchair", "torchair_cache_dir": str(cache_root)}
-    kwargs = {"compilation_config": {"cudagraph_capture_sizes": SIZES}, "block_size": block_size}
-    with engine(model_dir, emulated_env(tmp_path), additional_config={"npu": npu}, **kwargs) as llm:
+    kwargs = {"compilation_config": {"cudagraph_capture_sizes": SIZES}, "block_size": 16}
+    env = emulated_env(tmp_path, kv_cache_gb=kv_cache_gb)
+    with engine(model_dir, env, additional_config={"npu": npu}, **kwargs) as llm:
         started = torchair_stats()
         outputs = {n: greedy(llm, prompts[:n], NEW_TOKENS) for n in BATCHES}
         served = torchair_stats()
+        woken = after_wake_up = None
+        if sleep:
+            llm.sleep(level=1)
+            llm.wake_up()
+            woken = torchair_stats()
+            after_wake_up = greedy(llm, prompts[: SIZES[-1]], NEW_TOKENS)
         model = llm.llm_engine.model_executor.driver_worker.worker.model_runner.model
         directory = model.cache.directory
         direct = {m.use_direct_call for m in model.unwrap().modules() if isinstance(m, Attention)}
@@ -58,6 +75,8 @@ def _run(model_dir, tmp_path, cache_root, prompts, *, block_size: int, stale: bo
         "startup": stats_delta(before, started),
         "serving": stats_delta(started, served),
         "outputs": outputs,
+        "wake_up": None if woken is None else stats_delta(served, woken),
+        "after_wake_up": after_wake_up,
         "wrapper": type(model).__name__,
         "directory": directory,
         "artifacts": sorted(p.name for p in directory.glob("bs*.pt")),
@@ -69,9 +88,11 @@ def runs(tiny_qwen2, tmp_path_factory):
     cache_root = tmp_path_factory.mktemp("torchair-cache")
     prompts = make_prompts([3 + (7 * i) % 13 for i in BATCHES], seed=11)
     result = {"reference": hf_greedy(tiny_qwen2, prompts, NEW_TOKENS)}
-    for name, block_size in (("cold", 16), ("warm", 16), ("changed", 32)):
+    for name, kv_cache_gb in (("cold", 0.0625), ("warm", 0.0625), ("changed", 0.03125)):
         tmp = tmp_path_factory.mktemp(name)
-        result[name] = _run(tiny_qwen2, tmp, cache_root, prompts, block_size=block_size, stale=name == "changed")
+        result[name] = _run(
+            tiny_qwen2, tmp, cache_root, prompts, kv_cache_gb=kv_cache_gb, stale=name == "changed", sleep=name == "warm"
+        )
     return result
 
 
@@ -123,8 +144,23 @@ def test_second_engine_loads_every_graph_from_the_cache(runs):
     assert runs["warm"]["artifacts"] == runs["cold"]["artifacts"]
 
 
-def test_changed_key_invalidates_the_cache(runs):
+def test_wake_up_recompiles_every_size_from_the_cache_and_keeps_greedy_output(runs):
+    warm = runs["warm"]
+    # Every size compiled again after wake-up (the weights moved), each loaded from the cache, no guard failure.
+    assert warm["wake_up"]["compiles"] == dict.fromkeys(SIZES, 1) and warm["wake_up"]["recompiles"] == 0
+    assert warm["wake_up"]["cache_hits"] == len(SIZES) and warm["wake_up"]["lowerings"] == 0
+    assert warm["after_wake_up"] == runs["reference"][: SIZES[-1]]
+
+
+def test_another_kv_budget_is_another_key_and_invalidates_the_cache(runs):
     changed = runs["changed"]
+    cold_key = json.loads((runs["cold"]["directory"] / "key.json").read_text())
+    changed_key = json.loads((changed["directory"] / "key.json").read_text())
+    # The same model, block size and software; only the KV caches' shapes (num_blocks) differ.
+    assert {k: v for k, v in cold_key.items() if k != "kv_cache"} == {
+        k: v for k, v in changed_key.items() if k != "kv_cache"
+    }
+    assert cold_key["kv_cache"] != changed_key["kv_cache"]
     assert changed["directory"] != runs["cold"]["directory"]
     assert changed["directory"].parent == runs["cold"]["directory"].parent
     assert changed["startup"]["cache_hits"] == 0 and changed["startup"]["lowerings"] == len(SIZES)

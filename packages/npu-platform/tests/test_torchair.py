@@ -330,7 +330,10 @@ class FakeTorchair(types.ModuleType):
         class CompilerConfig:
             def __init__(self) -> None:
                 self.mode = "max-autotune"
-                self.experimental_config = SimpleNamespace(frozen_parameter=False, tiling_schedule_optimize=False)
+                # torch_npu 2.8.0 experimental_config.py defaults
+                self.experimental_config = SimpleNamespace(
+                    frozen_parameter=False, tiling_schedule_optimize=False, enable_view_optimize=True
+                )
 
         def get_npu_backend(*, compiler_config=None, custom_decompositions={}):  # noqa: B006 (the documented default)
             fake.calls.append(("get_npu_backend", {"compiler_config": compiler_config}))
@@ -361,6 +364,11 @@ class FakeTorchair(types.ModuleType):
 def fake_torchair(monkeypatch):
     fake = FakeTorchair()
     monkeypatch.setitem(sys.modules, "torchair", fake)
+
+    def set_compile_mode(jit_compile=False):  # torch_npu 2.8.0 npu/npu_config.py:88
+        fake.calls.append(("set_compile_mode", {"jit_compile": jit_compile}))
+
+    monkeypatch.setattr(torch, "npu", SimpleNamespace(set_compile_mode=set_compile_mode), raising=False)
     return fake
 
 
@@ -371,8 +379,12 @@ def test_npu_compiles_with_torchairs_backend_fullgraph_dynamic_ints(fake_torchai
     fn = compile_npu(forward_for(model, 2), cache_dir=None)
     x = torch.randn(2, 4)
     assert torch.equal(fn({}, x), model(x))
-    (name, args), *rest = fake_torchair.calls
-    assert name == "get_npu_backend" and args["compiler_config"].experimental_config.frozen_parameter is True
+    (mode, mode_args), (name, args), *rest = fake_torchair.calls
+    # vllm-ascend v0.11.0 torchair_model_runner.py: binary kernels, then its CompilerConfig on A2/A3.
+    assert mode == "set_compile_mode" and mode_args == {"jit_compile": False}
+    experimental = args["compiler_config"].experimental_config
+    assert name == "get_npu_backend" and experimental.frozen_parameter is True
+    assert experimental.tiling_schedule_optimize is True and experimental.enable_view_optimize is True
     assert args["compiler_config"].mode == "max-autotune"
     assert [c[0] for c in rest] == ["backend"]  # torch.compile handed Dynamo's graph to torchair's backend
     torch._dynamo.reset()
@@ -383,7 +395,8 @@ def test_npu_cache_goes_through_torchair_cache_compile(fake_torchair, tmp_path):
 
     fn = forward_for(Tiny(), 4)
     assert compile_npu(fn, cache_dir=str(tmp_path)) is fn
-    (_, backend_args), (name, args) = fake_torchair.calls
+    (mode, _), (_, backend_args), (name, args) = fake_torchair.calls
+    assert mode == "set_compile_mode"
     assert name == "cache_compile" and args["func"] is fn and args["cache_dir"] == str(tmp_path)
     assert args["backend"].compiler_config is backend_args["compiler_config"]
     assert args["dynamic"] is True and args["fullgraph"] is True and args["ge_cache"] is False
@@ -416,12 +429,12 @@ def test_wrapper_on_npu_compiles_each_decode_size_through_torchair(fake_torchair
     assert torch.equal(wrapper(x), wrapper.runnable(x))
     assert torch.equal(wrapper(x), wrapper.runnable(x))  # the second step reuses the compiled size
     names = [name for name, _ in fake_torchair.calls]
-    assert names == ["get_npu_backend", "cache_compile"]
-    args = fake_torchair.calls[1][1]
+    assert names == ["set_compile_mode", "get_npu_backend", "cache_compile"]
+    args = fake_torchair.calls[2][1]
     assert args["func"].__name__ == "forward_torchair_bs2" and args["cache_dir"] == str(wrapper.cache.directory)
     context.cudagraph_runtime_mode = CUDAGraphMode.NONE  # a prefill/mixed step: eager, nothing compiled
     assert torch.equal(wrapper(torch.ones(5, 4)), wrapper.runnable(torch.ones(5, 4)))
-    assert list(wrapper.compiled) == [2] and len(fake_torchair.calls) == 2
+    assert list(wrapper.compiled) == [2] and len(fake_torchair.calls) == 3
 
 
 def test_wrapper_counts_a_second_compile_of_a_size_as_a_recompile(tmp_path):

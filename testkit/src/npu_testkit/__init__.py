@@ -12,4 +12,6 @@
 - :mod:`.torch_npu_docs`: torch_npu 2.8.0's documented op signatures, read from the wheel without importing it;
 - :mod:`.npu_binding_rules`: what torch_npu 2.8.0's bindings and kernels impose beyond those signatures, for the
   stand-in torch_npu of the NPU-wiring tests.
+- :mod:`.npu_runtime_standin`: a stand-in torch_npu for the runtime calls (device, memory, profiler, ATB, HCCL
+  groups) that keeps torch_npu 2.8.0's lazy-initialisation and fork rule.
 """

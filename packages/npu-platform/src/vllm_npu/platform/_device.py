@@ -12,6 +12,12 @@ emulated device; only the answers below differ:
   its stream API (``wait_stream`` / ``wait_event``, entering and leaving ``stream(s)``), and ``current_stream``
   follows ``stream(s)`` blocks, so tests can check the order a multi-stream feature intends.
 
+Both devices keep torch_npu's per-process runtime rule. The emulated device keeps it itself
+(:data:`EMULATED_RUNTIME`): the calls for which torch_npu 2.8.0 runs ``_lazy_init()`` initialise the emulated runtime
+of the process, and in a child forked from a process that had initialised it the first such call raises, as
+torch_npu does (``torch_npu/npu/__init__.py:222-270``). So a front-end that touches the runtime before vLLM forks its
+engine core or workers fails in CI as it would on an Ascend host.
+
 Memory numbers are bytes. ``device`` arguments accept anything ``torch.device`` accepts, or None (current device).
 """
 
@@ -21,6 +27,9 @@ import collections
 import contextlib
 import functools
 import itertools
+import multiprocessing.util
+import os
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any, ClassVar
@@ -43,6 +52,81 @@ def _torch_npu() -> Any:
     npu: Any = torch.npu  # type: ignore[attr-defined]  # registered at runtime by torch_npu
     npu.config.allow_internal_format = False
     return npu
+
+
+#: What a forked child's first runtime call raises; the meaning of torch_npu 2.8.0's own message
+#: (``torch_npu/npu/__init__.py:246-249``, in ``_lazy_init`` when ``_is_internal_in_bad_fork``).
+FORK_ERROR = (
+    "the NPU runtime cannot be re-initialised in a forked subprocess: its parent had initialised it before the "
+    "fork; start NPU worker processes with the 'spawn' method (VLLM_WORKER_MULTIPROC_METHOD=spawn)"
+)
+
+
+class DeviceRuntimeState:
+    """One process's device-runtime state, with torch_npu 2.8.0's fork rule (``torch_npu/npu/__init__.py``):
+
+    - ``lazy_init()`` is what torch_npu runs before a runtime call (``_lazy_init``, lines 222-262): the first call
+      initialises the runtime of this process; in a child forked from a process that had initialised it, the first
+      call raises :data:`FORK_ERROR` instead (lines 246-249);
+    - ``after_fork_in_child()`` is torch_npu's ``_after_fork`` hook (lines 265-273): an initialised state whose pid
+      is not the child's becomes a bad fork. Registered, as torch_npu registers it, with
+      ``multiprocessing.util.register_after_fork`` (line 131): it runs in children that ``multiprocessing`` forks
+      (vLLM's engine core and workers), not after a bare ``os.fork()``.
+    """
+
+    def __init__(self) -> None:
+        self._initialized = False
+        self._bad_fork = False
+        self._pid: int | None = None
+        self._lock = threading.Lock()
+        #: The runtime calls made while the runtime was not initialised (the one that initialised it, or those that
+        #: raised in a bad fork), oldest first; calls after initialisation cost one attribute check and are not kept.
+        self.calls: collections.deque[str] = collections.deque(maxlen=256)
+
+    @property
+    def initialized(self) -> bool:
+        """``torch.npu.is_initialized()``: initialised in this process (False in a bad fork)."""
+        return self._initialized and not self._bad_fork
+
+    @property
+    def in_bad_fork(self) -> bool:
+        return self._bad_fork
+
+    def lazy_init(self, call: str) -> None:
+        """Run before the runtime call ``call``: initialise this process's runtime, or raise in a bad fork."""
+        if self._initialized:
+            return
+        self.calls.append(call)
+        with self._lock:  # double-checked, as torch_npu: another thread may have initialised meanwhile
+            self._init_locked(call)
+
+    def _init_locked(self, call: str) -> None:
+        if self._initialized:
+            return
+        if self._bad_fork:
+            raise RuntimeError(f"{FORK_ERROR} (first runtime call in this process: {call})")
+        self._pid = os.getpid()
+        self._initialized = True
+
+    def after_fork_in_child(self) -> None:
+        if self._initialized and self._pid != os.getpid():
+            self._initialized = False
+            self._bad_fork = True
+        self._lock = threading.Lock()  # a lock held by another thread at fork time stays held in the child
+
+
+#: The emulated device's runtime state of this process.
+EMULATED_RUNTIME = DeviceRuntimeState()
+multiprocessing.util.register_after_fork(EMULATED_RUNTIME, DeviceRuntimeState.after_fork_in_child)
+
+
+def npu_runtime_initialized() -> bool:
+    """Whether torch_npu's runtime is initialised in this process, without importing torch_npu (False when it was
+    never imported: then nothing initialised the runtime)."""
+    torch_npu = sys.modules.get("torch_npu")
+    if torch_npu is None:
+        return False
+    return bool(torch_npu.npu.is_initialized())
 
 
 class _NoopEvent:
@@ -74,7 +158,9 @@ _current = threading.local()
 class _NoopStream:
     """An in-order CPU "stream" (all of them run in program order; each has an ``id`` for the log)."""
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, device: Any = None, *args: Any, **kwargs: Any) -> None:
+        if device is not None:
+            EMULATED_RUNTIME.lazy_init("Stream")
         self.id = next(_stream_ids)
 
     def synchronize(self) -> None:
@@ -108,6 +194,11 @@ class DeviceBackend:
 
     #: torch device type of tensors on this device ("npu" or "cpu").
     type: ClassVar[str]
+
+    @staticmethod
+    def runtime_initialized() -> bool:
+        """Whether this process has initialised the device runtime (``torch.npu.is_initialized()``)."""
+        raise NotImplementedError
 
     @staticmethod
     def torch_device(local_rank: int) -> torch.device:
@@ -183,6 +274,10 @@ class DeviceBackend:
 
 class NPUDevice(DeviceBackend):
     type = "npu"
+
+    @staticmethod
+    def runtime_initialized() -> bool:
+        return npu_runtime_initialized()
 
     @staticmethod
     def torch_device(local_rank: int) -> torch.device:
@@ -287,8 +382,14 @@ def _noop_stream_context(stream: Any = None) -> Iterator[None]:
 
 
 def _emulated_current_stream(device: Any = None) -> Any:
+    EMULATED_RUNTIME.lazy_init("current_stream")
     stack = _current.__dict__.get("stack")
     return stack[-1] if stack else _CPU_STREAM
+
+
+def _emulated_default_stream(device: Any = None) -> Any:
+    EMULATED_RUNTIME.lazy_init("default_stream")
+    return _CPU_STREAM
 
 
 class EmulatedDevice(DeviceBackend):
@@ -297,17 +398,28 @@ class EmulatedDevice(DeviceBackend):
 
     type = "cpu"
 
+    # The calls below that torch_npu 2.8.0 runs ``_lazy_init()`` for start with ``EMULATED_RUNTIME.lazy_init``:
+    # set_device (the C++ binding ``_npu_setDevice`` runs ``npu_lazy_init()``; the wheel's libtorch_npu.so calls
+    # back into ``_lazy_init``), synchronize (npu/utils.py:70), mem_get_info (npu/__init__.py:463), current_stream
+    # and default_stream (utils.py:266, 281) and Stream(device) (streams.py:25 -> ``device.__enter__``, utils.py:117).
+    # empty_cache and the memory_stats family do nothing / return nothing before initialisation (memory.py:158, 246)
+    # and get_device_name runs no _lazy_init (npu/__init__.py:442-446): they do not initialise here either.
+
+    @staticmethod
+    def runtime_initialized() -> bool:
+        return EMULATED_RUNTIME.initialized
+
     @staticmethod
     def torch_device(local_rank: int) -> torch.device:
         return torch.device("cpu")
 
     @staticmethod
     def set_device(device: torch.device) -> None:
-        pass  # one CPU device
+        EMULATED_RUNTIME.lazy_init("set_device")  # one CPU device: nothing else to select
 
     @staticmethod
     def synchronize(device: Any = None) -> None:
-        pass  # CPU kernels have finished when they return
+        EMULATED_RUNTIME.lazy_init("synchronize")  # CPU kernels have finished when they return
 
     @staticmethod
     def empty_cache() -> None:
@@ -317,6 +429,7 @@ class EmulatedDevice(DeviceBackend):
     def mem_get_info(device: Any = None) -> tuple[int, int]:
         import psutil
 
+        EMULATED_RUNTIME.lazy_init("mem_get_info")
         vm = psutil.virtual_memory()
         return int(vm.available), int(vm.total)
 
@@ -352,7 +465,7 @@ class EmulatedDevice(DeviceBackend):
             "Stream": _NoopStream,
             "Event": _NoopEvent,
             "current_stream": _emulated_current_stream,
-            "default_stream": lambda device=None: _CPU_STREAM,
+            "default_stream": _emulated_default_stream,
             "stream": _noop_stream_context,
         }
 

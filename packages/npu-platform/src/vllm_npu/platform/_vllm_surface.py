@@ -174,6 +174,36 @@ SURFACE: tuple[VllmName, ...] = (
     ),
     VllmName(
         _PLATFORM,
+        "stateless_init_device_torch_dist_pg",
+        "method",
+        "overrides",
+        _PLATFORM_MODULE,
+        "vLLM's stateless_init_torch_distributed_process_group calls the override for every non-gloo backend (RL "
+        "weight sync with backend='hccl')",
+        signature="(backend, prefix_store, group_rank, group_size, timeout)",
+    ),
+    VllmName(
+        _PLATFORM,
+        "get_device_total_memory",
+        "method",
+        "overrides",
+        _PLATFORM_MODULE,
+        "vLLM calls it in the front-end process; the override raises NotImplementedError (which vLLM catches) so the "
+        "front-end never initialises the NPU runtime",
+        signature="(device_id=0)",
+    ),
+    VllmName(
+        _WORKER,
+        "profile",
+        "method",
+        "overrides",
+        _WORKER_MODULE,
+        "vLLM's collective_rpc('profile') (LLM.start_profile / stop_profile) calls the override, which starts or "
+        "stops the NPU / CPU profiler that replaces vLLM's CUDA one",
+        signature="(self, is_start=True)",
+    ),
+    VllmName(
+        _PLATFORM,
         "pre_register_and_update",
         "method",
         "overrides",

@@ -5,11 +5,13 @@
 Everything else (input preparation, the persistent batch, chunked prefill, prefix caching, async scheduling,
 sampling and logprobs, KV-cache allocation) is vLLM's own code. The overrides:
 
-- ``__init__`` runs inside :func:`._device.cuda_stream_api_as`, and so does ``execute_model`` under async scheduling
-  or dual-batch overlap: vLLM creates ``torch.cuda.Stream``/``Event`` objects there (eagerly in ``__init__``; per
-  step in ``AsyncGPUModelRunnerOutput`` and for the micro-batch streams). Within those calls the CUDA stream API is
-  the device's: ``torch.npu`` on an NPU, no-op in-order stream/event objects on the emulated device. Objects created
-  there keep working afterwards (they are the device's own), so the shim never needs to be process-wide.
+- ``__init__`` runs inside :func:`._device.cuda_stream_api_as`, and so does ``execute_model`` under async
+  scheduling: vLLM creates ``torch.cuda.Stream``/``Event`` objects there (eagerly in ``__init__``; per step in
+  ``AsyncGPUModelRunnerOutput``). Within those calls the CUDA stream API is the device's: ``torch.npu`` on an NPU,
+  no-op in-order stream/event objects on the emulated device. Objects created there keep working afterwards (they
+  are the device's own), so the shim never needs to be process-wide. Dual-batch overlap (``--enable-dbo``) is
+  refused by the platform: vLLM's ``UBatchWrapper`` calls ``torch.cuda`` in ``load_model`` and in its threads,
+  outside this shim, and asserts a CUDA platform.
 - ``_init_device_properties`` and ``_sync_device``: the device's, instead of ``torch.cuda``'s.
 - ``eplb_step`` (vLLM's ``--enable-eplb``): vLLM's own step (``EplbState.step``: load window, and every
   ``eplb_config.step_interval`` steps the rearrangement over the EP group), run inside
@@ -55,7 +57,7 @@ from vllm_npu.interface.log import get_logger
 
 from ._device import DeviceBackend, EmulatedDevice, _torch_npu, cuda_stream_api_as, cuda_synchronize_as
 from .graphs.torchair import TorchairWrapper, torchair_enabled
-from .graphs.wrapper import GRAPH_STATS, NPUGraphWrapper
+from .graphs.wrapper import GRAPH_STATS, NPUGraphWrapper, engine_wrappers
 
 logger = get_logger(__name__)
 
@@ -148,10 +150,10 @@ class NPUModelRunner(GPUModelRunner):
         return out
 
     def execute_model(self, scheduler_output: Any, intermediate_tensors: Any | None = None) -> Any:
-        # vLLM's execute_model makes CUDA streams/events only for async scheduling (AsyncGPUModelRunnerOutput) and
-        # dual-batch overlap (micro-batch streams); otherwise the shim's swap of torch.cuda's names is per-step
-        # cost for nothing (the events of __init__ were made under the shim already).
-        if self.use_async_scheduling or getattr(self.parallel_config, "enable_dbo", False):
+        # vLLM's execute_model makes CUDA streams/events only for async scheduling (AsyncGPUModelRunnerOutput; dual-
+        # batch overlap would too, but the platform refuses it); otherwise the shim's swap of torch.cuda's names is
+        # per-step cost for nothing (the events of __init__ were made under the shim already).
+        if self.use_async_scheduling:
             with cuda_stream_api_as(self.device_backend):
                 return super().execute_model(scheduler_output, intermediate_tensors)
         return super().execute_model(scheduler_output, intermediate_tensors)
@@ -256,6 +258,22 @@ class NPUModelRunner(GPUModelRunner):
             taken / (1 << 30),
         )
         return taken
+
+    # --- sleep mode: graphs over moved weights and KV caches --------------------------------------------------
+
+    def release_graphs(self) -> int:
+        """Drop every captured graph (ACL or twin) and every torchair compiled size of this engine; returns how
+        many. Sleep mode calls it: wake-up gives the weights and KV caches new device addresses, which graphs
+        captured before would not see (see :mod:`.worker`)."""
+        released = sum(cast(Any, w).reset_graphs() for w in engine_wrappers(self.vllm_config))
+        if released:
+            logger.info("released %d static graphs / compiled sizes", released)
+        return released
+
+    def recapture_graphs(self) -> int:
+        """Capture (torchair: compile) every graph again, after :meth:`release_graphs` and wake-up: vLLM's capture
+        loop as at start-up (:meth:`capture_model`). Returns the device memory the graphs took (bytes)."""
+        return self.capture_model()
 
     # --- KV cache -----------------------------------------------------------------------------------------------
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import importlib.util
 import os
 from collections.abc import Mapping
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
@@ -26,6 +27,7 @@ from vllm_npu.interface.settings import ENV_SETTINGS
 from ._device import DeviceBackend, EmulatedDevice, NPUDevice
 
 if TYPE_CHECKING:
+    from torch.distributed import PrefixStore, ProcessGroup
     from vllm.config import VllmConfig
     from vllm.config.cache import BlockSize
 
@@ -35,6 +37,24 @@ WORKER_CLS = "vllm_npu.platform.worker.NPUWorker"
 COMMUNICATOR_CLS = "vllm_npu.platform.communicator.NPUCommunicator"
 #: The model dtypes both device modes run, the first being vLLM's fallback for "auto".
 MODEL_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+#: Why the platform starts vLLM's engine core and workers with ``spawn`` (logged once per process).
+SPAWN_REASONS = {
+    False: "torch_npu cannot re-initialise the NPU runtime in a forked child (torch_npu/npu/__init__.py:246), and "
+    "vLLM's own spawn check sees only CUDA/XPU",
+    True: "a forked engine core/worker deadlocks once this process ran torch CPU (OpenMP) work, and the emulated "
+    "device keeps torch_npu's rule that a forked child cannot re-initialise the device runtime",
+}
+_spawn_logged: list[bool] = []
+
+
+def _default_to_spawn(emulated: bool) -> None:
+    """``VLLM_WORKER_MULTIPROC_METHOD=spawn`` unless the user set it (an explicit setting wins)."""
+    if "VLLM_WORKER_MULTIPROC_METHOD" in os.environ:
+        return
+    os.environ["VLLM_WORKER_MULTIPROC_METHOD"] = "spawn"
+    if not _spawn_logged:
+        _spawn_logged.append(True)
+        logger.info("VLLM_WORKER_MULTIPROC_METHOD=spawn (set it to choose): %s", SPAWN_REASONS[emulated])
 
 
 class NPUPlatform(Platform):
@@ -119,6 +139,12 @@ class NPUPlatform(Platform):
             )
         # vLLM's custom all-reduce is CUDA IPC; HCCL/gloo all-reduce goes through NPUCommunicator.
         parallel.disable_custom_all_reduce = True
+        if getattr(parallel, "enable_dbo", False):
+            raise ConfigError(
+                "--enable-dbo (dual-batch overlap) is not supported on the NPU platform: vLLM runs it through its "
+                "UBatchWrapper (CUDA streams, CUDA graphs, CUDA SM partitioning) and DeepEP all-to-all, which have "
+                "no NPU counterpart here; remove --enable-dbo"
+            )
         cls._select_pd_scheduler(vllm_config)
 
         cache = vllm_config.cache_config
@@ -158,10 +184,11 @@ class NPUPlatform(Platform):
         # entries of the user still disable single ops).
         compilation.custom_ops = ["all", *[op for op in compilation.custom_ops if op.startswith("-")]]
 
-        if cls.emulated and "VLLM_WORKER_MULTIPROC_METHOD" not in os.environ:
-            # A forked engine core/worker deadlocks if this process already ran torch CPU (OpenMP) work; vLLM's own
-            # CPU platform forces spawn for the same reason. An explicit user setting wins.
-            os.environ["VLLM_WORKER_MULTIPROC_METHOD"] = "spawn"
+        # vLLM forks its engine core and workers by default and forces spawn only when CUDA/XPU is initialised
+        # (vllm.utils._maybe_force_spawn). An NPU needs spawn too: a child forked from a process that initialised
+        # torch_npu's runtime fails at its first device call. The emulated device needs it for OpenMP (as vLLM's
+        # CPU platform) and keeps the same runtime rule. An explicit user setting wins.
+        _default_to_spawn(cls.emulated)
 
         logger.info(
             "%s: graph mode %s (%s), capture sizes %s, block size %s, worker %s",
@@ -295,6 +322,22 @@ class NPUPlatform(Platform):
         return self.device_backend.graph_pool_handle()
 
     @classmethod
+    def stateless_init_device_torch_dist_pg(
+        cls,
+        backend: str,
+        prefix_store: PrefixStore,
+        group_rank: int,
+        group_size: int,
+        timeout: timedelta,
+    ) -> ProcessGroup:
+        """A process group outside torch.distributed's global state (vLLM's
+        ``stateless_init_torch_distributed_process_group`` for non-gloo backends): HCCL on an NPU, gloo on the
+        emulated device (:mod:`._stateless_pg`)."""
+        from ._stateless_pg import stateless_device_group
+
+        return stateless_device_group(backend, prefix_store, group_rank, group_size, timeout, emulated=cls.emulated)
+
+    @classmethod
     def support_hybrid_kv_cache(cls) -> bool:
         return False
 
@@ -330,7 +373,16 @@ class NPUPlatform(Platform):
 
     @classmethod
     def get_device_total_memory(cls, device_id: int = 0) -> int:
-        return cls.device_backend.mem_get_info(device_id)[1]
+        """Not answered, on purpose (as vllm-ascend v0.11.0, which does not define it).
+
+        vLLM calls this only in the front-end process (``EngineArgs._set_default_args``), to pick larger default
+        ``max_num_batched_tokens`` / ``max_num_seqs`` for devices of 70 GiB or more, and falls back to the smaller
+        defaults on any exception. Answering it on an NPU means ``torch.npu.mem_get_info``, which initialises the
+        runtime (an ACL context on the device) in the front-end: its forked children then cannot use the NPU, and
+        the context holds device memory that worker 0 needs. No Ascend device of torch_npu 2.8.0's targets reaches
+        70 GiB per logical device (Atlas A2 and each A3 die: 64 GB), so the defaults are the same either way; the
+        emulated device answers as the NPU does, so both pick the same defaults."""
+        raise NotImplementedError("the NPU platform does not read device memory outside worker processes")
 
     @classmethod
     def set_device(cls, device: torch.device) -> None:

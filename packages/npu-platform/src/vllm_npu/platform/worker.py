@@ -6,13 +6,41 @@ Inherited unchanged: model loading, KV-cache spec, ``execute_model``, warm-up. O
 
 - ``__init__``: fixes the process's kernel backend (``npu.kernels``) and runs every installed component's worker
   hooks (``vllm_npu.interface.registry.init_worker``) before vLLM builds anything.
-- ``init_device``: device selection and the distributed environment on the platform's backend (HCCL / gloo).
+- ``init_device``: device selection and the distributed environment on the platform's backend (HCCL / gloo); on an
+  NPU also torch_npu's ATB registration and a tiny ATB kernel (:mod:`._atb`: a missing or mismatched NNAL fails here
+  with the fix, not in the first attention forward).
+- the profiler (``VLLM_TORCH_PROFILER_DIR``): torch_npu's with NPU activity on an NPU, torch's CPU profiler on the
+  emulated device (:mod:`._profiler`), started and stopped by ``profile(is_start)``.
 - ``determine_available_memory``: NPU = profile run + allocator peak, honouring ``gpu_memory_utilization``;
   emulated = profile run + an explicit KV budget (``npu.emulated_kv_cache_gb`` or
   ``VLLM_NPU_EMULATED_KV_CACHE_GB``), because the CPU has no device memory to measure.
 - ``sleep``/``wake_up`` without CUDA's ``CuMemAllocator``: device memory is released by shrinking the storages of
   the weights and the KV cache to zero bytes (every view and every reference vLLM holds stays valid) and regrown on
   wake-up. Level 1 keeps a host copy of the weights; level 2 drops them and reloads them from the checkpoint.
+  Regrown storages have new device addresses, so every static graph is dropped at ``sleep`` and captured (torchair:
+  compiled) again once ``wake_up`` has restored both weights and KV cache (see "Sleep mode and graphs" below).
+
+Sleep mode and graphs. A captured ACL graph (PIECEWISE, FULL_DECODE_ONLY) embeds the device address of every
+weight and KV-cache tensor its kernels read, and a torchair graph compiled with ``frozen_parameter=True`` binds every
+parameter's address at its first run; after a wake-up that moved them, replaying those graphs would read freed
+memory. Two ways out:
+
+- keep the addresses, as vllm-ascend v0.11.0 does (``device_allocator/camem.py``): allocate weights and KV caches
+  through ``torch.npu.memory.NPUPluggableAllocator`` + ``MemPool`` + ``use_mem_pool`` (torch_npu 2.8.0
+  ``npu/memory.py``), with malloc/free functions that reserve virtual addresses and map physical memory
+  (``aclrtReserveMemAddress`` / ``aclrtMallocPhysical`` / ``aclrtMapMem``), and unmap/re-map at the same virtual
+  address on sleep/wake-up. torch_npu 2.8.0 exposes no Python API for those ACL calls: ``NPUPluggableAllocator``
+  takes the path of a compiled shared library and the names of its C functions, which vllm-ascend builds as its
+  own C extension (``vllm_ascend_C``, only with ``COMPILE_CUSTOM_KERNELS=1``). This plugin ships no C extension
+  (pure-Python wheels, built and tested without CANN), so that way is not open here.
+- re-capture after wake-up (what this worker does): ``sleep`` releases every graph of the engine
+  (:meth:`.model_runner.NPUModelRunner.release_graphs`: each wrapper's captured entries ``reset()``, each torchair
+  compiled size forgotten), so the graph pool's memory is released with the rest; ``wake_up`` re-runs vLLM's
+  capture loop (:meth:`~.model_runner.NPUModelRunner.recapture_graphs`) once no tag is asleep any more. Cost: one
+  capture as at start-up (one warm-up forward plus one captured forward per capture size; torchair: one Dynamo
+  trace per size, loaded from the compile cache when it is on, and GE's compile of each graph at its first run).
+  Buffers (rotary caches...) are never released, so level 2 loses none of them (vllm-ascend backs up
+  ``named_buffers()`` at level 2 because its "weights" pool holds everything allocated while loading).
 """
 
 from __future__ import annotations
@@ -24,6 +52,7 @@ from collections.abc import Iterable
 from typing import Any
 
 import torch
+import vllm.envs as envs
 from vllm.model_executor import set_random_seed
 from vllm.platforms import current_platform
 from vllm.v1.kv_cache_interface import KVCacheConfig
@@ -107,6 +136,8 @@ def _multi_token_decode_builds(runner: Any) -> dict[str, int]:
 class NPUWorker(Worker):
     # vLLM's Worker types it as GPUModelRunner; ours always builds the subclass (init_device).
     model_runner: NPUModelRunner
+    # torch's profiler on the emulated device, torch_npu's on an NPU, None without VLLM_TORCH_PROFILER_DIR.
+    profiler: Any
 
     def __init__(
         self,
@@ -128,7 +159,14 @@ class NPUWorker(Worker):
         # Storages released by sleep(): tag -> [(storage, nbytes)]; host copies of level-1 weights.
         self._released: dict[str, list[tuple[torch.UntypedStorage, int]]] = {}
         self._weights_host_copy: list[torch.UntypedStorage] = []
+        self._graphs_released = False  # sleep() dropped the engine's graphs; wake_up() captures them again
         super().__init__(vllm_config, local_rank, rank, distributed_init_method, is_driver_worker)
+        # vLLM's Worker built a CUDA-activity torch profiler (constructed, never started): replace it.
+        self.profiler = None
+        if envs.VLLM_TORCH_PROFILER_DIR:
+            from ._profiler import build_profiler
+
+            self.profiler = build_profiler(envs.VLLM_TORCH_PROFILER_DIR, emulated=self.emulated)
         logger.info(
             "NPUWorker rank %d: %s device, %s kernels, components %s",
             rank,
@@ -140,6 +178,18 @@ class NPUWorker(Worker):
     @property
     def emulated(self) -> bool:
         return self.device_mode is DeviceMode.EMULATED
+
+    def profile(self, is_start: bool = True) -> None:
+        """Start or stop the profiler (the trace is written at stop); on the emulated device rank 0 also prints the
+        CPU-time table (vLLM's sorts by CUDA time, which a CPU trace lacks)."""
+        if self.profiler is None:
+            raise RuntimeError("Profiler is not enabled: set VLLM_TORCH_PROFILER_DIR")
+        if is_start:
+            self.profiler.start()
+            return
+        self.profiler.stop()
+        if self.emulated and self.local_rank == 0:
+            print(self.profiler.key_averages().table(sort_by="self_cpu_time_total", row_limit=30))
 
     # --- device and distributed init ----------------------------------------------------------------------------
 
@@ -159,6 +209,11 @@ class NPUWorker(Worker):
         dtype = self.model_config.dtype
         assert isinstance(dtype, torch.dtype)  # ModelConfig resolves "auto"/strings to a torch.dtype at init
         current_platform.check_if_supports_dtype(dtype)
+        if not self.emulated:
+            # Before the distributed init: an NNAL problem stops every rank before any HCCL rendezvous.
+            from ._atb import prepare_atb
+
+            prepare_atb(self.device)
         init_worker_distributed_environment(
             self.vllm_config,
             self.rank,
@@ -190,7 +245,9 @@ class NPUWorker(Worker):
             report_usage_stats(self.vllm_config)
 
     def _maybe_get_memory_pool_context(self, tag: str) -> contextlib.AbstractContextManager:
-        return contextlib.nullcontext()  # sleep mode needs no special allocator here (see sleep())
+        # No address-keeping allocator (vllm-ascend's CaMemAllocator needs a C extension; module docstring): sleep
+        # shrinks the storages and wake-up re-captures the graphs instead.
+        return contextlib.nullcontext()
 
     # --- memory -------------------------------------------------------------------------------------------------
 
@@ -263,6 +320,8 @@ class NPUWorker(Worker):
             return
         backend = device_backend()
         free_before, _ = backend.mem_get_info(self.device)
+        # Graphs read the weights and KV caches at their current addresses, which wake-up changes (module docstring).
+        self._graphs_released = self.model_runner.release_graphs() > 0 or self._graphs_released
         for tag in SLEEP_TAGS:
             storages = _unique_storages(self._tensors_of(tag))
             if tag == "weights" and level == 1:
@@ -283,7 +342,8 @@ class NPUWorker(Worker):
         )
 
     def wake_up(self, tags: list[str] | None = None) -> None:
-        """Re-allocate the released memory of ``tags`` (default: all): KV cache zeroed, weights restored."""
+        """Re-allocate the released memory of ``tags`` (default: all): KV cache zeroed, weights restored. Once no
+        tag is asleep, the graphs released by :meth:`sleep` are captured again (they must see the new addresses)."""
         for tag in tags or list(SLEEP_TAGS):
             if tag not in SLEEP_TAGS:
                 raise ValueError(f"unknown sleep tag {tag!r}; expected one of {SLEEP_TAGS}")
@@ -302,6 +362,9 @@ class NPUWorker(Worker):
             else:
                 self.model_runner.reload_weights()
         device_backend().synchronize(self.device)
+        if self._graphs_released and not self._released:
+            self.model_runner.recapture_graphs()
+            self._graphs_released = False
 
     # --- diagnostics --------------------------------------------------------------------------------------------
 

@@ -17,6 +17,16 @@ input mutations or metadata mutations outside the graph, no output aliasing an i
 tokens, one graph input per Dynamo input (no de-duplicated or synthetic-base inputs). Otherwise the compile still
 works, it is just not cached (counted in ``uncacheable``).
 
+Frozen parameters: on an NPU the torchair mode compiles with ``frozen_parameter=True``, so GE binds every
+``nn.Parameter`` input (and every input marked with ``torch._dynamo.mark_static_address``) to the device address it
+had at the graph's first run (torch_npu 2.8.0 ``torchair/_ge_concrete_graph/graph_pass.py`` ``get_frozen_flag``:
+``PARAMETER`` and ``STATIC_TENSOR`` inputs; ``fx2ge_converter.py`` warns that their addresses must stay the same for
+the program's lifetime). Other inputs (buffers such as the rotary caches, the KV caches, which are marked with
+``mark_static``, not a static address) are bound per run. The stand-in keeps that rule: it records the address of
+every frozen input when it compiles (or loads) a graph and raises :class:`~.GraphInputMovedError` when a call hands
+one at another address, where the NPU graph would read the memory the parameter had before (sleep mode moves the
+weights; :meth:`.torchair.TorchairWrapper.reset_graphs` is how the engine recompiles after wake-up).
+
 Counts go to the :class:`~.torchair.TorchairStats` passed in: ``lowerings`` (AOT traces), ``cache_hits``,
 ``cache_writes``, ``uncacheable``, and ``backend_seconds`` (time spent lowering or loading, per size).
 """
@@ -32,6 +42,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 from vllm_npu.interface.log import get_logger
+
+from . import GraphInputMovedError
 
 if TYPE_CHECKING:
     from .compile_cache import CompileCache
@@ -119,6 +131,33 @@ def load_graph(path: os.PathLike) -> Callable[..., Any]:
     return run
 
 
+def frozen_inputs(example_inputs: Sequence[Any]) -> list[tuple[int, int]]:
+    """``(position, device address)`` of every input torchair freezes under ``frozen_parameter=True``: the
+    ``nn.Parameter`` inputs and the static-address ones (``_dynamo_static_input_type == "guarded"``)."""
+    return [
+        (i, x.data_ptr())
+        for i, x in enumerate(example_inputs)
+        if isinstance(x, torch.Tensor)
+        and (isinstance(x, torch.nn.Parameter) or getattr(x, "_dynamo_static_input_type", None) == "guarded")
+    ]
+
+
+def with_frozen_addresses(compiled: Callable[..., Any], frozen: list[tuple[int, int]], size: int) -> Callable[..., Any]:
+    """``compiled``, refusing a call whose frozen inputs (:func:`frozen_inputs`) moved since the compile."""
+
+    def run(*args: Any) -> Any:
+        for i, address in frozen:
+            if args[i].data_ptr() != address:
+                raise GraphInputMovedError(
+                    f"torchair graph of batch size {size}: frozen parameter input {i} moved from {address:#x} to "
+                    f"{args[i].data_ptr():#x}; with frozen_parameter=True the NPU graph would read the old address. "
+                    "Recompile after moving weights (TorchairWrapper.reset_graphs, as the worker's wake_up does)"
+                )
+        return compiled(*args)
+
+    return run
+
+
 class StandInBackend:
     """A ``torch.compile`` backend for one batch size (see the module docstring)."""
 
@@ -130,7 +169,9 @@ class StandInBackend:
     def __call__(self, gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
         start = time.perf_counter()
         try:
-            return self._compile(gm, example_inputs)
+            return with_frozen_addresses(
+                self._compile(gm, example_inputs), frozen_inputs(example_inputs), self.batch_size
+            )
         finally:
             self.stats.backend_seconds[self.batch_size] = time.perf_counter() - start
 

@@ -4,9 +4,16 @@
 
 Calls (torchair as shipped for torch_npu 2.8.0; the same calls vllm-ascend v0.11.0 makes):
 
-- ``torchair.CompilerConfig()``: the graph-compile configuration. We set ``experimental_config.frozen_parameter =
-  True`` (weights keep their device addresses for the engine's lifetime, so GE need not re-bind them per run) and
-  leave ``mode`` at its default ``"max-autotune"`` (Ascend IR graphs compiled by GE).
+- ``torch.npu.set_compile_mode(jit_compile=False)`` first: operators run from CANN's prebuilt binary kernels, not
+  compiled online (torch_npu 2.8.0 ``npu/npu_config.py``: ``_npu_setOption({"jitCompile": "disable"})``), as
+  vllm-ascend v0.11.0 does right before building its backend (``torchair/torchair_model_runner.py``).
+- ``torchair.CompilerConfig()``: the graph-compile configuration, set as vllm-ascend v0.11.0 sets it on A2/A3
+  (``torchair_model_runner.py``, with ``ascend_config.py``'s defaults): ``mode`` left at ``"max-autotune"`` (Ascend
+  IR graphs compiled by GE; vllm-ascend sets it only when the user asks), ``experimental_config.frozen_parameter =
+  True`` (GE binds every parameter to its device address at the first run, so the weights must not move while a
+  graph lives: sleep mode recompiles after wake-up), ``experimental_config.tiling_schedule_optimize = True``
+  (torch_npu's default is False; vllm-ascend turns it off only on 310P, which this plugin does not support) and
+  ``experimental_config.enable_view_optimize = True`` (torch_npu's and vllm-ascend's default, spelled out).
 - ``torchair.get_npu_backend(compiler_config=config)``: the ``torch.compile`` backend.
 - without the cache: ``torch.compile(fn, backend=npu_backend, fullgraph=True, dynamic=True)``;
 - with the cache: ``torchair.inference.cache_compile(fn, backend=npu_backend, dynamic=True, cache_dir=dir,
@@ -41,8 +48,12 @@ def compile_npu(fn: Callable[..., Any], cache_dir: str | None) -> Callable[..., 
     """``fn`` compiled by torchair for the NPU (cached under ``cache_dir`` when given)."""
     import torchair
 
+    npu: Any = torch.npu  # type: ignore[attr-defined]  # registered at runtime by torch_npu (torchair imports it)
+    npu.set_compile_mode(jit_compile=False)
     config = torchair.CompilerConfig()
     config.experimental_config.frozen_parameter = True
+    config.experimental_config.tiling_schedule_optimize = True
+    config.experimental_config.enable_view_optimize = True
     npu_backend = torchair.get_npu_backend(compiler_config=config)
     if cache_dir is None:
         return torch.compile(fn, backend=npu_backend, fullgraph=True, dynamic=True)

@@ -17,6 +17,11 @@ The key is everything that changes what a compiled decode graph computes or how 
 - the parallel position: TP/PP/DP sizes and this worker's TP and PP rank (collectives are inside the graph, and
   weights are this rank's shard);
 - the kernels: device type (npu/emulated) and the kernel backend (``npu.kernels``);
+- the torchair mode's KV caches: every cache layer's shape and dtype (``kv_cache``). The caches are static inputs
+  of the decode graph, and torchair's ``cache_compile`` reloads a cached graph without Dynamo's guards or any shape
+  check, so a restart whose memory profiling gives another ``num_blocks`` must not find the old graph. That is why
+  the torchair mode computes its key at its first compile, after the KV caches exist (vllm-ascend v0.11.0 instead
+  deletes its torchair cache at every start unless the KV-cache bytes are pinned, ``platform.py``);
 - the software: vLLM, torch and torch_npu versions, CANN's version (torchair's GE graphs are built by CANN's graph
   compiler for its operator library; read from CANN's install files as ``vllm-npu doctor`` does, None without
   CANN), the plugin's distribution versions, and a digest of the plugin's installed Python sources (its versions do
@@ -91,12 +96,21 @@ def cann_version() -> str | None:
     return find_cann().version
 
 
-def cache_key(vllm_config: VllmConfig, *, device_type: str, kernels: str, tp_rank: int, pp_rank: int) -> dict[str, Any]:
-    """The cache key of one worker (see the module docstring); JSON-serialisable."""
+def cache_key(
+    vllm_config: VllmConfig,
+    *,
+    device_type: str,
+    kernels: str,
+    tp_rank: int,
+    pp_rank: int,
+    kv_cache: list[list[Any]] | None = None,
+) -> dict[str, Any]:
+    """The cache key of one worker (see the module docstring); JSON-serialisable. ``kv_cache``: the torchair
+    mode's ``[layer name, shape, dtype]`` per KV-cache tensor (:func:`kv_cache_layout`); None leaves it out."""
     model = vllm_config.model_config
     cache = vllm_config.cache_config
     parallel = vllm_config.parallel_config
-    return {
+    key: dict[str, Any] = {
         "model": str(model.model),
         "model_config_hash": model.compute_hash(),
         "dtype": str(model.dtype),
@@ -113,10 +127,33 @@ def cache_key(vllm_config: VllmConfig, *, device_type: str, kernels: str, tp_ran
         "cann": cann_version(),
         "plugin_sources": plugin_source_digest(),
     }
+    if kv_cache is not None:
+        key["kv_cache"] = kv_cache
+    return key
 
 
-def worker_cache(vllm_config: VllmConfig, root: Path, *, device_type: str, kernels: str) -> CompileCache:
-    """The cache of this worker (its TP and PP rank in the key) under ``root``."""
+def kv_cache_layout(vllm_config: VllmConfig) -> list[list[Any]]:
+    """``[layer name, shape, dtype]`` of every KV-cache tensor bound to the engine's layers (sorted by layer name);
+    raises if no cache is bound yet (a key computed then could not tell two KV-cache sizes apart)."""
+    import torch
+
+    layout: list[list[Any]] = []
+    for name, layer in sorted(vllm_config.compilation_config.static_forward_context.items()):
+        for t in getattr(layer, "kv_cache", None) or ():
+            if isinstance(t, torch.Tensor) and t.numel():
+                layout.append([name, list(t.shape), str(t.dtype)])
+    if not layout:
+        raise RuntimeError(
+            "the torchair compile cache key needs the KV-cache shapes, but no KV cache is bound yet: compile only "
+            "after the KV caches are allocated (vLLM's capture step)"
+        )
+    return layout
+
+
+def worker_cache(
+    vllm_config: VllmConfig, root: Path, *, device_type: str, kernels: str, kv_cache: list[list[Any]] | None = None
+) -> CompileCache:
+    """The cache of this worker (its TP and PP rank in the key, and ``kv_cache`` when given) under ``root``."""
     from vllm.distributed.parallel_state import get_pp_group, get_tensor_model_parallel_rank
 
     key = cache_key(
@@ -125,6 +162,7 @@ def worker_cache(vllm_config: VllmConfig, root: Path, *, device_type: str, kerne
         kernels=kernels,
         tp_rank=get_tensor_model_parallel_rank(),
         pp_rank=get_pp_group().rank_in_group,
+        kv_cache=kv_cache,
     )
     return CompileCache(root.expanduser().resolve(), key)
 

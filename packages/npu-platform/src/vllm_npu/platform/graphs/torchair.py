@@ -59,8 +59,9 @@ from vllm_npu.interface.graphs import COMPILED_STEP
 from vllm_npu.interface.log import get_logger
 from vllm_npu.interface.protocols import graph_inputs_of
 
-from .compile_cache import CompileCache, default_cache_root, worker_cache
+from .compile_cache import CompileCache, default_cache_root, kv_cache_layout, worker_cache
 from .config import sparse_attention
+from .wrapper import register_wrapper
 
 logger = get_logger(__name__)
 
@@ -187,11 +188,14 @@ def forward_for(model: torch.nn.Module, batch_size: int) -> Callable[..., Any]:
 
 
 def _compile_cache(vllm_config: VllmConfig, device_type: str) -> CompileCache | None:
+    """The compile cache of this worker, None with ``npu.torchair_cache=false``. Its key holds the KV caches'
+    shapes (:func:`.compile_cache.kv_cache_layout`), so it can only be computed once they are allocated."""
     npu = _npu_config(vllm_config)
     if not npu.torchair_cache:
         return None
     root = default_cache_root() if npu.torchair_cache_dir is None else Path(npu.torchair_cache_dir)
-    return worker_cache(vllm_config, root, device_type=device_type, kernels=npu.kernels)
+    layout = kv_cache_layout(vllm_config)
+    return worker_cache(vllm_config, root, device_type=device_type, kernels=npu.kernels, kv_cache=layout)
 
 
 class TorchairWrapper(CUDAGraphWrapper):
@@ -200,6 +204,9 @@ class TorchairWrapper(CUDAGraphWrapper):
     A ``CUDAGraphWrapper`` subclass so that vLLM's checks of the model (``get_model`` unwrapping) hold; no graph
     is captured. Batches dispatched with runtime mode FULL must carry the padded size in the forward context's
     batch descriptor (vLLM's dispatcher does); the first call of a size compiles it.
+
+    The compile cache (``cache``) is chosen at the first compile, not here: the model is wrapped at load time,
+    before the KV caches exist, and their shapes are part of the key.
     """
 
     def __init__(
@@ -213,12 +220,26 @@ class TorchairWrapper(CUDAGraphWrapper):
 
         super().__init__(runnable, vllm_config, runtime_mode, cudagraph_options)
         self.device_type = device_backend().type
-        self.cache = _compile_cache(vllm_config, self.device_type)
+        self.cache: CompileCache | None = None  # set at the first compile (see the class docstring)
         self.compiled: dict[int, Callable[..., Any]] = {}
         self.compile_counts: Counter[int] = Counter()
-        if self.cache is not None:
-            directory = self.cache.prepare()
-            logger.info("torchair mode: compile cache %s", directory)
+        register_wrapper(self)
+
+    def _prepared_cache(self) -> CompileCache | None:
+        if self.cache is None:
+            self.cache = _compile_cache(self.vllm_config, self.device_type)
+            if self.cache is not None:
+                logger.info("torchair mode: compile cache %s", self.cache.prepare())
+        return self.cache
+
+    def reset_graphs(self) -> int:
+        """Forget every compiled size (sleep mode: on an NPU the graphs hold the weights' device addresses,
+        ``frozen_parameter``); the next call of each size compiles it again, through the compile cache when it is
+        on. Returns how many sizes were compiled."""
+        n = len(self.compiled)
+        self.compiled.clear()
+        self.compile_counts.clear()  # a compile after a reset is a new compile, not a guard failure
+        return n
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         context = get_forward_context()
@@ -260,11 +281,12 @@ class TorchairWrapper(CUDAGraphWrapper):
 
     def _compile(self, size: int) -> Callable[..., Any]:
         fn = forward_for(cast(torch.nn.Module, self.runnable), size)
+        cache = self._prepared_cache()
         if self.device_type == "npu":
             from ._torchair_npu import compile_npu
 
-            return compile_npu(fn, None if self.cache is None else str(self.cache.directory))
+            return compile_npu(fn, None if cache is None else str(cache.directory))
         from ._standin import StandInBackend
 
-        backend = self._counted(size, StandInBackend(size, self.cache, TORCHAIR_STATS))
+        backend = self._counted(size, StandInBackend(size, cache, TORCHAIR_STATS))
         return torch.compile(fn, backend=backend, fullgraph=True, dynamic=False)

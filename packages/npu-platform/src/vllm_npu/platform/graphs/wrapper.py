@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+import weakref
 from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -91,6 +92,20 @@ def _piece_stats() -> Any:
 #: This process's counts since its model runner was built (the runner resets them: one engine per process).
 GRAPH_STATS = GraphStats()
 
+#: Every live graph wrapper of this process (NPUGraphWrapper and the torchair mode's), so that the model runner can
+#: drop every captured graph of its engine (sleep mode: :meth:`.model_runner.NPUModelRunner.release_graphs`); vLLM
+#: keeps the piecewise wrappers inside its compiled split graph, where the runner cannot reach them.
+_LIVE_WRAPPERS: weakref.WeakSet[CUDAGraphWrapper] = weakref.WeakSet()
+
+
+def register_wrapper(wrapper: CUDAGraphWrapper) -> None:
+    _LIVE_WRAPPERS.add(wrapper)
+
+
+def engine_wrappers(vllm_config: VllmConfig) -> list[CUDAGraphWrapper]:
+    """The live graph wrappers built for ``vllm_config`` (one engine's)."""
+    return [w for w in list(_LIVE_WRAPPERS) if w.vllm_config is vllm_config]
+
 
 def _device_backend() -> Any:
     from ..model_runner import device_backend
@@ -134,6 +149,16 @@ class NPUGraphWrapper(CUDAGraphWrapper):
         self.device_backend = _device_backend()
         self.compile_captures = self.device_backend.type != "npu" and _emulated_compile(vllm_config) == "inductor"
         self.compile_cache = _twin_compile_cache(vllm_config) if self.compile_captures else None
+        register_wrapper(self)
+
+    def reset_graphs(self) -> int:
+        """Release every captured graph (``reset()``: an ACL graph gives its memory back to the pool); the next call
+        of each size captures again (only while vLLM allows capturing). Returns how many were released."""
+        entries = list(self.concrete_cudagraph_entries.values())
+        for entry in entries:
+            cast(Any, entry.cudagraph).reset()
+        self.concrete_cudagraph_entries.clear()
+        return len(entries)
 
     def _capture_context(self) -> contextlib.AbstractContextManager:
         stack = contextlib.ExitStack()
