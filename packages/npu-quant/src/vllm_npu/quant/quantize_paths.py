@@ -61,6 +61,9 @@ def checked_output(model_dir: Path, out_dir: Path, *, overwrite: bool) -> Path:
             f"the output directory {out_dir} contains the input checkpoint {model_dir} (replacing it would delete "
             f"the input); {new}"
         )
+    blocking = next((p for p in out.parents if p.exists() and not p.is_dir()), None)
+    if blocking is not None:
+        raise QuantizeError(f"the output path {out_dir} lies under {blocking}, which is a file, not a directory; {new}")
     if out.exists() and not out.is_dir():
         raise QuantizeError(f"the output path {out_dir} exists and is not a directory; {new}")
     if out.is_dir() and not overwrite and not is_empty_dir(out):

@@ -317,6 +317,8 @@ def quantize_checkpoint(
             _write_checkpoint(staging, model_dir, state, description, config)
     except FileExistsError as exc:  # another process created the output meanwhile
         raise QuantizeError(f"{exc}; choose a new output directory or pass --overwrite") from None
+    except OSError as exc:  # no permission, disk full...: nothing was left at the output
+        raise QuantizeError(f"cannot write {out_dir}: {exc}; the output was left as it was") from exc
     return out_dir
 
 
