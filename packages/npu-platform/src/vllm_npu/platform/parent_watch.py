@@ -74,7 +74,8 @@ def install() -> None:
 
 
 def _after_fork(_token: object) -> None:
-    global _watched
+    global _lock, _watched
+    _lock = threading.Lock()  # another thread of the parent may have held it at the fork
     _watched = None  # threads do not survive a fork: the parent's watch (if any) is not running here
     watch_if_vllm_child()
 
