@@ -1,0 +1,46 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
+"""The MoE forward inside graphs: which path to take, and the host reads a graph must not contain.
+
+vLLM's ``moe_forward`` is not a splitting op, so under PIECEWISE (and inside FULL_DECODE_ONLY's whole-model graph)
+a MoE layer runs *inside* a captured ACL graph: its Python runs once, while the graph is captured, and only its
+device work is replayed. A device-to-host read there (``.tolist()`` of split sizes, ``int(counts.sum())``)
+synchronizes a stream that is being captured, which the NPU refuses; were it allowed, the value would be frozen into
+every replay. So while a graph is captured (or traced by Dynamo for the torchair mode) the dispatchers take their
+paths without host reads (:func:`in_graph_step`), and the exchanges that cannot do without one read through
+:func:`host_ints`, which fails loudly there on both devices. On the emulated device the twin runs the layer's Python
+during its capture the same way, so it fails where the NPU would, instead of silently re-running the op at replay.
+"""
+
+from __future__ import annotations
+
+import torch
+from vllm_npu.interface import graphs
+from vllm_npu.interface.errors import NPUPluginError
+
+
+class HostReadInCaptureError(NPUPluginError, RuntimeError):
+    """A MoE exchange read device values on the host while a static graph was being captured."""
+
+
+def capturing() -> bool:
+    """Whether a static graph (ACL graph, the emulated twin) is being captured on this thread."""
+    return graphs.active_recorder() is not None
+
+
+def in_graph_step() -> bool:
+    """Whether this call is recorded into a graph (captured, or traced by Dynamo): no host reads allowed."""
+    return torch.compiler.is_compiling() or capturing()
+
+
+def host_ints(values: torch.Tensor, what: str) -> list:
+    """``values.tolist()``: a device-to-host read, refused while a static graph is being captured."""
+    if capturing():
+        raise HostReadInCaptureError(
+            f"the MoE exchange read {what} on the host while a static graph was being captured: a captured graph "
+            "cannot synchronize with the host, and the value would be frozen into every replay. Expert parallelism "
+            "across data-parallel ranks exchanges rows with static shapes (all-gather / reduce-scatter, or MC2) "
+            "when vLLM pads every DP rank's step to one size, i.e. without --enforce-eager; run with "
+            "npu.graph_mode='eager' (or --enforce-eager) to use the variable-size all-to-all"
+        )
+    return values.tolist()
