@@ -116,3 +116,18 @@ def test_the_all_to_all_exchange_fails_the_capture_loudly():
 )
 def test_dp_steps_are_padded_exactly_when_vllm_pads_them(model, expected):
     assert dp_steps_padded(SimpleNamespace(model_config=model)) is expected
+
+
+def test_graph_steps_of_vllm_take_the_capture_path_on_replay_too():
+    """The emulated twin re-runs vLLM's opaque moe_forward at every replay: in a graph step it takes the path the
+    NPU captured, not the eager one."""
+    from vllm.config import CUDAGraphMode, VllmConfig
+    from vllm.forward_context import BatchDescriptor, set_forward_context
+
+    cfg = VllmConfig()
+    with set_forward_context(None, cfg, cudagraph_runtime_mode=CUDAGraphMode.NONE):
+        assert not in_graph_step()
+    for mode in (CUDAGraphMode.PIECEWISE, CUDAGraphMode.FULL):
+        with set_forward_context(None, cfg, cudagraph_runtime_mode=mode, batch_descriptor=BatchDescriptor(4)):
+            assert in_graph_step()
+            assert host_ints(torch.tensor([2]), "a size") == [2]  # refused only while capturing

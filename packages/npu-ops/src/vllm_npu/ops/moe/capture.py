@@ -28,9 +28,22 @@ def capturing() -> bool:
     return graphs.active_recorder() is not None
 
 
+def graph_runtime_step() -> bool:
+    """Whether vLLM runs this step as a graph (its forward context's runtime mode is not NONE): on an NPU the layer's
+    Python then runs only while the graph is captured; the emulated twin re-runs opaque ops at every replay, and
+    taking the capture's path there too replays what the NPU graph holds."""
+    from vllm import forward_context
+    from vllm.config import CUDAGraphMode
+
+    ctx = forward_context._forward_context  # get_forward_context() asserts outside a forward (_vllm_surface)
+    mode = None if ctx is None else ctx.cudagraph_runtime_mode
+    return mode is not None and mode != CUDAGraphMode.NONE
+
+
 def in_graph_step() -> bool:
-    """Whether this call is recorded into a graph (captured, or traced by Dynamo): no host reads allowed."""
-    return torch.compiler.is_compiling() or capturing()
+    """Whether this call is (or replays) part of a graph: traced by Dynamo, captured, or a graph step of vLLM's
+    forward context. The dispatchers then take their paths without host reads."""
+    return torch.compiler.is_compiling() or capturing() or graph_runtime_step()
 
 
 def host_ints(values: torch.Tensor, what: str) -> list:
