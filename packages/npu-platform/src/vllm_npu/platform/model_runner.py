@@ -218,6 +218,19 @@ class NPUModelRunner(GPUModelRunner):
             return
         super().initialize_cudagraph_capture()
 
+    def _capture_sizes(self, sizes: list[int], runtime_mode: CUDAGraphMode, uniform_decode: bool) -> None:
+        """vLLM's capture loop over ``sizes`` (each warmed up eagerly ``cudagraph_num_of_warmups`` times, runtime mode
+        NONE, then captured); a capture that runs out of device streams (ACL error 0x7020023) is re-raised with the
+        stream budget and the knobs that fix it."""
+        try:
+            self._capture_cudagraphs(sizes, cudagraph_runtime_mode=runtime_mode, uniform_decode=uniform_decode)
+        except Exception as error:
+            if not is_stream_exhaustion(error):
+                raise
+            mode = "PIECEWISE" if runtime_mode == CUDAGraphMode.PIECEWISE else "FULL_DECODE_ONLY"
+            budget = stream_budget(self.vllm_config, mode)
+            raise GraphStreamsExhaustedError(stream_exhaustion_message(mode, sizes, budget)) from error
+
     def capture_model(self) -> int:
         """Capture every configured graph; returns the device memory the graphs took (bytes, as vLLM's)."""
         mode = self.compilation_config.cudagraph_mode
@@ -258,19 +271,6 @@ class NPUModelRunner(GPUModelRunner):
             taken / (1 << 30),
         )
         return taken
-
-    def _capture_sizes(self, sizes: list[int], runtime_mode: CUDAGraphMode, uniform_decode: bool) -> None:
-        """vLLM's capture loop over ``sizes`` (each warmed up eagerly ``cudagraph_num_of_warmups`` times, runtime mode
-        NONE, then captured); a capture that runs out of device streams (ACL error 0x7020023) is re-raised with the
-        stream budget and the knobs that fix it."""
-        try:
-            self._capture_cudagraphs(sizes, cudagraph_runtime_mode=runtime_mode, uniform_decode=uniform_decode)
-        except Exception as error:
-            if not is_stream_exhaustion(error):
-                raise
-            mode = "PIECEWISE" if runtime_mode == CUDAGraphMode.PIECEWISE else "FULL_DECODE_ONLY"
-            budget = stream_budget(self.vllm_config, mode)
-            raise GraphStreamsExhaustedError(stream_exhaustion_message(mode, sizes, budget)) from error
 
     # --- KV cache -----------------------------------------------------------------------------------------------
 
