@@ -130,7 +130,8 @@ class NPUGraph:
         labels = tensor_labels(runnable)
         if isinstance(runnable, torch.nn.Module):
             reads.add(
-                (labels.get(id(t), "module tensor"), t) for t in itertools.chain(runnable.parameters(), runnable.buffers())
+                (labels.get(id(t), "module tensor"), t)
+                for t in itertools.chain(runnable.parameters(), runnable.buffers())
             )
         recorder = _NPURecorder(reads)
         with npu.graph(graph, pool=pool, stream=stream), recording(recorder):
@@ -174,6 +175,7 @@ class NPUGraph:
                 task.kernel(*task.args, **params)
                 npu.graph_task_update_end(stream)
                 task.event.record(stream)
+
     def inputs_of(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[torch.Tensor]:
         inputs = [x for x in pytree.tree_leaves((args, kwargs)) if isinstance(x, torch.Tensor)]
         addresses = [t.data_ptr() for t in inputs]

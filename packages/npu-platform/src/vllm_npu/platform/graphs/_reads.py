@@ -16,6 +16,7 @@ worked out only on a mismatch.
 
 from __future__ import annotations
 
+import sys
 import weakref
 from collections.abc import Collection, Iterable
 from typing import Any
@@ -34,11 +35,10 @@ def tensor_labels(runnable: Any) -> dict[int, str]:
             labels.setdefault(id(p), f"parameter {name!r}")
         for name, b in runnable.named_buffers(remove_duplicate=False):
             labels.setdefault(id(b), f"buffer {name!r}")
+    forward_context = sys.modules.get("vllm.forward_context")  # not imported: no forward context to read
     try:
-        from vllm.forward_context import get_forward_context
-
-        layers = get_forward_context().no_compile_layers
-    except (AssertionError, ImportError, AttributeError):  # no forward context (unit tests of the graph alone)
+        layers = forward_context.get_forward_context().no_compile_layers if forward_context else {}
+    except (AssertionError, AttributeError):  # outside a forward (unit tests of the graph alone)
         layers = {}
     for layer_name, layer in layers.items():
         for i, cache in enumerate(getattr(layer, "kv_cache", None) or ()):

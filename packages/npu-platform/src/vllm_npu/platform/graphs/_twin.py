@@ -166,6 +166,44 @@ def _plain_parameters(runnable: Any) -> Iterator[None]:
             t.__class__ = cls
 
 
+_HOST_READS = ("tolist", "numpy")
+
+
+@contextlib.contextmanager
+def _no_host_reads_of_traced_tensors() -> Iterator[None]:
+    """While tracing: ``.tolist()`` / ``.numpy()`` of a tensor the graph computes or reads (one the tracer tracks)
+    fail, as a device-to-host read fails in an ACL capture (``capture_error_mode`` "global", torch_npu
+    ``npu/graphs.py:204-209``). The tracer already refuses ``.item()``, ``bool()``, ``int()``
+    (``aten._local_scalar_dense``), but these two read the data without dispatching an op, so they would silently
+    freeze the capture's values. A host tensor of Python state that no traced op touched is not tracked: reading it
+    is host work, frozen at capture like every host value."""
+    from torch.fx.experimental import proxy_tensor
+
+    originals = {name: getattr(torch.Tensor, name) for name in _HOST_READS}
+
+    def guarded(name: str) -> Callable[..., Any]:
+        original = originals[name]
+
+        def call(self: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+            mode = proxy_tensor.get_proxy_mode()
+            if mode is not None and proxy_tensor.get_proxy_slot(self, mode.tracer, None) is not None:
+                raise RuntimeError(
+                    f"Tensor.{name}() of a tensor the captured graph computes or reads: a host read while capturing "
+                    "(an NPU graph capture refuses it; read host copies prepared before the capture instead)"
+                )
+            return original(self, *args, **kwargs)
+
+        return call
+
+    for name in _HOST_READS:
+        setattr(torch.Tensor, name, guarded(name))
+    try:
+        yield
+    finally:
+        for name, fn in originals.items():
+            setattr(torch.Tensor, name, fn)
+
+
 def _tensor_positions(flat: list[Any]) -> list[int]:
     return [i for i, x in enumerate(flat) if isinstance(x, torch.Tensor)]
 
@@ -203,7 +241,7 @@ class EmulatedGraph:
 
         inputs = [flat[i] for i in positions]
         recorder = _TwinRecorder()
-        with recording(recorder), _plain_parameters(runnable):
+        with recording(recorder), _plain_parameters(runnable), _no_host_reads_of_traced_tensors():
             module = make_fx(traced, decomposition_table=_attention_decompositions(), tracing_mode="real")(*inputs)
         graph = cls(module, spec, flat, positions, [t.data_ptr() for t in inputs], None, recorder.task_ids)
         labels = tensor_labels(runnable)
