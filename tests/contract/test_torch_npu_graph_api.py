@@ -34,7 +34,7 @@ def npu(monkeypatch):
     from vllm_npu.platform.graphs import _npu
 
     _documented()
-    monkeypatch.setattr(_npu, "_UPDATE_STREAM", [])  # the process's update stream, made on the stand-in
+    monkeypatch.setattr(_npu, "_UPDATE_STREAM", [], raising=False)  # the process's update stream, made on the stand-in
     return fake_npu_graphs.install(monkeypatch)
 
 
@@ -112,8 +112,9 @@ def _task_kernel(q: torch.Tensor, cache: torch.Tensor, *, lens: list[int], out: 
 class _Model(torch.nn.Module):
     """A full-graph runnable: a weight, a KV cache reached through Python state, one updatable task."""
 
-    def __init__(self) -> None:
+    def __init__(self, prepare: bool = False) -> None:
         super().__init__()
+        self.use_prepare = prepare
         self.weight = torch.nn.Parameter(torch.ones(4), requires_grad=False)
         self.kv_cache = torch.zeros(8)
         self.lens = [1, 1]
@@ -126,9 +127,10 @@ class _Model(torch.nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         q = x * self.weight
         out = torch.empty_like(q)
+        scratch = {"prepare": self.prepare} if self.use_prepare else {}
         graphs.launch(
-            _task_kernel, q, self.kv_cache[:4], refresh=lambda: {"lens": self.lens}, prepare=self.prepare,
-            lens=self.lens, out=out,
+            _task_kernel, q, self.kv_cache[:4], refresh=lambda: {"lens": self.lens}, lens=self.lens, out=out,
+            **scratch,
         )  # fmt: skip
         return out + 1
 
@@ -186,7 +188,7 @@ def test_one_update_stream_per_process_ordered_after_the_current_stream(npu):
 def test_prepare_runs_outside_the_task_group_at_capture_and_before_every_update(npu):
     from vllm_npu.platform.graphs._npu import NPUGraph
 
-    model = _Model()
+    model = _Model(prepare=True)
     g = NPUGraph.capture(model, (torch.ones(4),), {}, None, None)
     assert model.prepared == [[1, 1]]
     model.lens = [3, 4, 5]

@@ -283,7 +283,7 @@ def test_captured_mla_decode_task_group_holds_the_out_kernel_alone(fia: FakeFIA,
     from vllm_npu.platform.graphs import _npu
     from vllm_npu.platform.graphs._npu import NPUGraph
 
-    monkeypatch.setattr(_npu, "_UPDATE_STREAM", [])
+    monkeypatch.setattr(_npu, "_UPDATE_STREAM", [], raising=False)
     fake_npu_graphs.install(monkeypatch, torch_npu=sys.modules["torch_npu"])
     g = torch.Generator().manual_seed(7)
     B, N, P, R, L, V, bs = 2, 32, 16, 64, 512, 16, 16

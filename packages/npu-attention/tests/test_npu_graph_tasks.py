@@ -30,7 +30,7 @@ H, HKV, D, BS = 8, 2, 64, 128
 def graph_npu(fake_npu, monkeypatch):  # noqa: F811
     from vllm_npu.platform.graphs import _npu
 
-    monkeypatch.setattr(_npu, "_UPDATE_STREAM", [])
+    monkeypatch.setattr(_npu, "_UPDATE_STREAM", [], raising=False)
     return fake_npu_graphs.install(monkeypatch, torch_npu=sys.modules["torch_npu"])
 
 
