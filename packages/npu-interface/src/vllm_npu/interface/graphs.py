@@ -95,9 +95,14 @@ def launch(
     not called: the kernel sizes its own scratch."""
     recorder = active_recorder()
     if recorder is None:
-        result = kernel(*args, **params)
+        check_task_result(kernel, kernel(*args, **params))
     else:
-        result = recorder.record(kernel, args, params, refresh, prepare)
+        recorder.record(kernel, args, params, refresh, prepare)
+
+
+def check_task_result(kernel: Callable[..., Any], result: Any) -> None:
+    """Raise TypeError unless ``result`` (what ``kernel`` returned) is None: a task's results live in its tensor
+    arguments, and a captured graph would lose anything returned."""
     if result is not None:
         raise TypeError(
             f"graph task {getattr(kernel, '__name__', kernel)!r} returned {type(result).__name__}: a task writes its "

@@ -294,7 +294,7 @@ class AscendAttentionImpl(AttentionImpl[AscendMetadata]):  # type: ignore[type-v
                     **heads,
                 )
             else:
-                scratch: dict[str, torch.Tensor] = {}
+                scratch: dict[str, Any] = {}  # tensors; typed Any to pass through launch's keywords
                 if self._npu and graphs.active_recorder() is not None:
                     # A captured task re-issues only its kernel: mask, LSE and workspace are made here, before it.
                     scratch = paged_decode_window_scratch_npu(

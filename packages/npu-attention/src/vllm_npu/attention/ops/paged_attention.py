@@ -281,7 +281,9 @@ PAGED_DECODE = Kernel("paged_decode", npu=paged_decode_npu, reference=paged_deco
 # --- paged decode with a sliding window -----------------------------------------------------------------------------
 
 
-def window_mask(seq_lens: torch.Tensor, block_table: torch.Tensor, block_size: int, sliding_window: int) -> torch.Tensor:
+def window_mask(
+    seq_lens: torch.Tensor, block_table: torch.Tensor, block_size: int, sliding_window: int
+) -> torch.Tensor:
     """The window decode's ``[B, 1, KV_S]`` bool mask (True = hidden): cache position ``j`` of request ``b`` is hidden
     when ``j < seq_lens[b] - sliding_window``; ``KV_S = block_table.shape[1] * block_size`` (the block table's
     capacity, as the FIA docs require for a paged cache with ``sparse_mode=0``). Device ops only: inside a captured

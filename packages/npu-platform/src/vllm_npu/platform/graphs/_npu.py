@@ -33,7 +33,7 @@ from typing import Any
 
 import torch
 from torch.utils import _pytree as pytree
-from vllm_npu.interface.graphs import Prepare, Refresh, recording
+from vllm_npu.interface.graphs import Prepare, Refresh, check_task_result, recording
 
 from . import GraphInputMovedError
 from ._reads import CapturedReads, owner, tensor_labels
@@ -100,8 +100,9 @@ class _NPURecorder:
         event.wait(stream)
         event.reset(stream)
         npu.graph_task_group_begin(stream)
-        kernel(*args, **params)
+        result = kernel(*args, **params)
         handle = npu.graph_task_group_end(stream)
+        check_task_result(kernel, result)
         name = getattr(kernel, "__name__", "task")
         self.reads.add((f"{name} argument", owner(t)) for t in _tensors((args, params)))
         weak_args = tuple(pytree.tree_map(_weak_ref, list(args)))

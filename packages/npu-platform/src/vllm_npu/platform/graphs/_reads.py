@@ -100,7 +100,7 @@ class CapturedReads:
         """Raise :class:`GraphInputMovedError` naming every tensor that moved (or, held weakly, was freed)."""
         if self.weak:
             tensors = [r() for r in self.refs]
-            if None not in tensors and [t.data_ptr() for t in tensors] == self.addresses:  # type: ignore[union-attr]
+            if all(t is not None for t in tensors) and [t.data_ptr() for t in tensors] == self.addresses:
                 return
         else:
             tensors = self.refs
@@ -112,9 +112,10 @@ class CapturedReads:
                 moved.append(f"{label} (freed; captured at {addr:#x})")
             elif t.data_ptr() != addr:
                 moved.append(f"{label} (captured at {addr:#x}, now at {t.data_ptr():#x})")
+        shown = "; ".join(moved[:4]) + (f"; and {len(moved) - 4} more" if len(moved) > 4 else "")
         raise GraphInputMovedError(
-            "a captured graph reads tensors by the address they had at capture, and these moved since: "
-            + "; ".join(moved)
+            f"a captured graph reads tensors by the address they had at capture, and {len(moved)} moved since: "
+            + shown
             + ". Keep captured tensors in place (copy new values into them), or capture the graphs again after "
             "moving them (e.g. after waking up from sleep mode)"
         )

@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.utils import _pytree as pytree
-from vllm_npu.interface.graphs import Prepare, Refresh, recording
+from vllm_npu.interface.graphs import Prepare, Refresh, check_task_result, recording
 
 from . import GraphInputMovedError
 from ._reads import CapturedReads, tensor_labels
@@ -81,12 +81,7 @@ class _Task:
         params = {**kwargs, **self.params}
         if self.prepare is not None:
             params.update(self.prepare(*args, **params))
-        result = self.kernel(*args, **params)
-        if result is not None:
-            raise TypeError(
-                f"graph task {getattr(self.kernel, '__name__', self.kernel)!r} returned {type(result).__name__}: a "
-                "task writes its results into its tensor arguments (out=) and returns None"
-            )
+        check_task_result(self.kernel, self.kernel(*args, **params))
 
 
 _TASKS: dict[int, _Task] = {}  # registry: task id -> task, owned by the EmulatedGraph that captured it
@@ -292,10 +287,12 @@ class EmulatedGraph:
             inputs = [flat[i] for i in self.positions]
         for n, (t, addr) in enumerate(zip(inputs, self.addresses, strict=True)):
             if not isinstance(t, torch.Tensor) or t.data_ptr() != addr:
-                got = t.data_ptr() if isinstance(t, torch.Tensor) else type(t).__name__
+                got = f"{t.data_ptr():#x}" if isinstance(t, torch.Tensor) else type(t).__name__
+                what = f" ({type(t).__name__} {tuple(t.shape)})" if isinstance(t, torch.Tensor) else ""
                 raise GraphInputMovedError(
-                    f"static graph input {n} moved: captured at {addr:#x}, replayed with {got}; a captured graph "
-                    "reads its input buffers by address, so the caller must copy new inputs into the captured buffers"
+                    f"static graph input {n}{what} moved: captured at {addr:#x}, replayed with {got}; a captured "
+                    "graph reads its input buffers by address, so the caller must copy new inputs into the captured "
+                    "buffers (a weight moved by sleep mode's wake-up: capture the graphs again)"
                 )
         return inputs
 
