@@ -136,7 +136,7 @@ class _Model(torch.nn.Module):
 
 
 def test_task_arguments_are_weak_references_and_nothing_keeps_them_alive(npu):
-    """torch_npu's own graph dispatch (graphs.py:103-116) and vllm-ascend's graph_params keep TensorWeakRefs of a
+    """torch_npu's own graph dispatch (graphs.py:120-134) and vllm-ascend's graph_params keep TensorWeakRefs of a
     task's tensors, so the graph pool owns them and smaller graphs captured later reuse the memory."""
     import gc
     import weakref

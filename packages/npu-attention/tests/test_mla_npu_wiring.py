@@ -278,7 +278,7 @@ def test_captured_mla_decode_task_reissues_on_its_captured_buffers(fia: FakeFIA)
 def test_captured_mla_decode_task_group_holds_the_out_kernel_alone(fia: FakeFIA, monkeypatch) -> None:
     """Captured as an ACL graph task on the stand-in runtime (npu_testkit.fake_npu_graphs), which refuses any
     allocation inside a task group or update: the BNSD query copies (``.contiguous()`` of the absorbed query and of
-    q_pe) are made before ``graph_task_group_begin``, as vllm-ascend v0.11.0 does (``mla_v1.py:996-1000``)."""
+    q_pe) are made before ``graph_task_group_begin``, as vllm-ascend v0.11.0 does (``mla_v1.py:1006-1012``)."""
     from npu_testkit import fake_npu_graphs
     from vllm_npu.platform.graphs import _npu
     from vllm_npu.platform.graphs._npu import NPUGraph

@@ -20,7 +20,7 @@ imported) and is recorded. On top, while capturing:
   given its outputs (``out=``, in-place ops) or that returns a workspace. Source: torch_npu's own graph dispatch
   (``graphs.py:137-160``) allocates the FIA output, softmax LSE and ``get_max_workspace`` *before*
   ``graph_task_group_begin`` and puts only ``npu_fused_infer_attention_score.out`` inside; an update re-issues the
-  group's kernel alone (``graphs.py:118-127``), so memory allocated inside would be re-allocated and freed at every
+  group's kernel alone (``graphs.py:104-118``), so memory allocated inside would be re-allocated and freed at every
   update while the graph keeps the capture's address. The fake kernels' own bodies are exempt (they stand for the
   kernel).
 - **captured tensors must stay in place** (rule 6): every tensor an op reads during the capture that the capture did

@@ -439,7 +439,7 @@ class AscendMLAImpl(MLACommonBaseImpl[AscendMLAMetadata]):
         scratch: dict[str, Any] = {}  # tensors; typed Any to pass through launch's keywords
         if self._npu:
             # The kernel's BNSD query views need contiguous rows: copied here, before the task, so that the task
-            # group holds the .out kernel alone (vllm-ascend v0.11.0 mla_v1.py:996-1000 makes them before
+            # group holds the .out kernel alone (vllm-ascend v0.11.0 mla_v1.py:1006-1012 makes them before
             # graph_task_group_begin too); inside the kernel the reshapes are then views.
             ql_nope, q_pe = ql_nope.contiguous(), q_pe.contiguous()
         args = (ql_nope, q_pe, nope, rope, meta.block_table)

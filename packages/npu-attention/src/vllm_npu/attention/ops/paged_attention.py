@@ -342,7 +342,7 @@ def paged_decode_window_scratch_npu(
 ) -> dict[str, torch.Tensor]:
     """What a captured :func:`paged_decode_window_npu` task needs allocated before its task group: the window
     ``mask`` (:func:`window_mask`), a ``softmax_lse`` buffer (one element, as torch_npu's graph dispatch allocates,
-    ``npu/graphs.py:144``) and the kernel's maximum workspace over every sequence length
+    ``npu/graphs.py:148``) and the kernel's maximum workspace over every sequence length
     (``_npu_fused_infer_attention_score_get_max_workspace``, the same arguments as the op), so that a task update
     only changes the host ``actual_seq_lengths_kv``."""
     import torch_npu
