@@ -43,9 +43,9 @@ from ..ops.paged_attention import (
     PAGED_DECODE_WINDOW,
     PAGED_PREFILL,
     DecodePlan,
-    paged_decode_window_scratch_npu,
     paged_decode_workspace_npu,
 )
+from ..ops.window_decode_npu import paged_decode_window_scratch_npu
 
 # torch_npu paged attention v2 takes head sizes up to 256, fused infer attention needs multiples of 16.
 NPU_MAX_HEAD_SIZE = 256
