@@ -7,7 +7,8 @@ process (vLLM's ``LLMEngine`` joins the DP group and steps dummy batches itself)
 Three configurations, one DP=2 run each: tiny Qwen2 (dense: the ranks are independent engines joined by vLLM's DP
 group), tiny Qwen3-MoE without expert parallelism (vLLM splits every expert's intermediate size over the two ranks:
 each MoE layer gathers both ranks' tokens and reduce-scatters the partial sums) and with ``enable_expert_parallel``
-(EP=2 over the two DP ranks, 3 of the 6 experts per rank). In the MoE cases every MoE layer exchanges tokens between
+(EP=2 over the two DP ranks, 3 of the 6 experts per rank), the latter also with PIECEWISE graphs (the MoE layers
+inside the captured pieces, exchanging static shapes). In the MoE cases every MoE layer exchanges tokens between
 the ranks, and the rank with fewer requests keeps stepping with dummy batches until the other is done. Rank 0 gets three prompts, rank 1 one. Reference: HF transformers greedy, per
 prompt.
 """
@@ -28,6 +29,15 @@ CASES = {
     "dense": ("qwen2", {}),
     "moe": ("qwen3_moe", {}),  # no EP: vLLM splits every expert over the two ranks (intermediate size halved)
     "moe-ep": ("qwen3_moe", {"enable_expert_parallel": True}),
+    # PIECEWISE graphs: the MoE layers run inside the captured pieces; vLLM pads both ranks' steps to one size, so
+    # the EP exchange takes static shapes (all-gather / reduce-scatter) instead of the host-sized all-to-all
+    "moe-ep-piecewise": (
+        "qwen3_moe",
+        {
+            "enable_expert_parallel": True,
+            "compilation_config": {"cudagraph_mode": "PIECEWISE", "cudagraph_capture_sizes": [1, 2, 4]},
+        },
+    ),
 }
 dp = import_sibling(__file__, "dp_support")
 

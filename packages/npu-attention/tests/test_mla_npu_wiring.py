@@ -229,7 +229,7 @@ class _Recorder:
     def __init__(self) -> None:
         self.tasks: list[tuple] = []
 
-    def record(self, kernel, args, params, refresh):
+    def record(self, kernel, args, params, refresh, prepare=None):
         self.tasks.append((kernel, args, dict(params), refresh))
         return kernel(*args, **params)
 
@@ -273,3 +273,41 @@ def test_captured_mla_decode_task_reissues_on_its_captured_buffers(fia: FakeFIA)
     assert fia.out_calls[1]["workspace"] is params["workspace"] and len(fia.workspaces) == 1
     latent = params["out"]
     torch.testing.assert_close(torch.bmm(latent.transpose(0, 1), impl.W_UV).transpose(0, 1), expected([9, 31]))
+
+
+def test_captured_mla_decode_task_group_holds_the_out_kernel_alone(fia: FakeFIA, monkeypatch) -> None:
+    """Captured as an ACL graph task on the stand-in runtime (npu_testkit.fake_npu_graphs), which refuses any
+    allocation inside a task group or update: the BNSD query copies (``.contiguous()`` of the absorbed query and of
+    q_pe) are made before ``graph_task_group_begin``, as vllm-ascend v0.11.0 does (``mla_v1.py:1006-1012``)."""
+    from npu_testkit import fake_npu_graphs
+    from vllm_npu.platform.graphs import _npu
+    from vllm_npu.platform.graphs._npu import NPUGraph
+
+    monkeypatch.setattr(_npu, "_UPDATE_STREAM", [], raising=False)
+    fake_npu_graphs.install(monkeypatch, torch_npu=sys.modules["torch_npu"])
+    g = torch.Generator().manual_seed(7)
+    B, N, P, R, L, V, bs = 2, 32, 16, 64, 512, 16, 16
+    impl = types.SimpleNamespace(
+        qk_nope_head_dim=P, qk_rope_head_dim=R, scale=0.1, _npu=True, _decode=mla_decode_npu,
+        W_UK_T=torch.randn(N, P, L, generator=g) * 0.05, W_UV=torch.randn(N, L, V, generator=g) * 0.05,
+    )  # fmt: skip
+    nope, rope = latent_cache_planes(torch.randn(5, bs, L + R, generator=g), L, R)
+    meta = AscendMLADecodeMetadata(
+        block_table=torch.tensor([[1, 3], [4, 2]], dtype=torch.int32), seq_lens=torch.tensor([5, 20]),
+        seq_lens_list=[5, 20],
+    )  # fmt: skip
+    lens = {"now": [5, 20]}
+    monkeypatch.setattr(
+        "vllm_npu.attention.backends.mla.decode_seq_lens_refresh", lambda name, b: lambda: {"seq_lens": lens["now"]}
+    )
+    q = torch.randn(B, N, P + R, generator=g)
+
+    def step(query: torch.Tensor) -> torch.Tensor:
+        return AscendMLAImpl._forward_decode(impl, query, nope, rope, meta, "layers.0.attn")  # type: ignore[arg-type]
+
+    graph = NPUGraph.capture(step, (q,), {}, None, None)
+    assert graph.num_tasks == 1 and len(fia.workspaces) == 1
+    lens["now"] = [9, 31]
+    graph.refresh_tasks()  # the update re-issues the .out kernel alone, on the captured buffers
+    assert [c["out"].data_ptr() for c in fia.out_calls] == [fia.out_calls[0]["out"].data_ptr()] * 2
+    assert len(fia.workspaces) == 1

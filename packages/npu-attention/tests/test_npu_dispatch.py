@@ -71,6 +71,7 @@ def _npu_paged_attention_v2(
     scale_value,
     mask=None,
     mask_type=0,
+    workspace=None,
     out,
 ):
     CALLS.append("_npu_paged_attention_v2")
@@ -148,6 +149,26 @@ def npu_fused_infer_attention_score(
     return out.view(query.shape), torch.zeros(1)
 
 
+def npu_fused_infer_attention_score_out(query, key, value, *, workspace=None, out, **kwargs):
+    """The ``.out`` overload (registered schema: ``..., Tensor? workspace=None, Tensor[] out``): the functional
+    semantics written into ``out[0]``; ``out[1]`` is the softmax LSE buffer (not computed: ``softmax_lse_flag``
+    is off)."""
+    attention_out, lse = out
+    result, _ = npu_fused_infer_attention_score(query, key, value, **kwargs)
+    attention_out.copy_(result.view(attention_out.shape))
+    return attention_out, lse
+
+
+def _npu_fused_infer_attention_score_get_max_workspace(query, key, value, **kwargs):
+    CALLS.append("get_max_workspace")
+    return torch.empty(64, dtype=torch.uint8)
+
+
+def _npu_paged_attention_v2_get_workspace(query, key_cache, block_table, context_lens, **kwargs):
+    CALLS.append(f"_npu_paged_attention_v2_get_workspace{list(context_lens)}")
+    return torch.empty(16 * len(context_lens), dtype=torch.uint8)
+
+
 def _npu_flash_attention_v2(query, key, value, seq_len, *, mask, mask_type, scale_value, num_heads, num_kv_heads, out):
     CALLS.append("_npu_flash_attention_v2")
     rules.flash_attention_v2_call(query, mask, mask_type, seq_len, out)
@@ -196,12 +217,21 @@ def npu_fusion_attention(
 @pytest.fixture
 def fake_npu(monkeypatch):
     fake = types.ModuleType("torch_npu")  # every op behind its documented 2.8.0 signature
-    for op in (npu_scatter_pa_kv_cache, _npu_reshape_and_cache, npu_fused_infer_attention_score, npu_fusion_attention):
+    for op in (
+        npu_scatter_pa_kv_cache,
+        _npu_reshape_and_cache,
+        npu_fused_infer_attention_score,
+        npu_fusion_attention,
+        _npu_fused_infer_attention_score_get_max_workspace,
+    ):
         setattr(fake, op.__name__, rules.documented(op))
+    fake.npu_fused_infer_attention_score.out = rules.documented(
+        npu_fused_infer_attention_score_out, name="npu_fused_infer_attention_score.out"
+    )
     fake.atb = types.SimpleNamespace(
         **{
             op.__name__: rules.documented(op, namespace="atb")
-            for op in (_npu_paged_attention_v2, _npu_flash_attention_v2)
+            for op in (_npu_paged_attention_v2, _npu_flash_attention_v2, _npu_paged_attention_v2_get_workspace)
         }
     )
     monkeypatch.setitem(sys.modules, "torch_npu", fake)

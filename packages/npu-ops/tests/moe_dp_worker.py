@@ -32,6 +32,11 @@ def inputs(dp_rank: int):
     return w13, w2, x, torch.randn(TOKENS[dp_rank], NUM_EXPERTS, generator=gen_r)
 
 
+def replay_inputs(x: torch.Tensor, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The second step's tokens of a DP rank (replayed through the captured graph)."""
+    return x * 0.5, logits.flip(-1)
+
+
 def main() -> None:
     rank, world, tp, init, out_dir = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5]
     dp = world // tp
@@ -71,6 +76,7 @@ def main() -> None:
             prefix="dp.experts",
         )
         all_to_all = layer.moe_plan.all_to_all
+        own_plan = layer.moe_plan
         dp_rank = ps.get_dp_group().rank_in_group
         w13, w2, x, logits = inputs(dp_rank)
         emap = layer.expert_map
@@ -84,6 +90,31 @@ def main() -> None:
         layer.moe_plan = build_layer_plan(layer, allow_all_to_all=False)
         with set_forward_context(None, cfg), torch.no_grad():
             out_gathered = layer(x, logits)
+        gathered_plan = type(layer.moe_plan.dispatcher).__name__
+        # Graphs on (no --enforce-eager): vLLM pads every DP rank's step to one size, the layer exchanges rows with
+        # static shapes and runs inside a captured graph: the emulated twin's capture, as PIECEWISE captures it.
+        from vllm_npu.ops.moe.capture import HostReadInCaptureError
+        from vllm_npu.platform.graphs._twin import EmulatedGraph
+
+        xp, lp = torch.zeros(max(TOKENS), HIDDEN), torch.zeros(max(TOKENS), NUM_EXPERTS)
+        xp[: len(x)], lp[: len(x)] = x, logits
+        layer._dp_padded = True
+        layer.moe_plan = build_layer_plan(layer, dp_padded=True)
+        graph_plan = type(layer.moe_plan.dispatcher).__name__
+        with set_forward_context(None, cfg), torch.no_grad():
+            graph = EmulatedGraph.capture(lambda a, b: layer(a, b), (xp, lp), {})
+            out_graph = graph.output[: len(x)].clone()
+            xp[: len(x)], lp[: len(x)] = replay_inputs(x, logits)  # the next step: new contents, same buffers
+            out_replay = graph.replay((xp, lp), {})[: len(x)].clone()
+        # The layer's own plan without DP padding inside a capture (TP 1: the variable-size all-to-all; TP 2: the DP
+        # gather sized by an exchange of token counts): refused on every rank alike.
+        refused = ""
+        layer._dp_padded, layer.moe_plan = False, own_plan
+        try:
+            with set_forward_context(None, cfg), torch.no_grad():
+                EmulatedGraph.capture(lambda a, b: layer(a, b), (x, logits), {})
+        except HostReadInCaptureError as error:
+            refused = str(error)
         info = {
             "class": type(layer).__name__,
             "ep_size": layer.ep_size,
@@ -91,11 +122,16 @@ def main() -> None:
             "dp_size": layer.dp_size,
             "dp_rank": dp_rank,
             "all_to_all": all_to_all,
-            "gathered_plan": type(layer.moe_plan.dispatcher).__name__,
+            "gathered_plan": gathered_plan,
             "communicator": type(get_ep_group().device_communicator).__name__,
             "local_experts": local.tolist(),
+            "refused": refused,
         }
-        torch.save({"out": out, "out_gathered": out_gathered, "info": info}, f"{out_dir}/rank{rank}.pt")
+        info["graph_plan"] = graph_plan
+        torch.save(
+            {"out": out, "out_gathered": out_gathered, "out_graph": out_graph, "out_replay": out_replay, "info": info},
+            f"{out_dir}/rank{rank}.pt",
+        )
         torch.distributed.barrier()
         ps.destroy_model_parallel()
         ps.destroy_distributed_environment()

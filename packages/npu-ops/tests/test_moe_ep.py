@@ -84,7 +84,9 @@ def test_fused_moe_layer_dp2_matches_single_process(tmp_path, tp):
     """vLLM's FusedMoE (our override) with data_parallel_size=2 (x TP) + enable_expert_parallel, one process per
     rank. TP 1: the layer picks the all-to-all mode through NPUCommunicator (gloo); TP 2: all-gather over DP, local
     experts, reduce-scatter, TP all-reduce. Both modes run on every rank; each rank's output equals the
-    single-process MoE over its DP rank's tokens with all 7 experts."""
+    single-process MoE over its DP rank's tokens with all 7 experts. Then with DP steps padded (graphs on): the
+    static exchanges captured by the emulated twin give the same result and replay right on new contents, and the
+    unpadded exchanges (TP 1: the all-to-all; TP 2: the DP gather sized on the host) fail their capture loudly."""
     worker = _load_worker(DP_WORKER)
     world = 2 * tp
     init = f"file://{tmp_path}/pg"
@@ -113,8 +115,18 @@ def test_fused_moe_layer_dp2_matches_single_process(tmp_path, tp):
             "gathered_plan": "LocalDispatcher",
             "communicator": "NPUCommunicator",
             "local_experts": placement[rank],
+            # graphs on: static exchanges (all-gather / reduce-scatter over the EP group with TP 1, over DP with TP 2)
+            "graph_plan": "GatheredDispatcher" if tp == 1 else "LocalDispatcher",
+            "refused": got["info"]["refused"],
         }
+        # unpadded exchanges inside a capture fail loudly: their sizes are read on the host
+        what = "the all-to-all split sizes" if tp == 1 else "the DP ranks' token counts"
+        assert f"read {what} on the host while a static graph" in got["info"]["refused"]
         w13, w2, x, logits = worker.inputs(dp_rank)
-        expect = moe_forward(x, logits, plan=plan, experts=plan.unquantized_experts(w13, w2))
+        experts = plan.unquantized_experts(w13, w2)
+        expect = moe_forward(x, logits, plan=plan, experts=experts)
         torch.testing.assert_close(got["out"], expect, atol=1e-5, rtol=1e-5)
         torch.testing.assert_close(got["out_gathered"], expect, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(got["out_graph"], expect, atol=1e-5, rtol=1e-5)
+        expect = moe_forward(*worker.replay_inputs(x, logits), plan=plan, experts=experts)
+        torch.testing.assert_close(got["out_replay"], expect, atol=1e-5, rtol=1e-5)

@@ -11,18 +11,47 @@ from vllm.config import CompilationLevel, CUDAGraphMode
 from vllm.config.compilation import CompilationConfig
 from vllm_npu.interface.errors import ConfigError
 from vllm_npu.platform.graphs.config import configure_graphs
-from vllm_npu.platform.graphs.sizes import GRAPH_STREAM_BUDGET, max_capture_sizes, thin_sizes
+from vllm_npu.platform.graphs.sizes import StreamBudget, max_capture_sizes, thin_sizes
 
 
-def config(mode=None, sizes=(1, 2, 4, 8), *, enforce_eager=False, layers=2, tp=1, max_tokens=256, lora=False):
+def config(
+    mode=None,
+    sizes=(1, 2, 4, 8),
+    *,
+    enforce_eager=False,
+    layers=2,
+    tp=1,
+    dp=1,
+    ep=False,
+    experts=0,
+    draft_layers=None,
+    method="eagle",
+    npu=None,
+    max_tokens=256,
+    lora=False,
+):
     comp = CompilationConfig(cudagraph_mode=mode, cudagraph_capture_sizes=list(sizes))
+    spec = None
+    if draft_layers is not None:
+        draft = SimpleNamespace(hf_config=SimpleNamespace(num_hidden_layers=draft_layers))
+        spec = SimpleNamespace(draft_model_config=draft, use_eagle=lambda: method in ("eagle", "eagle3", "mtp"))
     return SimpleNamespace(
         compilation_config=comp,
         lora_config=SimpleNamespace(max_loras=2) if lora else None,
-        model_config=SimpleNamespace(enforce_eager=enforce_eager, get_num_layers=lambda parallel: layers),
-        parallel_config=SimpleNamespace(tensor_parallel_size=tp, data_parallel_size=1, enable_expert_parallel=False),
+        model_config=SimpleNamespace(
+            enforce_eager=enforce_eager,
+            get_num_layers=lambda parallel: layers,
+            hf_text_config=SimpleNamespace(num_experts=experts),
+        ),
+        parallel_config=SimpleNamespace(tensor_parallel_size=tp, data_parallel_size=dp, enable_expert_parallel=ep),
         scheduler_config=SimpleNamespace(max_num_batched_tokens=max_tokens),
+        speculative_config=spec,
+        additional_config={"npu": npu} if npu else {},
     )
+
+
+#: vLLM 0.11's default capture sizes (max_num_seqs 256: up to 512 tokens), 67 of them.
+VLLM_SIZES = [1, 2, 4, *range(8, 513, 8)]
 
 
 @pytest.mark.parametrize(
@@ -103,17 +132,99 @@ def test_bad_capture_sizes_are_refused_naming_the_key(bad):
         configure_graphs(config(CUDAGraphMode.PIECEWISE, bad, max_tokens=256), "auto", False)
 
 
-def test_stream_limit_caps_the_number_of_capture_sizes():
-    # 80 layers -> 81 piecewise graphs per size; TP adds one stream per graph: 1800 // (81 * 2) = 11 sizes.
-    assert max_capture_sizes(81, 1) == GRAPH_STREAM_BUDGET // 162 == 11
-    assert max_capture_sizes(1, 0) == GRAPH_STREAM_BUDGET  # one full graph per size
-    sizes = [1, 2, 4, *range(8, 513, 8)]
-    cfg = config(CUDAGraphMode.PIECEWISE, sizes, layers=80, tp=2, max_tokens=1024)
+@pytest.mark.parametrize(
+    ("layers", "tp", "dp", "expected"),
+    [
+        # floor((1800 - 40 g) / (L + 1) / (1 + 2 g)): vllm-ascend v0.11.0's update_aclgraph_sizes, default HCCL mode
+        (48, 4, 1, 11),  # 1760 // (49 * 3); the old 1800 / ((L + 1)(1 + g)) allowed 18
+        (32, 2, 1, 17),  # 1760 // (33 * 3)
+        (61, 8, 1, 9),  # 1760 // (62 * 3)
+        (48, 2, 2, 7),  # 1720 // (49 * 5)
+        (48, 1, 1, 36),  # no communication group: 1800 // 49
+    ],
+)
+def test_stream_budget_under_the_default_hccl_expansion(monkeypatch, layers, tp, dp, expected):
+    monkeypatch.delenv("HCCL_OP_EXPANSION_MODE", raising=False)
+    cfg = config(CUDAGraphMode.PIECEWISE, VLLM_SIZES, layers=layers, tp=tp, dp=dp, max_tokens=1024)
     plan = configure_graphs(cfg, "auto", False)
-    assert len(plan.capture_sizes) == 11 and plan.capture_sizes[0] == 1 and plan.capture_sizes[-1] == 512
-    # FULL_DECODE_ONLY makes one graph per size: nothing to thin.
-    cfg = config(CUDAGraphMode.FULL_DECODE_ONLY, sizes, layers=80, tp=2, max_tokens=1024)
-    assert len(configure_graphs(cfg, "auto", False).capture_sizes) == len(sizes)
+    assert len(plan.capture_sizes) == expected
+    assert plan.capture_sizes[0] == 1 and plan.capture_sizes[-1] == max(VLLM_SIZES)  # both ends kept
+    assert max_capture_sizes(layers + 1, int(tp > 1) + int(dp > 1)) == expected
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "expected"),
+    [
+        # floor(budget / (L + 1) / f), f = 1 + g + EP + overlap (+ DP > 1 for MoE); dense: budget = 1800 - f (L + 1)
+        ({"tp": 4}, 17),  # dense, f = 2: (1800 - 98) // 98
+        ({"tp": 4, "ep": True, "experts": 8}, 12),  # MoE, f = 3: 1800 // 147
+        ({"tp": 4, "ep": True, "experts": 8, "npu": {"multistream_overlap_shared_expert": True}}, 9),  # f = 4
+        ({"dp": 2, "ep": True, "experts": 8}, 9),  # MoE over DP: f = 1 + 1 + 1 + 1 = 4: 1800 // 196
+        ({"dp": 2, "experts": 8}, 12),  # MoE without EP, f = 3
+    ],
+)
+def test_stream_budget_under_aiv_expansion(monkeypatch, kwargs, expected):
+    monkeypatch.setenv("HCCL_OP_EXPANSION_MODE", "AIV")
+    cfg = config(CUDAGraphMode.PIECEWISE, VLLM_SIZES, layers=48, max_tokens=1024, **kwargs)
+    assert len(configure_graphs(cfg, "auto", False).capture_sizes) == expected
+
+
+def test_aiv_expansion_counts_expert_parallel_and_overlap_only_there(monkeypatch):
+    # Under the default expansion, vllm-ascend counts neither EP nor the shared-expert stream.
+    monkeypatch.delenv("HCCL_OP_EXPANSION_MODE", raising=False)
+    overlap = {"multistream_overlap_shared_expert": True}
+    cfg = config(CUDAGraphMode.PIECEWISE, VLLM_SIZES, layers=48, tp=4, ep=True, experts=8, npu=overlap, max_tokens=1024)
+    assert len(configure_graphs(cfg, "auto", False).capture_sizes) == 11
+
+
+@pytest.mark.parametrize(
+    ("method", "draft_layers", "expected"),
+    [
+        ("eagle", 1, 16),  # (33 + 1 + 1) graphs per size: 1760 // (35 * 3)
+        ("mtp", 61, 4),  # DeepSeek MTP: vLLM keeps the target's 61 layers in the draft config; 1760 // (124 * 3)
+        ("ngram", 32, 17),  # no draft model is captured
+    ],
+)
+def test_stream_budget_counts_the_draft_model(monkeypatch, method, draft_layers, expected):
+    monkeypatch.delenv("HCCL_OP_EXPANSION_MODE", raising=False)
+    layers, tp = (61, 8) if method == "mtp" else (32, 2)
+    cfg = config(
+        CUDAGraphMode.PIECEWISE,
+        VLLM_SIZES,
+        layers=layers,
+        tp=tp,
+        draft_layers=draft_layers,
+        method=method,
+        max_tokens=1024,
+    )
+    assert len(configure_graphs(cfg, "auto", False).capture_sizes) == expected
+
+
+def test_full_decode_only_counts_one_graph_per_size(monkeypatch):
+    # One graph per size (the draft runs eagerly): the limit is 1760 // 3 = 586, far above any size list.
+    monkeypatch.delenv("HCCL_OP_EXPANSION_MODE", raising=False)
+    cfg = config(CUDAGraphMode.FULL_DECODE_ONLY, VLLM_SIZES, layers=80, tp=2, draft_layers=1, max_tokens=1024)
+    assert len(configure_graphs(cfg, "auto", False).capture_sizes) == len(VLLM_SIZES)
+    assert StreamBudget(1, 1).max_sizes == 586
+
+
+def test_stream_budget_is_logged_with_the_mode_and_the_aiv_hint(monkeypatch):
+    from vllm_npu.platform.graphs import config as graph_config
+
+    lines: list[str] = []
+    monkeypatch.setattr(graph_config.logger, "info", lambda msg, *args: lines.append(msg % args))
+    monkeypatch.delenv("HCCL_OP_EXPANSION_MODE", raising=False)
+    configure_graphs(config(CUDAGraphMode.PIECEWISE, VLLM_SIZES, layers=48, tp=4, max_tokens=1024), "auto", False)
+    budget = next(line for line in lines if "stream budget (PIECEWISE)" in line)
+    assert "HCCL_OP_EXPANSION_MODE=unset (FFTS+/AICPU expansion)" in budget and "at most 11 capture sizes" in budget
+    assert "HCCL_OP_EXPANSION_MODE=AIV leaves more streams" in budget
+    assert any(line.endswith("(the stream budget)") and "-> [1, " in line for line in lines)  # the thinning
+    lines.clear()
+    monkeypatch.setenv("HCCL_OP_EXPANSION_MODE", "AIV")
+    configure_graphs(config(CUDAGraphMode.PIECEWISE, VLLM_SIZES, layers=48, tp=4, max_tokens=1024), "auto", False)
+    budget = next(line for line in lines if "stream budget" in line)
+    assert "HCCL_OP_EXPANSION_MODE=AIV: 49 graphs per size" in budget and "parallel factor 2" in budget
+    assert "at most 17 capture sizes" in budget and "leaves more streams" not in budget
 
 
 def test_thin_sizes_keeps_ends_and_spreads():
@@ -141,3 +252,37 @@ def test_platform_names_our_wrapper_and_the_device_graph_pool():
         assert wrapper is NPUGraphWrapper and issubclass(wrapper, CUDAGraphWrapper)
     # the twin has no device pool; the NPU's is torch.npu.graph_pool_handle() (tests/contract)
     assert EmulatedNPUPlatform.device_backend.graph_pool_handle() is None
+
+
+@pytest.mark.parametrize("mode", [CUDAGraphMode.PIECEWISE, CUDAGraphMode.FULL_DECODE_ONLY])
+@pytest.mark.parametrize("emulated", [False, True])
+def test_blocking_launch_with_acl_graphs_is_refused_by_name(monkeypatch, mode, emulated):
+    monkeypatch.setenv("ASCEND_LAUNCH_BLOCKING", "1")
+    with pytest.raises(ConfigError, match="ASCEND_LAUNCH_BLOCKING=1 is set, and ACL graphs cannot be captured") as err:
+        configure_graphs(config(mode), "auto", emulated)
+    assert "Unset ASCEND_LAUNCH_BLOCKING" in str(err.value) and "--enforce-eager or npu.graph_mode='eager'" in str(
+        err.value
+    )
+
+
+def test_blocking_launch_is_fine_without_acl_graphs(monkeypatch):
+    monkeypatch.setenv("ASCEND_LAUNCH_BLOCKING", "1")
+    assert configure_graphs(config(CUDAGraphMode.NONE), "auto", False).mode == "NONE"
+    assert configure_graphs(config(CUDAGraphMode.PIECEWISE, enforce_eager=True), "auto", False).mode == "NONE"
+    # torchair compiles GE graphs, no ACL graph capture (vllm-ascend's check does not cover it either)
+    assert configure_graphs(config(CUDAGraphMode.FULL_AND_PIECEWISE), "torchair", True).mode == "FULL_DECODE_ONLY"
+    monkeypatch.setenv("ASCEND_LAUNCH_BLOCKING", "0")
+    assert configure_graphs(config(CUDAGraphMode.PIECEWISE), "auto", False).mode == "PIECEWISE"
+
+
+@pytest.mark.parametrize("mode", [CUDAGraphMode.PIECEWISE, CUDAGraphMode.FULL_DECODE_ONLY])
+def test_graph_modes_warm_each_size_up_eagerly_before_capturing_it(mode):
+    # CompilationConfig's own default is 0 warm-ups (vLLM's VllmConfig raises it to 1 only on its V1 path).
+    cfg = config(mode)
+    assert cfg.compilation_config.cudagraph_num_of_warmups == 0
+    configure_graphs(cfg, "auto", False)
+    assert cfg.compilation_config.cudagraph_num_of_warmups == 1
+    cfg = config(mode)
+    cfg.compilation_config.cudagraph_num_of_warmups = 3  # a user's larger count stays
+    configure_graphs(cfg, "auto", False)
+    assert cfg.compilation_config.cudagraph_num_of_warmups == 3

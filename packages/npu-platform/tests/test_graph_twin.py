@@ -48,7 +48,7 @@ def test_reading_a_traced_tensor_on_the_host_fails_like_an_npu_capture():
 def test_a_moved_input_buffer_is_refused():
     x = torch.ones(3)
     g = EmulatedGraph.capture(lambda t: t + 1, (x,), {})
-    with pytest.raises(GraphInputMovedError, match="static graph input 0 moved"):
+    with pytest.raises(GraphInputMovedError, match=r"static graph input 0 \(Tensor \(3,\)\) moved"):
         g.replay((x.clone(),), {})
     with pytest.raises(GraphInputMovedError, match="differently structured"):
         g.replay((x, x), {})
@@ -65,7 +65,7 @@ def test_keyword_calls_of_tensors_and_none_are_checked_like_any_other():
     assert g.plain == (0, ("input_ids", "positions", "embeds"), (False, False, True))
     pos.fill_(5.0)
     assert torch.equal(g.replay((), {"input_ids": ids, "positions": pos, "embeds": None}), torch.full((3,), 6.0))
-    with pytest.raises(GraphInputMovedError, match="static graph input 1 moved"):
+    with pytest.raises(GraphInputMovedError, match=r"static graph input 1 \(Tensor \(3,\)\) moved"):
         g.replay((), {"input_ids": ids, "positions": pos.clone(), "embeds": None})
     with pytest.raises(GraphInputMovedError, match="tensors at argument leaves"):
         g.replay((), {"input_ids": ids, "positions": pos, "embeds": ids})  # None at capture: a tensor now
@@ -100,3 +100,67 @@ def test_launch_outside_a_capture_is_a_plain_call():
     graphs.launch(_kernel, torch.ones(2), refresh=lambda: {}, lens=[3, 4], out=out)
     assert torch.equal(out, torch.tensor([3.0, 4.0]))
     assert graphs.active_recorder() is None
+
+
+@pytest.mark.parametrize("read", ["item", "tolist", "bool", "int"])
+def test_every_host_read_of_a_traced_tensor_fails_the_capture(read):
+    """Rule 8 of an ACL capture (torch_npu graphs.py:204-209, capture_error_mode "global"): no device-to-host read."""
+    reads = {"item": lambda s: s.item(), "tolist": lambda s: s.tolist(), "bool": bool, "int": int}
+
+    def step(t: torch.Tensor) -> torch.Tensor:
+        return t * (2 if reads[read](t.sum()) else 1)
+
+    with pytest.raises(RuntimeError, match="tracing tensor|host read while capturing"):
+        EmulatedGraph.capture(step, (torch.ones(2),), {})
+
+
+class _Layer(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = torch.nn.Linear(4, 4, bias=False)
+        self.kv_cache = torch.zeros(6, 4)  # reached through Python state, as vLLM's attention layers hold theirs
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.kv_cache[0].copy_(x)
+        return self.proj(x) + self.kv_cache.sum(0)
+
+
+@pytest.mark.parametrize("move", ["resize", "rebind"])
+@pytest.mark.parametrize("what", ["weight", "kv_cache"])
+def test_a_replay_after_a_captured_tensor_moved_fails_naming_it(move, what):
+    """A tensor captured by reference (a weight, a KV cache) whose storage moved after the capture: an NPU graph would
+    read the old address (freed memory); the twin, which would silently compute with the new storage, refuses.
+    ``resize_(0)`` then ``resize_(n)`` is what sleep mode does to weights and KV caches."""
+    layer, x = _Layer(), torch.ones(4)
+    with torch.no_grad():
+        g = EmulatedGraph.capture(layer, (x,), {})
+        g.replay((x,), {})  # nothing moved
+        t = layer.proj.weight if what == "weight" else layer.kv_cache
+        if move == "resize":
+            n = t.untyped_storage().nbytes()
+            t.untyped_storage().resize_(0)
+            t.untyped_storage().resize_(n)
+        else:
+            t.data = t.data.clone()
+        label = "parameter 'proj.weight'" if what == "weight" else "captured tensor"
+        with pytest.raises(GraphInputMovedError, match=label):
+            g.replay((x,), {})
+
+
+def test_a_task_returns_nothing():
+    """A task's results live in its tensor arguments: a returned tensor would be lost at replay."""
+
+    def returning(q: torch.Tensor, *, out: torch.Tensor) -> torch.Tensor:
+        out.copy_(q)
+        return out
+
+    out = torch.empty(2)
+
+    def step(t: torch.Tensor) -> torch.Tensor:
+        graphs.launch(returning, t, refresh=lambda: {}, out=out)
+        return out + 0
+
+    with pytest.raises(TypeError, match="graph task 'returning' returned Tensor"):
+        EmulatedGraph.capture(step, (torch.ones(2),), {})
+    with pytest.raises(TypeError, match="returns None"):
+        graphs.launch(returning, torch.ones(2), refresh=lambda: {}, out=out)  # eager: the same contract

@@ -25,6 +25,7 @@ from typing import Any
 import torch
 from torch.overrides import TorchFunctionMode
 
+from . import fake_npu_graphs
 from .torch_npu_docs import load_docs
 
 ACL_FORMAT_ND = 2
@@ -50,7 +51,9 @@ def documented(fn: Callable[..., Any], name: str | None = None, namespace: str =
     def call(*args: Any, **kwargs: Any) -> Any:
         problems = docs.check_call(namespace, op, len(args), list(kwargs))
         _require(not problems, "; ".join(problems), "torch_npu 2.8.0 wheel docs / binding schemas")
-        return fn(*args, **kwargs)
+        fake_npu_graphs.kernel_call(op, args, kwargs)  # the ACL graph rules (task groups, captured reads)
+        with fake_npu_graphs.kernel_body():
+            return fn(*args, **kwargs)
 
     return call
 

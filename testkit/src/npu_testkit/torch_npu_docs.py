@@ -56,6 +56,15 @@ TORCH_NPU_LIB_PATH = "torch_npu/lib/libtorch_npu.so"
 #: (as the docs' own example and torch_npu's ``npu/graphs.py`` call it); the workspace query: the docs omit
 #: ``query_rope`` / ``key_rope``, the registered schema has them, like the op itself.
 REGISTERED_SCHEMA_OPS = ("npu_fused_infer_attention_score.out", "_npu_fused_infer_attention_score_get_max_workspace")
+#: ATB ops (``torch_npu.atb.<name>``, bound to ``torch.ops.atb.<name>`` by ``_atb_ops.py``) whose docs leave out a
+#: parameter of the schema they are registered with (``libop_plugin_atb.so``); call name -> the overload a call
+#: binds to. ``_npu_paged_attention_v2`` is registered only as ``.out``, whose schema ends in ``Tensor? workspace=None,
+#: Tensor(a!) out``: the docs omit ``workspace``. Its workspace query ``_npu_paged_attention_v2_get_workspace`` is in
+#: ``ATB_API_LIST`` but has no docs entry at all. A call fits the docs or the registered schema.
+REGISTERED_ATB_SCHEMA_OPS = {
+    "_npu_paged_attention_v2": "_npu_paged_attention_v2.out",
+    "_npu_paged_attention_v2_get_workspace": "_npu_paged_attention_v2_get_workspace",
+}
 
 # torch_npu 2.8.0 is built on manylinux_2_28; older tags are tried too so the code survives a re-tagged upload.
 _PLATFORMS = {
@@ -404,6 +413,7 @@ class TorchNPUDocs:
     meta: dict[str, list[Signature]] = field(default_factory=dict)
     bindings: dict[str, list[Signature]] = field(default_factory=dict)
     registered: dict[str, list[Signature]] = field(default_factory=dict)
+    registered_atb: dict[str, list[Signature]] = field(default_factory=dict)  # call name -> REGISTERED_ATB_SCHEMA_OPS
 
     def signatures(self, namespace: str, name: str) -> list[Signature] | None:
         """Overloads to check a call against; None when the op is not documented anywhere.
@@ -414,6 +424,8 @@ class TorchNPUDocs:
         :data:`REGISTERED_SCHEMA_OPS` fit their docs or their registered schema.
         """
         table = self.atb if namespace == "atb" else self.ops
+        if namespace == "atb" and name in self.registered_atb:
+            return [*table.get(name, []), *self.registered_atb[name]]
         if namespace != "atb" and name in self.registered:
             return [*table.get(name, []), *self.registered[name]]
         if name in table and table[name]:
@@ -467,6 +479,10 @@ def parse_wheel(wheel: Path) -> TorchNPUDocs:
         meta=parse_meta_registrations(meta_src),
         bindings=parse_binding_schemas(atb_lib, parse_atb_api_list(atb_ops_src)),
         registered=parse_registered_schemas(torch_npu_lib, REGISTERED_SCHEMA_OPS),
+        registered_atb={
+            name: parse_registered_schemas(atb_lib, [overload]).get(overload, [])
+            for name, overload in REGISTERED_ATB_SCHEMA_OPS.items()
+        },
     )
 
 

@@ -136,8 +136,8 @@ class AscendMetadata:
     query_start_loc: torch.Tensor  # [num_reqs + 1] int32, cumulative
     seq_lens: torch.Tensor  # [num_reqs] int32, cached + new tokens per request
     block_table: torch.Tensor  # [num_reqs, max_blocks] int32
-    # [>= num_actual_tokens] int64. NPU backend: vLLM's, -1 past num_actual_tokens (the kernel skips them). Reference
-    # backend: never negative, the padding redirected to slot 0 of vLLM's null block (see the builder).
+    # [>= num_actual_tokens] int64, never negative: vLLM's -1 padding redirected to slot 0 of vLLM's null block (see
+    # the builder), on both backends.
     slot_mapping: torch.Tensor
     # host copies, the SymInt[] arguments of the NPU kernels
     query_start_loc_list: list[int]  # num_reqs + 1 entries
@@ -248,7 +248,7 @@ class AscendAttentionMetadataBuilder(AttentionMetadataBuilder[AscendMetadata]):
             query_start_loc=cm.query_start_loc[: num_reqs + 1],
             seq_lens=cm.seq_lens[:num_reqs],
             block_table=cm.block_table_tensor[:num_reqs],
-            slot_mapping=cm.slot_mapping if self.npu_masks else self._reference_slots(cm.slot_mapping),
+            slot_mapping=self._null_padded_slots(cm.slot_mapping),
             query_start_loc_list=qsl_cpu.tolist(),
             seq_lens_list=seq_lens_list,
             attn_mask=self._mask_for(state, cm),
@@ -260,14 +260,17 @@ class AscendAttentionMetadataBuilder(AttentionMetadataBuilder[AscendMetadata]):
             ),
         )
 
-    def _reference_slots(self, slot_mapping: torch.Tensor) -> torch.Tensor:
+    def _null_padded_slots(self, slot_mapping: torch.Tensor) -> torch.Tensor:
         """``slot_mapping`` with every negative (padding) slot replaced by 0, in the builder's persistent buffer.
 
-        The guarantee the reference KV write relies on (:mod:`.ops.kv_cache`): it writes every row with one
-        ``index_copy_`` instead of skipping padding rows as the NPU kernel does. Slot 0 lies in block 0, which vLLM's
-        block pool reserves as its null block (``BlockPool.null_block``, never handed to a request), so a padding
-        row's K/V lands where no request's attention reads. Every slot a real token writes is unchanged. Past
-        ``slot_mapping``'s length the buffer holds 0 as well."""
+        Both KV writes rely on it (:mod:`.ops.kv_cache`). The reference writes every row with one ``index_copy_``.
+        The NPU's ``_npu_reshape_and_cache`` is captured in full decode graphs, where vLLM 0.11 fills the slots past
+        the real tokens with -1 (``gpu_model_runner.py:1181``); no torch_npu 2.8.0 document says the kernel skips a
+        negative slot, and vllm-ascend v0.11.0 pads with 0 instead (``worker/model_runner_v1.py:1502-1506``), so
+        ours does the same. Slot 0 lies in block 0, which vLLM's block pool reserves as its null block
+        (``BlockPool.null_block``, never handed to a request), so a padding row's K/V lands where no request's
+        attention reads. Every slot a real token writes is unchanged. Past ``slot_mapping``'s length the buffer
+        holds 0 as well."""
         m = slot_mapping.shape[0]
         if self._slots is None or self._slots.shape[0] < m:
             scheduler = getattr(self.vllm_config, "scheduler_config", None)

@@ -18,9 +18,23 @@ This module is the contract between the kernel's caller (npu-attention) and the 
   returns. A task whose refresh is skipped keeps its capture-time parameters: on an NPU and on the emulated device
   alike that gives wrong results, never stale-but-plausible ones that a test could miss.
 
-Only the parameters named in ``refresh``'s result may change; tensor arguments are captured by address. A task's
-kernel writes its results into tensor arguments (``out=``) and returns nothing: whatever a task produces must live
-at an address the graph captured. Nothing here imports torch or vLLM.
+Only the parameters named in ``refresh``'s result may change; tensor arguments are captured by address. The rules a
+task follows (the NPU's: an update re-issues exactly the captured kernel, on the update stream, between
+``graph_task_update_begin`` and ``graph_task_update_end``):
+
+- the kernel writes its results into its tensor arguments (``out=``) and returns nothing: whatever a task produces
+  must live at an address the graph captured;
+- everything the kernel reads or writes is allocated *before* :func:`launch` (masks, ``.contiguous()`` copies,
+  outputs, softmax LSE, workspaces): inside the task group only the ``.out`` / in-place kernel runs. An allocation
+  inside the group would be re-made, and freed, at every update while the graph keeps the capture's address;
+- scratch that depends on the host parameters (a workspace sized for this step's sequence lengths) comes from
+  ``prepare``: ``prepare(*args, **params)`` returns extra keyword parameters, and the runtime calls it outside the
+  group at capture and again before every update, after ``refresh`` (vllm-ascend v0.11.0 re-queries
+  ``_npu_paged_attention_get_workspace`` before each update the same way, ``compilation/acl_graph.py:279-299``);
+- the runtime keeps no strong reference to the tensor arguments (torch_npu ``_weak_ref_tensor``, as vllm-ascend's
+  ``graph_params``): their memory belongs to the graph pool or to their owners (weights, KV caches).
+
+Nothing here imports torch or vLLM.
 """
 
 from __future__ import annotations
@@ -33,14 +47,23 @@ from typing import Any, Protocol
 #: Parameters of one task refresh: keyword name -> new host value (e.g. ``{"context_lens": [5, 9, 1, 1]}``).
 Refresh = Callable[[], Mapping[str, Any]]
 
+#: A task's per-update scratch: called as ``prepare(*args, **params)``, returns extra keyword parameters (e.g.
+#: ``{"workspace": ...}``) allocated outside the task group.
+Prepare = Callable[..., Mapping[str, Any]]
+
 
 class TaskRecorder(Protocol):
     """What a graph runtime implements to capture updatable kernels (see the module docstring)."""
 
     def record(
-        self, kernel: Callable[..., Any], args: tuple[Any, ...], params: dict[str, Any], refresh: Refresh
-    ) -> Any:
-        """Capture ``kernel(*args, **params)`` as a task (running it once)."""
+        self,
+        kernel: Callable[..., Any],
+        args: tuple[Any, ...],
+        params: dict[str, Any],
+        refresh: Refresh,
+        prepare: Prepare | None = None,
+    ) -> None:
+        """Capture ``kernel(*args, **params)`` as a task (running it once; ``prepare``'s parameters added first)."""
         ...
 
 
@@ -64,13 +87,27 @@ def recording(recorder: TaskRecorder) -> Iterator[TaskRecorder]:
         _state.recorder = None
 
 
-def launch(kernel: Callable[..., Any], *args: Any, refresh: Refresh, **params: Any) -> Any:
-    """Run ``kernel(*args, **params)`` (which writes into its ``out`` tensors); inside a full-graph capture, as a task
-    refreshed before every replay."""
+def launch(
+    kernel: Callable[..., Any], *args: Any, refresh: Refresh, prepare: Prepare | None = None, **params: Any
+) -> None:
+    """Run ``kernel(*args, **params)`` (which writes into its ``out`` tensors and returns nothing); inside a
+    full-graph capture, as a task refreshed (and prepared) before every replay. Outside a capture ``prepare`` is
+    not called: the kernel sizes its own scratch."""
     recorder = active_recorder()
     if recorder is None:
-        return kernel(*args, **params)
-    return recorder.record(kernel, args, params, refresh)
+        check_task_result(kernel, kernel(*args, **params))
+    else:
+        recorder.record(kernel, args, params, refresh, prepare)
+
+
+def check_task_result(kernel: Callable[..., Any], result: Any) -> None:
+    """Raise TypeError unless ``result`` (what ``kernel`` returned) is None: a task's results live in its tensor
+    arguments, and a captured graph would lose anything returned."""
+    if result is not None:
+        raise TypeError(
+            f"graph task {getattr(kernel, '__name__', kernel)!r} returned {type(result).__name__}: a task writes its "
+            "results into its tensor arguments (out=) and returns None"
+        )
 
 
 # --- compiled decode graphs (the torchair mode) ----------------------------------------------------------------------

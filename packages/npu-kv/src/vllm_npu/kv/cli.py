@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from urllib.parse import urlsplit
 
 from .proxy import POLICIES
 
@@ -29,16 +30,36 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def url_problem(url: str) -> str | None:
+    """Why ``url`` is not an instance base URL ``http(s)://host:port`` (None when it is one)."""
+    example = "e.g. http://127.0.0.1:8100"
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return f"{url!r} is not an http(s) URL ({example})"
+    try:
+        parts.port  # noqa: B018 (raises on a port that is not a number in 0-65535)
+    except ValueError:
+        return f"{url!r} has an invalid port ({example})"
+    if parts.path not in ("", "/") or parts.query or parts.fragment:
+        return f"{url!r} must be an instance's base URL without a path (the proxy adds /v1/...; {example})"
+    return None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(list(sys.argv[1:] if argv is None else argv))
-    for url in (*args.prefill, *args.decode):
-        if not url.startswith(("http://", "https://")):
-            print(f"vllm-npu pd-proxy: {url!r} is not an http(s) URL (e.g. http://127.0.0.1:8100)", file=sys.stderr)
-            return 2
+    problems = [p for p in map(url_problem, (*args.prefill, *args.decode)) if p]
+    if not 0 < args.port < 65536:
+        problems.append(f"--port {args.port} is not a TCP port (1-65535)")
+    if not args.timeout > 0:
+        problems.append(f"--timeout {args.timeout} must be a positive number of seconds")
+    if problems:
+        print(f"vllm-npu pd-proxy: {problems[0]}", file=sys.stderr)
+        return 2
     import uvicorn
 
     from .proxy import create_app
 
-    app = create_app(args.prefill, args.decode, args.policy, args.timeout)
+    strip = [u.rstrip("/") for u in args.prefill], [u.rstrip("/") for u in args.decode]
+    app = create_app(*strip, args.policy, args.timeout)
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
     return 0

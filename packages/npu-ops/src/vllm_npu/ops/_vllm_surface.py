@@ -41,9 +41,10 @@ SURFACE: tuple[VllmName, ...] = (
         "_forward_context",
         "module_global",
         "reads",
-        ("vllm_npu.ops.rotary_embedding",),
-        "the per-forward cos/sin cache is keyed on the current ForwardContext; it reads the global directly because "
-        "get_forward_context() asserts outside a forward",
+        ("vllm_npu.ops.rotary_embedding", "vllm_npu.ops.moe.capture"),
+        "the per-forward cos/sin cache is keyed on the current ForwardContext, and the MoE dispatchers read its "
+        "cudagraph_runtime_mode (graph step or not); both read the global directly because get_forward_context() "
+        "asserts outside a forward",
     ),
     VllmName(
         "vllm.lora.punica_wrapper.punica_base:PunicaWrapperBase",

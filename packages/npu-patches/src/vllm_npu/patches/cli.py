@@ -14,6 +14,8 @@ apply it), ``skipped: <why>`` (vLLM outside the range), ``disabled: <by what>``,
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
 import sys
 from collections.abc import Sequence
 
@@ -91,8 +93,17 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 2
         code = 1 if mismatch else 0
     if args.output:
-        with open(args.output, "w", encoding="utf-8") as fh:
-            fh.write(text)
+        # a temporary file beside the output, renamed over it: a failed write leaves the old file as it was
+        tmp = f"{args.output}.tmp{os.getpid()}"
+        try:
+            with open(tmp, "w", encoding="utf-8") as fh:
+                fh.write(text)
+            os.replace(tmp, args.output)
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            print(f"vllm-npu patches: cannot write {args.output}: {exc.strerror or exc}", file=sys.stderr)
+            return 2
     else:
         sys.stdout.write(text)
     return code

@@ -4,7 +4,8 @@
 
 ``register`` is vLLM's ``vllm.platform_plugins`` hook (entry point ``npu``). vLLM calls it in every process, twice,
 and silently swallows anything it raises, so it imports nothing heavy (no torch, no torch_npu, no vLLM), never
-raises, and logs why it declines.
+raises, and logs why it declines. Where it activates, it also makes vLLM's engine processes exit with their parent
+(:mod:`.parent_watch`).
 """
 
 from __future__ import annotations
@@ -37,6 +38,10 @@ def register() -> str | None:
             _declined_reasons.add(decision.reason)
             logger.info("NPU platform not activated: %s", decision.reason)
         return None
+    # vLLM's engine processes (engine core, workers) exit when their parent dies instead of holding the device.
+    from .parent_watch import install
+
+    install()
     return PLATFORM_CLASSES[decision.mode.value]
 
 

@@ -56,6 +56,8 @@ from vllm.v1.worker.utils import bind_kv_cache
 from vllm_npu.interface.log import get_logger
 
 from ._device import DeviceBackend, EmulatedDevice, _torch_npu, cuda_stream_api_as, cuda_synchronize_as
+from .graphs.config import stream_budget
+from .graphs.sizes import GraphStreamsExhaustedError, is_stream_exhaustion, stream_exhaustion_message
 from .graphs.torchair import TorchairWrapper, torchair_enabled
 from .graphs.wrapper import GRAPH_STATS, NPUGraphWrapper, engine_wrappers
 
@@ -218,6 +220,19 @@ class NPUModelRunner(GPUModelRunner):
             return
         super().initialize_cudagraph_capture()
 
+    def _capture_sizes(self, sizes: list[int], runtime_mode: CUDAGraphMode, uniform_decode: bool) -> None:
+        """vLLM's capture loop over ``sizes`` (each warmed up eagerly ``cudagraph_num_of_warmups`` times, runtime mode
+        NONE, then captured); a capture that runs out of device streams (ACL error 0x7020023) is re-raised with the
+        stream budget and the knobs that fix it."""
+        try:
+            self._capture_cudagraphs(sizes, cudagraph_runtime_mode=runtime_mode, uniform_decode=uniform_decode)
+        except Exception as error:
+            if not is_stream_exhaustion(error):
+                raise
+            mode = "PIECEWISE" if runtime_mode == CUDAGraphMode.PIECEWISE else "FULL_DECODE_ONLY"
+            budget = stream_budget(self.vllm_config, mode)
+            raise GraphStreamsExhaustedError(stream_exhaustion_message(mode, sizes, budget)) from error
+
     def capture_model(self) -> int:
         """Capture every configured graph; returns the device memory the graphs took (bytes, as vLLM's)."""
         mode = self.compilation_config.cudagraph_mode
@@ -238,12 +253,12 @@ class NPUModelRunner(GPUModelRunner):
             with cuda_stream_api_as(backend):
                 if mode.mixed_mode() != CUDAGraphMode.NONE:
                     sizes = sorted(self.cudagraph_batch_sizes, reverse=True)
-                    self._capture_cudagraphs(sizes, cudagraph_runtime_mode=mode.mixed_mode(), uniform_decode=False)
+                    self._capture_sizes(sizes, mode.mixed_mode(), uniform_decode=False)
                 if mode.decode_mode() == CUDAGraphMode.FULL and mode.separate_routine():
                     q = self.uniform_decode_query_len
                     limit = self.scheduler_config.max_num_seqs * q
                     sizes = sorted((s for s in self.cudagraph_batch_sizes if q <= s <= limit), reverse=True)
-                    self._capture_cudagraphs(sizes, cudagraph_runtime_mode=CUDAGraphMode.FULL, uniform_decode=True)
+                    self._capture_sizes(sizes, CUDAGraphMode.FULL, uniform_decode=True)
         finally:
             set_cudagraph_capturing_enabled(False)
             gc.unfreeze()

@@ -4,6 +4,11 @@
 
 Writes a msModelSlim-format checkpoint that vLLM loads with the ``ascend`` quant method (see
 :mod:`vllm_npu.quant.quantizer`). For users and tests without msModelSlim.
+
+Never damages the user's files: the input is only read; an output that is the input, inside it or around it, a
+non-empty directory (unless ``--overwrite``) and an already-quantized input are refused before anything is read;
+the output appears in one rename at the end (an error or Ctrl-C leaves nothing half-written). An option that does not
+apply to the chosen scheme is refused rather than ignored.
 """
 
 from __future__ import annotations
@@ -20,8 +25,13 @@ def _parser() -> argparse.ArgumentParser:
         description="Quantize a Hugging Face causal LM into a msModelSlim-format checkpoint for the 'ascend' method.",
     )
     p.add_argument("model_dir", type=Path, help="HF checkpoint directory (config.json + safetensors + tokenizer)")
-    p.add_argument("out_dir", type=Path, help="output directory (created)")
+    p.add_argument("out_dir", type=Path, help="output directory (created; must be new or empty unless --overwrite)")
     p.add_argument("--scheme", required=True, choices=["W8A8", "W8A8_DYNAMIC", "W4A8_DYNAMIC", "W4A4_FLATQUANT"])
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace a non-empty output directory (never the input, nor a directory inside or around it)",
+    )
     p.add_argument(
         "--group-size",
         type=int,
@@ -31,51 +41,75 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--w4a8-version",
         choices=["0", "1.0.0"],
-        default="0",
-        help="W4A8 disk format: 0 = one int4 per int8; 1.0.0 = two int4 per int8 (packed)",
+        default=None,
+        help="W4A8 disk format: 0 (default) = one int4 per int8; 1.0.0 = two int4 per int8 (packed)",
     )
-    p.add_argument("--clip-ratio", type=float, default=1.0, help="W4A4 activation clip ratio in (0, 1]")
+    p.add_argument("--clip-ratio", type=float, default=None, help="W4A4 activation clip ratio in (0, 1] (default 1)")
     p.add_argument(
         "--calib-file",
         type=Path,
         default=None,
         help="W8A8 calibration prompts, one per line (default: a few built-in sentences)",
     )
-    p.add_argument("--seed", type=int, default=0, help="seed of the W4A4 FlatQuant transforms")
+    p.add_argument("--seed", type=int, default=None, help="seed of the W4A4 FlatQuant transforms (default 0)")
     return p
+
+
+#: Options that apply to one scheme only: (attribute, flag, the scheme it applies to).
+_SCHEME_OPTIONS = (
+    ("group_size", "--group-size", "W4A8_DYNAMIC"),
+    ("w4a8_version", "--w4a8-version", "W4A8_DYNAMIC"),
+    ("clip_ratio", "--clip-ratio", "W4A4_FLATQUANT"),
+    ("seed", "--seed", "W4A4_FLATQUANT"),
+    ("calib_file", "--calib-file", "W8A8"),
+)
+
+
+def _misplaced_option(args: argparse.Namespace) -> str | None:
+    for attr, flag, scheme in _SCHEME_OPTIONS:
+        if getattr(args, attr) is not None and args.scheme != scheme:
+            return f"{flag} applies only to --scheme {scheme}, not {args.scheme}; drop it"
+    return None
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(list(sys.argv[1:] if argv is None else argv))
     from .quantizer import QuantizeError, quantize_checkpoint
 
-    if not (args.model_dir / "config.json").is_file():
-        print(
-            f"vllm-npu quantize: {args.model_dir} has no config.json; pass a Hugging Face checkpoint directory",
-            file=sys.stderr,
-        )
+    def fail(message: str) -> int:
+        print(f"vllm-npu quantize: {message}", file=sys.stderr)
         return 2
+
+    misplaced = _misplaced_option(args)
+    if misplaced:
+        return fail(misplaced)
     prompts = None
     if args.calib_file is not None:
-        prompts = [line.strip() for line in args.calib_file.read_text().splitlines() if line.strip()]
+        try:
+            text = args.calib_file.read_text()
+        except (OSError, UnicodeDecodeError) as exc:
+            return fail(f"cannot read the calibration file {args.calib_file}: {exc}")
+        prompts = [line.strip() for line in text.splitlines() if line.strip()]
         if not prompts:
-            print(f"vllm-npu quantize: {args.calib_file} has no prompts", file=sys.stderr)
-            return 2
+            return fail(f"{args.calib_file} has no prompts")
     try:
-        out = quantize_checkpoint(
+        quantize_checkpoint(
             args.model_dir,
             args.out_dir,
             args.scheme,
             group_size=args.group_size,
-            w4a8_version=args.w4a8_version,
-            clip_ratio=args.clip_ratio,
+            w4a8_version=args.w4a8_version or "0",
+            clip_ratio=1.0 if args.clip_ratio is None else args.clip_ratio,
             calibration=prompts,
-            seed=args.seed,
+            seed=args.seed or 0,
+            overwrite=args.overwrite,
         )
     except QuantizeError as exc:
-        print(f"vllm-npu quantize: {exc}", file=sys.stderr)
-        return 2
-    print(f"wrote {args.scheme} checkpoint to {out}")
+        return fail(str(exc))
+    except KeyboardInterrupt:
+        print(f"vllm-npu quantize: interrupted; {args.out_dir} was left as it was", file=sys.stderr)
+        return 130
+    print(f"wrote {args.scheme} checkpoint to {args.out_dir}")
     return 0
 
 

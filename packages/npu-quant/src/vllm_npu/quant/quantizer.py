@@ -20,6 +20,12 @@ W4A4_FLATQUANT) the MTP layers stay FLOAT, since the HF forward that calibrates 
 The output directory gets: ``quant_model_weights.safetensors``, ``quant_model_description.json``, ``config.json``
 (the input's, plus ``"quantization_config": {"quant_method": "ascend"}`` so vLLM selects the method by itself),
 ``generation_config.json`` and tokenizer files copied.
+
+The input is only read. Before any weight is read, outputs that would touch the input (the input itself, inside it,
+containing it) or a user's non-empty directory (unless ``overwrite``) are refused, and so is an input that is already
+quantized (:mod:`.quantize_paths`). Everything is written into a private sibling of the output directory that is
+renamed into place at the end, so an error or Ctrl-C leaves no half-written output
+(:func:`vllm_npu.interface.staging.staged_directory`).
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from vllm_npu.interface.staging import staged_directory
 
 from .description import DESCRIPTION_FILENAME, MOE_SCHEMES
 from .quantize_math import (
@@ -41,6 +48,7 @@ from .quantize_math import (
     quantize_w8a8,
     quantize_w8a8_dynamic,
 )
+from .quantize_paths import QuantizeError, checked_output, read_config, refuse_quantized_input
 from .schemes.w4a4_flatquant import decompose_dim
 
 SCHEMES = {
@@ -100,10 +108,6 @@ def _mtp_tensors(model_dir: Path, config: dict[str, Any]) -> dict[str, torch.Ten
             f"{', '.join(prefixes)}; fix the config or add the MTP weights"
         )
     return out
-
-
-class QuantizeError(ValueError):
-    """The model cannot be quantized with the requested scheme (the message says why and what to change)."""
 
 
 def _targets(model: torch.nn.Module) -> dict[str, torch.nn.Linear]:
@@ -196,9 +200,12 @@ def quantize_checkpoint(
     clip_ratio: float = 1.0,
     calibration: Sequence[str] | None = None,
     seed: int = 0,
+    overwrite: bool = False,
 ) -> Path:
-    """Write a msModelSlim-format checkpoint of the HF model in ``model_dir`` to ``out_dir``. Returns ``out_dir``."""
-    from safetensors.torch import save_file
+    """Write a msModelSlim-format checkpoint of the HF model in ``model_dir`` to ``out_dir``. Returns ``out_dir``.
+
+    ``overwrite`` allows replacing a non-empty ``out_dir`` (never the input, nor a directory inside or around it).
+    """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     if scheme not in SCHEMES:
@@ -208,10 +215,20 @@ def quantize_checkpoint(
     qtype = SCHEMES[scheme]
     if w4a8_version not in ("0", "1.0.0"):
         raise QuantizeError(f"W4A8 format version must be '0' or '1.0.0', got {w4a8_version!r}")
+    if group_size is not None and group_size <= 0:
+        raise QuantizeError(f"group size must be a positive integer, got {group_size}")
     model_dir, out_dir = Path(model_dir), Path(out_dir)
-    config = json.loads((model_dir / "config.json").read_text())
-    dtype = getattr(torch, str(config.get("torch_dtype") or config.get("dtype") or "float32"))
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype)
+    config = read_config(model_dir)
+    refuse_quantized_input(model_dir, config)
+    final = checked_output(model_dir, out_dir, overwrite=overwrite)
+    dtype_name = str(config.get("torch_dtype") or config.get("dtype") or "float32")
+    dtype = getattr(torch, dtype_name, None)
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise QuantizeError(f"{model_dir}/config.json: torch_dtype {dtype_name!r} is not a floating-point torch dtype")
+    try:
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype)
+    except (OSError, ValueError, KeyError) as exc:  # no weights, not a causal LM, an architecture it does not know
+        raise QuantizeError(f"transformers cannot load {model_dir} as a causal LM: {exc}") from exc
     model.eval()
     targets = _targets(model)
     dense = {n: m for n, m in targets.items() if not _EXPERT.search(n)}
@@ -294,12 +311,26 @@ def quantize_checkpoint(
                 emit(lin, t, quantize(lin, linear, t, bias if t != expert_type else None))
     description.update(settings)
 
-    out_dir.mkdir(parents=True, exist_ok=True)
-    save_file(state, str(out_dir / WEIGHTS_FILE), metadata={"format": "pt"})
-    (out_dir / DESCRIPTION_FILENAME).write_text(json.dumps(description, indent=2, sort_keys=True) + "\n")
     config["quantization_config"] = {"quant_method": "ascend"}
-    (out_dir / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    try:
+        with staged_directory(final, replace=overwrite) as staging:
+            _write_checkpoint(staging, model_dir, state, description, config)
+    except FileExistsError as exc:  # another process created the output meanwhile
+        raise QuantizeError(f"{exc}; choose a new output directory or pass --overwrite") from None
+    except OSError as exc:  # no permission, disk full...: nothing was left at the output
+        raise QuantizeError(f"cannot write {out_dir}: {exc}; the output was left as it was") from exc
+    return out_dir
+
+
+def _write_checkpoint(
+    out: Path, model_dir: Path, state: dict[str, torch.Tensor], description: dict[str, Any], config: dict[str, Any]
+) -> None:
+    """The output files, written into ``out`` (the staging directory); the input is only read."""
+    from safetensors.torch import save_file
+
+    save_file(state, str(out / WEIGHTS_FILE), metadata={"format": "pt"})
+    (out / DESCRIPTION_FILENAME).write_text(json.dumps(description, indent=2, sort_keys=True) + "\n")
+    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     for fname in _COPY_FILES:
         if (model_dir / fname).exists():
-            shutil.copy2(model_dir / fname, out_dir / fname)
-    return out_dir
+            shutil.copy2(model_dir / fname, out / fname)

@@ -38,7 +38,14 @@ from ..metadata import AscendAttentionMetadataBuilder, AscendAttentionState, Asc
 from ..ops.flash_attention import ENCODER_ATTENTION, PREFILL_NO_CACHE
 from ..ops.graph_decode import GRAPH_DECODE, GRAPH_KV_WRITE
 from ..ops.kv_cache import RESHAPE_AND_CACHE
-from ..ops.paged_attention import PAGED_DECODE, PAGED_DECODE_WINDOW, PAGED_PREFILL, DecodePlan
+from ..ops.paged_attention import (
+    PAGED_DECODE,
+    PAGED_DECODE_WINDOW,
+    PAGED_PREFILL,
+    DecodePlan,
+    paged_decode_workspace_npu,
+)
+from ..ops.window_decode_npu import paged_decode_window_scratch_npu
 
 # torch_npu paged attention v2 takes head sizes up to 256, fused infer attention needs multiples of 16.
 NPU_MAX_HEAD_SIZE = 256
@@ -186,7 +193,8 @@ class AscendAttentionImpl(AttentionImpl[AscendMetadata]):  # type: ignore[type-v
         if sliding_window is not None and sliding_window <= 0:
             raise ConfigError(f"sliding_window must be positive, got {sliding_window}")
         backend = kernel_backend()
-        if backend == "npu":
+        self._npu = backend == "npu"
+        if self._npu:
             self._check_npu_support()
         self.reshape_and_cache = RESHAPE_AND_CACHE.select(backend)
         self.paged_decode = PAGED_DECODE.select(backend)
@@ -278,12 +286,22 @@ class AscendAttentionImpl(AttentionImpl[AscendMetadata]):  # type: ignore[type-v
                     value_cache,
                     md.block_table,
                     refresh=refresh,
+                    # NPU: the kernel's workspace for this step's lengths, outside the task group
+                    prepare=paged_decode_workspace_npu if self._npu else None,
                     context_lens=md.seq_lens_list,
                     out=out,
                     plan=md.decode_plan,
                     **heads,
                 )
             else:
+                scratch: dict[str, Any] = {}  # tensors; typed Any to pass through launch's keywords
+                if self._npu and graphs.active_recorder() is not None:
+                    # A captured task re-issues only its kernel: mask, LSE and workspace are made here, before it.
+                    scratch = paged_decode_window_scratch_npu(
+                        q, key_cache, value_cache, md.block_table, md.seq_lens, md.seq_lens_list,
+                        sliding_window=self.sliding_window, num_heads=self.num_heads,
+                        num_kv_heads=self.num_kv_heads, scale=self.scale,
+                    )  # fmt: skip
                 graphs.launch(
                     self.paged_decode_window,
                     q,
@@ -297,6 +315,7 @@ class AscendAttentionImpl(AttentionImpl[AscendMetadata]):  # type: ignore[type-v
                     out=out,
                     plan=md.decode_plan,
                     **heads,
+                    **scratch,
                 )
         else:
             self.paged_prefill(

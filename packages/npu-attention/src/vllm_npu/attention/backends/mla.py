@@ -436,7 +436,12 @@ class AscendMLAImpl(MLACommonBaseImpl[AscendMLAMetadata]):
             return torch.bmm(latent.transpose(0, 1), self.W_UV).transpose(0, 1)  # [T, N, V]
         b = ql_nope.shape[0]
         latent = ql_nope.new_empty(ql_nope.shape)
-        scratch: dict[str, torch.Tensor] = {}
+        scratch: dict[str, Any] = {}  # tensors; typed Any to pass through launch's keywords
+        if self._npu:
+            # The kernel's BNSD query views need contiguous rows: copied here, before the task, so that the task
+            # group holds the .out kernel alone (vllm-ascend v0.11.0 mla_v1.py:1006-1012 makes them before
+            # graph_task_group_begin too); inside the kernel the reshapes are then views.
+            ql_nope, q_pe = ql_nope.contiguous(), q_pe.contiguous()
         args = (ql_nope, q_pe, nope, rope, meta.block_table)
         if self._npu and graphs.active_recorder() is not None:
             # A captured task is re-issued on the addresses it was captured with: its workspace and softmax_lse must

@@ -10,12 +10,13 @@ Contract (both twins):
 
 Padding slots (``-1``, vLLM's ``PAD_SLOT_ID``): vLLM pads ``slot_mapping`` only past ``num_actual_tokens`` (decode
 context parallelism, which interleaves ``-1`` among real tokens, is rejected by the metadata builder); inside a
-captured graph padded rows do reach the kernel. The NPU kernel skips negative slots. The reference twin takes only
-slots >= 0 and writes every row (one ``index_copy_`` per cache, no data-dependent branch or shape, no host read): on
-the reference backend the GQA metadata builder guarantees it by redirecting each padding slot to slot 0, inside
-vLLM's null block 0, which no request reads; so both write the same bits to every slot attention ever reads. A
-negative slot given to the reference twin is a :class:`~vllm_npu.interface.errors.KernelContractError`. Several rows
-on one slot (only padding rows, on the null slot) leave one of them there, unspecified which.
+captured graph padded rows do reach the kernel. Neither twin is given a negative slot: the GQA metadata builder
+redirects each padding slot to slot 0, inside vLLM's null block 0, which no request reads, on both backends
+(vllm-ascend v0.11.0, whose captured graphs run this kernel on hardware, pads its slot buffer with 0,
+``worker/model_runner_v1.py:1506``; the ATB docs say negative slots are skipped, torch_npu 2.8.0's say nothing, and
+what has run wins). Both twins write every row; a negative slot given
+to the reference twin is a :class:`~vllm_npu.interface.errors.KernelContractError`. Several rows on one slot (only
+padding rows, on the null slot) leave one of them there, unspecified which.
 
 NPU: ``torch_npu._npu_reshape_and_cache`` (ATB ReshapeAndCacheOperation), the write vllm-ascend v0.11.0 runs on A2/A3
 (``attention/attention_v1.py:635-640``). Its binding picks the kernel's ND configuration for ND caches

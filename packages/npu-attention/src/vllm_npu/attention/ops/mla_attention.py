@@ -85,7 +85,8 @@ def mla_decode_npu_inputs(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(query, query_rope, key_cache, key_rope)`` of ``npu_fused_infer_attention_score`` in its MLA mode (BNSD,
     one KV head, paged: caches ``[nb, 1, bs, L|R]``). Documented limits: L = 512, R = 64, N in {32, 64, 128}, block
-    size 16/128."""
+    size 16/128. With contiguous ``ql_nope`` / ``q_pe`` (what the backend passes) every result is a view: nothing is
+    allocated, as a captured task requires (its kernel alone runs inside the task group)."""
     B, N, L = ql_nope.shape
     nb, bs, _, _ = nope_cache.shape
     R = rope_cache.shape[-1]

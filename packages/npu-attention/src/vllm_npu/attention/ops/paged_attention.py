@@ -10,13 +10,19 @@ Two kernels, each an NPU call beside its reference twin:
     written in place. ``out[b, h] = softmax(scale * q[b, h] . K_b^T) V_b`` over the request's ``context_lens[b]``
     cached tokens, KV head ``h // (N // Nkv)``, no mask.
     NPU: ``torch_npu.atb._npu_paged_attention_v2`` (documented ATB op; block_size % 16 == 0 and <= 128,
-    head_size <= 256).
+    head_size <= 256). Inside a captured graph it takes ``workspace``, sized for the step's ``context_lens`` by
+    ``_npu_paged_attention_v2_get_workspace`` (:func:`paged_decode_workspace_npu`, the task's ``prepare``: at
+    capture and before every task update, as vllm-ascend v0.11.0 re-queries ``_npu_paged_attention_get_workspace``,
+    ``compilation/acl_graph.py:279-299``: the kernel "requires different workspace among various seq_lens").
 
 ``paged_decode_window`` — the same with a sliding window ``W`` (DecodeOnly): token ``b`` sees cache positions
     ``j > context_lens[b] - 1 - W``; ``seq_lens`` is ``context_lens`` as a device tensor ``[B]``.
-    NPU: ``torch_npu.npu_fused_infer_attention_score`` in BSH with Q_S = 1 and an explicit window mask
+    NPU: ``torch_npu.npu_fused_infer_attention_score.out`` in BSH with Q_S = 1 and an explicit window mask
     ``[B, 1, max_blocks * block_size]`` (``sparse_mode=0``): with one query token the kernel ignores ``pre_tokens``
-    and ``sparse_mode``, so a band would silently attend to the whole context.
+    and ``sparse_mode``, so a band would silently attend to the whole context. Inside a captured graph the mask,
+    the softmax LSE buffer and the kernel's maximum workspace are made before the task
+    (:mod:`.window_decode_npu`), so the task group holds the ``.out`` kernel alone, as torch_npu's own graph
+    dispatch does (``npu/graphs.py:137-160``).
 
 ``paged_prefill`` — any number of query tokens per request, packed (TND):
     query ``[T, N, D]``; caches as above (the new tokens are already written); block_table ``[B, max_blocks]``;
@@ -48,6 +54,7 @@ from vllm_npu.interface.errors import KernelContractError
 
 from ._checks import check_heads, need_mask, no_soft_cap
 from ._reference import _MASKED, attend, gather_pages, gather_sequence, window_allowed
+from .window_decode_npu import paged_decode_window_npu
 
 # Requests with at most this many new tokens are computed together in one padded batch by the reference (decodes,
 # speculative-decoding verification); longer ones one request at a time.
@@ -194,6 +201,7 @@ def paged_decode_npu(
     out: torch.Tensor,
     logits_soft_cap: float | None = None,
     plan: DecodePlan | None = None,
+    workspace: torch.Tensor | None = None,
 ) -> None:
     no_soft_cap(logits_soft_cap, "paged_decode")
     import torch_npu
@@ -208,8 +216,44 @@ def paged_decode_npu(
         num_heads=num_heads,
         scale_value=scale,
         mask_type=0,
+        workspace=workspace,
         out=out,
     )
+
+
+def paged_decode_workspace_npu(
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    *,
+    context_lens: list[int],
+    num_heads: int,
+    num_kv_heads: int,
+    scale: float,
+    out: torch.Tensor,
+    **_: object,
+) -> dict[str, torch.Tensor]:
+    """``{"workspace": ...}`` for :func:`paged_decode_npu` at these ``context_lens``: the ``prepare`` of a captured
+    decode task (:func:`vllm_npu.interface.graphs.launch`), called outside its task group at capture and before
+    every update. ``_npu_paged_attention_v2_get_workspace`` takes the op's arguments (its registered 2.8.0 schema:
+    ``(query, key_cache, block_table, SymInt[] context_lens, *, value_cache, mask, num_kv_heads, num_heads,
+    scale_value, mask_type, Tensor(a!) out) -> Tensor``)."""
+    import torch_npu
+
+    workspace: torch.Tensor = torch_npu.atb._npu_paged_attention_v2_get_workspace(
+        query,
+        key_cache,
+        block_table,
+        context_lens,
+        value_cache=value_cache,
+        num_kv_heads=num_kv_heads,
+        num_heads=num_heads,
+        scale_value=scale,
+        mask_type=0,
+        out=out,
+    )
+    return {"workspace": workspace}
 
 
 def paged_decode_reference(
@@ -225,6 +269,7 @@ def paged_decode_reference(
     out: torch.Tensor,
     logits_soft_cap: float | None = None,
     plan: DecodePlan | None = None,
+    workspace: torch.Tensor | None = None,  # the NPU kernel's scratch; unused here
 ) -> None:
     check_heads(query, key_cache, num_heads, num_kv_heads, "paged_decode")
     plan = _plan_for(plan, context_lens, key_cache)
@@ -235,34 +280,6 @@ PAGED_DECODE = Kernel("paged_decode", npu=paged_decode_npu, reference=paged_deco
 
 
 # --- paged decode with a sliding window -----------------------------------------------------------------------------
-
-
-def paged_decode_window_npu(
-    query: torch.Tensor,
-    key_cache: torch.Tensor,
-    value_cache: torch.Tensor,
-    block_table: torch.Tensor,
-    seq_lens: torch.Tensor,
-    context_lens: list[int],
-    *,
-    num_heads: int,
-    num_kv_heads: int,
-    scale: float,
-    sliding_window: int,
-    out: torch.Tensor,
-    logits_soft_cap: float | None = None,
-    plan: DecodePlan | None = None,
-) -> None:
-    no_soft_cap(logits_soft_cap, "paged_decode_window")
-    # With one query token per request the kernel ignores pre_tokens, next_tokens and sparse_mode (torch_npu 2.8.0
-    # docs: "Q_S为1时该参数无效"), so the window cannot be a band: it is an explicit per-request mask [B, 1, KV_S]
-    # (True = masked), KV_S = the block table's capacity, as the docs require for a paged cache with sparse_mode=0.
-    # BSH with Q_S = 1 is the layout vllm-ascend v0.11.0 uses for its sliding-window decode.
-    block_size = key_cache.shape[1]
-    pos = torch.arange(block_table.shape[1] * block_size, device=query.device)
-    first = seq_lens.to(device=query.device, dtype=torch.long) - sliding_window  # first visible position
-    mask = (pos[None, :] < first[:, None]).unsqueeze(1)
-    fia_decode_bsh(query, key_cache, value_cache, block_table, context_lens, mask, num_heads, num_kv_heads, scale, out)
 
 
 def fia_decode_bsh(
@@ -278,8 +295,9 @@ def fia_decode_bsh(
     out: torch.Tensor,
 ) -> None:
     """One query token per request over the paged cache with ``npu_fused_infer_attention_score`` in BSH (Q_S = 1,
-    ``sparse_mode=0``, an optional ``[B, 1, KV_S]`` bool mask, True = hidden): the window decode here and the compiled
-    graph decode (:mod:`.graph_decode`) share it. ``context_lens`` is the kernel's ``SymInt[]``; ``out [B, N, D]``."""
+    ``sparse_mode=0``, an optional ``[B, 1, KV_S]`` bool mask, True = hidden) for the compiled graph decode
+    (:mod:`.graph_decode`; torchair compiles it, no task group). The eager / ACL-graph window decode uses the ``.out``
+    form (:func:`paged_decode_window_npu`). ``context_lens`` is the kernel's ``SymInt[]``; ``out [B, N, D]``."""
     import torch_npu
 
     num_blocks, block_size = key_cache.shape[:2]
@@ -317,6 +335,9 @@ def paged_decode_window_reference(
     out: torch.Tensor,
     logits_soft_cap: float | None = None,
     plan: DecodePlan | None = None,
+    mask: torch.Tensor | None = None,  # the NPU kernel's scratch (paged_decode_window_scratch_npu); unused here
+    lse: torch.Tensor | None = None,
+    workspace: torch.Tensor | None = None,
 ) -> None:
     check_heads(query, key_cache, num_heads, num_kv_heads, "paged_decode_window")
     plan = _plan_for(plan, context_lens, key_cache)

@@ -30,6 +30,7 @@ from typing import Any
 
 import torch
 
+from .capture import host_ints, in_graph_step
 from .experts import ExpertsFn
 from .placement import ExpertPlacement, static_table
 from .routing import InitRouting, Unpermute, combine_masked
@@ -87,12 +88,13 @@ class LocalDispatcher:
     def __call__(
         self, hidden: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor, experts: ExpertsFn
     ) -> torch.Tensor:
-        # Traced into a compiled graph (torchair), only ops with GE converters and no host reads: the finalize
-        # instead of the unpermute, and every row to the experts (see below). Eager steps keep the eager kernels.
-        traced = torch.compiler.is_compiling()
+        # Traced into a compiled graph (torchair): only ops with GE converters (the finalize instead of the
+        # unpermute). Traced or captured into an ACL graph (.capture): no host reads, every row goes to the experts
+        # (see below). Eager steps keep the eager kernels.
+        compiled, no_host_reads = torch.compiler.is_compiling(), in_graph_step()
         if self.expert_map is None and self.placement is None:
             rows, row_idx, counts = self.init_routing(hidden, topk_ids, self.num_experts, (0, self.num_experts))
-            unpermute = self.graph_unpermute if traced and self.graph_unpermute is not None else self.unpermute
+            unpermute = self.graph_unpermute if compiled and self.graph_unpermute is not None else self.unpermute
             return unpermute(run_experts(experts, rows, counts), row_idx, topk_weights)
         if self._local_id.device != topk_ids.device:  # once, if the layer moved after it was built
             self._local_id = static_table(self._local_id.to(topk_ids.device))
@@ -104,7 +106,7 @@ class LocalDispatcher:
         if self.placement is not None:
             # Rows of this rank's own slots only: with replicated tokens each row is then counted on one rank.
             self.placement.record_counts(counts, self.placement.offsets[self.rank])
-        if traced:
+        if no_host_reads:
             # No host read of the row count: every row goes to the grouped matmul, whose counts cover the in-range
             # rows only (the rest come out undefined, as in vllm-ascend v0.11.0's torchair expert-parallel MoE), and
             # the combine drops the rows marked -1, whatever they hold.
@@ -150,7 +152,8 @@ def coordinator_all_to_all(coordinator: Any) -> AllToAll:
 
 @dataclass
 class AllToAllDispatcher:
-    """Expert parallelism over different tokens per rank, with a variable-size all-to-all.
+    """Expert parallelism over different tokens per rank, with a variable-size all-to-all (eager steps only: its
+    split sizes are read on the host, which a captured graph refuses; :mod:`.capture`).
 
     ``expert_maps[r]`` is rank r's expert map ([E] int: global -> local id, -1 elsewhere), or ``placement`` gives
     the slots (redundant replicas allowed; this rank's tokens choose replicas with offset ``rank``). Per call: route rows by (owner rank, local id); exchange the per-expert counts; all-to-all the
@@ -195,7 +198,8 @@ class AllToAllDispatcher:
         send[self._count_slot] = counts.long()
         send = send.view(self.world, self.max_local)
         recv = self.all_to_all(send, [1] * self.world, [1] * self.world).view(self.world, self.max_local)
-        send_splits, recv_splits = torch.stack((send.sum(1), recv.sum(1))).tolist()  # one device->host copy
+        # one device->host copy; refused inside a captured graph (.capture: the layer then takes a static exchange)
+        send_splits, recv_splits = host_ints(torch.stack((send.sum(1), recv.sum(1))), "the all-to-all split sizes")
         received = self.all_to_all(rows, recv_splits, send_splits)
         # Received rows: by source rank, each chunk sorted by local expert. Sort stably by local expert.
         n_local = self.local_counts[self.rank]

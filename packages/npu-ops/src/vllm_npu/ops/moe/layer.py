@@ -16,9 +16,10 @@ model that builds those gets these classes. What changes against vLLM:
   and vLLM's usual all-reduce sums the ranks. With data-parallel attention (DP > 1) rows cross the DP ranks in
   ``forward_impl`` (vLLM's own DP dispatch/combine is a no-op on our device communicator): by all-to-all through
   the EP group's device communicator when attention TP is 1 and the quant method runs ``layer.moe_plan``, else by
-  all-gather over the DP group, local experts, reduce-scatter back, then vLLM's TP all-reduce. In the torchair mode
-  every DP rank runs the same padded size, so the all-to-all becomes the gathered dispatcher (:mod:`.gathered`) and
-  the DP gather takes static shapes: no size is read on the host, and the layer runs inside the compiled graph.
+  all-gather over the DP group, local experts, reduce-scatter back, then vLLM's TP all-reduce. With graphs on
+  (torchair, PIECEWISE, FULL_DECODE_ONLY: no ``--enforce-eager``) vLLM pads every DP rank to the same size, so the
+  all-to-all becomes the gathered dispatcher (:mod:`.gathered`) and the DP gather takes static shapes: no size is
+  read on the host, and the layer can run inside a captured or compiled graph (:mod:`.capture`).
 
 - ``npu.expert_map_path``: a static placement (:mod:`.placement`, redundant replicas allowed) replaces vLLM's;
   the layer then holds that rank's slots (its weights are re-created at their count) and every dispatcher maps
@@ -50,6 +51,7 @@ from vllm_npu.interface.config import AdditionalConfig
 from vllm_npu.interface.device import DeviceMode, current_mode
 from vllm_npu.interface.protocols import runs_layer_moe_plan, traces_moe_in_graph
 
+from .capture import host_ints
 from .comm import AllToAll, coordinator_all_to_all
 from .eplb import check_eplb_layer, eplb_placement, follow_eplb_state
 from .forward import MoEPlan, build_moe_plan, moe_forward
@@ -104,6 +106,19 @@ def tokens_differ_per_ep_rank(layer: FusedMoE) -> bool:
     )
 
 
+def dp_steps_padded(vllm_config: Any = None) -> bool:
+    """Whether vLLM pads every data-parallel rank's step to one token count: always, unless ``--enforce-eager``
+    (``GPUModelRunner.get_dp_padding``; the platform sets ``enforce_eager`` when graphs are off). With padding the
+    DP exchanges take static shapes, which a captured or compiled graph can hold. ``vllm_config``: the config being
+    built by default (without a model config nothing is padded)."""
+    if vllm_config is None:
+        from vllm.config import get_current_vllm_config
+
+        vllm_config = get_current_vllm_config()
+    model = getattr(vllm_config, "model_config", None)
+    return model is not None and not model.enforce_eager
+
+
 def npu_settings() -> AdditionalConfig:
     """The plugin's settings of the config being built (defaults outside an engine)."""
     from vllm.config import get_current_vllm_config
@@ -155,7 +170,8 @@ def _mc2_comm(layer: FusedMoE, all_to_all: AllToAll | None) -> MC2Comm:
 
 
 def _check_dp_padded(hidden: torch.Tensor) -> None:
-    """Eager steps: every DP rank holds ``hidden``'s row count (what the static exchanges assume)."""
+    """Eager steps: every DP rank holds ``hidden``'s row count (what the static exchanges assume; vLLM's forward
+    context holds the counts on the host)."""
     if torch.compiler.is_compiling():
         return  # the compiled size; vLLM pads every DP rank's step to it
     from vllm.forward_context import get_forward_context
@@ -164,8 +180,9 @@ def _check_dp_padded(hidden: torch.Tensor) -> None:
     counts = None if meta is None else meta.num_tokens_across_dp_cpu.tolist()
     if counts is not None and any(n != hidden.shape[0] for n in counts):
         raise RuntimeError(
-            f"torchair mode: the DP ranks hold {counts} tokens this step, this rank's MoE input {hidden.shape[0]}; "
-            "its MoE exchange needs every DP rank padded to one size (vLLM pads them unless --enforce-eager)"
+            f"the DP ranks hold {counts} tokens this step, this rank's MoE input {hidden.shape[0]}; with graphs on "
+            "(torchair, PIECEWISE, FULL_DECODE_ONLY) the MoE exchange needs every DP rank padded to one size (vLLM "
+            "pads them unless --enforce-eager)"
         )
 
 
@@ -176,12 +193,14 @@ def build_layer_plan(
     allow_all_to_all: bool = True,
     placement: ExpertPlacement | None = None,
     mc2: str | None = None,
+    dp_padded: bool | None = None,
 ) -> MoEPlan:
     """The :class:`MoEPlan` of a built vLLM ``FusedMoE`` layer (any quant method); see the module docstring.
 
     ``all_to_all`` overrides the EP group's exchange (tests); by default it is used only when
     :func:`uses_all_to_all` says so and ``allow_all_to_all`` is true. ``placement`` defaults to the layer's
-    placement (``npu.expert_map_path``, or vLLM's EPLB placement with ``--enable-eplb``), ``mc2`` to ``npu.moe_mc2``.
+    placement (``npu.expert_map_path``, or vLLM's EPLB placement with ``--enable-eplb``), ``mc2`` to ``npu.moe_mc2``,
+    ``dp_padded`` to :func:`dp_steps_padded` (then the rows cross the ranks with static shapes, not the all-to-all).
     """
     if getattr(layer, "zero_expert_num", 0):
         raise ConfigError(f"{layer.layer_name}: zero experts (zero_expert_num > 0) are not supported by npu-ops' MoE")
@@ -195,10 +214,13 @@ def build_layer_plan(
     if all_to_all is None and allow_all_to_all and tokens_differ_per_ep_rank(layer):
         from vllm.distributed import get_ep_group
 
-        if settings.graph_mode == "torchair":
-            # Every DP rank runs the same padded size (vLLM's DP padding), so the rows cross the ranks by all-gather
-            # and reduce-scatter of static shapes, in compiled and eager steps alike: a rank in a compiled step and a
-            # rank in an eager one issue the same collectives.
+        if dp_steps_padded() if dp_padded is None else dp_padded:
+            # Graphs on (torchair, PIECEWISE, FULL_DECODE_ONLY: no --enforce-eager), so every DP rank runs the same
+            # padded size (vLLM's DP padding) and the rows cross the ranks by all-gather and reduce-scatter of static
+            # shapes: the all-to-all's split sizes would be read on the host inside a captured or compiled graph
+            # (.capture). In graph and eager steps alike, so that a rank replaying a graph and a rank running eagerly
+            # (FULL_DECODE_ONLY: one rank's step a pure decode, another's not) issue the same collectives. vllm-ascend
+            # v0.11.0 also keeps the all-to-all out of captured sizes (MC2 or all-gather there).
             gather_group = get_ep_group().device_group
         else:
             all_to_all = coordinator_all_to_all(get_ep_group())
@@ -354,9 +376,10 @@ class AscendFusedMoE(FusedMoE):
         # vLLM's DP dispatch/combine (forward_impl) goes through the device communicator's dispatch/combine, which
         # are no-ops on ours (left alone, each rank would sum only its own slice: wrong tokens).
         self._moe_across_dp = self.dp_size > 1
-        #: Every DP rank runs the same number of tokens per step (the torchair mode: vLLM's DP padding, never
-        #: --enforce-eager), so the DP exchanges take static shapes (.gathered) in compiled and eager steps.
-        self._dp_padded = settings.graph_mode == "torchair"
+        #: Every DP rank runs the same number of tokens per step (vLLM's DP padding: graphs on, no --enforce-eager),
+        #: so the DP exchanges take static shapes (.gathered) in graph and eager steps (.capture: no host reads in
+        #: a captured or compiled graph).
+        self._dp_padded = self._moe_across_dp and dp_steps_padded()
         if self._moe_across_dp and self.is_sequence_parallel:
             raise ConfigError(
                 f"{self.layer_name}: sequence-parallel MoE with data parallel is not supported by npu-ops' MoE; "
@@ -484,7 +507,7 @@ class AscendFusedMoE(FusedMoE):
             logits = all_gather_rows(router_logits, dp.device_group)
             return reduce_scatter_rows(self._run_quant_method(rows, logits), dp.device_group)
         count = torch.tensor([hidden_states.shape[0]], dtype=torch.int64, device=hidden_states.device)
-        sizes = [int(n) for n in dp.all_gather(count, dim=0).tolist()]
+        sizes = [int(n) for n in host_ints(dp.all_gather(count, dim=0), "the DP ranks' token counts")]
         gathered = self._run_quant_method(
             dp.all_gatherv(hidden_states, dim=0, sizes=sizes), dp.all_gatherv(router_logits, dim=0, sizes=sizes)
         )

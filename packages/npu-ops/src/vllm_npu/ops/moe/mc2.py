@@ -41,6 +41,7 @@ from typing import Any, NamedTuple, Protocol
 import torch
 from vllm_npu.interface import ConfigError, Kernel, KernelBackend
 
+from .capture import in_graph_step
 from .experts import ExpertsFn
 from .placement import ExpertPlacement
 
@@ -460,8 +461,9 @@ class MC2Dispatcher:
         quant = callable(getattr(experts, "run_int8", None))
         d = self.dispatch(x, physical, self.comm, placement.num_physical, self.global_bs, quant)
         counts = d.expert_token_nums
-        if torch.compiler.is_compiling():
-            # Traced into a compiled (torchair) graph: no host read of the received row count. The experts get the
+        if in_graph_step():
+            # Traced into a compiled (torchair) graph or captured into an ACL graph: no host read of the received row
+            # count. The experts get the
             # whole buffer (the MC2 capacity, a static shape) with the kernel's counts as the grouped matmul's
             # group list; rows past the counts come out undefined and the combine reads only the counted ones
             # (vllm-ascend v0.11.0's torchair MC2, torchair_fused_moe.py: expand_x and expert_token_nums passed on).

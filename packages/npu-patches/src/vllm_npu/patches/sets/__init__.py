@@ -99,12 +99,39 @@ EPLB_PLATFORM_CHECK = Patch(
     "a hook); the range ends before 0.12, whose config code must be checked again",
 )
 
+SHUTDOWN_ENDS_REQUESTS = Patch(
+    id="shutdown-ends-requests",
+    target="vllm.v1.engine.async_llm.AsyncLLM.shutdown",
+    replacement="vllm_npu.patches.sets.shutdown_abort:make_replacement",
+    scope=Scope.PLATFORM,
+    vllm=">=0.11.0,<0.12",
+    fingerprint="39837966ac93f7633c22bb2d06d40092082483275d5ec881c6f7e5575130afd3",
+    also_checks=(
+        # the replacement relies on it handing each aborted request a final output with FinishReason.ABORT
+        (
+            "vllm.v1.engine.output_processor.OutputProcessor.abort_requests",
+            "383db4ae41faf3a79cd77366d36962a989a43dfb1898fb8305f9e68a4d4d623e",
+        ),
+    ),
+    upstream="https://github.com/vllm-project/vllm/issues/24885 (shutdown semantics RFC); fixed upstream by "
+    "https://github.com/vllm-project/vllm/pull/34730 (re-landed as #36666: on SIGTERM in-flight requests are "
+    "aborted, or drained with --shutdown-timeout), after 0.11",
+    reason="SIGTERM / SIGINT to `vllm serve` stops the engine (AsyncLLM.shutdown) before uvicorn closes the "
+    "connections, and nothing ends the requests in flight: a streaming client gets neither an error nor a finish "
+    "and waits until its own timeout, and the server waits for that connection instead of exiting. The replacement "
+    "ends every in-flight request with finish_reason 'abort' (vLLM's OutputProcessor.abort_requests) before vLLM's "
+    "shutdown runs",
+    removal="drop when the plugin's vLLM floor aborts in-flight requests on shutdown itself (vllm#34730/#36666); "
+    "the range ends before 0.12, whose shutdown path must be checked again",
+)
+
 #: The built-in set, in application order.
 BUILTIN_PATCHES: tuple[Patch, ...] = (
     REPETITION_PENALTY_TORCH,
     ATTENTION_OUTPUT_EMPTY,
     EAGLE_DISCARDED_NEXT_TOKEN,
     EPLB_PLATFORM_CHECK,
+    SHUTDOWN_ENDS_REQUESTS,
 )
 
 #: Candidates examined for vLLM 0.11.0 and deliberately not patched: (what, why not).

@@ -25,10 +25,28 @@ DEFAULT_PROMPTS = (
 )
 
 
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid int value: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def _prompt(text: str) -> str:
+    if not text.strip():
+        raise argparse.ArgumentTypeError("a prompt needs at least one non-blank character")
+    return text
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="vllm-npu demo", description=__doc__.splitlines()[0])
-    p.add_argument("--max-tokens", type=int, default=40, help="tokens to generate per prompt (default 40)")
-    p.add_argument("--prompt", action="append", dest="prompts", help="a prompt (repeatable); default: six classics")
+    p.add_argument("--max-tokens", type=_positive_int, default=40, help="tokens to generate per prompt (default 40)")
+    p.add_argument(
+        "--prompt", action="append", dest="prompts", type=_prompt, help="a prompt (repeatable); default: six classics"
+    )
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     p.add_argument("--json", action="store_true", help="print one JSON document instead of text")
     return p
@@ -51,7 +69,17 @@ def main(argv: list[str] | None = None) -> int:
     from .checkpoint import ensure_demo_model
 
     t0 = time.perf_counter()
-    model_dir, built = ensure_demo_model()
+    try:
+        model_dir, built = ensure_demo_model()
+    except OSError as exc:  # the cache directory is not writable, is a file, the disk is full...
+        where = exc.filename or "the cache directory"
+        why = "it is not a directory" if exc.filename and os.path.isfile(exc.filename) else exc.strerror or str(exc)
+        print(
+            f"vllm-npu demo: cannot build the demo model under {where}: {why}; "
+            "set VLLM_NPU_CACHE_DIR to a writable directory",
+            file=sys.stderr,
+        )
+        return 2
     build_s = time.perf_counter() - t0
     if not args.json:
         state = f"built and trained in {build_s:.1f} s" if built else "cached"

@@ -134,21 +134,51 @@ def _train_in_child(out: str) -> None:
     train_demo_model(Path(out))
 
 
-def ensure_demo_model() -> tuple[Path, bool]:
-    """The cached demo checkpoint, trained now if missing. Returns (path, built_now).
+def _train(staging: Path) -> int | None:
+    """Train into ``staging`` in a spawned child process; returns its exit code.
 
-    Training runs in a spawned child process: CPU torch work in this process before vLLM forks its engine core can
-    leave OpenMP in a state that deadlocks the child.
+    Training runs in a child: CPU torch work in this process before vLLM forks its engine core can leave OpenMP in a
+    state that deadlocks the child.
     """
-    out = demo_model_dir()
-    if (out / ".complete").exists():
-        return out, False
     import multiprocessing
 
     ctx = multiprocessing.get_context("spawn")
-    proc = ctx.Process(target=_train_in_child, args=(str(out),))
+    proc = ctx.Process(target=_train_in_child, args=(str(staging),))
     proc.start()
-    proc.join()
-    if proc.exitcode != 0 or not (out / ".complete").exists():
-        raise RuntimeError(f"building the demo model in {out} failed (exit code {proc.exitcode})")
+    try:
+        proc.join()
+    except BaseException:  # Ctrl-C: the child got it too (same process group); don't leave it writing
+        proc.terminate()
+        proc.join()
+        raise
+    return proc.exitcode
+
+
+def ensure_demo_model() -> tuple[Path, bool]:
+    """The cached demo checkpoint, trained now if missing. Returns (path, built_now).
+
+    The checkpoint is built in a private sibling of its cache directory and renamed into place once complete
+    (:func:`vllm_npu.interface.staging.staged_directory`): an interrupted or failed build leaves nothing at the
+    cache path, and two demos building at once never read each other's half-written files (the second to finish
+    keeps the first one's). A directory at the cache path without the ``.complete`` marker (left by an
+    older plugin that trained in place) is rebuilt.
+    """
+    import shutil
+
+    from vllm_npu.interface.staging import staged_directory
+
+    out = demo_model_dir()
+    if (out / ".complete").exists():
+        return out, False
+    if out.exists():
+        shutil.rmtree(out)  # an incomplete build of this very key (the name is ours), never a user's directory
+    try:
+        with staged_directory(out) as staging:
+            exitcode = _train(staging)
+            if exitcode != 0 or not (staging / ".complete").exists():
+                raise RuntimeError(f"building the demo model in {out} failed (exit code {exitcode})")
+    except FileExistsError:
+        if not (out / ".complete").exists():
+            raise
+        # another demo finished first: its checkpoint is the same (same key), keep it
     return out, True

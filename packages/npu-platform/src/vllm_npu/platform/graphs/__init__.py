@@ -11,5 +11,7 @@ WRAPPER_CLS = "vllm_npu.platform.graphs.wrapper.NPUGraphWrapper"
 
 
 class GraphInputMovedError(NPUPluginError, RuntimeError):
-    """A captured graph was replayed with an input tensor at another address than at capture: the graph would read
-    the old buffer. The caller must copy new inputs into the captured buffers."""
+    """A captured graph was replayed with an input tensor at another address than at capture, or after a tensor it
+    captured by reference (a weight, a KV cache, a task argument) moved or was freed: the graph would read the old
+    buffer. The caller must copy new inputs into the captured buffers, and capture again after moving weights or
+    caches (sleep mode's wake-up)."""

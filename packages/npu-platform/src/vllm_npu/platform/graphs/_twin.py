@@ -13,7 +13,15 @@ What this keeps from a real ACL/CUDA graph, on purpose (it is what makes graph m
 - Reading device values on the host while capturing (``.item()``, ``.tolist()`` of a traced tensor) fails, as a
   host sync during an NPU capture does.
 - Input buffers must keep their addresses: replaying with a tensor argument at another address raises
-  :class:`GraphInputMovedError`.
+  :class:`GraphInputMovedError`; so does replaying after any tensor the graph captured by reference (weights,
+  buffers, KV caches: the traced module's constants) moved, e.g. its storage resized to 0 and back (sleep mode), or
+  ``p.data`` rebound (:mod:`._reads`). The twin would compute with the new storage; an NPU graph would not.
+- A task (:func:`vllm_npu.interface.graphs.launch`) returns None and writes only into its tensor arguments: the
+  task node is opaque and declares those as its only mutations, so a result returned, or written anywhere else,
+  would be lost at replay. The twin checks the return value at every run; that the NPU kernel allocates nothing
+  inside the task group is checked where the NPU kernels run, against the stand-in torch_npu
+  (:mod:`npu_testkit.fake_npu_graphs`): here the task's kernel is the reference twin, whose internal temporaries
+  stand for the NPU kernel's own workspace.
 - Replay writes into the tensors returned at capture (their addresses stay fixed, as graph-pool outputs do).
 - Updatable kernels (:mod:`vllm_npu.interface.graphs`) become opaque ``vllm_npu_graph::task`` nodes whose host
   parameters are those of the capture until the runtime refreshes them.
@@ -34,9 +42,10 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.utils import _pytree as pytree
-from vllm_npu.interface.graphs import Refresh, recording
+from vllm_npu.interface.graphs import Prepare, Refresh, check_task_result, recording
 
 from . import GraphInputMovedError
+from ._reads import CapturedReads, tensor_labels
 
 if TYPE_CHECKING:
     from .compile_cache import CompileCache
@@ -51,6 +60,7 @@ class _Task:
     leaves: list[Any]  # non-tensor leaves; tensors are None holes filled at run time
     params: dict[str, Any]
     refresh: Refresh
+    prepare: Prepare | None = None
 
     # Fast path, when every positional argument is a leaf (no tensor inside a list...): the positional arguments
     # with None holes, and the names of the tensor keyword arguments (they follow the positional tensors).
@@ -58,15 +68,20 @@ class _Task:
     tensor_names: tuple[str, ...] = ()
 
     def run(self, tensors: list[torch.Tensor]) -> None:
-        if self.flat_args is not None:
-            it = iter(tensors)
-            args = [next(it) if a is None else a for a in self.flat_args]
-            self.kernel(*args, **dict(zip(self.tensor_names, it, strict=True)), **self.params)
-            return
+        """Run the kernel on ``tensors``; its ``prepare`` (scratch for these parameters) first, as the NPU runtime
+        calls it before each update (no task group to stay out of here)."""
         it = iter(tensors)
-        leaves = [next(it) if leaf is None else leaf for leaf in self.leaves]
-        args_, kwargs = pytree.tree_unflatten(leaves, self.spec)
-        self.kernel(*args_, **{**kwargs, **self.params})
+        if self.flat_args is not None:
+            args = [next(it) if a is None else a for a in self.flat_args]
+            kwargs = dict(zip(self.tensor_names, it, strict=True))
+        else:
+            leaves = [next(it) if leaf is None else leaf for leaf in self.leaves]
+            args_, kwargs = pytree.tree_unflatten(leaves, self.spec)
+            args = list(args_)
+        params = {**kwargs, **self.params}
+        if self.prepare is not None:
+            params.update(self.prepare(*args, **params))
+        check_task_result(self.kernel, self.kernel(*args, **params))
 
 
 _TASKS: dict[int, _Task] = {}  # registry: task id -> task, owned by the EmulatedGraph that captured it
@@ -95,21 +110,25 @@ class _TwinRecorder:
         self.task_ids: list[int] = []
 
     def record(
-        self, kernel: Callable[..., Any], args: tuple[Any, ...], params: dict[str, Any], refresh: Refresh
-    ) -> Any:
+        self,
+        kernel: Callable[..., Any],
+        args: tuple[Any, ...],
+        params: dict[str, Any],
+        refresh: Refresh,
+        prepare: Prepare | None = None,
+    ) -> None:
         tensor_kwargs = {k: v for k, v in params.items() if isinstance(v, torch.Tensor)}
         host_params = {k: v for k, v in params.items() if k not in tensor_kwargs}
         leaves, spec = pytree.tree_flatten((args, tensor_kwargs))
         tensors = [x for x in leaves if isinstance(x, torch.Tensor)]
         holes = [None if isinstance(x, torch.Tensor) else x for x in leaves]
         task_id = next(_task_ids)
-        task = _TASKS[task_id] = _Task(kernel, spec, holes, host_params, refresh)
+        task = _TASKS[task_id] = _Task(kernel, spec, holes, host_params, refresh, prepare)
         if all(_is_leaf(a) for a in args):
             task.flat_args = [None if isinstance(a, torch.Tensor) else a for a in args]
             task.tensor_names = tuple(tensor_kwargs)
         self.task_ids.append(task_id)
         torch.ops.vllm_npu_graph.task(task_id, tensors)
-        return None
 
 
 def _attention_decompositions() -> dict[Any, Callable[..., Any]]:
@@ -142,6 +161,44 @@ def _plain_parameters(runnable: Any) -> Iterator[None]:
             t.__class__ = cls
 
 
+_HOST_READS = ("tolist", "numpy")
+
+
+@contextlib.contextmanager
+def _no_host_reads_of_traced_tensors() -> Iterator[None]:
+    """While tracing: ``.tolist()`` / ``.numpy()`` of a tensor the graph computes or reads (one the tracer tracks)
+    fail, as a device-to-host read fails in an ACL capture (``capture_error_mode`` "global", torch_npu
+    ``npu/graphs.py:204-209``). The tracer already refuses ``.item()``, ``bool()``, ``int()``
+    (``aten._local_scalar_dense``), but these two read the data without dispatching an op, so they would silently
+    freeze the capture's values. A host tensor of Python state that no traced op touched is not tracked: reading it
+    is host work, frozen at capture like every host value."""
+    from torch.fx.experimental import proxy_tensor
+
+    originals = {name: getattr(torch.Tensor, name) for name in _HOST_READS}
+
+    def guarded(name: str) -> Callable[..., Any]:
+        original = originals[name]
+
+        def call(self: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+            mode = proxy_tensor.get_proxy_mode()
+            if mode is not None and proxy_tensor.get_proxy_slot(self, mode.tracer, None) is not None:
+                raise RuntimeError(
+                    f"Tensor.{name}() of a tensor the captured graph computes or reads: a host read while capturing "
+                    "(an NPU graph capture refuses it; read host copies prepared before the capture instead)"
+                )
+            return original(self, *args, **kwargs)
+
+        return call
+
+    for name in _HOST_READS:
+        setattr(torch.Tensor, name, guarded(name))
+    try:
+        yield
+    finally:
+        for name, fn in originals.items():
+            setattr(torch.Tensor, name, fn)
+
+
 def _tensor_positions(flat: list[Any]) -> list[int]:
     return [i for i, x in enumerate(flat) if isinstance(x, torch.Tensor)]
 
@@ -162,6 +219,8 @@ class EmulatedGraph:
     compiled: Callable[..., Any] | None = None
     # (positional count, keyword names, which are None) when every argument at capture was a tensor or None
     plain: tuple[int, tuple[str, ...], tuple[bool, ...]] | None = None
+    # the tensors the graph captured by reference (the traced module's constants) and their capture addresses
+    reads: CapturedReads = field(default_factory=lambda: CapturedReads(weak=False))
 
     @classmethod
     def capture(cls, runnable: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> EmulatedGraph:
@@ -177,9 +236,14 @@ class EmulatedGraph:
 
         inputs = [flat[i] for i in positions]
         recorder = _TwinRecorder()
-        with recording(recorder), _plain_parameters(runnable):
+        with recording(recorder), _plain_parameters(runnable), _no_host_reads_of_traced_tensors():
             module = make_fx(traced, decomposition_table=_attention_decompositions(), tracing_mode="real")(*inputs)
         graph = cls(module, spec, flat, positions, [t.data_ptr() for t in inputs], None, recorder.task_ids)
+        labels = tensor_labels(runnable)
+        graph.reads.add(
+            (labels.get(id(t), f"captured tensor {name!r} {tuple(t.shape)}"), t)
+            for name, t in itertools.chain(module.named_parameters(), module.named_buffers())
+        )
         values = (*args, *kwargs.values())
         if all(v is None or isinstance(v, torch.Tensor) for v in values):
             graph.plain = (len(args), tuple(kwargs), tuple(v is None for v in values))
@@ -223,10 +287,12 @@ class EmulatedGraph:
             inputs = [flat[i] for i in self.positions]
         for n, (t, addr) in enumerate(zip(inputs, self.addresses, strict=True)):
             if not isinstance(t, torch.Tensor) or t.data_ptr() != addr:
-                got = t.data_ptr() if isinstance(t, torch.Tensor) else type(t).__name__
+                got = f"{t.data_ptr():#x}" if isinstance(t, torch.Tensor) else type(t).__name__
+                what = f" ({type(t).__name__} {tuple(t.shape)})" if isinstance(t, torch.Tensor) else ""
                 raise GraphInputMovedError(
-                    f"static graph input {n} moved: captured at {addr:#x}, replayed with {got}; a captured graph "
-                    "reads its input buffers by address, so the caller must copy new inputs into the captured buffers"
+                    f"static graph input {n}{what} moved: captured at {addr:#x}, replayed with {got}; a captured "
+                    "graph reads its input buffers by address, so the caller must copy new inputs into the captured "
+                    "buffers (a weight moved by sleep mode's wake-up: capture the graphs again)"
                 )
         return inputs
 
@@ -242,6 +308,7 @@ class EmulatedGraph:
     def replay(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """Run the graph on the captured buffers; the result lands in (and is) the capture-time output."""
         inputs = self.inputs_of(args, kwargs)
+        self.reads.check()
         result = (self.compiled or self.module)(*inputs)
         if isinstance(result, torch.Tensor) and isinstance(self.output, torch.Tensor):  # the model's one output
             if result is not self.output:

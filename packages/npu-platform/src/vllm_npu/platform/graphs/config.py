@@ -35,13 +35,14 @@ KV connectors are refused (:data:`TORCHAIR_SPEC_DECODE`, :data:`TORCHAIR_KV_TRAN
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from vllm_npu.interface.errors import ConfigError
 from vllm_npu.interface.log import get_logger
 
-from .sizes import max_capture_sizes, thin_sizes
+from .sizes import StreamBudget, thin_sizes
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -307,20 +308,63 @@ def _check_sizes(vllm_config: VllmConfig, sizes: list[int]) -> None:
         )
 
 
-def _comm_groups(vllm_config: VllmConfig) -> int:
-    p = vllm_config.parallel_config
-    tp, dp = getattr(p, "tensor_parallel_size", 1), getattr(p, "data_parallel_size", 1)
-    groups = int(tp > 1) + int(dp > 1)
-    if getattr(p, "enable_expert_parallel", False) and tp * dp > 1:
-        groups += 1
-    return groups
-
-
 def _num_layers(vllm_config: VllmConfig) -> int:
     model = vllm_config.model_config
     if model is None or not hasattr(model, "get_num_layers"):
         return 1
     return int(model.get_num_layers(vllm_config.parallel_config))
+
+
+def _draft_layers(vllm_config: VllmConfig) -> int:
+    """Layers of the draft model captured with the target (EAGLE / EAGLE-3 / MTP), 0 without one.
+
+    vLLM captures the draft model's pieces at every capture size too (``EagleProposer`` under PIECEWISE). As
+    vllm-ascend, the draft's ``hf_config.num_hidden_layers`` is counted (for an MTP draft that is the target's layer
+    count: vLLM keeps it in the draft config, so the count errs on the safe side). ngram has no draft model."""
+    spec = getattr(vllm_config, "speculative_config", None)
+    if spec is None or not callable(getattr(spec, "use_eagle", None)) or not spec.use_eagle():
+        return 0
+    draft = getattr(spec, "draft_model_config", None)
+    return int(getattr(getattr(draft, "hf_config", None), "num_hidden_layers", 0) or 0)
+
+
+def stream_budget(vllm_config: VllmConfig, mode: str) -> StreamBudget:
+    """The capture-size budget of an engine in graph mode ``mode`` (PIECEWISE / FULL_DECODE_ONLY), :mod:`.sizes`.
+
+    PIECEWISE captures ``layers + 1`` pieces per size (this pipeline stage's layers: a device holds only its stage's
+    pieces; vllm-ascend counts the whole model's layers, the same without pipeline parallel), plus the draft model's
+    ``layers + 1`` with an EAGLE/MTP speculative config; FULL_DECODE_ONLY one graph (the draft runs eagerly there)."""
+    from vllm_npu.interface.config import AdditionalConfig
+
+    p = vllm_config.parallel_config
+    tp, dp = getattr(p, "tensor_parallel_size", 1), getattr(p, "data_parallel_size", 1)
+    if mode == "PIECEWISE":
+        graphs = _num_layers(vllm_config) + 1
+        draft = _draft_layers(vllm_config)
+        if draft:
+            graphs += draft + 1
+    else:
+        graphs = 1
+    extra = getattr(vllm_config, "additional_config", None)
+    npu = AdditionalConfig.from_vllm(extra if isinstance(extra, dict) else None)
+    return StreamBudget(
+        graphs_per_size=graphs,
+        comm_groups=int(tp > 1) + int(dp > 1),
+        expansion_mode=os.environ.get("HCCL_OP_EXPANSION_MODE", ""),
+        expert_parallel=bool(getattr(p, "enable_expert_parallel", False)),
+        shared_expert_overlap=npu.multistream_overlap_shared_expert,
+        moe=vllm_config.model_config is not None and _num_experts(vllm_config) > 0,
+        data_parallel=dp > 1,
+    )
+
+
+#: Why graphs are refused with ASCEND_LAUNCH_BLOCKING=1 (vllm-ascend v0.11.0 platform.py refuses it the same way).
+LAUNCH_BLOCKING = (
+    "ASCEND_LAUNCH_BLOCKING=1 is set, and ACL graphs cannot be captured with blocking launch (every kernel launch "
+    "then synchronizes the stream, which a stream being captured does not allow). Unset ASCEND_LAUNCH_BLOCKING (or "
+    "set it to 0), or run eagerly with --enforce-eager or npu.graph_mode='eager'; to debug runtime errors with "
+    "graphs on, read the CANN plog files instead (default $HOME/ascend/log/debug)"
+)
 
 
 def configure_graphs(vllm_config: VllmConfig, graph_mode: str, emulated: bool) -> GraphPlan:
@@ -343,6 +387,14 @@ def configure_graphs(vllm_config: VllmConfig, graph_mode: str, emulated: bool) -
         compilation.init_with_cudagraph_sizes([])
         return GraphPlan(mode, (), reason)
 
+    if graph_mode != "torchair" and os.environ.get("ASCEND_LAUNCH_BLOCKING", "0") == "1":
+        # Refused on the emulated device too: it enforces the NPU's rules. Not in the torchair mode, which compiles GE
+        # graphs instead of capturing ACL graphs (vllm-ascend's check is skipped there too: cudagraph_mode is NONE).
+        raise ConfigError(LAUNCH_BLOCKING)
+    # One eager forward per size before its capture (vLLM's capture loop runs this many warm-ups in runtime mode
+    # NONE): first calls initialise aclnn/ATB ops and HCCL communicators lazily, which is not allowed inside a capture
+    # (vllm-ascend sets 1; vLLM 0.11's VllmConfig already sets 1 for V1 without --enforce-eager).
+    compilation.cudagraph_num_of_warmups = max(1, compilation.cudagraph_num_of_warmups)
     sizes = list(compilation.cudagraph_capture_sizes or [])
     _check_sizes(vllm_config, sizes)
     if mode == "PIECEWISE":
@@ -352,22 +404,20 @@ def configure_graphs(vllm_config: VllmConfig, graph_mode: str, emulated: bool) -
         compilation.use_inductor = False
         user_ops = list(compilation.splitting_ops or [])
         compilation.splitting_ops = user_ops + [op for op in CompilationConfig._attention_ops if op not in user_ops]
-        graphs_per_size = _num_layers(vllm_config) + 1
     else:
         # FULL_DECODE_ONLY: decode batches replay one graph of the whole model; every other batch runs eagerly.
         # Dynamo pieces would run those eagerly too (no inductor on the NPU), so the model is not compiled.
         compilation.level = CompilationLevel.NO_COMPILATION
-        graphs_per_size = 1
-    limit = max_capture_sizes(graphs_per_size, _comm_groups(vllm_config))
-    kept = thin_sizes(sizes, limit)
+    budget = stream_budget(vllm_config, mode)
+    kept = thin_sizes(sizes, budget.max_sizes)
+    hint = (
+        "; HCCL_OP_EXPANSION_MODE=AIV leaves more streams (and speeds up the collectives)"
+        if not budget.aiv and budget.comm_groups
+        else ""
+    )
+    logger.info("ACL graph stream budget (%s): %s%s", mode, budget.describe(), hint)
     if len(kept) < len(set(sizes)):
-        logger.info(
-            "capture sizes %s -> %s: %d graphs per size fit %d sizes in the NPU's graph stream budget",
-            sorted(set(sizes)),
-            kept,
-            graphs_per_size,
-            limit,
-        )
+        logger.info("capture sizes %s -> %s (the stream budget)", sorted(set(sizes)), kept)
     compilation.cudagraph_capture_sizes = None
     compilation.init_with_cudagraph_sizes(kept)
     return GraphPlan(mode, tuple(sorted(kept)), reason)

@@ -10,8 +10,9 @@ descriptor selects the graph, which is captured on first use (only while vLLM al
 It subclasses vLLM's ``CUDAGraphWrapper`` so every ``isinstance`` check of vLLM (``get_model``'s unwrap...) holds;
 capture and replay go through the platform's device backend instead of ``torch.cuda``. Differences on purpose:
 
-- input addresses are checked on every replay, not only under ``VLLM_LOGGING_LEVEL=DEBUG``: a moved buffer would make
-  an NPU graph read stale memory, the check costs one ``data_ptr`` per tensor argument;
+- input addresses are checked on every replay, not only under ``VLLM_LOGGING_LEVEL=DEBUG``, and so are those of the
+  tensors the graph captured by reference (weights, buffers, KV caches, task arguments; :mod:`._reads`): a moved
+  buffer would make an NPU graph read stale or freed memory; the check costs one ``data_ptr`` per tensor;
 - before a replay, the graph's updatable tasks (decode attention kernels) are refreshed with the current step's host
   parameters (:mod:`vllm_npu.interface.graphs`);
 - on the emulated device with ``npu.emulated_compile=inductor``, each captured graph is compiled right after its
