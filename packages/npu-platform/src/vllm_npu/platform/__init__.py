@@ -4,7 +4,8 @@
 
 ``register`` is vLLM's ``vllm.platform_plugins`` hook (entry point ``npu``). vLLM calls it in every process, twice,
 and silently swallows anything it raises, so it imports nothing heavy (no torch, no torch_npu, no vLLM), never
-raises, and logs why it declines.
+raises, and logs why it declines. A bad ``VLLM_NPU_*`` value is the exception to declining: the platform then
+activates so that its ``__init__`` raises our ConfigError before vLLM fails on anything else.
 """
 
 from __future__ import annotations
@@ -27,6 +28,11 @@ def register() -> str | None:
     from vllm_npu.interface.log import get_logger
 
     logger = get_logger(__name__)
+    if (problem := _environment_problem()) is not None:
+        # A bad VLLM_NPU_* value: declining would leave vLLM to fail on something unrelated ("Failed to infer
+        # device type"). Activate instead; the platform's __init__ raises the ConfigError naming the variable.
+        logger.warning("NPU platform activated only to report a bad environment: %s", problem)
+        return PLATFORM_CLASSES["npu"]
     try:
         decision = current_device()
     except Exception as exc:  # vLLM would swallow it silently; say it instead
@@ -38,6 +44,18 @@ def register() -> str | None:
             logger.info("NPU platform not activated: %s", decision.reason)
         return None
     return PLATFORM_CLASSES[decision.mode.value]
+
+
+def _environment_problem() -> str | None:
+    """The ConfigError text of the process's ``VLLM_NPU_*`` variables (the device setting included), or None."""
+    from vllm_npu.interface.config import EnvConfig
+    from vllm_npu.interface.errors import ConfigError
+
+    try:
+        EnvConfig.from_environ()
+    except ConfigError as exc:
+        return str(exc)
+    return None
 
 
 # Lazy exports (PEP 562): name -> ".module:attr", imported on first access. The TYPE_CHECKING block and
