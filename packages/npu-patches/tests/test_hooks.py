@@ -25,10 +25,10 @@ def test_worker_hook_applies_worker_patches_and_reads_additional_config(monkeypa
     import vllm._custom_ops as ops
 
     monkeypatch.delenv("VLLM_NPU_PATCHES", raising=False)
-    on_load(ctx(Scope.PLATFORM))  # the built-in set's one platform patch; no worker patch yet
+    on_load(ctx(Scope.PLATFORM))  # the built-in set's platform patches; no worker patch yet
     applied = {pid for pid, (s, _) in patch_status().items() if s is PatchStatus.APPLIED}
-    revert_patches(ids=["eplb-platform-check"])
-    assert applied == {"eplb-platform-check"}
+    revert_patches(ids=["eplb-platform-check", "request-fault-isolation"])
+    assert applied == {"eplb-platform-check", "request-fault-isolation"}
     on_worker_init(ctx(Scope.WORKER, disabled=["attention-output-empty"]))
     try:
         status = patch_status()
