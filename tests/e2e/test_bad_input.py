@@ -102,23 +102,16 @@ def test_bad_device_value_in_vllm_serve_is_our_config_error(tiny_qwen2, tmp_path
     assert "Failed to infer device type" not in out
 
 
-@pytest.mark.parametrize(
-    ("variable", "value", "message"),
-    [
-        ("VLLM_NPU_PATCHES", "zzz", "VLLM_NPU_PATCHES='zzz' is invalid (Value error, item 'zzz' must look like"),
-        ("VLLM_NPU_EMULATED_KV_CACHE_GB", "lots", "VLLM_NPU_EMULATED_KV_CACHE_GB='lots' is invalid"),
-        ("VLLM_NPU_DEVCE", "emulated", "VLLM_NPU_DEVCE"),
-    ],
-    ids=["patches", "kv-cache-gb", "unknown-name"],
-)
-def test_bad_env_value_with_device_auto_is_our_config_error(tmp_path, variable, value, message):
-    # VLLM_NPU_DEVICE=auto on a host without an NPU declines the platform; a bad VLLM_NPU_* value must still be ours.
-    env = {**os.environ, **emulated_env(tmp_path), variable: value}
+def test_bad_env_name_with_device_auto_is_our_config_error(tmp_path):
+    # VLLM_NPU_DEVICE=auto on a host without an NPU declines the platform; a bad VLLM_NPU_* variable must still be
+    # ours (here a typo'd name; the other values: packages/npu-platform/tests/test_register.py).
+    env = {**os.environ, **emulated_env(tmp_path), "VLLM_NPU_DEVCE": "emulated"}
     env.pop("VLLM_NPU_DEVICE")
     code = "from vllm.platforms import current_platform\ncurrent_platform.device_type\n"
     proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode != 0
-    assert "ConfigError: bad environment: " in proc.stderr and message in proc.stderr, proc.stderr[-2000:]
+    assert "ConfigError: bad environment: " in proc.stderr and "VLLM_NPU_DEVCE" in proc.stderr, proc.stderr[-2000:]
+    assert "Failed to infer device type" not in proc.stderr
 
 
 @pytest.mark.parametrize(

@@ -13,7 +13,8 @@ as float32, applies xgrammar's CPU kernel and moves it back in the model's dtype
 :func:`apply_grammar_bitmask` does the same with the structured rows only: it gathers the rows of the structured
 requests (``1 + draft tokens`` rows each, in the runner's batch order), copies them to the host as float32, applies
 xgrammar's CPU kernel and writes them back into ``logits`` in place (in the logits' dtype, on their device). The
-other rows never leave the device. On the emulated device the gather is the only copy.
+other rows never leave the device. On the emulated device the gather is the only copy, and float32 logits (already
+what the kernel takes) are masked in place without one.
 
 When the batched kernel call raises, each request's rows are applied on their own; a request whose rows still fail
 keeps its logits unmasked and is returned with the error, so that the runner fails that request and no other.
@@ -57,6 +58,12 @@ def _apply_on_host(logits: torch.Tensor, rows: list[int], bitmask: torch.Tensor)
     CPU kernel: the rows go to the host as float32 and come back in ``logits``' dtype and device."""
     import xgrammar as xgr
 
+    if logits.device.type == "cpu" and logits.dtype == torch.float32:
+        # Already what xgrammar's CPU kernel takes: mask in place, no copy (vLLM's own path for this case).
+        aligned = torch.full((logits.shape[0], bitmask.shape[1]), -1, dtype=bitmask.dtype)
+        aligned[rows] = bitmask
+        xgr.apply_token_bitmask_inplace(logits, aligned, indices=rows)
+        return
     index = torch.tensor(rows, dtype=torch.long, device=logits.device)
     host = logits.index_select(0, index).to(device="cpu", dtype=torch.float32)
     xgr.apply_token_bitmask_inplace(host, bitmask)
