@@ -184,7 +184,8 @@ class NPUModelRunner(GPUModelRunner):
         faults = getattr(self, "_request_faults", {})
         step = getattr(self, "_grammar_step", None)
         if step is not None and logits is not None:
-            faults.update(apply_grammar_bitmask(*step, self.input_batch.req_id_to_index, logits))
+            scheduler_output, bitmask = step
+            faults.update(apply_grammar_bitmask(scheduler_output, bitmask, self.input_batch.req_id_to_index, logits))
         with isolated_request_logitsprocs(self.input_batch, faults):
             return super()._sample(logits, spec_decode_metadata)
 

@@ -131,8 +131,9 @@ def _shard_output_size(layer: torch.nn.Module, shard: object) -> int | None:
     for a layer or shard id this does not know: q/k/v of vLLM's ``QKVParallelLinear``, an index into
     ``output_sizes`` of ``MergedColumnParallelLinear`` (gate/up)."""
     if isinstance(shard, str) and hasattr(layer, "total_num_kv_heads"):
-        heads = {"q": layer.total_num_heads, "k": layer.total_num_kv_heads, "v": layer.total_num_kv_heads}
-        return int(heads[shard]) * int(layer.head_size) if shard in heads else None
+        q, kv = getattr(layer, "total_num_heads"), getattr(layer, "total_num_kv_heads")  # noqa: B009 (ints, not tensors)
+        heads = {"q": q, "k": kv, "v": kv}
+        return int(heads[shard]) * int(getattr(layer, "head_size")) if shard in heads else None  # noqa: B009
     sizes = getattr(layer, "output_sizes", None)
     if isinstance(shard, int) and isinstance(sizes, (list, tuple)) and 0 <= shard < len(sizes):
         return int(sizes[shard])

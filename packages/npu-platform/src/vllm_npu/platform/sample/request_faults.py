@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from functools import partial
 from typing import Any
 
 import torch
@@ -22,18 +23,15 @@ from vllm_npu.interface.log import get_logger
 logger = get_logger(__name__)
 
 
-def _guarded(
-    fn: Callable[[torch.Tensor], torch.Tensor], req_id: str, faults: dict[str, str]
-) -> Callable[[torch.Tensor], torch.Tensor]:
-    def run(row: torch.Tensor) -> torch.Tensor:
-        try:
-            return fn(row)
-        except Exception as error:
-            logger.warning("logits processor of request %s failed: %s: %s", req_id, type(error).__name__, error)
-            faults.setdefault(req_id, f"logits processor failed: {type(error).__name__}: {error}")
-            return row
-
-    return run
+def _run_guarded(
+    fn: Callable[[torch.Tensor], torch.Tensor], req_id: str, faults: dict[str, str], row: torch.Tensor
+) -> torch.Tensor:
+    try:
+        return fn(row)
+    except Exception as error:
+        logger.warning("logits processor of request %s failed: %s: %s", req_id, type(error).__name__, error)
+        faults.setdefault(req_id, f"logits processor failed: {type(error).__name__}: {error}")
+        return row
 
 
 @contextmanager
@@ -47,7 +45,9 @@ def isolated_request_logitsprocs(input_batch: Any, faults: dict[str, str]) -> It
     for proc in input_batch.logitsprocs.all:
         if isinstance(proc, AdapterLogitsProcessor) and proc.req_info:
             original = proc.req_info
-            proc.req_info = {index: _guarded(fn, input_batch.req_ids[index], faults) for index, fn in original.items()}
+            proc.req_info = {
+                index: partial(_run_guarded, fn, input_batch.req_ids[index], faults) for index, fn in original.items()
+            }
             swapped.append((proc, original))
     try:
         yield
