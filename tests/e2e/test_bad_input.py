@@ -128,3 +128,44 @@ def test_bad_env_name_with_device_auto_is_our_config_error(tmp_path):
 def test_bad_additional_config_values(tiny_qwen2, tmp_path, bad, match):
     with pytest.raises(Exception, match=match), engine(tiny_qwen2, emulated_env(tmp_path), additional_config=bad):
         pass
+
+
+# --- checkpoints: a quantized checkpoint's load-time fault names the tensor, its shape and the expected one ---------
+
+
+@pytest.mark.parametrize(
+    ("tensor", "match"),
+    [
+        (
+            "model.layers.0.mlp.gate_proj.weight_scale",
+            r"'model.layers.0.mlp.gate_up_proj.weight_scale' \(shard 0 of the fused layer\) has shape \(64, 1\), "
+            r"expected \(128, 1\)",
+        ),
+        (
+            "model.layers.1.self_attn.k_proj.weight",
+            r"'model.layers.1.self_attn.qkv_proj.weight' \(shard 'k' of the fused layer\) has shape \(16, 64\), "
+            r"expected \(32, 64\)",
+        ),
+    ],
+    ids=["gate-scale", "k-weight"],
+)
+def test_mis_shaped_tensor_of_quantized_checkpoint_is_a_quant_load_error(tmp_path, tensor, match):
+    # The tiny Qwen2 quantized W8A8_DYNAMIC by our CLI, then one shard tensor of a fused layer cut to half its rows:
+    # vLLM's merged loader used to fail with "RuntimeError: start (0) + length (64) exceeds dimension size (32)".
+    from npu_testkit.quant_e2e import tiny_float_model
+    from safetensors.torch import load_file, save_file
+    from vllm_npu.quant import QuantLoadError
+    from vllm_npu.quant.cli import main as quantize_main
+
+    quant_dir = tmp_path / "w8a8_dynamic"
+    assert quantize_main([str(tiny_float_model("qwen2")), str(quant_dir), "--scheme", "W8A8_DYNAMIC"]) == 0
+    for shard_file in sorted(quant_dir.glob("*.safetensors")):
+        tensors = load_file(shard_file)
+        if tensor in tensors:
+            tensors[tensor] = tensors[tensor][: tensors[tensor].shape[0] // 2].clone()
+            save_file(tensors, shard_file, metadata={"format": "pt"})
+            break
+    else:
+        pytest.fail(f"{tensor} not in the quantized checkpoint")
+    with pytest.raises(QuantLoadError, match=match), engine(quant_dir, emulated_env(tmp_path)):
+        pass
