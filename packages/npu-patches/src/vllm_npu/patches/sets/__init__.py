@@ -123,6 +123,8 @@ SHUTDOWN_ENDS_REQUESTS = Patch(
     "shutdown runs",
     removal="drop when the plugin's vLLM floor aborts in-flight requests on shutdown itself (vllm#34730/#36666); "
     "the range ends before 0.12, whose shutdown path must be checked again",
+)
+
 REQUEST_FAULT_ISOLATION = Patch(
     id="request-fault-isolation",
     target="vllm.v1.core.sched.scheduler.Scheduler.update_from_output",
