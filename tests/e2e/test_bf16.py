@@ -41,3 +41,20 @@ def test_bf16_teacher_forced_logprobs_close_to_hf_fp32(llm, tiny_qwen2):
 def test_bf16_first_greedy_token_equals_hf_fp32(llm, tiny_qwen2, prompts):
     got = greedy(llm, prompts, 1)
     assert got == hf_greedy(tiny_qwen2, prompts, 1, dtype="float32")
+
+
+def test_bf16_structured_output_json_schema(llm):
+    # xgrammar's CPU bitmask takes float32 logits only: on bf16 this request used to kill the engine
+    # (ValueError: logits must be of type float32, then EngineDeadError). A plain request shares the batch.
+    import json
+
+    from vllm import SamplingParams
+    from vllm.sampling_params import StructuredOutputsParams
+
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+    structured = SamplingParams(max_tokens=40, temperature=0.0, structured_outputs=StructuredOutputsParams(json=schema))
+    plain = SamplingParams(max_tokens=5, temperature=0.0, ignore_eos=True)
+    done, other = llm.generate(["hi", "hello"], [structured, plain], use_tqdm=False)
+    assert done.outputs[0].finish_reason == "stop", done.outputs[0]
+    assert isinstance(json.loads(done.outputs[0].text)["a"], int)
+    assert len(other.outputs[0].token_ids) == 5

@@ -98,3 +98,17 @@ def test_image_for_a_text_only_model_is_vllms_error_and_the_server_keeps_serving
     # The server keeps serving.
     out = _post(f"{server}/v1/completions", {"model": "tiny", "prompt": "It was", "max_tokens": 2})
     assert len(out["choices"]) == 1
+
+
+def test_chat_json_schema_float32_and_the_server_keeps_serving(server, tiny_qwen2):
+    # Structured output on float32 logits (xgrammar's own CPU path); bf16 is test_bad_input_http.py's server.
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 40, "temperature": 0.0}
+    fmt = {"type": "json_schema", "json_schema": {"name": "a", "schema": schema}}
+    (choice,) = _post(f"{server}/v1/chat/completions", {**body, "response_format": fmt})["choices"]
+    assert choice["finish_reason"] == "stop", choice
+    assert isinstance(json.loads(choice["message"]["content"])["a"], int)
+    prompt = make_prompts([9], seed=5)[0]
+    plain = {"model": "tiny", "prompt": prompt, "max_tokens": 4, "temperature": 0.0, "ignore_eos": True}
+    (out,) = _post(f"{server}/v1/completions", {**plain, "return_token_ids": True})["choices"]
+    assert out["token_ids"] == hf_greedy(tiny_qwen2, [prompt], 4)[0]

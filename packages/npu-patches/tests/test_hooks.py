@@ -27,8 +27,8 @@ def test_worker_hook_applies_worker_patches_and_reads_additional_config(monkeypa
     monkeypatch.delenv("VLLM_NPU_PATCHES", raising=False)
     on_load(ctx(Scope.PLATFORM))  # the built-in set's platform patches; no worker patch yet
     applied = {pid for pid, (s, _) in patch_status().items() if s is PatchStatus.APPLIED}
-    revert_patches(ids=["eplb-platform-check", "shutdown-ends-requests"])
-    assert applied == {"eplb-platform-check", "shutdown-ends-requests"}
+    revert_patches(ids=["eplb-platform-check", "shutdown-ends-requests", "request-fault-isolation"])
+    assert applied == {"eplb-platform-check", "shutdown-ends-requests", "request-fault-isolation"}
     on_worker_init(ctx(Scope.WORKER, disabled=["attention-output-empty"]))
     try:
         status = patch_status()

@@ -42,13 +42,29 @@ def run_register(**env: str) -> dict:
         ({"VLLM_NPU_DEVICE": "emulated"}, "vllm_npu.platform.platform.EmulatedNPUPlatform"),
         # Asked for the NPU without one: the platform activates so that it can fail loudly at init, not fall back.
         ({"VLLM_NPU_DEVICE": "npu"}, "vllm_npu.platform.platform.NPUPlatform"),
-        ({"VLLM_NPU_DEVICE": "bogus"}, None),
+        # A bad value: the platform activates so that its init raises our ConfigError, not vLLM's unrelated error.
+        ({"VLLM_NPU_DEVICE": "bogus"}, "vllm_npu.platform.platform.NPUPlatform"),
     ],
 )
 def test_register_is_import_light_and_pure(env: dict[str, str], expected: str | None) -> None:
     result = run_register(**env)
     assert result["first"] == expected and result["second"] == expected
     assert result["heavy"] == [], "the platform hook must not import torch, torch_npu, vLLM, pydantic or packaging"
+
+
+@pytest.mark.parametrize(
+    ("env", "expected"),
+    [
+        ({"VLLM_NPU_PATCHES": "zzz"}, "vllm_npu.platform.platform.NPUPlatform"),
+        ({"VLLM_NPU_DEVCE": "emulated"}, "vllm_npu.platform.platform.NPUPlatform"),  # a typo'd name
+        ({"VLLM_NPU_EMULATED_KV_CACHE_GB": "lots"}, "vllm_npu.platform.platform.NPUPlatform"),
+        ({"VLLM_NPU_PATCHES": "all"}, None),  # a good value: auto declines as before
+        ({"VLLM_NPU_DEVICE": "off", "VLLM_NPU_PATCHES": "zzz"}, None),  # off means off
+    ],
+)
+def test_bad_env_value_activates_the_platform_to_report_it(env: dict[str, str], expected: str | None) -> None:
+    result = run_register(**env)
+    assert result["first"] == expected and result["second"] == expected
 
 
 def test_register_names_existing_classes() -> None:
@@ -77,7 +93,7 @@ def test_register_logs_why_it_declines(monkeypatch: pytest.MonkeyPatch) -> None:
     try:
         monkeypatch.setenv("VLLM_NPU_DEVICE", "bogus")
         reset_device_selection()
-        assert register() is None
+        assert register() == PLATFORM_CLASSES["npu"]  # activated to raise the ConfigError in its init
         monkeypatch.setenv("VLLM_NPU_DEVICE", "auto")
         reset_device_selection()
         assert register() is None
@@ -86,5 +102,6 @@ def test_register_logs_why_it_declines(monkeypatch: pytest.MonkeyPatch) -> None:
         logger.setLevel(old)
         reset_device_selection()
     messages = [r.getMessage() for r in records]
-    assert any(m.startswith("NPU platform not activated: bad environment: VLLM_NPU_DEVICE='bogus'") for m in messages)
+    bad = "NPU platform activated only to report a bad environment: bad environment: VLLM_NPU_DEVICE='bogus'"
+    assert any(m.startswith(bad) for m in messages)
     assert any("NPU platform not activated: VLLM_NPU_DEVICE=auto and" in m for m in messages)

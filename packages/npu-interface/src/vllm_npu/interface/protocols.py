@@ -20,8 +20,11 @@ __all__ = [
     "LayerMoEPlanRunner",
     "MoEGraphTraceable",
     "OutputBufferFiller",
+    "RequestFaultReport",
     "fills_output_buffer",
     "graph_inputs_of",
+    "report_request_faults",
+    "request_faults_of",
     "runs_layer_moe_plan",
     "traces_moe_in_graph",
 ]
@@ -103,3 +106,28 @@ def graph_inputs_of(metadata: object, batch_size: int) -> object | None:
     if not isinstance(metadata, GraphInputsProvider):
         return None
     return metadata.graph_inputs(batch_size)
+
+
+class RequestFaultReport(Protocol):
+    """A model runner's step output (vLLM's ``ModelRunnerOutput``) that names the requests whose own logits
+    processing failed in this step: ``{request id: error message}``. Their sampled tokens are not to be used.
+
+    Written by npu-platform's model runner (a grammar bitmask row or a per-request logits processor that raised);
+    read by npu-patches' ``request-fault-isolation`` patch of vLLM's scheduler, which finishes exactly those
+    requests with finish reason ``abort`` and the message as ``stop_reason``, so the engine keeps serving the others.
+    An output without the attribute reports no fault.
+    """
+
+    npu_request_faults: dict[str, str]
+
+
+def report_request_faults(output: object, faults: dict[str, str]) -> None:
+    """Attach ``faults`` (``{request id: error}``) to ``output`` (:class:`RequestFaultReport`); nothing when empty."""
+    if faults:
+        output.npu_request_faults = dict(faults)  # type: ignore[attr-defined]
+
+
+def request_faults_of(output: object) -> dict[str, str]:
+    """The faults ``output`` reports (:class:`RequestFaultReport`), or an empty dict."""
+    faults = getattr(output, "npu_request_faults", None)
+    return dict(faults) if isinstance(faults, dict) else {}

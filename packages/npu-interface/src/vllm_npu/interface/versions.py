@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 # packaging is imported by the functions below, not here: every layer's ``_component`` reads SUPPORTED_VLLM, and
 # vLLM imports those modules in every process (also on hosts where our platform stays inactive).
 
-INTERFACE_VERSION = "1.0"
+INTERFACE_VERSION = "1.1"
 
 #: The vLLM releases this plugin line is written for: the ``vllm`` range of every component of the line.
 SUPPORTED_VLLM = ">=0.11.0,<0.12"

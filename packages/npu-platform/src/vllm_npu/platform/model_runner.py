@@ -12,6 +12,10 @@ sampling and logprobs, KV-cache allocation) is vLLM's own code. The overrides:
   are the device's own), so the shim never needs to be process-wide. Dual-batch overlap (``--enable-dbo``) is
   refused by the platform: vLLM's ``UBatchWrapper`` calls ``torch.cuda`` in ``load_model`` and in its threads,
   outside this shim, and asserts a CUDA platform.
+- ``execute_model`` / ``_sample``: structured output's grammar bitmask is applied by :mod:`.sample.grammar` (xgrammar's
+  CPU kernel on float32 host copies of the structured rows, as vllm-ascend does on the NPU: vLLM's own call fails for
+  bf16/fp16 logits on the host), and one request's failing logits processing (its bitmask row, its per-request
+  logits processor) is reported with the step's output for the scheduler to fail that request alone.
 - ``_init_device_properties`` and ``_sync_device``: the device's, instead of ``torch.cuda``'s.
 - ``eplb_step`` (vLLM's ``--enable-eplb``): vLLM's own step (``EplbState.step``: load window, and every
   ``eplb_config.step_interval`` steps the rearrangement over the EP group), run inside
@@ -54,6 +58,7 @@ from vllm.v1.utils import CpuGpuBuffer
 from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 from vllm.v1.worker.utils import bind_kv_cache
 from vllm_npu.interface.log import get_logger
+from vllm_npu.interface.protocols import report_request_faults
 
 from ._device import DeviceBackend, EmulatedDevice, _torch_npu, cuda_stream_api_as, cuda_synchronize_as
 from .graphs.config import stream_budget
@@ -152,13 +157,41 @@ class NPUModelRunner(GPUModelRunner):
         return out
 
     def execute_model(self, scheduler_output: Any, intermediate_tensors: Any | None = None) -> Any:
-        # vLLM's execute_model makes CUDA streams/events only for async scheduling (AsyncGPUModelRunnerOutput; dual-
-        # batch overlap would too, but the platform refuses it); otherwise the shim's swap of torch.cuda's names is
-        # per-step cost for nothing (the events of __init__ were made under the shim already).
-        if self.use_async_scheduling:
-            with cuda_stream_api_as(self.device_backend):
-                return super().execute_model(scheduler_output, intermediate_tensors)
-        return super().execute_model(scheduler_output, intermediate_tensors)
+        # The grammar bitmask is applied by _sample (sample.grammar: every logits dtype, per-request faults), so
+        # vLLM's own apply_grammar_bitmask must not see it; the scheduler's object gets it back afterwards.
+        bitmask, scheduler_output.grammar_bitmask = scheduler_output.grammar_bitmask, None
+        self._grammar_step = (scheduler_output, bitmask) if bitmask is not None else None
+        self._request_faults: dict[str, str] = {}
+        try:
+            # vLLM's execute_model makes CUDA streams/events only for async scheduling (AsyncGPUModelRunnerOutput;
+            # dual-batch overlap would too, but the platform refuses it); otherwise the shim's swap of torch.cuda's
+            # names is per-step cost for nothing (the events of __init__ were made under the shim already).
+            if self.use_async_scheduling:
+                with cuda_stream_api_as(self.device_backend):
+                    output = super().execute_model(scheduler_output, intermediate_tensors)
+            else:
+                output = super().execute_model(scheduler_output, intermediate_tensors)
+        finally:
+            scheduler_output.grammar_bitmask = bitmask
+            self._grammar_step = None
+        if self._request_faults:
+            # AsyncGPUModelRunnerOutput hands the scheduler its inner ModelRunnerOutput (get_output()).
+            report_request_faults(getattr(output, "_model_runner_output", output), self._request_faults)
+        return output
+
+    def _sample(self, logits: torch.Tensor | None, spec_decode_metadata: Any) -> Any:
+        """vLLM's sampling step, after the structured-output bitmask (:func:`.sample.apply_grammar_bitmask`), with
+        per-request logits processors guarded (:func:`.sample.isolated_request_logitsprocs`): a request whose own
+        logits processing fails is recorded in ``_request_faults`` (reported with the step's output), not raised."""
+        from .sample import apply_grammar_bitmask, isolated_request_logitsprocs
+
+        faults = getattr(self, "_request_faults", {})
+        step = getattr(self, "_grammar_step", None)
+        if step is not None and logits is not None:
+            scheduler_output, bitmask = step
+            faults.update(apply_grammar_bitmask(scheduler_output, bitmask, self.input_batch.req_id_to_index, logits))
+        with isolated_request_logitsprocs(self.input_batch, faults):
+            return super()._sample(logits, spec_decode_metadata)
 
     def load_lora_model(self, model: nn.Module, vllm_config: VllmConfig, device: torch.device) -> nn.Module:
         """vLLM's ``load_lora_model`` with npu-ops' worker LoRA manager in place of vLLM's LRU one: the same manager

@@ -69,18 +69,44 @@ from .model_runner import NPUModelRunner, device_backend
 logger = get_logger(__name__)
 
 GiB = 1 << 30
+MiB = 1 << 20
 SLEEP_TAGS = ("weights", "kv_cache")
+
+
+def emulated_kv_cache_setting(additional_config: Any, environ: dict[str, str] | None = None) -> tuple[float, str]:
+    """The emulated device's KV budget in GiB and the setting it comes from (``npu.emulated_kv_cache_gb`` if set,
+    else ``VLLM_NPU_EMULATED_KV_CACHE_GB``)."""
+    npu_config = AdditionalConfig.from_vllm(additional_config)
+    if npu_config.emulated_kv_cache_gb is not None:
+        return npu_config.emulated_kv_cache_gb, "npu.emulated_kv_cache_gb"
+    return EnvConfig.from_environ(environ).EMULATED_KV_CACHE_GB, "VLLM_NPU_EMULATED_KV_CACHE_GB"
+
+
+def check_emulated_kv_budget(vllm_config: Any, kv_cache_spec: dict[str, Any], budget: int) -> None:
+    """Raise :class:`ConfigError` naming the emulated KV setting when ``budget`` (bytes) cannot hold the KV cache of
+    one request of ``max_model_len`` tokens (vLLM's own check, ``check_enough_kv_cache_memory``, would point at
+    ``gpu_memory_utilization``, which the emulated device does not read)."""
+    from vllm.v1.core.kv_cache_utils import max_memory_usage_bytes
+
+    if not kv_cache_spec:
+        return
+    needed = max_memory_usage_bytes(vllm_config, kv_cache_spec.values())
+    if needed <= budget:
+        return
+    gib, source = emulated_kv_cache_setting(vllm_config.additional_config)
+    max_len = vllm_config.model_config.max_model_len
+    raise ConfigError(
+        f"{source}={gib:g} GiB ({budget / MiB:.3f} MiB) is too small for one request of max_model_len={max_len}: "
+        f"its KV cache needs {needed / MiB:.3f} MiB ({needed / GiB:.6f} GiB); raise {source} to at least "
+        f"{needed / GiB:.6f}, or lower max_model_len (gpu_memory_utilization does not apply to the emulated device)"
+    )
 
 
 def emulated_kv_cache_bytes(additional_config: Any, environ: dict[str, str] | None = None) -> int:
     """The emulated device's KV budget in bytes: ``npu.emulated_kv_cache_gb`` if set, else
     ``VLLM_NPU_EMULATED_KV_CACHE_GB`` (both validated: a float in (0, 1024] GiB), checked against the host's
     available memory."""
-    npu_config = AdditionalConfig.from_vllm(additional_config)
-    if npu_config.emulated_kv_cache_gb is not None:
-        gib, source = npu_config.emulated_kv_cache_gb, "npu.emulated_kv_cache_gb"
-    else:
-        gib, source = EnvConfig.from_environ(environ).EMULATED_KV_CACHE_GB, "VLLM_NPU_EMULATED_KV_CACHE_GB"
+    gib, source = emulated_kv_cache_setting(additional_config, environ)
     budget = int(gib * GiB)
     available, _ = device_backend().mem_get_info()
     if budget > available:
@@ -261,6 +287,7 @@ class NPUWorker(Worker):
         if self.emulated:
             self.model_runner.profile_run()
             budget = emulated_kv_cache_bytes(self.vllm_config.additional_config)
+            check_emulated_kv_budget(self.vllm_config, self.model_runner.get_kv_cache_spec(), budget)
             logger.info("KV cache on the emulated device: %.3f GiB", budget / GiB)
             return budget
 

@@ -101,6 +101,7 @@ class AscendW8A8DynamicFusedMoEMethod(FusedMoEMethodBase):
         self, name: str, accept: tuple[torch.dtype, ...], dtype: torch.dtype, inner: Callable[..., Any]
     ) -> Callable[..., Any]:
         full = f"{self.prefix}.{name}"
+        layer = getattr(inner, "__self__", None)
 
         def load(
             param: torch.nn.Parameter,
@@ -117,6 +118,13 @@ class AscendW8A8DynamicFusedMoEMethod(FusedMoEMethodBase):
                     f"{loaded.dtype}, expected one of {', '.join(map(str, accept))}; the checkpoint does not match its "
                     "quant_model_description.json: re-export it"
                 )
+            expected = self._expected_expert_shape(name, param, str(shard_id), layer)
+            if expected is not None and tuple(loaded.shape) != expected:
+                raise QuantLoadError(
+                    f"checkpoint tensor {weight_name!r} (-> {full}, expert {expert_id}, {shard_id}) has shape "
+                    f"{tuple(loaded.shape)}, expected {expected}; check the expert sizes, group_size and the "
+                    "checkpoint's scheme"
+                )
             try:
                 result = inner(param, loaded.to(dtype), weight_name, shard_id, expert_id, *args, **kwargs)
             except (AssertionError, RuntimeError) as exc:
@@ -129,6 +137,23 @@ class AscendW8A8DynamicFusedMoEMethod(FusedMoEMethodBase):
             return result
 
         return load
+
+    def _expected_expert_shape(
+        self, name: str, param: torch.nn.Parameter, shard_id: str, layer: Any
+    ) -> tuple[int, ...] | None:
+        """The shape one expert's checkpoint tensor must have, where vLLM's FusedMoE loader would otherwise narrow
+        a too-large tensor silently (it slices every w1/w3/w2 tensor to the expert slice): without tensor
+        parallelism, the expert slice of ``param`` (``param.shape[1:]``), w1/w3 each half of its first dim. Under
+        tensor parallelism (the slice is a rank's share) and for per-expert values and quant biases (loaded by
+        their own checked loaders), None."""
+        if int(getattr(layer, "tp_size", 1) or 1) != 1 or param.dim() < 2:
+            return None
+        if name.endswith(("_input_scale", "_input_offset", "_quant_bias")):
+            return None
+        shape = tuple(int(d) for d in param.shape[1:])
+        if shard_id in ("w1", "w3"):
+            return (shape[0] // 2, *shape[1:])
+        return shape
 
     def _check_complete(self) -> None:
         e = self.num_local_experts

@@ -16,6 +16,7 @@ vLLM's weight loader so that every tensor read from the checkpoint is checked be
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -83,8 +84,16 @@ def _wrap_loader(
             )
         if spec.integral and loaded.is_floating_point() and not torch.equal(loaded, torch.round(loaded)):
             raise QuantLoadError(f"checkpoint tensor {full!r} must hold integers (a zero point), got fractional values")
-        converted = spec.convert(loaded) if spec.convert is not None else loaded.to(spec.dtype)
         shard = args[0] if args else kwargs.get("loaded_shard_id", kwargs.get("shard_id"))
+        expected = _expected_checkpoint_shape(layer, spec, param, shard)
+        scalar_ok = loaded.dim() == 0 and expected is not None and math.prod(expected) == 1  # vLLM reshapes a 0-d value
+        if expected is not None and tuple(loaded.shape) != expected and not scalar_ok:
+            raise QuantLoadError(
+                f"checkpoint tensor {full!r}{_shard_text(shard)} has shape {tuple(loaded.shape)}, expected "
+                f"{expected}{' (the whole tensor of that shard, before tensor-parallel slicing)' if shard is not None else ''}; "
+                "check hidden sizes, head counts, group_size and the checkpoint's scheme"
+            )
+        converted = spec.convert(loaded) if spec.convert is not None else loaded.to(spec.dtype)
         state = _state(layer)
         if spec.shared:
             seen = state["shared"].setdefault(spec.name, {})
@@ -101,7 +110,7 @@ def _wrap_loader(
             seen[shard] = converted.detach().clone()
         try:
             result = inner(param, converted, *args, **kwargs)
-        except AssertionError as exc:
+        except (AssertionError, RuntimeError, IndexError) as exc:  # vLLM's loaders assert, narrow and index
             raise QuantLoadError(
                 f"checkpoint tensor {full!r} (shard {shard!r}) has shape {tuple(loaded.shape)}, which does not fit the "
                 f"layer's parameter of shape {tuple(param.shape)} (per rank, expected {tuple(spec.shape)} for the "
@@ -111,6 +120,52 @@ def _wrap_loader(
         return result
 
     return load
+
+
+def _shard_text(shard: object) -> str:
+    return f" (shard {shard!r} of the fused layer)" if shard is not None else ""
+
+
+def _shard_output_size(layer: torch.nn.Module, shard: object) -> int | None:
+    """The checkpoint's output size of ``shard`` of a fused layer (whole, before tensor-parallel slicing), or None
+    for a layer or shard id this does not know: q/k/v of vLLM's ``QKVParallelLinear``, an index into
+    ``output_sizes`` of ``MergedColumnParallelLinear`` (gate/up)."""
+    if isinstance(shard, str) and hasattr(layer, "total_num_kv_heads"):
+        q, kv = getattr(layer, "total_num_heads"), getattr(layer, "total_num_kv_heads")  # noqa: B009 (ints, not tensors)
+        heads = {"q": q, "k": kv, "v": kv}
+        return int(heads[shard]) * int(getattr(layer, "head_size")) if shard in heads else None  # noqa: B009
+    sizes = getattr(layer, "output_sizes", None)
+    if isinstance(shard, int) and isinstance(sizes, (list, tuple)) and 0 <= shard < len(sizes):
+        return int(sizes[shard])
+    return None
+
+
+def _expected_checkpoint_shape(
+    layer: torch.nn.Module, spec: TensorSpec, param: torch.nn.Parameter, shard: object
+) -> tuple[int, ...] | None:
+    """The shape the checkpoint tensor must have, where it is known before vLLM's loader runs, else None.
+
+    - a per-tensor value (no output or input dim) of any layer: the declared shape (vLLM would copy or broadcast
+      whatever it gets, or fail in ``copy_`` without naming the tensor);
+    - one shard of a fused layer (q/k/v into ``qkv_proj``, gate/up into ``gate_up_proj``): the parameter's shape
+      with its output dim replaced by that shard's whole output size (divided by the packing factor when packed
+      along it). vLLM's merged loaders narrow both tensors by the shard's size and fail with a bare
+      ``RuntimeError: start (0) + length (64) exceeds dimension size (32)`` (or copy a wrong slice) otherwise.
+      The input dim of a column-parallel layer is not sliced, so it must equal the parameter's.
+
+    Other tensors (unfused layers) are left to vLLM's loader, whose failures are translated below."""
+    if spec.output_dim is None and spec.input_dim is None:
+        return tuple(param.shape)
+    if shard is None or spec.output_dim is None:
+        return None
+    size = _shard_output_size(layer, shard)
+    if size is None:
+        return None
+    if spec.packed_dim == spec.output_dim and spec.packed_factor:
+        size //= spec.packed_factor
+    shape = list(param.shape)
+    shape[spec.output_dim] = size
+    return tuple(shape)
 
 
 def create_params(

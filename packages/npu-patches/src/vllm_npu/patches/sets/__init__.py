@@ -125,6 +125,30 @@ SHUTDOWN_ENDS_REQUESTS = Patch(
     "the range ends before 0.12, whose shutdown path must be checked again",
 )
 
+REQUEST_FAULT_ISOLATION = Patch(
+    id="request-fault-isolation",
+    target="vllm.v1.core.sched.scheduler.Scheduler.update_from_output",
+    replacement="vllm_npu.patches.sets.request_faults:make_replacement",
+    scope=Scope.PLATFORM,
+    vllm=">=0.11.0,<0.12",
+    fingerprint="2631ab000e5bc3a6fdc5e6f6f8f991b359f72211c826e652976c32291fa7534a",
+    also_checks=(
+        # frees, unqueues and reports (finished_req_ids) the failed requests before vLLM's loop skips them
+        (
+            "vllm.v1.core.sched.scheduler.Scheduler.finish_requests",
+            "44216890bce6a62d6d57e20cb1b9a9ea07074eced4a0e18de3e6fd9241335249",
+        ),
+    ),
+    upstream="none filed yet. Fix to propose: a per-request error field in ModelRunnerOutput that the scheduler turns "
+    "into a finished request with an error, instead of ending the engine core on any exception in execute_model",
+    reason="any exception in one request's logits processing (its structured-output bitmask row, its per-request "
+    "logits processor) ends vLLM's engine core: EngineDeadError for every request and `vllm serve` exits. "
+    "npu-platform's model runner reports such requests on the step's output (interface.protocols.RequestFaultReport) "
+    "and the replacement finishes exactly those with finish_reason abort and the error as stop_reason",
+    removal="drop when vLLM can fail one request from the model runner (or when the plugin's vLLM floor has such a "
+    "field); the range ends before 0.12, whose scheduler must be checked again",
+)
+
 #: The built-in set, in application order.
 BUILTIN_PATCHES: tuple[Patch, ...] = (
     REPETITION_PENALTY_TORCH,
@@ -132,6 +156,7 @@ BUILTIN_PATCHES: tuple[Patch, ...] = (
     EAGLE_DISCARDED_NEXT_TOKEN,
     EPLB_PLATFORM_CHECK,
     SHUTDOWN_ENDS_REQUESTS,
+    REQUEST_FAULT_ISOLATION,
 )
 
 #: Candidates examined for vLLM 0.11.0 and deliberately not patched: (what, why not).

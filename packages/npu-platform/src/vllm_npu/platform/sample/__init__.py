@@ -1,8 +1,9 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
-"""Samplers that replace vLLM's Triton-only sampling steps with device-neutral torch (NPU and emulated device).
+"""Samplers that replace vLLM's Triton-only sampling steps with device-neutral torch (NPU and emulated device), the
+structured-output bitmask for every logits dtype, and per-request fault isolation of logits processing.
 
-Import-light: the implementation lives in :mod:`.rejection_sampler` and is loaded on first attribute access.
+Import-light: the implementations live in the submodules and are loaded on first attribute access.
 """
 
 from __future__ import annotations
@@ -11,10 +12,16 @@ from typing import TYPE_CHECKING
 
 # Lazy exports (PEP 562): name -> ".module:attr", imported on first access. The TYPE_CHECKING block and
 # __all__ mirror the table for type checkers and IDEs; tests/test_doors.py checks that the three agree.
-_EXPORTS = {"NPURejectionSampler": ".rejection_sampler:NPURejectionSampler"}
+_EXPORTS = {
+    "NPURejectionSampler": ".rejection_sampler:NPURejectionSampler",
+    "apply_grammar_bitmask": ".grammar:apply_grammar_bitmask",
+    "isolated_request_logitsprocs": ".request_faults:isolated_request_logitsprocs",
+}
 
 if TYPE_CHECKING:
+    from .grammar import apply_grammar_bitmask
     from .rejection_sampler import NPURejectionSampler
+    from .request_faults import isolated_request_logitsprocs
 else:
     from vllm_npu.interface.lazy import lazy_exports
 
@@ -22,4 +29,6 @@ else:
 
 __all__ = [
     "NPURejectionSampler",
+    "apply_grammar_bitmask",
+    "isolated_request_logitsprocs",
 ]
