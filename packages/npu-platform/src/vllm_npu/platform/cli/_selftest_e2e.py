@@ -3,9 +3,15 @@
 """One leg of ``vllm-npu selftest``'s end-to-end check, run in its own process.
 
 ``python -m vllm_npu.platform.cli._selftest_e2e MODEL_DIR OUT.json --kernels {auto,npu,reference} --dtype D
---max-tokens N --prompt P ... [--gpu-memory-utilization F]`` starts ``vllm.LLM`` on the device ``VLLM_NPU_DEVICE`` names, with the ``npu.kernels``
-setting given, generates greedily and writes ``{"token_ids", "texts", "workers", "seconds"}`` to ``OUT.json``.
-The kernel backend is fixed once per process, so each leg needs its own.
+--max-tokens N --prompt P ... [--gpu-memory-utilization F]`` starts ``vllm.LLM`` on the device ``VLLM_NPU_DEVICE``
+names, with the ``npu.kernels`` setting given, generates greedily and writes ``{"token_ids", "texts", "workers",
+"seconds"}`` to ``OUT.json``. The kernel backend is fixed once per process, so each leg needs its own.
+
+The runtime section's legs (:mod:`._selftest_runtime`) add: ``--cudagraph-mode`` / ``--capture-sizes`` (vLLM's
+graph knobs), ``--graph-mode`` / ``--torchair-cache-dir`` / ``--emulated-kv-gb`` (the plugin's ``npu.*`` settings),
+and ``--sleep-cycle``: sleep mode on, and after the first generate the engine sleeps at level 1, wakes up and
+generates again, then the same at level 2; ``phases`` holds each phase's token ids and ``workers_after`` the
+workers' runtime info after the last wake-up.
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ import json
 import os
 import sys
 import time
+from typing import Any
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -26,6 +33,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-tokens", type=int, default=16)
     p.add_argument("--prompt", action="append", dest="prompts", required=True)
     p.add_argument("--gpu-memory-utilization", type=float, default=None)
+    p.add_argument("--cudagraph-mode", default=None, help="vLLM's compilation_config.cudagraph_mode")
+    p.add_argument("--capture-sizes", default=None, help="comma-separated cudagraph_capture_sizes")
+    p.add_argument("--graph-mode", default=None, help="npu.graph_mode")
+    p.add_argument("--torchair-cache-dir", default=None, help="npu.torchair_cache_dir")
+    p.add_argument("--emulated-kv-gb", type=float, default=None, help="npu.emulated_kv_cache_gb")
+    p.add_argument("--sleep-cycle", action="store_true", help="sleep level 1 and 2 with a generate after each wake-up")
     args = p.parse_args(argv)
     os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -33,23 +46,53 @@ def main(argv: list[str] | None = None) -> int:
     from vllm import LLM, SamplingParams
 
     t0 = time.perf_counter()
-    extra = {} if args.gpu_memory_utilization is None else {"gpu_memory_utilization": args.gpu_memory_utilization}
+    extra: dict[str, Any] = {}
+    if args.gpu_memory_utilization is not None:
+        extra["gpu_memory_utilization"] = args.gpu_memory_utilization
+    compilation: dict[str, Any] = {}
+    if args.cudagraph_mode is not None:
+        compilation["cudagraph_mode"] = args.cudagraph_mode
+    if args.capture_sizes is not None:
+        compilation["cudagraph_capture_sizes"] = [int(s) for s in args.capture_sizes.split(",")]
+    if compilation:
+        extra["compilation_config"] = compilation
+    npu: dict[str, Any] = {"kernels": args.kernels}
+    for key, value in (
+        ("graph_mode", args.graph_mode),
+        ("torchair_cache_dir", args.torchair_cache_dir),
+        ("emulated_kv_cache_gb", args.emulated_kv_gb),
+    ):
+        if value is not None:
+            npu[key] = value
     llm = LLM(
         model=args.model,
         dtype=args.dtype,
         max_model_len=256,
         seed=0,
-        additional_config={"npu": {"kernels": args.kernels}},
+        additional_config={"npu": npu},
+        enable_sleep_mode=args.sleep_cycle,
         **extra,
     )
     params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens, ignore_eos=True)
+
+    def token_ids() -> list[list[int]]:
+        return [list(o.outputs[0].token_ids) for o in llm.generate(args.prompts, params, use_tqdm=False)]
+
     outputs = llm.generate(args.prompts, params, use_tqdm=False)
-    result = {
+    result: dict[str, Any] = {
         "token_ids": [list(o.outputs[0].token_ids) for o in outputs],
         "texts": [o.outputs[0].text for o in outputs],
         "workers": llm.collective_rpc("npu_runtime_info"),
-        "seconds": round(time.perf_counter() - t0, 2),
     }
+    if args.sleep_cycle:
+        phases = {}
+        for level in (1, 2):
+            llm.sleep(level=level)
+            llm.wake_up()
+            phases[f"level{level}"] = token_ids()
+        result["phases"] = phases
+        result["workers_after"] = llm.collective_rpc("npu_runtime_info")
+    result["seconds"] = round(time.perf_counter() - t0, 2)
     with open(args.out, "w", encoding="utf-8") as handle:
         json.dump(result, handle)
     return 0

@@ -9,13 +9,18 @@ For the first run on an Ascend host (after ``vllm-npu doctor``). Two parts:
    reference twin on the CPU, from identical inputs. One row per case: op, shape, dtype, max abs and relative error,
    pass. Float tolerances are per dtype (:data:`._kernel_check.TOLERANCES`, printed with the table); integer outputs
    must match exactly unless a case allows one quantization step.
-2. **End to end.** ``vllm.LLM`` on the built-in demo model (built locally, no download) generates greedily, once
+2. **Runtime.** The layer around the kernels, row by row (:mod:`._selftest_runtime`): the front-end leaves the
+   device runtime alone and workers start with spawn, torch_npu's fork rule, a GQA and an MLA decode kernel
+   captured as graph tasks and replayed after an update (against eager), sleep / wake-up with captured graphs, and a
+   torchair restart with another KV-cache size that must compile afresh. ``--no-runtime`` skips it.
+3. **End to end.** ``vllm.LLM`` on the built-in demo model (built locally, no download) generates greedily, once
    with the device's kernels and once with ``npu.kernels='reference'``, each in its own process; the tokens must be
    identical. On a host without an NPU (the emulated device) the kernel rows compare the twins with themselves (the
    command and every case's inputs are exercised; no NPU kernel is) and the generate is compared with HF
    transformers' greedy decoding of the same checkpoint instead.
 
-Exit status: 0 when every row passes (skipped rows do not fail), 1 when a row or the end-to-end check fails, 2 when
+Exit status: 0 when every row passes (skipped rows do not fail), 1 when a row (kernel or runtime) or the end-to-end
+check fails, 2 when
 the selftest cannot run here (``VLLM_NPU_DEVICE=npu`` without an NPU, ``VLLM_NPU_DEVICE=off``, a bad setting, an
 ``--op`` that names no kernel).
 """
@@ -46,14 +51,15 @@ E2E_PROMPTS = ("Four score and seven years ago", "Call me Ishmael.", "It was the
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="vllm-npu selftest", description=__doc__.split("\n\n")[0])
     p.add_argument("--json", action="store_true", help="print one JSON document (for bug reports)")
-    p.add_argument("--no-e2e", action="store_true", help="kernel rows only, no end-to-end generate")
+    p.add_argument("--no-e2e", action="store_true", help="no end-to-end generate")
+    p.add_argument("--no-runtime", action="store_true", help="no runtime section (graphs, sleep, torchair, fork rule)")
     p.add_argument(
         "--op",
         action="append",
         dest="ops",
         metavar="NAME",
         help="only kernels with this name (fnmatch pattern, repeatable, e.g. 'ring_mla' or 'npu_grouped_matmul*'); "
-        "implies --no-e2e",
+        "implies --no-e2e and --no-runtime",
     )
     p.add_argument("--max-tokens", type=int, default=16, help="tokens per prompt in the end-to-end generate")
     p.add_argument(
@@ -114,15 +120,19 @@ def _versions() -> dict[str, Any]:
 # --- end to end -----------------------------------------------------------------------------------------------------
 
 
-def _leg(model: str, mode: DeviceMode, kernels: str, dtype: str, max_tokens: int) -> dict[str, Any]:
-    """One generate in a fresh process (the kernel backend is fixed per process)."""
+def _leg(
+    model: str, mode: DeviceMode, kernels: str, dtype: str, max_tokens: int, extra: Sequence[str] = ()
+) -> dict[str, Any]:
+    """One generate in a fresh process (the kernel backend is fixed per process); ``extra``: more arguments of
+    :mod:`._selftest_e2e` (graph modes, sleep cycle...)."""
     with tempfile.TemporaryDirectory(prefix="vllm-npu-selftest-") as tmp:
         out = os.path.join(tmp, "leg.json")
         cmd = [sys.executable, "-m", "vllm_npu.platform.cli._selftest_e2e", model, out, "--kernels", kernels]
         cmd += ["--dtype", dtype, "--max-tokens", str(max_tokens)]
         for prompt in E2E_PROMPTS:
             cmd += ["--prompt", prompt]
-        if mode is DeviceMode.NPU:
+        cmd += extra
+        if mode is DeviceMode.NPU and "--gpu-memory-utilization" not in extra:
             # The tiny model needs little; leave room for this process's NPU context, which vLLM's start-up check
             # would otherwise count against the default 0.9 of the device.
             cmd += ["--gpu-memory-utilization", "0.5"]
@@ -136,14 +146,18 @@ def _leg(model: str, mode: DeviceMode, kernels: str, dtype: str, max_tokens: int
             return {"kernels": kernels, "error": f"the generate exited with status {proc.returncode} (log above)"}
         with open(out, encoding="utf-8") as handle:
             leg = json.load(handle)
-    workers = [{k: w.get(k) for k in ("device_mode", "kernel_backend", "attention_backends")} for w in leg["workers"]]
-    return {
+    keys = ("device_mode", "kernel_backend", "attention_backends", "cudagraph_captured", "kv_cache_shape")
+    result = {
         "kernels": kernels,
         "token_ids": leg["token_ids"],
         "texts": leg["texts"],
-        "workers": workers,
+        "workers": [{k: w.get(k) for k in keys} for w in leg["workers"]],
         "seconds": round(time.perf_counter() - t0, 1),
     }
+    if "phases" in leg:
+        result["phases"] = leg["phases"]
+        result["workers_after"] = [{k: w.get(k) for k in keys} for w in leg["workers_after"]]
+    return result
 
 
 def _hf_leg(model: str, max_tokens: int) -> dict[str, Any]:
@@ -211,6 +225,23 @@ def run_e2e(mode: DeviceMode, dtype: str, max_tokens: int) -> dict[str, Any]:
     return result
 
 
+def run_runtime_section(mode: DeviceMode, dtype: str, max_tokens: int) -> list[dict[str, Any]]:
+    """The runtime rows (:mod:`._selftest_runtime`) on the demo model."""
+    from ..demo.checkpoint import ensure_demo_model
+    from ._selftest_runtime import FAIL, run_runtime
+
+    if dtype == "auto":
+        dtype = "bfloat16" if mode is DeviceMode.NPU else "float32"
+    try:
+        model_dir, _ = ensure_demo_model()
+        model = str(model_dir)
+        return run_runtime(mode, model, dtype, lambda extra: _leg(model, mode, "auto", dtype, max_tokens, extra))
+    except Exception as exc:  # reported as a failed row, with the cause
+        return [
+            {"check": "runtime", "status": FAIL, "detail": f"{type(exc).__name__}: {exc}", "confirms": "", "seconds": 0}
+        ]
+
+
 # --- report -----------------------------------------------------------------------------------------------------------
 
 
@@ -239,6 +270,15 @@ def render(report: dict[str, Any]) -> str:
     if problems:
         out += ["", "details"]
         out += [f"  {r['status']} {r['layer']}/{r['op']} {r['shape']} {r['dtype']}: {r['detail']}" for r in problems]
+    runtime = report.get("runtime")
+    if runtime is not None:
+        out += ["", "runtime"]
+        table = [("check", "result", "seconds", "confirms", "detail")] + [
+            (r["check"], r["status"], str(r["seconds"]), r["confirms"], r["detail"]) for r in runtime
+        ]
+        widths = [max(len(line[i]) for line in table) for i in range(4)]
+        for line in table:
+            out.append(("  " + "  ".join(c.ljust(w) for c, w in zip(line[:4], widths)) + "  " + line[4]).rstrip())
     e2e = report["e2e"]
     if e2e is not None:
         out += [
@@ -260,9 +300,15 @@ def render(report: dict[str, Any]) -> str:
         else:
             out.append("  pass: identical tokens")
     s = report["summary"]
+    runtime_text = ""
+    if runtime is not None:
+        runtime_text = "; runtime " + ", ".join(
+            f"{sum(r['status'] == st for r in runtime)} {word}" for st, word in (("pass", "passed"), ("FAIL", "failed"))
+        )
     out += [
         "",
         f"{s['pass']} passed, {s['fail']} failed, {s['skip']} skipped"
+        + runtime_text
         + ("" if e2e is None else f"; end to end {'pass' if e2e['ok'] else 'FAIL'}"),
     ]
     out.append("Result: PASS" if report["ok"] else "Result: FAIL")
@@ -311,18 +357,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     rows = [r.as_dict() for r in kc.run(backend, device, args.ops)]
     if mode is DeviceMode.NPU:
         release_npu()
+    runtime = None if (args.no_runtime or args.ops) else run_runtime_section(mode, args.dtype, args.max_tokens)
     e2e = None if (args.no_e2e or args.ops) else run_e2e(mode, args.dtype, args.max_tokens)
     summary = {
         key: sum(r["status"] == status for r in rows)
         for key, status in (("pass", kc.PASS), ("fail", kc.FAIL), ("skip", kc.SKIP))
     }
     report = {
-        "ok": summary["fail"] == 0 and (e2e is None or e2e["ok"]),
+        "ok": summary["fail"] == 0
+        and (runtime is None or all(r["status"] != "FAIL" for r in runtime))
+        and (e2e is None or e2e["ok"]),
         "versions": _versions(),
         "device": {"mode": mode.value, "reason": reason, "kernel_backend": backend, "torch_device": str(device)},
         "tolerances": kc.TOLERANCES,
         "summary": summary,
         "rows": rows,
+        "runtime": runtime,
         "e2e": e2e,
     }
     text = json.dumps(report, indent=2) if args.json else render(report)
