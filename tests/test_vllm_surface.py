@@ -43,6 +43,8 @@ OTHER_LIBRARIES = {
     "_set_sequence_number_for_group": "torch.distributed Backend (torch_npu's ProcessGroupHCCL of a stateless group)",
     "_timeout": "torch_npu ProcessGroupHCCL.Options (a stateless HCCL group's timeout)",
     "_ExperimentalConfig": "torch_npu.profiler (the NPU worker's profiler, as vllm-ascend v0.11.0)",
+    "_base": "torch.Tensor (a view's base: the graph runtime records the storage owner a captured view reads)",
+    "_dynamo_static_input_type": "torch._dynamo (the mark on static-address inputs torchair freezes)",
 }
 
 

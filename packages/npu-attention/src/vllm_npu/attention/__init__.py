@@ -16,6 +16,9 @@ from ._version import __version__
 # __all__ mirror the table for type checkers and IDEs; tests/test_doors.py checks that the three agree.
 _EXPORTS: dict[str, str] = {
     "selftest_cases": ".selftest:selftest_cases",
+    # The decode kernels npu-platform's selftest captures as graph tasks (its runtime section).
+    "GraphTaskCase": "._selftest_graph:GraphTaskCase",
+    "graph_task_cases": "._selftest_graph:graph_task_cases",
     "select_backend": ".selector:select_backend",
     "GQA_BACKEND": ".selector:GQA_BACKEND",
     "MLA_BACKEND": ".selector:MLA_BACKEND",
@@ -36,6 +39,7 @@ _EXPORTS: dict[str, str] = {
 }
 
 if TYPE_CHECKING:
+    from ._selftest_graph import GraphTaskCase, graph_task_cases
     from .backends.gqa import AscendAttentionBackend, AscendAttentionImpl
     from .backends.sfa import AscendLightningIndexer, AscendSFAImpl, AscendSFAIndexerBackend, ascend_indexer_forward
     from .masks import AttentionMaskBuilder
@@ -62,8 +66,10 @@ __all__ = [
     "AscendSFAImpl",
     "AscendSFAIndexerBackend",
     "AttentionMaskBuilder",
+    "GraphTaskCase",
     "__version__",
     "ascend_indexer_forward",
+    "graph_task_cases",
     "select_backend",
     "selftest_cases",
 ]

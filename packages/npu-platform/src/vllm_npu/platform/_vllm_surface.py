@@ -82,6 +82,25 @@ SURFACE: tuple[VllmName, ...] = (
         signature="(self, scheduler_output, intermediate_tensors=None)",
     ),
     VllmName(
+        "vllm.v1.worker.gpu_model_runner:AsyncGPUModelRunnerOutput",
+        "_model_runner_output",
+        "instance_attribute",
+        "reads",
+        _MODEL_RUNNER,
+        "under async scheduling the step's output is this wrapper; the failed requests are reported on the "
+        "ModelRunnerOutput it hands the scheduler",
+    ),
+    VllmName(
+        _RUNNER,
+        "_sample",
+        "method",
+        "overrides",
+        _MODEL_RUNNER,
+        "the override applies the structured-output bitmask (every logits dtype) and guards per-request logits "
+        "processors before vLLM's sampling step",
+        signature="(self, logits, spec_decode_metadata)",
+    ),
+    VllmName(
         _RUNNER,
         "load_lora_model",
         "method",

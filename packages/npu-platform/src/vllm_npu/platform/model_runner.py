@@ -55,7 +55,7 @@ from vllm.model_executor.models.utils import extract_layer_index
 from vllm.platforms import current_platform
 from vllm.v1.kv_cache_interface import KVCacheConfig
 from vllm.v1.utils import CpuGpuBuffer
-from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+from vllm.v1.worker.gpu_model_runner import AsyncGPUModelRunnerOutput, GPUModelRunner
 from vllm.v1.worker.utils import bind_kv_cache
 from vllm_npu.interface.log import get_logger
 from vllm_npu.interface.protocols import report_request_faults
@@ -176,7 +176,8 @@ class NPUModelRunner(GPUModelRunner):
             self._grammar_step = None
         if self._request_faults:
             # AsyncGPUModelRunnerOutput hands the scheduler its inner ModelRunnerOutput (get_output()).
-            report_request_faults(getattr(output, "_model_runner_output", output), self._request_faults)
+            inner = output._model_runner_output if isinstance(output, AsyncGPUModelRunnerOutput) else output
+            report_request_faults(inner, self._request_faults)
         return output
 
     def _sample(self, logits: torch.Tensor | None, spec_decode_metadata: Any) -> Any:

@@ -32,7 +32,7 @@ import tempfile
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from vllm_npu.interface.device import DeviceMode
 
@@ -71,7 +71,7 @@ def probe(model: str, dtype: str) -> dict[str, Any]:
 
     from ..model_runner import device_backend
 
-    EngineArgs(model=model, dtype=dtype, max_model_len=256).create_engine_config()
+    EngineArgs(model=model, dtype=cast(Any, dtype), max_model_len=256).create_engine_config()
     backend = device_backend()
     result: dict[str, Any] = {
         "front_end_initialized": backend.runtime_initialized(),
