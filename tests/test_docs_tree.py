@@ -16,6 +16,7 @@ Checked text: ``docs/*.md``, ``README.md``, ``CONTRIBUTING.md``, ``packages/*/RE
 
 from __future__ import annotations
 
+import os
 import re
 import sys
 from functools import cache
@@ -64,14 +65,23 @@ def wheels() -> dict[str, str]:
 
 @cache
 def tree_files() -> list[str]:
-    """Every file of the tree, relative to the root (caches and the venv left out)."""
-    skip = {".git", ".venv", "__pycache__", ".mypy_cache", ".ruff_cache", ".pytest_cache", "node_modules"}
+    """Every file of the tree, relative to the root (the venv, git and the caches pruned, not walked)."""
+    skip = {
+        ".git",
+        ".venv",
+        "__pycache__",
+        ".mypy_cache",
+        ".ruff_cache",
+        ".pytest_cache",
+        "node_modules",
+        "build",
+        "dist",
+    }
     out = []
-    for path in ROOT.rglob("*"):
-        rel = path.relative_to(ROOT)
-        if skip.intersection(rel.parts) or not path.is_file():
-            continue
-        out.append(rel.as_posix())
+    for folder, dirs, files in os.walk(ROOT):
+        dirs[:] = [d for d in dirs if d not in skip]
+        rel = Path(folder).relative_to(ROOT)
+        out += [(rel / f).as_posix() for f in files]
     return out
 
 
