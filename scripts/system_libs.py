@@ -30,8 +30,9 @@ import subprocess
 import sys
 from collections.abc import Callable, Sequence
 
-# soname the Mooncake binaries load -> the Debian/Ubuntu package that ships it. On Debian 13 / Ubuntu 24.04 the
-# names of the 64-bit time_t transition (libcurl4t64, librdmacm1t64) provide these, and apt-get picks them.
+# soname the Mooncake binaries load -> the Debian 12 / Ubuntu 22.04 package that ships it. Debian 13 and Ubuntu 24.04
+# renamed some in the 64-bit time_t transition (libcurl4t64, librdmacm1t64), whose packages provide the old names, so
+# apt-get resolves these (checked on Debian 12 only).
 LIBRARIES: dict[str, str] = {
     "libibverbs.so.1": "libibverbs1",
     "librdmacm.so.1": "librdmacm1",
