@@ -116,7 +116,7 @@ def test_main_exit_codes(tmp_path: Path, capsys) -> None:
 
 def test_ci_run_reports_the_times_and_keeps_pytests_verdict(tmp_path: Path) -> None:
     """.ci/run with stand-ins for uv (a "suite" that writes a JUnit record and fails) and for the system-library
-    step: the time report follows the run and the exit status is pytest's."""
+    step: the time report follows the run, pytest's closing line comes last again, and the exit status is pytest's."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     fake_uv = bin_dir / "uv"
@@ -126,6 +126,7 @@ def test_ci_run_reports_the_times_and_keeps_pytests_verdict(tmp_path: Path) -> N
         'xml="${PYTEST_ADDOPTS##*--junitxml=}"\n'
         'printf \'%s\' \'<testsuites><testsuite tests="1" time="61"><testcase classname="tests.e2e.test_demo" '
         'name="test_demo" time="49" /></testsuite></testsuites>\' > "$xml"\n'
+        'echo "=========== 1 failed in 61.00s ==========="\n'
         "exit 3\n"
     )
     fake_python = bin_dir / "python3"
@@ -149,3 +150,5 @@ def test_ci_run_reports_the_times_and_keeps_pytests_verdict(tmp_path: Path) -> N
     assert "1 tests with times in 1 modules" in done.stdout
     assert "budget 25 min: 23 min 59.0 s left" in done.stdout
     assert "tests/e2e/test_demo.py::test_demo" in done.stdout
+    # pytest's closing line is repeated after the report: CI reads a run's verdict from its last lines
+    assert done.stdout.rstrip().splitlines()[-1] == "=========== 1 failed in 61.00s ==========="
