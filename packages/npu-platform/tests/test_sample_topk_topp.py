@@ -211,8 +211,12 @@ def test_choice_reads_no_device_tensor() -> None:
     assert not sampler.uses_npu_kernel(logits, k)  # outside host_top_k: unknown, the sort
 
 
-def test_emulated_device_selects_the_reference() -> None:
-    assert not NPUTopKTopPSampler().use_npu_kernel
+@pytest.mark.parametrize(("backend", "npu"), [("npu", True), ("reference", False)])
+def test_the_process_kernel_backend_selects(monkeypatch: pytest.MonkeyPatch, backend: str, npu: bool) -> None:
+    from vllm_npu.interface import device
+
+    monkeypatch.setattr(device, "_kernel_backend", [backend])
+    assert NPUTopKTopPSampler().use_npu_kernel is npu
 
 
 class _Batch:

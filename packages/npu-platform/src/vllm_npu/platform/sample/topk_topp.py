@@ -84,7 +84,7 @@ class NPUTopKTopPSampler(TopKTopPSampler):
     def __init__(self, logprobs_mode: LogprobsMode = "raw_logprobs", use_npu_kernel: bool | None = None) -> None:
         super().__init__(logprobs_mode)
         # vLLM picks forward_native on this platform already; say so rather than rely on its platform checks.
-        self.forward = self.forward_native  # type: ignore[method-assign]
+        self.forward = self.forward_native
         self.use_npu_kernel = TOP_K_TOP_P.select() is top_k_top_p_npu if use_npu_kernel is None else use_npu_kernel
         self._host_k_max: int | None = None
 
