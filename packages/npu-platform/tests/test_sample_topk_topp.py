@@ -236,3 +236,16 @@ def test_runner_states_the_host_k_max(top_k: list[int], no_top_k: bool, want: in
     with NPUModelRunner._host_top_k(runner):  # type: ignore[arg-type]
         assert sampler._host_k_max == want
     assert sampler._host_k_max is None
+
+
+@pytest.mark.parametrize("with_p", [False, True])
+def test_sort_fallback_reads_no_device_tensor(with_p: bool) -> None:
+    """The fallback (beyond k 1024, and the emulated device's path) has no host read either; vLLM's native top-k-only
+    path does (``apply_top_k_only``: ``k.max()``)."""
+    logits, k = torch.empty(4, 4096, device="meta"), torch.empty(4, dtype=torch.int32, device="meta")
+    p = torch.empty(4, device="meta") if with_p else None
+    tokens, _ = NPUTopKTopPSampler(use_npu_kernel=False)(logits, {}, k, p)
+    assert tokens.shape == (4,)
+    if not with_p:
+        with pytest.raises(RuntimeError, match="meta"):
+            TopKTopPSampler().forward_native(logits, {}, k, p)
