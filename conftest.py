@@ -39,3 +39,11 @@ def _vllm_platform_resolved_emulated() -> None:
     assert current_platform.device_type, (
         f"vLLM resolved {type(current_platform).__name__} under VLLM_NPU_DEVICE=emulated"
     )
+
+
+def pytest_report_header() -> str | None:
+    """Say up front when the Mooncake engine's system libraries are missing (its tests then fail with this line)."""
+    from npu_testkit.system_libs import missing_message
+
+    text = missing_message()
+    return f"WARNING: {text}" if text else None

@@ -15,8 +15,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from npu_testkit.npu_call_scan import find_npu_call_sites
 from npu_testkit.runtime_calls import find_runtime_call_sites
-from npu_testkit.torch_npu_docs import find_npu_call_sites
 
 REPO = Path(__file__).resolve().parents[2]
 TABLE = REPO / "docs" / "npu-calls.md"

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from npu_testkit.torch_npu_docs import NPUCall, check_calls, find_npu_calls, load_docs
+from npu_testkit.npu_call_scan import NPUCall, find_npu_calls
+from npu_testkit.torch_npu_docs import check_calls, load_docs
 
 REPO = Path(__file__).resolve().parents[2]
 SOURCES = sorted(REPO.glob("packages/*/src/**/*.py"))

@@ -7,11 +7,10 @@ from __future__ import annotations
 import textwrap
 
 import pytest
+from npu_testkit.npu_call_scan import find_npu_call_sites, find_npu_calls
 from npu_testkit.torch_npu_docs import (
     TorchNPUDocs,
     check_calls,
-    find_npu_call_sites,
-    find_npu_calls,
     load_docs,
     parse_atb_api_list,
     parse_binding_schemas,

@@ -15,6 +15,7 @@ from npu_testkit.engine import emulated_env, make_prompts, tiny_config
 from npu_testkit.models import build_tiny_model, hf_greedy
 from npu_testkit.serve import vllm_server
 from npu_testkit.sibling import import_sibling
+from npu_testkit.system_libs import require_mooncake_libraries
 
 pd = import_sibling(__file__, "pd_support")
 
@@ -36,6 +37,7 @@ def prompts() -> list[list[int]]:
 
 @pytest.fixture(scope="module")
 def cluster(tiny_model, tmp_path_factory):
+    require_mooncake_libraries()  # the Mooncake engine's system libraries, or the apt line that installs them
     tmp = tmp_path_factory.mktemp("pd_mla")
     common = [str(tiny_model), "--dtype", "float32", "--max-model-len", "512", "--block-size", "16"]
     common += ["--max-num-seqs", "8", "--served-model-name", "tiny", "--enable-prompt-tokens-details"]

@@ -32,6 +32,7 @@ from npu_testkit.engine import emulated_env, make_prompts
 from npu_testkit.models import hf_greedy
 from npu_testkit.serve import free_port, vllm_server
 from npu_testkit.sibling import import_sibling
+from npu_testkit.system_libs import require_mooncake_libraries
 
 pd = import_sibling(__file__, "pd_support")
 
@@ -55,6 +56,7 @@ def references(tiny_qwen2, prompts) -> list[list[int]]:
 
 @pytest.fixture(scope="module")
 def cluster(tiny_qwen2, tmp_path_factory):
+    require_mooncake_libraries()  # the Mooncake engine's system libraries, or the apt line that installs them
     tmp = tmp_path_factory.mktemp("pd")
     common = [str(tiny_qwen2), "--dtype", "float32", "--max-model-len", "512", "--block-size", "16"]
     common += ["--max-num-seqs", "16", "--served-model-name", "tiny", "--enable-prompt-tokens-details"]

@@ -116,3 +116,64 @@ def test_seeded_sampling_is_reproducible(llm):
     assert a != c
     # n=2 samples of one request differ from each other (the generator advances per sample).
     assert all(pair[0] != pair[1] for pair in a)
+
+
+def _use_sampler(worker, kind):
+    """Swap the runner's top-k/top-p sampler: "npu" ours (spying on its kernel choice), "native" vLLM's own."""
+    from vllm.v1.sample.ops.topk_topp_sampler import TopKTopPSampler
+    from vllm_npu.platform.sample import NPUTopKTopPSampler
+
+    sampler = worker.model_runner.sampler
+    if kind == "native":
+        sampler.topk_topp_sampler = TopKTopPSampler(sampler.logprobs_mode)
+        return None
+    ours = NPUTopKTopPSampler(sampler.logprobs_mode)
+    seen = []
+    choose = ours.uses_npu_kernel
+
+    def spy(logits, k):
+        seen.append((ours._host_k_max, None if k is None else int(k.max()), tuple(logits.shape)))
+        return choose(logits, k)
+
+    ours.uses_npu_kernel = spy
+    ours.seen = seen
+    sampler.topk_topp_sampler = ours
+    return type(ours).__name__
+
+
+def _seen(worker):
+    return worker.model_runner.sampler.topk_topp_sampler.seen
+
+
+def test_top_k_top_p_sampler_host_k_and_native_equality(llm):
+    """Our top-k/top-p sampler runs in the engine; the runner gives it each step's largest top-k from the host (equal
+    to the device k's max), a request without top-k makes it the vocabulary size; seeded results equal vLLM's native
+    sampler's."""
+    from vllm import SamplingParams
+
+    batch = token_prompts(make_prompts([6, 30, 12], seed=21))
+    params = [
+        SamplingParams(temperature=0.8, top_k=40, top_p=0.9, seed=7, max_tokens=10, ignore_eos=True),
+        SamplingParams(temperature=1.0, top_k=5, seed=8, max_tokens=10, ignore_eos=True),
+        SamplingParams(temperature=0.7, top_p=0.8, seed=9, max_tokens=10, ignore_eos=True),
+    ]
+
+    def run(prompts, sampling):
+        return [list(o.outputs[0].token_ids) for o in llm.generate(prompts, sampling, use_tqdm=False)]
+
+    assert llm.collective_rpc(_use_sampler, args=("npu",)) == ["NPUTopKTopPSampler"]
+    try:
+        ours = run(batch, params)
+        (seen,) = llm.collective_rpc(_seen)
+        vocab = seen[0][2][1]  # logits [num_reqs, vocab]
+        # every sampler step knew its k range on the host, and it was the device k's
+        assert seen and all(host == dev for host, dev, _ in seen), seen
+        assert {host for host, _, _ in seen} <= {40, 5, vocab} and vocab in {host for host, _, _ in seen}
+        top_k_only = run(batch[:2], params[:2])
+        (seen,) = llm.collective_rpc(_seen)
+        assert {host for host, _, _ in seen[-5:]} == {40}
+        llm.collective_rpc(_use_sampler, args=("native",))
+        assert run(batch, params) == ours
+        assert run(batch[:2], params[:2]) == top_k_only
+    finally:
+        llm.collective_rpc(_use_sampler, args=("npu",))

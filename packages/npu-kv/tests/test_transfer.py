@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from npu_testkit.system_libs import require_mooncake_libraries
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _producer import BS, CONFIGS, HEADS, LORA, NB, PORTS_USED, ROPE, full_caches  # noqa: E402
@@ -24,7 +25,13 @@ from vllm_npu.kv.params import RemotePrefill  # noqa: E402
 from vllm_npu.kv.settings import ConnectorSettings  # noqa: E402
 from vllm_npu.kv.side_channel import SideChannelClient, SideChannelError  # noqa: E402
 
-pytest.importorskip("mooncake.engine", reason="the emulated Mooncake build is in the dev group (npu-kv[emulated])")
+
+@pytest.fixture(autouse=True, scope="module")
+def _mooncake_loads() -> None:
+    """The Mooncake build is in the dev group; its engine needs system libraries scripts/system_libs.py installs.
+    Without them every test here fails with the apt line (no skip: the transfer path would go untested)."""
+    require_mooncake_libraries()
+
 
 PRODUCER = Path(__file__).resolve().parent / "_producer.py"
 

@@ -81,7 +81,7 @@ def test_ops_layer_spells_its_npu_calls_literally() -> None:
     """The NPU kernels are written as torch_npu.<op>(...) calls, so tests/contract checks them."""
     from pathlib import Path
 
-    from npu_testkit.torch_npu_docs import find_npu_calls
+    from npu_testkit.npu_call_scan import find_npu_calls
 
     src = Path(__file__).resolve().parents[1] / "src" / "vllm_npu" / "ops"
     names = {c.name for p in src.glob("*.py") for c in find_npu_calls(p.read_text(), str(p))}

@@ -246,3 +246,18 @@ def test_max_spec_len_over_vllm_limit_is_refused():
         NPURejectionSampler()(
             md, None, torch.randn(129, VOCAB), torch.zeros(1, 1, dtype=torch.int32), sampling_metadata([0.0])
         )
+
+
+@pytest.mark.parametrize(("top_k", "top_p"), [([5, VOCAB], None), ([5, 3], [0.9, 1.0]), (None, [0.5, 0.9])])
+def test_target_probs_read_no_device_tensor(top_k: list[int] | None, top_p: list[float] | None) -> None:
+    """Top-k/top-p of the target probabilities without a host read of a device tensor (an NPU host sync per step):
+    vLLM's ``apply_top_k_only`` reads ``k.max()``; on meta tensors any data read raises."""
+    from vllm_npu.platform.sample.rejection_sampler import compute_probs
+
+    meta = sampling_metadata([0.8, 1.0], top_k=top_k, top_p=top_p)
+    for name in ("temperature", "top_k", "top_p"):
+        if getattr(meta, name) is not None:
+            setattr(meta, name, getattr(meta, name).to("meta"))
+    logits = torch.empty(5, VOCAB, device="meta")
+    probs = compute_probs(logits, torch.tensor([2, 5], device="meta"), meta)
+    assert probs.shape == (5, VOCAB) and probs.dtype == torch.float32

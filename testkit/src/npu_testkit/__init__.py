@@ -10,6 +10,8 @@
 - :mod:`.distributed`: a one-rank vLLM process group for layer tests without an engine;
 - :mod:`.quant_e2e`: the shared end-to-end checks of the ``ascend`` quant method;
 - :mod:`.torch_npu_docs`: torch_npu 2.8.0's documented op signatures, read from the wheel without importing it;
+- :mod:`.npu_call_scan` / :mod:`.runtime_calls`: the torch_npu kernel calls / runtime calls of a source file (AST),
+  for the signature check and the two tables of ``docs/npu-calls.md``;
 - :mod:`.npu_binding_rules`: what torch_npu 2.8.0's bindings and kernels impose beyond those signatures, for the
   stand-in torch_npu of the NPU-wiring tests.
 - :mod:`.npu_runtime_standin`: a stand-in torch_npu for the runtime calls (device, memory, profiler, ATB, HCCL

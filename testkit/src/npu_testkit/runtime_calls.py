@@ -2,7 +2,7 @@
 # SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
 """Find the NPU *runtime* calls of a source file (device, memory, streams, graphs, torchair, profiler, HCCL), by AST.
 
-The kernel calls (``torch_npu.npu_*`` ops) are found by :func:`npu_testkit.torch_npu_docs.find_npu_call_sites`;
+The kernel calls (``torch_npu.npu_*`` ops) are found by :func:`npu_testkit.npu_call_scan.find_npu_call_sites`;
 this module finds everything else our sources ask of torch_npu's runtime, so that ``docs/npu-calls.md`` can keep a
 row per runtime call site too (``tests/contract/test_npu_call_table.py``). A runtime call is spelled one of:
 

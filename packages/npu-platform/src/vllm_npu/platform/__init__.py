@@ -79,10 +79,12 @@ def _environment_problem() -> str | None:
 _EXPORTS = {
     "NPUPlatform": ".platform:NPUPlatform",
     "EmulatedNPUPlatform": ".platform:EmulatedNPUPlatform",
+    "selftest_cases": ".sample.selftest:selftest_cases",
 }
 
 if TYPE_CHECKING:
     from .platform import EmulatedNPUPlatform, NPUPlatform
+    from .sample.selftest import selftest_cases
 else:
     from vllm_npu.interface.lazy import lazy_exports
 
@@ -94,4 +96,5 @@ __all__ = [
     "NPUPlatform",
     "__version__",
     "register",
+    "selftest_cases",
 ]

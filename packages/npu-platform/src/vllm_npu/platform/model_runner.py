@@ -16,6 +16,9 @@ sampling and logprobs, KV-cache allocation) is vLLM's own code. The overrides:
   CPU kernel on float32 host copies of the structured rows, as vllm-ascend does on the NPU: vLLM's own call fails for
   bf16/fp16 logits on the host), and one request's failing logits processing (its bitmask row, its per-request
   logits processor) is reported with the step's output for the scheduler to fail that request alone.
+- top-k / top-p: vLLM's ``TopKTopPSampler`` is replaced by :class:`.sample.NPUTopKTopPSampler` (the NPU's
+  ``npu_top_k_top_p`` within its k range, else a sort; vLLM's seeded ``random_sample`` unchanged); ``_sample`` tells
+  it the step's largest k from the persistent batch's host copy, so the choice reads no device tensor.
 - ``_init_device_properties`` and ``_sync_device``: the device's, instead of ``torch.cuda``'s.
 - ``eplb_step`` (vLLM's ``--enable-eplb``): vLLM's own step (``EplbState.step``: load window, and every
   ``eplb_config.step_interval`` steps the rearrangement over the EP group), run inside
@@ -42,6 +45,7 @@ from __future__ import annotations
 
 import gc
 import time
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any, cast
 
 import torch
@@ -92,6 +96,10 @@ class NPUModelRunner(GPUModelRunner):
             from .sample import NPURejectionSampler
 
             self.rejection_sampler = NPURejectionSampler()
+        if hasattr(self, "sampler"):
+            from .sample import NPUTopKTopPSampler
+
+            self.sampler.topk_topp_sampler = NPUTopKTopPSampler(self.sampler.logprobs_mode)
 
     def _make_buffer(self, *size: int | torch.SymInt, dtype: torch.dtype, numpy: bool = True) -> CpuGpuBuffer:
         """vLLM's host/device buffer pair. On the emulated device the device half is its own tensor: vLLM's
@@ -191,8 +199,20 @@ class NPUModelRunner(GPUModelRunner):
         if step is not None and logits is not None:
             scheduler_output, bitmask = step
             faults.update(apply_grammar_bitmask(scheduler_output, bitmask, self.input_batch.req_id_to_index, logits))
-        with isolated_request_logitsprocs(self.input_batch, faults):
+        with isolated_request_logitsprocs(self.input_batch, faults), self._host_top_k():
             return super()._sample(logits, spec_decode_metadata)
+
+    def _host_top_k(self) -> AbstractContextManager[None]:
+        """The step's largest top-k, read from the persistent batch's host copy (the one vLLM copies to the device
+        ``top_k`` of the sampling metadata), for the top-k/top-p sampler to choose the NPU op without a device read."""
+        topk_topp = getattr(getattr(self, "sampler", None), "topk_topp_sampler", None)
+        from .sample import NPUTopKTopPSampler
+
+        if not isinstance(topk_topp, NPUTopKTopPSampler):
+            return nullcontext()
+        batch = self.input_batch
+        k_max = None if batch.no_top_k or batch.num_reqs == 0 else int(batch.top_k_cpu[: batch.num_reqs].max())
+        return topk_topp.host_top_k(k_max)
 
     def load_lora_model(self, model: nn.Module, vllm_config: VllmConfig, device: torch.device) -> nn.Module:
         """vLLM's ``load_lora_model`` with npu-ops' worker LoRA manager in place of vLLM's LRU one: the same manager

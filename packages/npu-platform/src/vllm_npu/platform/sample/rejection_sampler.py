@@ -5,8 +5,9 @@
 vLLM's ``vllm/v1/sample/rejection_sampler.py`` launches Triton kernels (``expand_kernel``,
 ``rejection_greedy_sample_kernel``, ``rejection_random_sample_kernel``, ``sample_recovered_tokens_kernel``), which
 exist neither on the Ascend NPU nor on the emulated CPU device. This subclass keeps vLLM's contract (constructor,
-``forward``, ``parse_output``) and its device-neutral Python logic (``generate_uniform_probs``,
-``apply_top_k_top_p``), and computes each kernel step as batched tensor ops over a ``[batch_size, max_spec_len]``
+``forward``, ``parse_output``) and its device-neutral Python logic (``generate_uniform_probs``; top-k/top-p as
+vLLM's ``apply_top_k_top_p`` through :func:`.topk_topp.top_k_top_p_reference`, a sort without vLLM's host read of
+``k.max()``), and computes each kernel step as batched tensor ops over a ``[batch_size, max_spec_len]``
 padded view of the flattened draft tokens. The only Python loops are the per-seeded-request random draws that
 vLLM itself does per request (reproducibility).
 
@@ -31,9 +32,10 @@ from __future__ import annotations
 
 import torch
 from vllm.v1.sample.metadata import SamplingMetadata
-from vllm.v1.sample.ops.topk_topp_sampler import apply_top_k_top_p
 from vllm.v1.sample.rejection_sampler import MAX_SPEC_LEN, RejectionSampler, generate_uniform_probs
 from vllm.v1.spec_decode.metadata import SpecDecodeMetadata
+
+from .topk_topp import top_k_top_p_reference
 
 #: Output slot of a rejected / unused position (vLLM's value; ``parse_output`` filters it out).
 PLACEHOLDER_TOKEN_ID = -1
@@ -129,7 +131,9 @@ def compute_probs(
         top_k = expand_batch_to_tokens(sampling_metadata.top_k, cu_num_draft_tokens, num_tokens)
     if sampling_metadata.top_p is not None:
         top_p = expand_batch_to_tokens(sampling_metadata.top_p, cu_num_draft_tokens, num_tokens)
-    logits = apply_top_k_top_p(logits, top_k, top_p)
+    if top_k is not None or top_p is not None:
+        # vLLM's apply_top_k_top_p would read k.max() on the host for top-k alone (apply_top_k_only): a sync per step
+        logits = top_k_top_p_reference(logits, top_k, top_p)
     return logits.softmax(dim=-1, dtype=torch.float32)
 
 
