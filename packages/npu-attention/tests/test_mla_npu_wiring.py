@@ -234,12 +234,13 @@ class _Recorder:
         return kernel(*args, **params)
 
 
-def test_captured_mla_decode_task_reissues_on_its_captured_buffers(fia: FakeFIA) -> None:
-    """On the NPU backend, a full-graph capture gets the decode as one task whose output, workspace and softmax_lse
-    were allocated before it; re-issuing it with new sequence lengths (a task update) writes the new result into the
-    same output buffer, with the same workspace."""
+def _captured_decode_case() -> tuple[
+    torch.Generator, types.SimpleNamespace, torch.Tensor, torch.Tensor, AscendMLADecodeMetadata
+]:
+    """The NPU MLA impl (documented MLA-mode shapes: 32 heads, L 512, R 64, block size 16), its latent cache planes
+    and a two-request decode's metadata, shared by the captured-task tests; the generator continues the seed."""
     g = torch.Generator().manual_seed(7)
-    B, N, P, R, L, V, bs = 2, 32, 16, 64, 512, 16, 16
+    N, P, R, L, V, bs = 32, 16, 64, 512, 16, 16
     impl = types.SimpleNamespace(
         qk_nope_head_dim=P, qk_rope_head_dim=R, scale=0.1, _npu=True, _decode=mla_decode_npu,
         W_UK_T=torch.randn(N, P, L, generator=g) * 0.05, W_UV=torch.randn(N, L, V, generator=g) * 0.05,
@@ -249,6 +250,15 @@ def test_captured_mla_decode_task_reissues_on_its_captured_buffers(fia: FakeFIA)
         block_table=torch.tensor([[1, 3], [4, 2]], dtype=torch.int32), seq_lens=torch.tensor([5, 20]),
         seq_lens_list=[5, 20],
     )  # fmt: skip
+    return g, impl, nope, rope, meta
+
+
+def test_captured_mla_decode_task_reissues_on_its_captured_buffers(fia: FakeFIA) -> None:
+    """On the NPU backend, a full-graph capture gets the decode as one task whose output, workspace and softmax_lse
+    were allocated before it; re-issuing it with new sequence lengths (a task update) writes the new result into the
+    same output buffer, with the same workspace."""
+    g, impl, nope, rope, meta = _captured_decode_case()
+    B, N, P, R, L = 2, 32, 16, 64, 512
     q = torch.randn(B, N, P + R, generator=g)
     recorder = _Recorder()
     with graphs.recording(recorder):
@@ -285,17 +295,8 @@ def test_captured_mla_decode_task_group_holds_the_out_kernel_alone(fia: FakeFIA,
 
     monkeypatch.setattr(_npu, "_UPDATE_STREAM", [], raising=False)
     fake_npu_graphs.install(monkeypatch, torch_npu=sys.modules["torch_npu"])
-    g = torch.Generator().manual_seed(7)
-    B, N, P, R, L, V, bs = 2, 32, 16, 64, 512, 16, 16
-    impl = types.SimpleNamespace(
-        qk_nope_head_dim=P, qk_rope_head_dim=R, scale=0.1, _npu=True, _decode=mla_decode_npu,
-        W_UK_T=torch.randn(N, P, L, generator=g) * 0.05, W_UV=torch.randn(N, L, V, generator=g) * 0.05,
-    )  # fmt: skip
-    nope, rope = latent_cache_planes(torch.randn(5, bs, L + R, generator=g), L, R)
-    meta = AscendMLADecodeMetadata(
-        block_table=torch.tensor([[1, 3], [4, 2]], dtype=torch.int32), seq_lens=torch.tensor([5, 20]),
-        seq_lens_list=[5, 20],
-    )  # fmt: skip
+    g, impl, nope, rope, meta = _captured_decode_case()
+    B, N, P, R = 2, 32, 16, 64
     lens = {"now": [5, 20]}
     monkeypatch.setattr(
         "vllm_npu.attention.backends.mla.decode_seq_lens_refresh", lambda name, b: lambda: {"seq_lens": lens["now"]}
