@@ -1,0 +1,260 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
+"""A release of one package, end to end, without publishing (``release.py dry-run``; used by release.py).
+
+The steps are the release workflow's ``build`` job, in its order, so that CI runs what a tag push would:
+
+1. version: the tag ``<dist>-v<version>`` matches release.yml's tag pattern and ``release.py tag`` accepts it
+   (a public package of the workspace, the in-tree ``_version.py``); an existing tag of that version is reported;
+2. sibling ranges admit the in-tree versions (check_workspace_ranges.py);
+3. the changelog entry: the ``## <version>`` section, or (before the release commit moved them) the Unreleased
+   entries as the release will show them; empty is an error;
+4. build: ``uv build --package <dist> --no-sources`` (sdist, then the wheel from the sdist) and the built version;
+5. smoke installs into fresh venvs, siblings from wheels of the same commit: the wheel alone, then with each extra
+   whose requirements are workspace packages; each runs ``scripts/smoke_wheel.py`` (imports, entry points, no
+   torch / vLLM imported), checks the installed versions and runs every console script with ``--help``. Extras that
+   pull a host-specific third-party build (torch-npu, vLLM, a Mooncake build) are named, not installed.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from collections.abc import Callable
+from pathlib import Path
+
+import _changelog
+import _workflow_rules as rules
+from _workspace import Member, Workspace
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name, parse_sdist_filename
+
+SMOKE = Path(__file__).resolve().parent / "smoke_wheel.py"
+
+
+class DryRunError(Exception):
+    """A release step failed; the message names the step and the fix."""
+
+
+def run_uv(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    """uv from its cache first (everything is there after ``uv sync``), from the network if the cache is cold."""
+    uv = shutil.which("uv")
+    if uv is None:
+        raise DryRunError("uv is not on PATH (https://docs.astral.sh/uv/; .ci/run installs it)")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("VIRTUAL_ENV", "UV_PROJECT"))}
+    proc = subprocess.run([uv, *args, "--offline"], cwd=cwd, capture_output=True, text=True, env=env)
+    if proc.returncode != 0 and ("offline" in proc.stderr.lower() or "network" in proc.stderr.lower()):
+        proc = subprocess.run([uv, *args], cwd=cwd, capture_output=True, text=True, env=env)
+    if proc.returncode != 0:
+        raise DryRunError(f"uv {' '.join(args)} failed:\n{proc.stdout}{proc.stderr}")
+    return proc
+
+
+def extra_targets(member: Member, extra: str, workspace: Workspace) -> tuple[set[str], list[str]]:
+    """The workspace packages ``member[extra]`` installs besides ``member``, and its other requirements."""
+    siblings: set[str] = set()
+    others: list[str] = []
+    todo, seen = [extra], set()
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        for req in member.extras.get(name, []):
+            target = canonicalize_name(req.name)
+            if target == member.name:
+                todo.extend(req.extras)  # npu-platform[all] = npu-platform[ops, ...]
+            elif target in workspace.members:
+                siblings.add(target)
+                siblings |= {
+                    canonicalize_name(r.name) for r in _required_siblings(workspace.members[target], workspace)
+                }
+            else:
+                others.append(str(req))
+    return siblings, others
+
+
+def _required_siblings(member: Member, workspace: Workspace) -> list[Requirement]:
+    return [r for r in member.requirements if canonicalize_name(r.name) in workspace.members]
+
+
+def console_scripts(wheel: Path) -> list[str]:
+    with zipfile.ZipFile(wheel) as archive:
+        name = next((n for n in archive.namelist() if n.endswith(".dist-info/entry_points.txt")), None)
+        if name is None:
+            return []
+        text = archive.read(name).decode()
+    scripts, in_group = [], False
+    for line in text.splitlines():
+        line = line.strip()
+        if line.startswith("["):
+            in_group = line == "[console_scripts]"
+        elif in_group and "=" in line:
+            scripts.append(line.split("=", 1)[0].strip())
+    return scripts
+
+
+def _smoke(
+    wheel: Path, extra: str | None, expect: dict[str, str], links: Path, work: Path, say: Callable[[str], None]
+) -> None:
+    label = f"{wheel.name}[{extra}]" if extra else wheel.name
+    venv = work / f"venv-{extra or 'alone'}"
+    run_uv("venv", "-q", "--python", sys.executable, str(venv), cwd=work)
+    python = venv / "bin" / "python"
+    spec = f"{expect_name(wheel)}[{extra}] @ {wheel.resolve().as_uri()}" if extra else str(wheel.resolve())
+    run_uv("pip", "install", "-q", "--python", str(python), "--find-links", str(links), spec, cwd=work)
+    smoke = subprocess.run(
+        [str(python), "-I", str(SMOKE), *[a for d in expect for a in ("--expect", d)]],
+        capture_output=True,
+        text=True,
+        env={k: v for k, v in os.environ.items() if not k.startswith(("VLLM_", "PYTHON", "VIRTUAL_ENV"))},
+    )
+    if smoke.returncode != 0:
+        raise DryRunError(f"smoke test of {label} failed:\n{smoke.stdout}{smoke.stderr}")
+    listed = subprocess.run(
+        [
+            str(python),
+            "-I",
+            "-c",
+            "import importlib.metadata as m; print('\\n'.join(f'{d.metadata[\"Name\"]}=={d.version}' for d in m.distributions()))",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
+    ours = {canonicalize_name(n): v for n, _, v in (x.partition("==") for x in listed) if n.startswith("npu-")}
+    if ours != expect:
+        raise DryRunError(f"{label} installed {ours}, expected exactly {expect}")
+    for script in console_scripts(wheel):
+        proc = subprocess.run([str(venv / "bin" / script), "--help"], capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise DryRunError(f"{label}: `{script} --help` exited {proc.returncode}:\n{proc.stderr}")
+    say(f"  smoke install {label}: {', '.join(f'{k} {v}' for k, v in sorted(ours.items()))} -- OK")
+
+
+def expect_name(wheel: Path) -> str:
+    return wheel.name.split("-", 1)[0].replace("_", "-")
+
+
+def dry_run(
+    package: str,
+    workspace: Workspace,
+    dist: Path,
+    version: str | None = None,
+    siblings: Path | None = None,
+    released: bool = False,
+    say: Callable[[str], None] = print,
+) -> Path:
+    """Run the release of ``package`` up to (not including) publishing; returns the built wheel. ``released``: the
+    release workflow for a pushed tag (the changelog must already be in its released shape)."""
+    import check_workspace_ranges
+    import release
+
+    member = workspace.members.get(canonicalize_name(package))
+    if member is None:
+        raise DryRunError(f"{package!r} is not a workspace member")
+    version = version or member.version
+    root = workspace.root
+
+    tag = f"{member.name}-v{version}"
+    patterns = rules.release_tag_patterns(rules.Workflow.load(root / ".github" / "workflows" / "release.yml"))
+    if not any(rules.glob_to_regex(p).match(tag) for p in patterns):
+        raise DryRunError(f"the tag {tag} matches no tag pattern of release.yml {patterns}: no release would start")
+    try:
+        release.parse_tag(tag, workspace)
+    except release.ReleaseError as exc:  # `release` here may be another copy of the module than the caller's
+        raise DryRunError(str(exc)) from None
+    say(f"1. version: tag {tag} starts release.yml and names {member.name} {version} (== {_where(member, root)})")
+    existing = _changelog.git(root, "tag", "--list", tag).split() if (root / ".git").exists() else []
+    if existing:
+        say(f"   note: {tag} already exists; a real release needs a version bump")
+
+    problems = check_workspace_ranges.check(workspace)
+    if problems:
+        raise DryRunError("sibling ranges do not admit the in-tree versions:\n" + "\n".join(problems))
+    say("2. sibling ranges admit the in-tree versions")
+
+    finding = _changelog.check_member(root, member, None)
+    if finding.problem:
+        raise DryRunError(finding.problem)
+    notes = _release_notes(member, version, released)
+    shape = "as pushed" if released else "after the release commit moves the Unreleased entries"
+    say(f"3. changelog: every code change since {finding.since} has a line; the release notes of {tag} ({shape}):")
+    say("\n".join(f"   | {line[:110]}" for line in notes.splitlines()[:12]))
+    if len(notes.splitlines()) > 12:
+        say(f"   | ... ({len(notes.splitlines())} lines)")
+
+    dist.mkdir(parents=True, exist_ok=True)
+    run_uv("build", "--package", member.name, "--no-sources", "-o", str(dist), cwd=root)
+    try:
+        wheel = release.check_built(member.name, version, dist)
+    except release.ReleaseError as exc:
+        raise DryRunError(str(exc)) from None
+    sdists = [p for p in dist.glob("*.tar.gz") if parse_sdist_filename(p.name)[0] == member.name]
+    if len(sdists) != 1 or str(parse_sdist_filename(sdists[0].name)[1]) != str(release.Version(version)):
+        raise DryRunError(f"expected one sdist of {member.name} {version} in {dist}, found {[s.name for s in sdists]}")
+    say(f"4. built {sdists[0].name} and, from it, {wheel.name}")
+
+    with tempfile.TemporaryDirectory(prefix="release-dry-run-") as tmp:
+        work = Path(tmp)
+        links = work / "links"
+        links.mkdir()
+        if siblings is None:
+            siblings = work / "siblings"
+            run_uv("build", "--all-packages", "--no-sources", "--wheel", "-o", str(siblings), cwd=root)
+        for other in siblings.glob("*.whl"):
+            if canonicalize_name(expect_name(other)) != member.name:
+                shutil.copy(other, links)
+        say(f"5. smoke installs (siblings from {siblings})")
+        base = {member.name: str(release.Version(version))}
+        base |= {
+            canonicalize_name(r.name): workspace.members[canonicalize_name(r.name)].version
+            for r in _required_siblings(member, workspace)
+        }
+        _smoke(wheel, None, base, links, work, say)
+        for extra in sorted(member.extras):
+            targets, others = extra_targets(member, extra, workspace)
+            if others:
+                say(f"  [{extra}] not installed: it pulls {', '.join(others)} (host-specific builds)")
+                continue
+            expect = base | {t: workspace.members[t].version for t in targets}
+            _smoke(wheel, extra, expect, links, work, say)
+    say(f"dry run of {tag}: every step passed; nothing was published ({wheel.name} is in {dist})")
+    return wheel
+
+
+def _where(member: Member, root: Path) -> str:
+    return str(member.version_file.relative_to(root)) if member.version_file else "pyproject.toml"
+
+
+def _release_notes(member: Member, version: str, released: bool) -> str:
+    """The notes the GitHub release of ``version`` gets. ``released``: the tag is pushed, so the changelog must be in
+    its released shape; otherwise the release commit is simulated (Unreleased entries moved under the version)."""
+    import release
+
+    text = (member.path / "CHANGELOG.md").read_text()
+    pending = _changelog.entries(text)
+    if released:
+        if pending:
+            raise DryRunError(
+                f"{member.name}: {len(pending)} entries are still under '## Unreleased' of its CHANGELOG.md: the "
+                f"release commit moves them under '## {version}' (CONTRIBUTING.md, Releasing)"
+            )
+        notes = release.notes_from_text(text, version)
+        if notes is None:
+            raise DryRunError(f"{member.name}: its CHANGELOG.md has no '## {version}' section")
+        return notes
+    moved = _changelog.move_unreleased(text, version, datetime.date.today().isoformat()) if pending else text
+    notes = release.notes_from_text(moved, version)
+    if not (notes or "").strip():
+        raise DryRunError(
+            f"{member.name}: no entries under '## Unreleased' of its CHANGELOG.md and no '## {version}' section: "
+            "a release without notes"
+        )
+    assert notes is not None
+    return notes
