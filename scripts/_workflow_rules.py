@@ -111,6 +111,17 @@ def _strings(node: Any) -> Iterator[str]:
             yield from _strings(value)
 
 
+def _expressions(job: dict[str, Any]) -> Iterator[str]:
+    """Every expression of a job: ``${{ ... }}`` anywhere, and the bare ``if:`` conditions of the job and its steps
+    (GitHub evaluates those as expressions without the braces)."""
+    conditions = [job.get("if")] + [step.get("if") for step in job.get("steps") or []]
+    for condition in conditions:
+        if isinstance(condition, str) and "${{" not in condition:
+            yield condition
+    for text in _strings(job):
+        yield from _EXPR.findall(text)
+
+
 def reference_problems(wf: Workflow) -> list[str]:
     """``needs:`` names jobs that exist; ``needs.<job>.outputs.<key>`` a job this one needs and an output it declares;
     ``steps.<id>`` a step of the same job; ``matrix.<key>`` a key of the job's matrix."""
@@ -123,34 +134,30 @@ def reference_problems(wf: Workflow) -> list[str]:
                 problems.append(f"{wf.name}: job {name!r} needs {need!r}, which is not a job of this workflow")
         step_ids = {str(s["id"]) for s in job.get("steps") or [] if "id" in s}
         matrix = (job.get("strategy") or {}).get("matrix")
-        matrix_keys = set(matrix) - {"include", "exclude"} if isinstance(matrix, dict) else None
+        matrix_keys: set[str] | None = None  # None: no matrix, or one computed by an expression
         if isinstance(matrix, dict):
+            matrix_keys = set(matrix) - {"include", "exclude"}
             for entry in matrix.get("include") or []:
-                matrix_keys.update(entry if isinstance(entry, dict) else {})  # type: ignore[union-attr]
-        for text in _strings(job):
-            for expr in _EXPR.findall(text):
-                for other, key in re.findall(r"\bneeds\.([\w-]+)\.outputs\.([\w-]+)", expr):
-                    if other not in needs:
-                        problems.append(f"{wf.name}: job {name!r} reads needs.{other} but does not need {other!r}")
-                    elif key not in ((jobs.get(other) or {}).get("outputs") or {}):
-                        problems.append(
-                            f"{wf.name}: job {name!r} reads needs.{other}.outputs.{key}, not an output of {other!r}"
-                        )
-                for other in re.findall(r"\bneeds\.([\w-]+)\.result\b", expr):
-                    if other not in needs:
-                        problems.append(
-                            f"{wf.name}: job {name!r} reads needs.{other}.result but does not need {other!r}"
-                        )
-                for step_id in re.findall(r"\bsteps\.([\w-]+)\.", expr):
-                    if step_id not in step_ids:
-                        problems.append(
-                            f"{wf.name}: job {name!r} reads steps.{step_id}, no step of this job has that id"
-                        )
-                for key in re.findall(r"\bmatrix\.([\w-]+)", expr):
-                    if matrix_keys is not None and key not in matrix_keys:
-                        problems.append(f"{wf.name}: job {name!r} reads matrix.{key}, not a key of its matrix")
-                    elif matrix is None:
-                        problems.append(f"{wf.name}: job {name!r} reads matrix.{key} but has no matrix")
+                matrix_keys |= set(entry) if isinstance(entry, dict) else set()
+        for expr in _expressions(job):
+            for other, key in re.findall(r"\bneeds\.([\w-]+)\.outputs\.([\w-]+)", expr):
+                if other not in needs:
+                    problems.append(f"{wf.name}: job {name!r} reads needs.{other} but does not need {other!r}")
+                elif key not in ((jobs.get(other) or {}).get("outputs") or {}):
+                    problems.append(
+                        f"{wf.name}: job {name!r} reads needs.{other}.outputs.{key}, not an output of {other!r}"
+                    )
+            for other in re.findall(r"\bneeds\.([\w-]+)\.result\b", expr):
+                if other not in needs:
+                    problems.append(f"{wf.name}: job {name!r} reads needs.{other}.result but does not need {other!r}")
+            for step_id in re.findall(r"\bsteps\.([\w-]+)\.", expr):
+                if step_id not in step_ids:
+                    problems.append(f"{wf.name}: job {name!r} reads steps.{step_id}, no step of this job has that id")
+            for key in re.findall(r"\bmatrix\.([\w-]+)", expr):
+                if matrix_keys is not None and key not in matrix_keys:
+                    problems.append(f"{wf.name}: job {name!r} reads matrix.{key}, not a key of its matrix")
+                elif matrix is None:
+                    problems.append(f"{wf.name}: job {name!r} reads matrix.{key} but has no matrix")
     return problems
 
 
