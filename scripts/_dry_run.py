@@ -31,7 +31,6 @@ from pathlib import Path
 import _changelog
 import _workflow_rules as rules
 from _workspace import Member, Workspace
-from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name, parse_sdist_filename
 
 SMOKE = Path(__file__).resolve().parent / "smoke_wheel.py"
@@ -55,32 +54,31 @@ def run_uv(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     return proc
 
 
-def extra_targets(member: Member, extra: str, workspace: Workspace) -> tuple[set[str], list[str]]:
-    """The workspace packages ``member[extra]`` installs besides ``member``, and its other requirements."""
+def extra_targets(member: Member, extra: str | None, workspace: Workspace) -> tuple[set[str], list[str]]:
+    """The workspace packages ``member[extra]`` (``extra=None``: ``member`` alone) installs besides ``member``,
+    followed through their requirements and the extras they ask of each other, and the third-party requirements
+    that come with extras (``torch-npu``, a Mooncake build)."""
     siblings: set[str] = set()
     others: list[str] = []
-    todo, seen = [extra], set()
+    todo: list[tuple[str, str | None]] = [(member.name, extra), (member.name, None)]
+    seen: set[tuple[str, str | None]] = set()
     while todo:
-        name = todo.pop()
-        if name in seen:
+        item = todo.pop()
+        if item in seen:
             continue
-        seen.add(name)
-        for req in member.extras.get(name, []):
+        seen.add(item)
+        name, wanted = item
+        current = workspace.members[name]
+        for req in current.extras.get(wanted, []) if wanted is not None else current.requirements:
             target = canonicalize_name(req.name)
-            if target == member.name:
-                todo.extend(req.extras)  # npu-platform[all] = npu-platform[ops, ...]
-            elif target in workspace.members:
-                siblings.add(target)
-                siblings |= {
-                    canonicalize_name(r.name) for r in _required_siblings(workspace.members[target], workspace)
-                }
-            else:
+            if target in workspace.members:
+                if target != member.name:
+                    siblings.add(target)
+                todo.append((target, None))
+                todo.extend((target, e) for e in sorted(req.extras))
+            elif wanted is not None:
                 others.append(str(req))
-    return siblings, others
-
-
-def _required_siblings(member: Member, workspace: Workspace) -> list[Requirement]:
-    return [r for r in member.requirements if canonicalize_name(r.name) in workspace.members]
+    return siblings, sorted(others)
 
 
 def console_scripts(wheel: Path) -> list[str]:
@@ -212,10 +210,7 @@ def dry_run(
                 shutil.copy(other, links)
         say(f"5. smoke installs (siblings from {siblings})")
         base = {member.name: str(release.Version(version))}
-        base |= {
-            canonicalize_name(r.name): workspace.members[canonicalize_name(r.name)].version
-            for r in _required_siblings(member, workspace)
-        }
+        base |= {t: workspace.members[t].version for t in extra_targets(member, None, workspace)[0]}
         _smoke(wheel, None, base, links, work, say)
         for extra in sorted(member.extras):
             targets, others = extra_targets(member, extra, workspace)

@@ -389,7 +389,9 @@ def test_ci_workflow_runs_lint_and_the_readme_command() -> None:
     assert "scripts/release.py affected --base" in runs["changes"]
     assert 'scripts/release.py changelog --base "origin/$BASE_REF"' in runs["changes"]
     assert "scripts/check_workflows.py" in runs["lint"]
-    assert "scripts/release.py dry-run --package npu-quant" in runs["release-dry-run"]
+    assert 'scripts/release.py dry-run --package "$PACKAGE"' in runs["release-dry-run"]
+    matrix = wf["jobs"]["release-dry-run"]["strategy"]["matrix"]
+    assert matrix == {"package": "${{ fromJSON(needs.changes.outputs.packages) }}"}  # every affected package
     assert "release-dry-run" in wf["jobs"]["all-green"]["needs"]
 
 
@@ -440,7 +442,10 @@ def test_which_extras_the_dry_run_installs() -> None:
     layers = {"npu-ops", "npu-attention", "npu-quant", "npu-models", "npu-patches", "npu-kv"}
     assert dry_run.extra_targets(platform, "all", ws) == (layers | {"npu-interface"}, [])
     assert dry_run.extra_targets(platform, "quant", ws) == ({"npu-quant", "npu-interface"}, [])
-    assert dry_run.extra_targets(platform, "ascend", ws) == (set(), ["torch==2.8.0", "torch-npu==2.8.0"])
-    siblings, others = dry_run.extra_targets(platform, "kv-emulated", ws)
-    assert siblings == {"npu-kv", "npu-interface"} and others == []  # the Mooncake build comes with npu-kv[emulated]
+    assert dry_run.extra_targets(platform, "ascend", ws) == ({"npu-interface"}, ["torch-npu==2.8.0", "torch==2.8.0"])
+    siblings, others = dry_run.extra_targets(platform, "kv-emulated", ws)  # npu-kv[emulated]: a Mooncake build
+    assert siblings == {"npu-kv", "npu-interface"} and others == ["mooncake-transfer-engine-non-cuda==0.3.13.post1"]
     assert dry_run.extra_targets(ws.members["npu-quant"], "moe", ws) == ({"npu-ops", "npu-interface"}, [])
+    assert dry_run.extra_targets(ws.members["npu-quant"], None, ws) == ({"npu-interface"}, [])
+    # npu-models requires npu-ops and npu-attention, which require npu-interface: followed through.
+    assert dry_run.extra_targets(platform, "models", ws)[0] >= {"npu-models", "npu-ops", "npu-interface"}
