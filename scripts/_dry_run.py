@@ -151,14 +151,31 @@ def dry_run(
     """Run the release of ``package`` up to (not including) publishing; returns the built wheel. ``released``: the
     release workflow for a pushed tag (the changelog must already be in its released shape)."""
     import check_workspace_ranges
-    import release
 
     member = workspace.members.get(canonicalize_name(package))
     if member is None:
         raise DryRunError(f"{package!r} is not a workspace member")
     version = version or member.version
-    root = workspace.root
+    tag = _step_version(member, version, workspace, released, say)
+    problems = check_workspace_ranges.check(workspace)
+    if problems:
+        raise DryRunError("sibling ranges do not admit the in-tree versions:\n" + "\n".join(problems))
+    say("2. sibling ranges admit the in-tree versions")
+    _step_changelog(member, version, tag, workspace.root, released, say)
+    wheel = _step_build(member, version, workspace.root, dist, say)
+    with tempfile.TemporaryDirectory(prefix="release-dry-run-") as tmp:
+        _step_smoke(member, version, wheel, workspace, siblings, Path(tmp), say)
+    say(f"dry run of {tag}: every step passed; nothing was published ({wheel.name} is in {dist})")
+    return wheel
 
+
+def _step_version(
+    member: Member, version: str, workspace: Workspace, released: bool, say: Callable[[str], None]
+) -> str:
+    """1. The tag starts release.yml and ``release.py tag`` accepts it; returns the tag."""
+    import release
+
+    root = workspace.root
     tag = f"{member.name}-v{version}"
     patterns = rules.release_tag_patterns(rules.Workflow.load(root / ".github" / "workflows" / "release.yml"))
     if not any(rules.glob_to_regex(p).match(tag) for p in patterns):
@@ -176,12 +193,13 @@ def dry_run(
             raise DryRunError(f"{tag} points at {tagged[:12]}, not at the commit being built")
         else:
             say(f"   note: {tag} already exists (at {tagged[:12]}): a real release needs a version bump first")
+    return tag
 
-    problems = check_workspace_ranges.check(workspace)
-    if problems:
-        raise DryRunError("sibling ranges do not admit the in-tree versions:\n" + "\n".join(problems))
-    say("2. sibling ranges admit the in-tree versions")
 
+def _step_changelog(
+    member: Member, version: str, tag: str, root: Path, released: bool, say: Callable[[str], None]
+) -> None:
+    """3. The changelog rule holds for the package, and the release has notes."""
     finding = _changelog.check_member(root, member, None)
     if finding.problem:
         raise DryRunError(finding.problem)
@@ -191,6 +209,11 @@ def dry_run(
     say("\n".join(f"   | {line[:110]}" for line in notes.splitlines()[:12]))
     if len(notes.splitlines()) > 12:
         say(f"   | ... ({len(notes.splitlines())} lines)")
+
+
+def _step_build(member: Member, version: str, root: Path, dist: Path, say: Callable[[str], None]) -> Path:
+    """4. ``uv build --package <dist> --no-sources``: one sdist and one wheel of the version; returns the wheel."""
+    import release
 
     dist.mkdir(parents=True, exist_ok=True)
     run_uv("build", "--package", member.name, "--no-sources", "-o", str(dist), cwd=root)
@@ -202,30 +225,39 @@ def dry_run(
     if len(sdists) != 1 or str(parse_sdist_filename(sdists[0].name)[1]) != str(release.Version(version)):
         raise DryRunError(f"expected one sdist of {member.name} {version} in {dist}, found {[s.name for s in sdists]}")
     say(f"4. built {sdists[0].name} and, from it, {wheel.name}")
-
-    with tempfile.TemporaryDirectory(prefix="release-dry-run-") as tmp:
-        work = Path(tmp)
-        links = work / "links"
-        links.mkdir()
-        if siblings is None:
-            siblings = work / "siblings"
-            run_uv("build", "--all-packages", "--no-sources", "--wheel", "-o", str(siblings), cwd=root)
-        for other in siblings.glob("*.whl"):
-            if canonicalize_name(expect_name(other)) != member.name:
-                shutil.copy(other, links)
-        say(f"5. smoke installs (siblings from {siblings})")
-        base = {member.name: str(release.Version(version))}
-        base |= {t: workspace.members[t].version for t in extra_targets(member, None, workspace)[0]}
-        _smoke(wheel, None, base, links, work, say)
-        for extra in sorted(member.extras):
-            targets, others = extra_targets(member, extra, workspace)
-            if others:
-                say(f"  [{extra}] not installed: it pulls {', '.join(others)} (host-specific builds)")
-                continue
-            expect = base | {t: workspace.members[t].version for t in targets}
-            _smoke(wheel, extra, expect, links, work, say)
-    say(f"dry run of {tag}: every step passed; nothing was published ({wheel.name} is in {dist})")
     return wheel
+
+
+def _step_smoke(
+    member: Member,
+    version: str,
+    wheel: Path,
+    workspace: Workspace,
+    siblings: Path | None,
+    work: Path,
+    say: Callable[[str], None],
+) -> None:
+    """5. Fresh venvs: the wheel alone, then with each extra of workspace packages (siblings: wheels of this tree)."""
+    import release
+
+    links = work / "links"
+    links.mkdir()
+    if siblings is None:
+        siblings = work / "siblings"
+        run_uv("build", "--all-packages", "--no-sources", "--wheel", "-o", str(siblings), cwd=workspace.root)
+    for other in siblings.glob("*.whl"):
+        if canonicalize_name(expect_name(other)) != member.name:
+            shutil.copy(other, links)
+    say(f"5. smoke installs (siblings from {siblings})")
+    base = {member.name: str(release.Version(version))}
+    base |= {t: workspace.members[t].version for t in extra_targets(member, None, workspace)[0]}
+    _smoke(wheel, None, base, links, work, say)
+    for extra in sorted(member.extras):
+        targets, others = extra_targets(member, extra, workspace)
+        if others:
+            say(f"  [{extra}] not installed: it pulls {', '.join(others)} (host-specific builds)")
+            continue
+        _smoke(wheel, extra, base | {t: workspace.members[t].version for t in targets}, links, work, say)
 
 
 def _where(member: Member, root: Path) -> str:

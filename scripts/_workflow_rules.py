@@ -126,38 +126,54 @@ def reference_problems(wf: Workflow) -> list[str]:
     """``needs:`` names jobs that exist; ``needs.<job>.outputs.<key>`` a job this one needs and an output it declares;
     ``steps.<id>`` a step of the same job; ``matrix.<key>`` a key of the job's matrix."""
     problems = []
-    jobs = wf.jobs
-    for name, job in jobs.items():
-        needs = _needs(job)
-        for need in needs:
-            if need not in jobs:
-                problems.append(f"{wf.name}: job {name!r} needs {need!r}, which is not a job of this workflow")
-        step_ids = {str(s["id"]) for s in job.get("steps") or [] if "id" in s}
-        matrix = (job.get("strategy") or {}).get("matrix")
-        matrix_keys: set[str] | None = None  # None: no matrix, or one computed by an expression
-        if isinstance(matrix, dict):
-            matrix_keys = set(matrix) - {"include", "exclude"}
-            for entry in matrix.get("include") or []:
-                matrix_keys |= set(entry) if isinstance(entry, dict) else set()
+    for name, job in wf.jobs.items():
+        problems += [
+            f"{wf.name}: job {name!r} needs {need!r}, which is not a job of this workflow"
+            for need in _needs(job)
+            if need not in wf.jobs
+        ]
         for expr in _expressions(job):
-            for other, key in re.findall(r"\bneeds\.([\w-]+)\.outputs\.([\w-]+)", expr):
-                if other not in needs:
-                    problems.append(f"{wf.name}: job {name!r} reads needs.{other} but does not need {other!r}")
-                elif key not in ((jobs.get(other) or {}).get("outputs") or {}):
-                    problems.append(
-                        f"{wf.name}: job {name!r} reads needs.{other}.outputs.{key}, not an output of {other!r}"
-                    )
-            for other in re.findall(r"\bneeds\.([\w-]+)\.result\b", expr):
-                if other not in needs:
-                    problems.append(f"{wf.name}: job {name!r} reads needs.{other}.result but does not need {other!r}")
-            for step_id in re.findall(r"\bsteps\.([\w-]+)\.", expr):
-                if step_id not in step_ids:
-                    problems.append(f"{wf.name}: job {name!r} reads steps.{step_id}, no step of this job has that id")
-            for key in re.findall(r"\bmatrix\.([\w-]+)", expr):
-                if matrix_keys is not None and key not in matrix_keys:
-                    problems.append(f"{wf.name}: job {name!r} reads matrix.{key}, not a key of its matrix")
-                elif matrix is None:
-                    problems.append(f"{wf.name}: job {name!r} reads matrix.{key} but has no matrix")
+            problems += [f"{wf.name}: job {name!r} {p}" for p in _expression_problems(expr, job, wf.jobs)]
+    return problems
+
+
+def _matrix_keys(job: dict[str, Any]) -> set[str] | None:
+    """The keys a job's matrix defines (``include`` entries too); None without a matrix or for a computed one."""
+    matrix = (job.get("strategy") or {}).get("matrix")
+    if not isinstance(matrix, dict):
+        return None
+    keys = set(matrix) - {"include", "exclude"}
+    for entry in matrix.get("include") or []:
+        keys |= set(entry) if isinstance(entry, dict) else set()
+    return keys
+
+
+def _expression_problems(expr: str, job: dict[str, Any], jobs: dict[str, dict[str, Any]]) -> list[str]:
+    needs = _needs(job)
+    step_ids = {str(s["id"]) for s in job.get("steps") or [] if "id" in s}
+    problems = []
+    for other, key in re.findall(r"\bneeds\.([\w-]+)\.outputs\.([\w-]+)", expr):
+        if other not in needs:
+            problems.append(f"reads needs.{other} but does not need {other!r}")
+        elif key not in ((jobs.get(other) or {}).get("outputs") or {}):
+            problems.append(f"reads needs.{other}.outputs.{key}, not an output of {other!r}")
+    problems += [
+        f"reads needs.{other}.result but does not need {other!r}"
+        for other in re.findall(r"\bneeds\.([\w-]+)\.result\b", expr)
+        if other not in needs
+    ]
+    problems += [
+        f"reads steps.{step_id}, no step of this job has that id"
+        for step_id in re.findall(r"\bsteps\.([\w-]+)\.", expr)
+        if step_id not in step_ids
+    ]
+    matrix = (job.get("strategy") or {}).get("matrix")
+    keys = _matrix_keys(job)
+    for key in re.findall(r"\bmatrix\.([\w-]+)", expr):
+        if matrix is None:
+            problems.append(f"reads matrix.{key} but has no matrix")
+        elif keys is not None and key not in keys:
+            problems.append(f"reads matrix.{key}, not a key of its matrix")
     return problems
 
 
