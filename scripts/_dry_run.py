@@ -5,7 +5,8 @@
 The steps are the release workflow's ``build`` job, in its order, so that CI runs what a tag push would:
 
 1. version: the tag ``<dist>-v<version>`` matches release.yml's tag pattern and ``release.py tag`` accepts it
-   (a public package of the workspace, the in-tree ``_version.py``); an existing tag of that version is reported (with ``--tagged`` it must point at the commit being built);
+   (a public package of the workspace, the in-tree ``_version.py``); an existing tag of that version is reported
+   (with ``--tagged`` it must point at the commit being built);
 2. sibling ranges admit the in-tree versions (check_workspace_ranges.py);
 3. the changelog entry: the ``## <version>`` section, or (before the release commit moved them) the Unreleased
    entries as the release will show them; empty is an error;
@@ -119,7 +120,7 @@ def _smoke(
             str(python),
             "-I",
             "-c",
-            "import importlib.metadata as m; print('\\n'.join(f'{d.metadata[\"Name\"]}=={d.version}' for d in m.distributions()))",
+            "import importlib.metadata as m\nfor d in m.distributions(): print(d.metadata['Name'] + '==' + d.version)",
         ],
         capture_output=True,
         text=True,
@@ -156,6 +157,7 @@ def dry_run(
     if member is None:
         raise DryRunError(f"{package!r} is not a workspace member")
     version = version or member.version
+    dist = dist.resolve()  # uv builds from the workspace root; the caller's relative path is from its cwd
     tag = _step_version(member, version, workspace, released, say)
     problems = check_workspace_ranges.check(workspace)
     if problems:

@@ -36,7 +36,8 @@ Subcommands (each prints ``key=value`` lines for ``$GITHUB_OUTPUT`` unless said 
 ``dry-run --package P [--version V] [--dist DIR] [--siblings DIR] [--tagged]``
     The release of P end to end without publishing: tag and version, sibling ranges, the changelog entry, the build
     (sdist and wheel into DIR, default ``dist/``), smoke installs of the wheel alone and with each extra
-    (scripts/_dry_run.py has the steps). release.yml's build job runs it for the pushed tag (``--tagged``); ci.yml for every affected package.
+    (scripts/_dry_run.py has the steps). release.yml's build job runs it for the pushed tag (``--tagged``), ci.yml
+    for every package a change affects.
 ``graph``
     The dependency graph, one ``member -> siblings`` line each (for people).
 """

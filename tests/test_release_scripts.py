@@ -414,8 +414,8 @@ def test_dry_run_refuses_a_version_that_is_not_in_the_tree(capsys: pytest.Captur
     assert release.main(["dry-run", "--package", "npu-quant", "--version", "99.0", "--dist", str(tmp_path)]) == 1
     err = capsys.readouterr().err
     assert (
-        f"tag 'npu-quant-v99.0' says npu-quant 99.0 but packages/npu-quant/src/vllm_npu/quant/_version.py says {version}"
-        in err
+        f"tag 'npu-quant-v99.0' says npu-quant 99.0 but packages/npu-quant/src/vllm_npu/quant/_version.py "
+        f"says {version}" in err
     )
     assert list(tmp_path.iterdir()) == []  # nothing built
 
