@@ -46,6 +46,8 @@ class Member:
     version: str
     version_file: Path | None  # where a dynamic version lives (hatch [tool.hatch.version] path)
     private: bool  # "Private :: Do Not Upload": never released
+    requires_python: str = ""
+    python_classifiers: tuple[str, ...] = ()  # "3.11" for each "Programming Language :: Python :: 3.11"
     requirements: list[Requirement] = field(default_factory=list)
     extras: dict[str, list[Requirement]] = field(default_factory=dict)
     workspace_sources: set[str] = field(default_factory=set)
@@ -88,6 +90,12 @@ def load_member(member_dir: Path) -> Member:
         version=version,
         version_file=version_file,
         private=any("Private :: Do Not Upload" in c for c in project.get("classifiers", [])),
+        requires_python=str(project.get("requires-python", "")),
+        python_classifiers=tuple(
+            m.group(1)
+            for c in project.get("classifiers", [])
+            if (m := re.fullmatch(r"Programming Language :: Python :: (3\.\d+)", c.strip()))
+        ),
         requirements=[Requirement(r) for r in project.get("dependencies", [])],
         extras={k: [Requirement(r) for r in v] for k, v in project.get("optional-dependencies", {}).items()},
         workspace_sources={

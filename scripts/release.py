@@ -29,6 +29,15 @@ Subcommands (each prints ``key=value`` lines for ``$GITHUB_OUTPUT`` unless said 
 ``notes --package P --version V``
     The ``## <version>`` section of ``packages/P/CHANGELOG.md`` (printed as Markdown, for the GitHub release);
     fails if the changelog has no such section.
+``changelog [--base REF]``
+    Every package whose code (``src/``, ``pyproject.toml``) changed since its last release tag (without ``--base``;
+    never released = all of it) or since the merge base with REF (``--base``, pull requests) must say so under
+    ``## Unreleased`` of its CHANGELOG.md (scripts/_changelog.py has the rule). Prints one line per package.
+``dry-run --package P [--version V] [--dist DIR] [--siblings DIR] [--tagged]``
+    The release of P end to end without publishing: tag and version, sibling ranges, the changelog entry, the build
+    (sdist and wheel into DIR, default ``dist/``), smoke installs of the wheel alone and with each extra
+    (scripts/_dry_run.py has the steps). release.yml's build job runs it for the pushed tag (``--tagged``), ci.yml
+    for every package a change affects.
 ``graph``
     The dependency graph, one ``member -> siblings`` line each (for people).
 """
@@ -46,6 +55,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import _changelog  # noqa: E402
+import _dry_run  # noqa: E402
 from _workspace import REPO_ROOT, Workspace  # noqa: E402
 from packaging.requirements import Requirement  # noqa: E402
 from packaging.utils import canonicalize_name, parse_wheel_filename  # noqa: E402
@@ -123,13 +134,9 @@ def admits(wheel: Path, requirement: str, version: str) -> bool:
     raise ReleaseError(f"{wheel.name} does not require {requirement}")
 
 
-def release_notes(package: str, version: str, workspace: Workspace) -> str:
-    """The CHANGELOG section of ``version`` (heading ``## <version>`` or ``## Version <version> ...``)."""
-    member = workspace.members.get(canonicalize_name(package))
-    if member is None:
-        raise ReleaseError(f"{package!r} is not a workspace member")
-    changelog = member.path / "CHANGELOG.md"
-    lines = changelog.read_text().splitlines()
+def notes_from_text(text: str, version: str) -> str | None:
+    """The section of ``version`` in a changelog's text (heading ``## <version>`` or ``## Version <version> ...``)."""
+    lines = text.splitlines()
     wanted = Version(version)
     start = None
     for i, line in enumerate(lines):
@@ -142,12 +149,22 @@ def release_notes(package: str, version: str, workspace: Workspace) -> str:
                     start = i + 1
             except InvalidVersion:
                 continue
-    if start is None:
+    return None if start is None else "\n".join(lines[start:]).strip() + "\n"
+
+
+def release_notes(package: str, version: str, workspace: Workspace) -> str:
+    """The CHANGELOG section of ``version`` (heading ``## <version>`` or ``## Version <version> ...``)."""
+    member = workspace.members.get(canonicalize_name(package))
+    if member is None:
+        raise ReleaseError(f"{package!r} is not a workspace member")
+    changelog = member.path / "CHANGELOG.md"
+    notes = notes_from_text(changelog.read_text(), version)
+    if notes is None:
         raise ReleaseError(
             f"{changelog.relative_to(workspace.root)} has no '## {version}' section: move the Unreleased entries "
             "under a heading for this version before tagging"
         )
-    return "\n".join(lines[start:]).strip() + "\n"
+    return notes
 
 
 # --- affected packages ----------------------------------------------------------------------------------------
@@ -206,7 +223,8 @@ def _emit(values: dict[str, str]) -> None:
         print(f"{key}={value}")
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line (check_workflows.py parses the workflows' calls with it)."""
     parser = argparse.ArgumentParser(prog="release.py", description="Release and CI logic of the workspace.")
     parser.add_argument("--root", type=Path, default=REPO_ROOT, help=argparse.SUPPRESS)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -228,7 +246,22 @@ def main(argv: list[str] | None = None) -> int:
     p_notes = sub.add_parser("notes", help="the CHANGELOG section of a version")
     p_notes.add_argument("--package", required=True)
     p_notes.add_argument("--version", required=True)
+    p_log = sub.add_parser("changelog", help="every package whose code changed has an Unreleased line")
+    p_log.add_argument("--base", help="git ref: changes since the merge base with it (default: since release tags)")
+    p_dry = sub.add_parser("dry-run", help="release one package end to end without publishing")
+    p_dry.add_argument("--package", required=True)
+    p_dry.add_argument("--version", help="the version to release (default: the in-tree one)")
+    p_dry.add_argument("--dist", type=Path, default=Path("dist"), help="where the sdist and wheel go")
+    p_dry.add_argument("--siblings", type=Path, help="wheels of the other packages (default: built here)")
+    p_dry.add_argument(
+        "--tagged", action="store_true", help="the tag is pushed (release.yml): the changelog must be in released shape"
+    )
     sub.add_parser("graph", help="print the dependency graph")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
     args = parser.parse_args(argv)
 
     try:
@@ -247,14 +280,29 @@ def main(argv: list[str] | None = None) -> int:
             _emit({"admits": str(admits(args.wheel, args.requirement, args.version)).lower()})
         elif args.command == "notes":
             print(release_notes(args.package, args.version, workspace), end="")
+        elif args.command == "changelog":
+            return _changelog_command(workspace, args.base)
+        elif args.command == "dry-run":
+            _dry_run.dry_run(args.package, workspace, args.dist, args.version, args.siblings, args.tagged)
         elif args.command == "graph":
             for sib_owner in sorted(workspace.members):
                 targets = sorted({s.target for s in workspace.sibling_requirements() if s.owner == sib_owner})
                 print(f"{sib_owner} -> {', '.join(targets) or '(none)'}")
-    except ReleaseError as exc:
+    except (ReleaseError, _changelog.ChangelogError, _dry_run.DryRunError) as exc:
         print(f"ERROR {exc}", file=sys.stderr)
         return 1
     return 0
+
+
+def _changelog_command(workspace: Workspace, base: str | None) -> int:
+    findings = _changelog.check(workspace, base)
+    for f in findings:
+        changed = "all of it unreleased" if f.changed < 0 else f"{f.changed} code file(s) changed"
+        print(f"{f.package}: since {f.since}: {changed}: {'OK' if f.problem is None else 'MISSING'}")
+    problems = [f.problem for f in findings if f.problem]
+    for problem in problems:
+        print(f"ERROR {problem}", file=sys.stderr)
+    return 1 if problems else 0
 
 
 if __name__ == "__main__":

@@ -369,10 +369,11 @@ def test_release_workflow_shape() -> None:
     for name, job in jobs.items():  # only the publish job may mint an OIDC token
         if name != "publish":
             assert "id-token" not in job.get("permissions", {}), name
+    # The build job is the release dry run (scripts/_dry_run.py: ranges, changelog, uv build --no-sources,
+    # check-built, smoke installs) for the pushed tag; CI runs the same dry run without a tag.
     build = "\n".join(step.get("run", "") for step in jobs["build"]["steps"])
-    assert 'uv build --package "$PACKAGE" --no-sources' in build
-    assert "scripts/release.py check-built" in build and "scripts/smoke_wheel.py" in build
-    assert "scripts/check_workspace_ranges.py" in build
+    assert "scripts/release.py dry-run --tagged" in build and '--package "$PACKAGE" --version "$VERSION"' in build
+    assert jobs["build"]["steps"][0].get("with", {}).get("fetch-depth") == 0  # the changelog rule needs the tags
     assert jobs["compat"]["if"].startswith("needs.meta.outputs.package == 'npu-interface'")
     meta = "\n".join(step.get("run", "") for step in jobs["meta"]["steps"])
     assert 'scripts/release.py tag "$GITHUB_REF_NAME"' in meta
@@ -386,6 +387,12 @@ def test_ci_workflow_runs_lint_and_the_readme_command() -> None:
     assert "scripts/check_layering.py" in runs["lint"]  # the layering, also run by tests/test_layering.py
     assert runs["test"].strip() == "bash .ci/run"
     assert "scripts/release.py affected --base" in runs["changes"]
+    assert 'scripts/release.py changelog --base "origin/$BASE_REF"' in runs["changes"]
+    assert "scripts/check_workflows.py" in runs["lint"]
+    assert 'scripts/release.py dry-run --package "$PACKAGE"' in runs["release-dry-run"]
+    matrix = wf["jobs"]["release-dry-run"]["strategy"]["matrix"]
+    assert matrix == {"package": "${{ fromJSON(needs.changes.outputs.packages) }}"}  # every affected package
+    assert "release-dry-run" in wf["jobs"]["all-green"]["needs"]
 
 
 def test_workflows_reference_existing_scripts() -> None:
@@ -395,3 +402,50 @@ def test_workflows_reference_existing_scripts() -> None:
     for wf in WORKFLOWS.glob("*.yml"):
         for script in re.findall(r"scripts/[\w./-]+\.py", wf.read_text()):
             assert (root / script).is_file(), f"{wf.name} runs {script}, which does not exist"
+
+
+# --- the release dry run's refusals (they stop before building anything) -------------------------------------
+
+dry_run = load_script("_dry_run")
+
+
+def test_dry_run_refuses_a_version_that_is_not_in_the_tree(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    version = Workspace().members["npu-quant"].version
+    assert release.main(["dry-run", "--package", "npu-quant", "--version", "99.0", "--dist", str(tmp_path)]) == 1
+    err = capsys.readouterr().err
+    assert (
+        f"tag 'npu-quant-v99.0' says npu-quant 99.0 but packages/npu-quant/src/vllm_npu/quant/_version.py "
+        f"says {version}" in err
+    )
+    assert list(tmp_path.iterdir()) == []  # nothing built
+
+
+def test_dry_run_refuses_the_private_testkit(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    assert release.main(["dry-run", "--package", "npu-testkit", "--dist", str(tmp_path)]) == 1
+    # Its tag npu-testkit-v0.0.0 matches release.yml's pattern; release.py tag refuses it (it is not under packages/).
+    assert "tag 'npu-testkit-v0.0.0' names package 'npu-testkit', which is not a workspace package" in (
+        capsys.readouterr().err
+    )
+
+
+def test_a_pushed_tag_needs_the_changelog_in_released_shape(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """release.yml runs the dry run with --tagged: entries still under Unreleased would be left out of the release."""
+    assert release.main(["dry-run", "--tagged", "--package", "npu-quant", "--dist", str(tmp_path)]) == 1
+    err = capsys.readouterr().err
+    assert "entries are still under '## Unreleased' of its CHANGELOG.md: the release commit moves them" in err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_which_extras_the_dry_run_installs() -> None:
+    ws = Workspace()
+    platform = ws.members["npu-platform"]
+    layers = {"npu-ops", "npu-attention", "npu-quant", "npu-models", "npu-patches", "npu-kv"}
+    assert dry_run.extra_targets(platform, "all", ws) == (layers | {"npu-interface"}, [])
+    assert dry_run.extra_targets(platform, "quant", ws) == ({"npu-quant", "npu-interface"}, [])
+    assert dry_run.extra_targets(platform, "ascend", ws) == ({"npu-interface"}, ["torch-npu==2.8.0", "torch==2.8.0"])
+    siblings, others = dry_run.extra_targets(platform, "kv-emulated", ws)  # npu-kv[emulated]: a Mooncake build
+    assert siblings == {"npu-kv", "npu-interface"} and others == ["mooncake-transfer-engine-non-cuda==0.3.13.post1"]
+    assert dry_run.extra_targets(ws.members["npu-quant"], "moe", ws) == ({"npu-ops", "npu-interface"}, [])
+    assert dry_run.extra_targets(ws.members["npu-quant"], None, ws) == ({"npu-interface"}, [])
+    # npu-models requires npu-ops and npu-attention, which require npu-interface: followed through.
+    assert dry_run.extra_targets(platform, "models", ws)[0] >= {"npu-models", "npu-ops", "npu-interface"}

@@ -287,3 +287,45 @@ def test_runtime_refuses_an_old_member_forced_in(dist: Path, old_quant: Path, tm
     )
     doctor = run(python.parent / "vllm-npu", "doctor")
     assert doctor.returncode == 1 and "npu-quant 0.0.1 needs interface" in doctor.stdout
+
+
+def test_release_dry_run_of_npu_quant(dist: Path, tmp_path: Path) -> None:
+    """CI's release dry run (ci.yml's release-dry-run job; release.yml's build job runs it with --tagged): tag and
+    version, sibling ranges, the changelog entry, the sdist and the wheel built from it, smoke installs of the wheel
+    alone and with its extra. The siblings are this module's wheels (one build for the module)."""
+    out = tmp_path / "dist"
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "release.py"), "dry-run", "--package", "npu-quant"]
+        + ["--dist", str(out), "--siblings", str(dist)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=REPO,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    version = _in_tree("npu-quant")
+    lines = proc.stdout.splitlines()
+    assert lines[0].startswith(f"1. version: tag npu-quant-v{version} starts release.yml and names npu-quant {version}")
+    assert "2. sibling ranges admit the in-tree versions" in lines
+    assert any(line.startswith("3. changelog: every code change since") for line in lines)
+    assert f"4. built npu_quant-{version}.tar.gz and, from it, npu_quant-{version}-py3-none-any.whl" in lines
+    assert sorted(p.name for p in out.iterdir() if p.name != ".gitignore") == [
+        f"npu_quant-{version}-py3-none-any.whl",
+        f"npu_quant-{version}.tar.gz",
+    ]
+    smoke = [line.strip() for line in lines if "smoke install npu_quant" in line]
+    assert smoke == [
+        f"smoke install npu_quant-{version}-py3-none-any.whl: npu-interface {_in_tree('npu-interface')}, "
+        f"npu-quant {version} -- OK",
+        f"smoke install npu_quant-{version}-py3-none-any.whl[moe]: npu-interface "
+        f"{_in_tree('npu-interface')}, npu-ops {_in_tree('npu-ops')}, npu-quant {version} -- OK",
+    ]
+    assert lines[-1].startswith(f"dry run of npu-quant-v{version}: every step passed; nothing was published")
+
+
+def _in_tree(name: str) -> str:
+    """The version of a workspace package in this tree (its _version.py)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from _script_loader import load_script
+
+    return load_script("_workspace").Workspace(REPO).members[name].version
