@@ -12,7 +12,7 @@ import torch
 from vllm_npu.interface.selftest import KernelCall, KernelCase, randn
 
 from . import _selftest_kit as kit
-from ._selftest_kit import HALVES, L, P, R, V
+from ._selftest_kit import HALVES, L, P, R, Spec, V, grid
 from .masks import AttentionMaskBuilder
 from .ops.graph_decode import GRAPH_KV_WRITE, MLA_GRAPH_DECODE
 from .ops.mla_attention import MLA_DECODE, MLA_SPEC_DECODE, RING_MLA, mla_decode_workspace_npu, ring_mla_mask
@@ -176,29 +176,26 @@ def _rope(device: Any, *, n: int, dt: str) -> KernelCall:
     return KernelCall((randn(78, t, n, R, dtype=kit.dtype_of(dt), device=device), cos[:, None], sin[:, None]), {})
 
 
-# The parameter tables: one row per shape, each crossed with HALVES.
-_WEIGHT_HEADS = (16, 128)
-_DECODE_SHAPES = ((32, 128, False), (128, 16, False), (64, 128, False), (32, 16, True))  # (N, block, graph task)
+# The parameter tables: one row per shape (the builder's keywords), each crossed with HALVES.
+_DECODE_SHAPES = ({"n": 32, "bs": 128}, {"n": 128, "bs": 16}, {"n": 64, "bs": 128})
 _GRAPH_SHAPES = ((32, 128), (128, 16))  # (N, block size): compiled graph decode and latent write
-_SPEC_SHAPES = ((32, 128), (128, 16))  # (N, block size)
-_RING_GRID = (16, 32)
-_CACHE_BLOCKS = (128, 16)
-_ROPE_HEADS = (16, 128)
+_LATENT_SHAPES = ({"n": 32, "bs": 128}, {"n": 128, "bs": 16})  # (N, block size) of the spec decode
+_DECODE = "ql_nope [3, {n}, {L}] q_pe [3, {n}, {R}], block {bs}, seqs [1, 150, 37]"
 
 
 def _decode_cases() -> list[KernelCase]:
     """The absorbed decode (eager and graph-task forms), the compiled graph's pair and the spec-decode verification."""
     cases = [
-        KernelCase(
-            MLA_DECODE,
-            f"ql_nope [3, {n}, {L}] q_pe [3, {n}, {R}], block {bs}, seqs [1, 150, 37]"
-            + (", max workspace (graph task)" if graph else ""),
-            dt,
-            partial(_decode, n=n, bs=bs, dt=dt, graph=graph),
-            note="audit #9, #15" + (", graph-task form of the call" if graph else ""),
-        )
-        for n, bs, graph in _DECODE_SHAPES
-        for dt in HALVES
+        *grid(_DECODE_SHAPES, Spec(MLA_DECODE, _DECODE, partial(_decode, graph=False), "audit #9, #15")),
+        *grid(
+            [{"n": 32, "bs": 16}],
+            Spec(
+                MLA_DECODE,
+                _DECODE + ", max workspace (graph task)",
+                partial(_decode, graph=True),
+                "audit #9, #15, graph-task form of the call",
+            ),
+        ),
     ]
     for n, bs in _GRAPH_SHAPES:
         for dt in HALVES:
@@ -208,67 +205,31 @@ def _decode_cases() -> list[KernelCase]:
             label = f"kv_c [4, 1, {L}] k_pe [4, 1, {R}] -> latent planes, block {bs}, a padding slot 0"
             write = partial(_graph_write, bs=bs, dt=dt)
             cases.append(KernelCase(GRAPH_KV_WRITE, label, dt, write, note="torchair graph latent write"))
-    cases += [
-        KernelCase(
-            MLA_SPEC_DECODE,
-            f"ql_nope [10, {n}, {L}] q_pe [10, {n}, {R}], block {bs}, query lens [4, 1, 3, 2]",
-            dt,
-            partial(_spec_decode, n=n, bs=bs, dt=dt),
-            note="issue #15",
-        )
-        for n, bs in _SPEC_SHAPES
-        for dt in HALVES
-    ]
-    return cases
+    spec = "ql_nope [10, {n}, {L}] q_pe [10, {n}, {R}], block {bs}, query lens [4, 1, 3, 2]"
+    return cases + grid(_LATENT_SHAPES, Spec(MLA_SPEC_DECODE, spec, _spec_decode, "issue #15"))
 
 
 def _prefill_cases() -> list[KernelCase]:
     """Ring MLA (the first causal ring, then a context ring merged by LSE) and the latent-cache kernels."""
-    cases = []
-    for n in _RING_GRID:
-        for dt in HALVES:
-            first, context = partial(_first_ring, n=n, dt=dt), partial(_context_ring, n=n, dt=dt)
-            cases += [
-                KernelCase(RING_MLA, f"first ring, causal, q=kv [5, 70, 1], heads {n}", dt, first, note="audit #10"),
-                KernelCase(RING_MLA, f"context ring + merge, q [5, 70, 1] kv [128, 300, 0], heads {n}", dt, context),
-            ]
-    for bs in _CACHE_BLOCKS:
-        for dt in HALVES:
-            cases += [
-                KernelCase(
-                    MLA_CACHE_WRITE,
-                    f"kv_c [8, {L}] k_pe [8, {R}] (1 pad) -> block {bs}",
-                    dt,
-                    partial(_cache_write, bs=bs, dt=dt),
-                    note="audit #14, #15",
-                ),
-                KernelCase(
-                    KV_RMSNORM_ROPE_CACHE,
-                    f"kv [7, {L}+{R}] -> block {bs}",
-                    dt,
-                    partial(_fused_write, bs=bs, dt=dt),
-                    note="audit #12",
-                ),
-                KernelCase(
-                    PAGED_CACHE_LOAD,
-                    f"block {bs}, chunks [128@128, 5@0, 1@128]",
-                    dt,
-                    partial(_load, bs=bs, dt=dt),
-                    note="audit #11",
-                ),
-            ]
-    return cases
+    return [
+        *grid(
+            [{"n": 16}, {"n": 32}],
+            Spec(RING_MLA, "first ring, causal, q=kv [5, 70, 1], heads {n}", _first_ring, "audit #10"),
+            Spec(RING_MLA, "context ring + merge, q [5, 70, 1] kv [128, 300, 0], heads {n}", _context_ring),
+        ),
+        *grid(
+            [{"bs": 128}, {"bs": 16}],
+            Spec(MLA_CACHE_WRITE, "kv_c [8, {L}] k_pe [8, {R}] (1 pad) -> block {bs}", _cache_write, "audit #14, #15"),
+            Spec(KV_RMSNORM_ROPE_CACHE, "kv [7, {L}+{R}] -> block {bs}", _fused_write, "audit #12"),
+            Spec(PAGED_CACHE_LOAD, "block {bs}, chunks [128@128, 5@0, 1@128]", _load, "audit #11"),
+        ),
+    ]
 
 
 def mla_cases() -> list[KernelCase]:
-    weights = [
-        KernelCase(WEIGHT_TO_ND, f"kv_b_proj [{n}*({P}+{V}), {L}]", dt, partial(_to_nd, n=n, dt=dt), note="audit #27")
-        for n in _WEIGHT_HEADS
-        for dt in HALVES
+    return [
+        *grid([{"n": 16}, {"n": 128}], Spec(WEIGHT_TO_ND, "kv_b_proj [{n}*({P}+{V}), {L}]", _to_nd, "audit #27")),
+        *_decode_cases(),
+        *_prefill_cases(),
+        *grid([{"n": 16}, {"n": 128}], Spec(INTERLEAVE_ROPE, "q_pe [9, {n}, {R}]", _rope, "audit #13")),
     ]
-    ropes = [
-        KernelCase(INTERLEAVE_ROPE, f"q_pe [9, {n}, {R}]", dt, partial(_rope, n=n, dt=dt), note="audit #13")
-        for n in _ROPE_HEADS
-        for dt in HALVES
-    ]
-    return [*weights, *_decode_cases(), *_prefill_cases(), *ropes]

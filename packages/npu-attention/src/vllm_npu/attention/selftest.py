@@ -20,7 +20,7 @@ import torch
 from vllm_npu.interface.selftest import KernelCall, KernelCase, randn, randperm
 
 from . import _selftest_kit as kit
-from ._selftest_kit import HALVES, L, P, R
+from ._selftest_kit import HALVES, L, P, R, Spec, grid
 from ._selftest_mla import mla_cases
 from .masks import AttentionMaskBuilder
 from .ops.flash_attention import ENCODER_ATTENTION, PREFILL_NO_CACHE
@@ -138,12 +138,12 @@ def _paged_prefill(device: Any, *, n: int, nkv: int, d: int, w: int | None, batc
     return KernelCall((q, kc, vc, table, list(accumulate(q_lens, initial=0)), seq_lens), kw, kit.out_kwarg)
 
 
-# The parameter tables: one row per shape, each crossed with HALVES.
-_CACHE_WRITE_SHAPES = ((8, 128, 128), (2, 64, 16))  # (Nkv, D, block size)
-_PACKED_SHAPES = ((32, 8, 128), (8, 2, 64))  # (N, Nkv, D): first prefill, encoder without and with a window 8
-_VISION_SHAPES = ((16, 80), (16, 72))  # Qwen2.5-VL's 16 heads of 80, Qwen3-VL's 16 of 72; two images, a video
-_DECODE_SHAPES = ((32, 8, 128, 128), (8, 1, 64, 16))  # (N, Nkv, D, block size)
-_WINDOW_SHAPES = ((32, 8, 16), (16, 2, 100))  # (N, Nkv, window)
+# The parameter tables: one row per shape (the builder's keywords), each crossed with HALVES.
+_CACHE_WRITE_SHAPES = ({"nkv": 8, "d": 128, "bs": 128}, {"nkv": 2, "d": 64, "bs": 16})
+_PACKED_SHAPES = ({"n": 32, "nkv": 8, "d": 128}, {"n": 8, "nkv": 2, "d": 64})
+_VISION_SHAPES = ({"n": 16, "d": 80}, {"n": 16, "d": 72})  # Qwen2.5-VL's 16 heads of 80, Qwen3-VL's 16 of 72
+_DECODE_SHAPES = ({"n": 32, "nkv": 8, "d": 128, "bs": 128}, {"n": 8, "nkv": 1, "d": 64, "bs": 16})
+_WINDOW_SHAPES = ({"n": 32, "nkv": 8, "w": 16}, {"n": 16, "nkv": 2, "w": 100})
 _GRAPH_SHAPES = (((32, 8, 128), None), ((16, 2, 128), 16))  # ((N, Nkv, D), window)
 _PREFILL_SHAPES = (  # ((N, Nkv, D), window, batch)
     ((32, 8, 128), None, "mixed"),
@@ -151,69 +151,49 @@ _PREFILL_SHAPES = (  # ((N, Nkv, D), window, batch)
     ((16, 2, 128), 16, "decode-only"),
     ((8, 8, 64), None, "decode-only"),
 )
+_ENCODER = "q [34, {n}, {d}] kv heads {nkv}, seqs [4, 21, 9]"
 
 
 def _packed_cases() -> list[KernelCase]:
     """The kernels over the batch's own keys: cache write, first prefill, encoder-only and the vision towers."""
-    cases = [
-        KernelCase(
-            RESHAPE_AND_CACHE,
-            f"k/v [6, {nkv}, {d}] -> cache [nb, {bs}, {nkv}, {d}]",
-            dt,
-            partial(_cache_write, nkv=nkv, d=d, bs=bs, dt=dt),
-            note="audit #1",
-        )
-        for nkv, d, bs in _CACHE_WRITE_SHAPES
-        for dt in HALVES
+    return [
+        *grid(
+            _CACHE_WRITE_SHAPES,
+            Spec(RESHAPE_AND_CACHE, "k/v [6, {nkv}, {d}] -> cache [nb, {bs}, {nkv}, {d}]", _cache_write, "audit #1"),
+        ),
+        *grid(
+            _PACKED_SHAPES,
+            Spec(
+                PREFILL_NO_CACHE, "q [60, {n}, {d}] kv heads {nkv}, seqs [3, 17, 40]", _prefill_no_cache, "audit #2, #7"
+            ),
+            Spec(ENCODER_ATTENTION, _ENCODER, partial(_encoder, w=None), "audit #3"),
+            Spec(ENCODER_ATTENTION, _ENCODER + ", window 8", partial(_encoder, w=8), "audit #3"),
+        ),
+        *grid(_VISION_SHAPES, Spec(VISION_ATTENTION, "q [332, {n}, {d}], seqs [64, 196, 36, 36]", _vision)),
     ]
-    for n, nkv, d in _PACKED_SHAPES:
-        for dt in HALVES:
-            label = f"q [60, {n}, {d}] kv heads {nkv}, seqs [3, 17, 40]"
-            prefill = partial(_prefill_no_cache, n=n, nkv=nkv, d=d, dt=dt)
-            cases.append(KernelCase(PREFILL_NO_CACHE, label, dt, prefill, note="audit #2, #7"))
-            cases += [
-                KernelCase(
-                    ENCODER_ATTENTION,
-                    f"q [34, {n}, {d}] kv heads {nkv}, seqs [4, 21, 9]" + (f", window {w}" if w else ""),
-                    dt,
-                    partial(_encoder, n=n, nkv=nkv, d=d, dt=dt, w=w),
-                    note="audit #3",
-                )
-                for w in (None, 8)
-            ]
-    cases += [
-        KernelCase(
-            VISION_ATTENTION, f"q [332, {n}, {d}], seqs [64, 196, 36, 36]", dt, partial(_vision, n=n, d=d, dt=dt)
-        )
-        for n, d in _VISION_SHAPES
-        for dt in HALVES
-    ]
-    return cases
 
 
 def _decode_cases() -> list[KernelCase]:
     """One query token per request: the paged decode, its sliding-window form and the compiled graph's pair."""
     cases = [
-        KernelCase(
-            PAGED_DECODE,
-            f"q [4, {n}, {d}] kv heads {nkv}, block {bs}, ctx [1, 37, 300, 129]",
-            dt,
-            partial(_paged_decode, n=n, nkv=nkv, d=d, bs=bs, dt=dt),
-            note="audit #4",
-        )
-        for n, nkv, d, bs in _DECODE_SHAPES
-        for dt in HALVES
-    ]
-    cases += [
-        KernelCase(
-            PAGED_DECODE_WINDOW,
-            f"q [4, {n}, 128] kv heads {nkv}, block 128, ctx [1, 37, 300, 129], window {w}",
-            dt,
-            partial(_decode_window, n=n, nkv=nkv, w=w, dt=dt),
-            note="audit #6 (decode)",
-        )
-        for n, nkv, w in _WINDOW_SHAPES
-        for dt in HALVES
+        *grid(
+            _DECODE_SHAPES,
+            Spec(
+                PAGED_DECODE,
+                "q [4, {n}, {d}] kv heads {nkv}, block {bs}, ctx [1, 37, 300, 129]",
+                _paged_decode,
+                "audit #4",
+            ),
+        ),
+        *grid(
+            _WINDOW_SHAPES,
+            Spec(
+                PAGED_DECODE_WINDOW,
+                "q [4, {n}, 128] kv heads {nkv}, block 128, ctx [1, 37, 300, 129], window {w}",
+                _decode_window,
+                "audit #6 (decode)",
+            ),
+        ),
     ]
     for (n, nkv, d), w in _GRAPH_SHAPES:
         for dt in HALVES:
