@@ -6,8 +6,9 @@ torch_npu 2.8.0 registers the kernel in three forms that take one parameter list
 ``(attention_out, softmax_lse)``; the form torchair converts), ``.out`` (writes ``out=[attention_out, softmax_lse]``
 and takes ``workspace=``: the form a captured ACL graph task holds, torch_npu ``npu/graphs.py:137-160``) and
 ``_npu_fused_infer_attention_score_get_max_workspace`` (the largest workspace over every sequence length, queried
-before a task). vllm-ascend v0.11.0 builds one keyword set for the three as well (``attention/mla_v1.py:1015-1075``,
-re-issued by the task update ``compilation/acl_graph.py:336-356``).
+before a task). vllm-ascend v0.11.0 builds one keyword set for the three as well (``attention/mla_v1.py:1016-1075``,
+re-issued by the task update ``compilation/acl_graph.py:337-359``), and so does torch_npu's own graph dispatch,
+which passes the functional call's arguments to the workspace query and to ``.out`` (``npu/graphs.py:138-153``).
 
 :class:`FIAArgs` is that keyword set. Each variant is a constructor that lays its inputs out for one layout:
 
