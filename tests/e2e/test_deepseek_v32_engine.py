@@ -99,7 +99,7 @@ def test_full_decode_graphs_are_downgraded_to_eager_with_the_reason_logged(llm, 
 
 def _model_report(worker) -> dict:
     from vllm.model_executor.models.deepseek_v2 import Indexer
-    from vllm_npu.attention.backends.sfa import AscendSFAImpl, AscendSFAIndexerBackend
+    from vllm_npu.attention import AscendSFAImpl, AscendSFAIndexerBackend
     from vllm_npu.models.deepseek_v32 import AscendDeepseekV32ForCausalLM, AscendIndexer, AscendIndexerKeyCache
 
     model = worker.model_runner.get_model()

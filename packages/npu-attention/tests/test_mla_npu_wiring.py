@@ -196,8 +196,12 @@ class FakeFIA:
         return ws
 
     def out(self, query, key, value, *, query_rope, key_rope, block_table, block_size, actual_seq_lengths_kv,
-            num_heads, num_key_value_heads, input_layout, scale, workspace, out):  # fmt: skip
+            num_heads, num_key_value_heads, input_layout, scale, workspace, out, atten_mask=None,
+            actual_seq_lengths=None, sparse_mode=0, pre_tokens=2147483647, next_tokens=2147483647):  # fmt: skip
         assert input_layout == "BNSD" and num_key_value_heads == 1 and key is value
+        # the one-token decode: no mask, no query lengths, no band (the documented defaults)
+        assert atten_mask is None and actual_seq_lengths is None and sparse_mode == 0
+        assert pre_tokens == next_tokens == 2147483647
         attention_out, lse = out
         self.out_calls.append({"out": attention_out, "lse": lse, "workspace": workspace})
         B, N, _, L = query.shape

@@ -124,11 +124,14 @@ def npu_fused_infer_attention_score(
     num_key_value_heads=0,
     sparse_mode=0,
     block_size=0,
+    pre_tokens=2147483647,
+    next_tokens=2147483647,
 ):
     """MLA mode, BNSD, paged: query ``[B, N, Q_S, 512]``, key ``[nb, 1, bs, 512]`` (key is value), rope 64.
     Each batch's first ``actual_seq_lengths[b]`` query rows are valid (right padding); with ``sparse_mode=3`` row
     ``i`` sees ``actual_seq_lengths_kv[b] - actual_seq_lengths[b] + i + 1`` keys."""
     assert input_layout == "BNSD" and query_rope is not None and key_rope is not None
+    assert pre_tokens == next_tokens == 2147483647, "no band in the MLA mode"
     assert query.is_contiguous() and query_rope.is_contiguous(), "docs: query/query_rope must be contiguous"
     B, N, QS, L = query.shape
     assert num_heads == N and num_key_value_heads == 1 and L == 512 and query_rope.shape == (B, N, QS, 64)

@@ -101,7 +101,10 @@ def npu_fused_infer_attention_score(
     sparse_mode=0,
     pre_tokens=2147483647,
     next_tokens=2147483647,
+    query_rope=None,
+    key_rope=None,
 ):
+    assert query_rope is None and key_rope is None, "the GQA paths never use the MLA mode"
     assert input_layout in ("TND", "BSH") and key.dim() == 3 and key.shape[1] == block_size
     assert block_size % 16 == 0 and block_size <= 512 and query.dtype in (torch.float16, torch.bfloat16)
     d = query.shape[-1] if input_layout == "TND" else query.shape[-1] // num_heads

@@ -17,13 +17,8 @@ import torch
 pytest.importorskip("vllm")
 
 from mla_harness import assert_close, dense_reference, make_scenario, make_sfa_impl, step_inputs  # noqa: E402
-from vllm_npu.attention.backends.sfa import (  # noqa: E402
-    AscendLightningIndexer,
-    AscendSFABackend,
-    AscendSFAImpl,
-    AscendSFAIndexerBackend,
-    AscendSFAMetadataBuilder,
-)
+from vllm_npu.attention.backends.sfa import AscendSFABackend, AscendSFAImpl, AscendSFAMetadataBuilder  # noqa: E402
+from vllm_npu.attention.backends.sfa_indexer import AscendLightningIndexer, AscendSFAIndexerBackend  # noqa: E402
 from vllm_npu.attention.ops.sfa_kernels import indexer_cache_write_reference, lightning_indexer_reference  # noqa: E402
 from vllm_npu.interface.device import configure_kernels  # noqa: E402
 
@@ -142,7 +137,7 @@ def test_ascend_indexer_forward_follows_vllm_indexer_math() -> None:
     softmax_scale / sqrt(H)) in the model dtype, then the lightning indexer; checked against a hand-written loop."""
     from vllm.forward_context import ForwardContext, override_forward_context
     from vllm.model_executor.layers.rotary_embedding.common import apply_rotary_emb_torch
-    from vllm_npu.attention.backends.sfa import ascend_indexer_forward
+    from vllm_npu.attention.backends.sfa_indexer import ascend_indexer_forward
 
     torch.manual_seed(5)
     hidden, q_lora, H, D, rope_dim, bs = 24, 12, 2, 8, 4, 16

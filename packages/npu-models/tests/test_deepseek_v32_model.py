@@ -100,7 +100,7 @@ def indexers(tp1_group):
 
 def test_from_vllm_takes_over_modules_names_and_cache_layer(indexers):
     from vllm.v1.kv_cache_interface import MLAAttentionSpec
-    from vllm_npu.attention.backends.sfa import AscendSFAIndexerBackend
+    from vllm_npu.attention import AscendSFAIndexerBackend
     from vllm_npu.models.deepseek_v32 import AscendIndexerKeyCache
 
     vllm_indexer, ascend, old_cache, ctx = indexers

@@ -29,11 +29,11 @@ _EXPORTS: dict[str, str] = {
     "AscendAttentionState": ".metadata:AscendAttentionState",
     "AscendMetadata": ".metadata:AscendMetadata",
     "AttentionMaskBuilder": ".masks:AttentionMaskBuilder",
-    # The sparse-attention (DeepSeek-V3.2) pieces npu-models' model override builds on.
+    # The sparse-attention (DeepSeek-V3.2) pieces npu-models' model override builds on: the impl and the indexer.
     "AscendSFAImpl": ".backends.sfa:AscendSFAImpl",
-    "AscendSFAIndexerBackend": ".backends.sfa:AscendSFAIndexerBackend",
-    "AscendLightningIndexer": ".backends.sfa:AscendLightningIndexer",
-    "ascend_indexer_forward": ".backends.sfa:ascend_indexer_forward",
+    "AscendSFAIndexerBackend": ".backends.sfa_indexer:AscendSFAIndexerBackend",
+    "AscendLightningIndexer": ".backends.sfa_indexer:AscendLightningIndexer",
+    "ascend_indexer_forward": ".backends.sfa_indexer:ascend_indexer_forward",
     # The vision-encoder attention kernel pair npu-models' Qwen VL overrides call.
     "VISION_ATTENTION": ".ops.vision_attention:VISION_ATTENTION",
 }
@@ -41,7 +41,8 @@ _EXPORTS: dict[str, str] = {
 if TYPE_CHECKING:
     from ._selftest_graph import GraphTaskCase, graph_task_cases
     from .backends.gqa import AscendAttentionBackend, AscendAttentionImpl
-    from .backends.sfa import AscendLightningIndexer, AscendSFAImpl, AscendSFAIndexerBackend, ascend_indexer_forward
+    from .backends.sfa import AscendSFAImpl
+    from .backends.sfa_indexer import AscendLightningIndexer, AscendSFAIndexerBackend, ascend_indexer_forward
     from .masks import AttentionMaskBuilder
     from .metadata import AscendAttentionMetadataBuilder, AscendAttentionState, AscendMetadata
     from .ops.vision_attention import VISION_ATTENTION

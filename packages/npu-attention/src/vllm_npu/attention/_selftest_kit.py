@@ -6,15 +6,44 @@ slots, paged inputs and latent-cache planes laid out as the metadata builders an
 from __future__ import annotations
 
 import math
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from functools import partial
+from typing import Any, NamedTuple
 
 import torch
-from vllm_npu.interface.selftest import randn, randperm
+from vllm_npu.interface.device import Kernel
+from vllm_npu.interface.selftest import KernelCall, KernelCase, randn, randperm
 
 from .ops.mla_cache import latent_cache_planes
 
 HALVES = ("bfloat16", "float16")
 L, R, P, V = 512, 64, 128, 128  # DeepSeek MLA: kv_lora_rank, rope, qk_nope_head_dim, v_head_dim
+
+
+class Spec(NamedTuple):
+    """One kernel's cases over a parameter table: ``build(device, **row, dt=dtype)`` builds a call and ``label``,
+    formatted with the row's keywords (and ``L``, ``R``, ``P``, ``V``), names its shape."""
+
+    kernel: Kernel
+    label: str
+    build: Callable[..., KernelCall]
+    note: str = ""
+
+
+def grid(rows: Sequence[Mapping[str, Any]], *specs: Spec, dtypes: Sequence[str] = HALVES) -> list[KernelCase]:
+    """The cases of ``specs`` at every row of a parameter table, in the order row, dtype, spec."""
+    return [
+        KernelCase(
+            spec.kernel,
+            spec.label.format(**row, L=L, R=R, P=P, V=V),
+            dt,
+            partial(spec.build, **row, dt=dt),
+            note=spec.note,
+        )
+        for row in rows
+        for dt in dtypes
+        for spec in specs
+    ]
 
 
 def dtype_of(name: str) -> torch.dtype:

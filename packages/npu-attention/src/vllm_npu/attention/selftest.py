@@ -12,6 +12,7 @@ A case's note ``audit #n`` points at the call marked ``#n`` in the status column
 
 from __future__ import annotations
 
+from functools import partial
 from itertools import accumulate
 from typing import Any
 
@@ -19,7 +20,7 @@ import torch
 from vllm_npu.interface.selftest import KernelCall, KernelCase, randn, randperm
 
 from . import _selftest_kit as kit
-from ._selftest_kit import HALVES, L, P, R
+from ._selftest_kit import HALVES, L, P, R, Spec, grid
 from ._selftest_mla import mla_cases
 from .masks import AttentionMaskBuilder
 from .ops.flash_attention import ENCODER_ATTENTION, PREFILL_NO_CACHE
@@ -29,251 +30,205 @@ from .ops.paged_attention import PAGED_DECODE, PAGED_DECODE_WINDOW, PAGED_PREFIL
 from .ops.sfa_kernels import INDEXER_CACHE_WRITE, LIGHTNING_INDEXER, SPARSE_MLA_ATTENTION
 from .ops.vision_attention import VISION_ATTENTION
 
+# --- GQA: one builder per kernel, called through functools.partial with a row of its parameter table --------------
+
+
+def _cache_write(device: Any, *, nkv: int, d: int, bs: int, dt: str) -> KernelCall:
+    seq_lens = [5, 130, 1]
+    table, nb = kit.block_table(30, seq_lens, bs, device)
+    slots = kit.slots(table, kit.new_token_positions([3, 2, 1], seq_lens), bs).to(torch.int32).to(device)
+    t = slots.numel()
+    # one (2, nb, bs, Nkv, D) buffer unbound into K and V, as the GQA backend does; untouched slots stay
+    k_cache, v_cache = randn(31, 2, nb, bs, nkv, d, dtype=kit.dtype_of(dt), device=device).unbind(0)
+    k, v = (
+        randn(33, t, nkv, d, dtype=kit.dtype_of(dt), device=device),
+        randn(34, t, nkv, d, dtype=kit.dtype_of(dt), device=device),
+    )
+    return KernelCall((k, v, k_cache, v_cache, slots), {}, _caches_out)
+
+
+def _caches_out(result: Any, args: tuple, kwargs: dict) -> dict[str, torch.Tensor]:
+    return {"key_cache": args[2], "value_cache": args[3]}
+
+
+def _prefill_no_cache(device: Any, *, n: int, nkv: int, d: int, dt: str) -> KernelCall:
+    seq_lens = [3, 17, 40]
+    t = sum(seq_lens)
+    mask = AttentionMaskBuilder(device).causal_mask(max(seq_lens), kit.dtype_of(dt))
+    q, k, v = (randn(35 + i, t, h, d, dtype=kit.dtype_of(dt), device=device) for i, h in enumerate((n, nkv, nkv)))
+    kw = dict(num_heads=n, num_kv_heads=nkv, scale=d**-0.5, attn_mask=mask, out=torch.zeros_like(q))
+    return KernelCall((q, k, v, seq_lens), kw, kit.out_kwarg)
+
+
+def _encoder(device: Any, *, n: int, nkv: int, d: int, dt: str, w: int | None) -> KernelCall:
+    seq_lens = [4, 21, 9]
+    t = sum(seq_lens)
+    q, k, v = (randn(38 + i, t, h, d, dtype=kit.dtype_of(dt), device=device) for i, h in enumerate((n, nkv, nkv)))
+    mask = AttentionMaskBuilder(device).pooling_mask()
+    kw = dict(num_heads=n, num_kv_heads=nkv, scale=d**-0.5, attn_mask=mask, out=torch.zeros_like(q), sliding_window=w)
+    return KernelCall((q, k, v, list(accumulate(seq_lens, initial=0)), max(seq_lens)), kw, kit.out_kwarg)
+
+
+def _vision(device: Any, *, n: int, d: int, dt: str) -> KernelCall:
+    seq_lens = [64, 196, 36, 36]
+    q, k, v = (randn(60 + i, sum(seq_lens), n, d, dtype=kit.dtype_of(dt), device=device) for i in range(3))
+    lens = torch.tensor(seq_lens, dtype=torch.int32)  # on the host, as the kernel reads it
+    kw = dict(num_heads=n, num_kv_heads=n, scale=d**-0.5, out=torch.zeros_like(q))
+    return KernelCall((q, k, v, lens), kw, kit.out_kwarg)
+
+
+def _paged_decode(device: Any, *, n: int, nkv: int, d: int, bs: int, dt: str) -> KernelCall:
+    context = [1, 37, 300, 129]
+    table, kc, vc, q = kit.paged_inputs(
+        (41, 42, 43, 44), context, len(context), n=n, nkv=nkv, d=d, bs=bs, dtype=kit.dtype_of(dt), device=device
+    )
+    kw = dict(num_heads=n, num_kv_heads=nkv, scale=d**-0.5, out=torch.zeros_like(q))
+    return KernelCall((q, kc, vc, table, context), kw, kit.out_kwarg)
+
+
+def _decode_window(device: Any, *, n: int, nkv: int, w: int, dt: str) -> KernelCall:
+    d, bs, context = 128, 128, [1, 37, 300, 129]
+    table, kc, vc, q = kit.paged_inputs(
+        (49, 42, 43, 44), context, len(context), n=n, nkv=nkv, d=d, bs=bs, dtype=kit.dtype_of(dt), device=device
+    )
+    lens = torch.tensor(context, dtype=torch.int32, device=device)
+    kw = dict(num_heads=n, num_kv_heads=nkv, scale=d**-0.5, sliding_window=w, out=torch.zeros_like(q))
+    return KernelCall((q, kc, vc, table, lens, context), kw, kit.out_kwarg)
+
+
+def _graph_decode(device: Any, *, n: int, nkv: int, d: int, w: int | None, dt: str) -> KernelCall:
+    # A compiled decode graph of 4 requests, the last one padding (block-table row 0, length 2)
+    context = [37, 300, 129, 2]
+    table, kc, vc, q = kit.paged_inputs(
+        (45, 42, 43, 44), context, 4, n=n, nkv=nkv, d=d, bs=128, dtype=kit.dtype_of(dt), device=device
+    )
+    table[3] = 0
+    lens = torch.tensor(context, dtype=torch.int32, device=device)
+    kw = dict(num_heads=n, num_kv_heads=nkv, scale=d**-0.5, sliding_window=w, out=torch.zeros_like(q))
+    return KernelCall((q, kc, vc, table, lens, context), kw, kit.out_kwarg)
+
+
+def _graph_kv_write(device: Any, *, nkv: int, d: int, dt: str) -> KernelCall:
+    seq_lens = [5, 130, 1]
+    table, nb = kit.block_table(35, seq_lens, 128, device)
+    slots = kit.slots(table, [(0, 4), (1, 129), (2, 0)], 128).to(device)
+    slots = torch.cat([slots, slots.new_zeros(1)])  # a padding row on the null block's slot 0
+    k_cache, v_cache = randn(36, 2, nb, 128, nkv, d, dtype=kit.dtype_of(dt), device=device).unbind(0)
+    k, v = (
+        randn(37, 4, nkv, d, dtype=kit.dtype_of(dt), device=device),
+        randn(38, 4, nkv, d, dtype=kit.dtype_of(dt), device=device),
+    )
+    lens = torch.tensor([5, 130, 1, 2], dtype=torch.int32, device=device)
+    return KernelCall((k, v, k_cache, v_cache, slots, lens), {}, _caches_out)
+
+
+_PREFILL_BATCHES = {
+    "mixed": ([1, 7, 40, 2], [33, 7, 300, 129]),  # decode, first prefill, chunked prefill, spec-decode
+    "decode-only": ([1, 1, 1], [5, 260, 41]),
+}
+
+
+def _paged_prefill(device: Any, *, n: int, nkv: int, d: int, w: int | None, batch: str, dt: str) -> KernelCall:
+    q_lens, seq_lens = _PREFILL_BATCHES[batch]
+    table, kc, vc, q = kit.paged_inputs(
+        (45, 46, 47, 48), seq_lens, sum(q_lens), n=n, nkv=nkv, d=d, bs=128, dtype=kit.dtype_of(dt), device=device
+    )
+    mask = AttentionMaskBuilder(device).splitfuse_mask()
+    kw = dict(num_heads=n, num_kv_heads=nkv, scale=d**-0.5, attn_mask=mask, out=torch.zeros_like(q), sliding_window=w)
+    return KernelCall((q, kc, vc, table, list(accumulate(q_lens, initial=0)), seq_lens), kw, kit.out_kwarg)
+
+
+# The parameter tables: one row per shape (the builder's keywords), each crossed with HALVES.
+_CACHE_WRITE_SHAPES = ({"nkv": 8, "d": 128, "bs": 128}, {"nkv": 2, "d": 64, "bs": 16})
+_PACKED_SHAPES = ({"n": 32, "nkv": 8, "d": 128}, {"n": 8, "nkv": 2, "d": 64})
+_VISION_SHAPES = ({"n": 16, "d": 80}, {"n": 16, "d": 72})  # Qwen2.5-VL's 16 heads of 80, Qwen3-VL's 16 of 72
+_DECODE_SHAPES = ({"n": 32, "nkv": 8, "d": 128, "bs": 128}, {"n": 8, "nkv": 1, "d": 64, "bs": 16})
+_WINDOW_SHAPES = ({"n": 32, "nkv": 8, "w": 16}, {"n": 16, "nkv": 2, "w": 100})
+_GRAPH_SHAPES = (((32, 8, 128), None), ((16, 2, 128), 16))  # ((N, Nkv, D), window)
+_PREFILL_SHAPES = (  # ((N, Nkv, D), window, batch)
+    ((32, 8, 128), None, "mixed"),
+    ((16, 2, 128), 16, "mixed"),
+    ((16, 2, 128), 16, "decode-only"),
+    ((8, 8, 64), None, "decode-only"),
+)
+_ENCODER = "q [34, {n}, {d}] kv heads {nkv}, seqs [4, 21, 9]"
+
+
+def _packed_cases() -> list[KernelCase]:
+    """The kernels over the batch's own keys: cache write, first prefill, encoder-only and the vision towers."""
+    return [
+        *grid(
+            _CACHE_WRITE_SHAPES,
+            Spec(RESHAPE_AND_CACHE, "k/v [6, {nkv}, {d}] -> cache [nb, {bs}, {nkv}, {d}]", _cache_write, "audit #1"),
+        ),
+        *grid(
+            _PACKED_SHAPES,
+            Spec(
+                PREFILL_NO_CACHE, "q [60, {n}, {d}] kv heads {nkv}, seqs [3, 17, 40]", _prefill_no_cache, "audit #2, #7"
+            ),
+            Spec(ENCODER_ATTENTION, _ENCODER, partial(_encoder, w=None), "audit #3"),
+            Spec(ENCODER_ATTENTION, _ENCODER + ", window 8", partial(_encoder, w=8), "audit #3"),
+        ),
+        *grid(_VISION_SHAPES, Spec(VISION_ATTENTION, "q [332, {n}, {d}], seqs [64, 196, 36, 36]", _vision)),
+    ]
+
+
+def _decode_cases() -> list[KernelCase]:
+    """One query token per request: the paged decode, its sliding-window form and the compiled graph's pair."""
+    cases = [
+        *grid(
+            _DECODE_SHAPES,
+            Spec(
+                PAGED_DECODE,
+                "q [4, {n}, {d}] kv heads {nkv}, block {bs}, ctx [1, 37, 300, 129]",
+                _paged_decode,
+                "audit #4",
+            ),
+        ),
+        *grid(
+            _WINDOW_SHAPES,
+            Spec(
+                PAGED_DECODE_WINDOW,
+                "q [4, {n}, 128] kv heads {nkv}, block 128, ctx [1, 37, 300, 129], window {w}",
+                _decode_window,
+                "audit #6 (decode)",
+            ),
+        ),
+    ]
+    for (n, nkv, d), w in _GRAPH_SHAPES:
+        for dt in HALVES:
+            label = f"q [4, {n}, {d}] kv heads {nkv}, block 128, lens [37, 300, 129, pad 2], window {w}"
+            graph = partial(_graph_decode, n=n, nkv=nkv, d=d, w=w, dt=dt)
+            cases.append(KernelCase(GRAPH_DECODE, label, dt, graph, note="torchair graph decode"))
+            if w is None:
+                label = f"k/v [4, {nkv}, {d}] -> cache [nb, 128, {nkv}, {d}], a padding slot 0"
+                write = partial(_graph_kv_write, nkv=nkv, d=d, dt=dt)
+                cases.append(KernelCase(GRAPH_KV_WRITE, label, dt, write, note="torchair graph KV write"))
+    return cases
+
+
+def _prefill_note(window: int | None, batch: str) -> str:
+    if not window:
+        return "audit #5"
+    return "audit #5, #6 (window on decode)" if batch == "decode-only" else "audit #5, #6"
+
+
+def _paged_prefill_cases() -> list[KernelCase]:
+    """Any number of query tokens per request over the paged cache (FIA, TND)."""
+    cases = []
+    for (n, nkv, d), window, batch in _PREFILL_SHAPES:
+        q_lens, seq_lens = _PREFILL_BATCHES[batch]
+        label = f"{batch} q_lens {q_lens} seq_lens {seq_lens}, heads {n}/{nkv} x {d}" + (
+            f", window {window}" if window else ""
+        )
+        for dt in HALVES:
+            build = partial(_paged_prefill, n=n, nkv=nkv, d=d, w=window, batch=batch, dt=dt)
+            cases.append(KernelCase(PAGED_PREFILL, label, dt, build, note=_prefill_note(window, batch)))
+    return cases
+
 
 def _gqa_cases() -> list[KernelCase]:
-    cases = []
-    for nkv, d, bs in ((8, 128, 128), (2, 64, 16)):
-        for dtype in HALVES:
-
-            def write(device: Any, nkv: int = nkv, d: int = d, bs: int = bs, dt: str = dtype) -> KernelCall:
-                seq_lens = [5, 130, 1]
-                table, nb = kit.block_table(30, seq_lens, bs, device)
-                slots = kit.slots(table, kit.new_token_positions([3, 2, 1], seq_lens), bs).to(torch.int32).to(device)
-                t = slots.numel()
-                # one (2, nb, bs, Nkv, D) buffer unbound into K and V, as the GQA backend does; untouched slots stay
-                k_cache, v_cache = randn(31, 2, nb, bs, nkv, d, dtype=kit.dtype_of(dt), device=device).unbind(0)
-                k, v = (
-                    randn(33, t, nkv, d, dtype=kit.dtype_of(dt), device=device),
-                    randn(34, t, nkv, d, dtype=kit.dtype_of(dt), device=device),
-                )
-                return KernelCall(
-                    (k, v, k_cache, v_cache, slots), {}, lambda r, a, kw: {"key_cache": a[2], "value_cache": a[3]}
-                )
-
-            cases.append(
-                KernelCase(
-                    RESHAPE_AND_CACHE,
-                    f"k/v [6, {nkv}, {d}] -> cache [nb, {bs}, {nkv}, {d}]",
-                    dtype,
-                    write,
-                    note="audit #1",
-                )
-            )
-
-    for n, nkv, d in ((32, 8, 128), (8, 2, 64)):
-        for dtype in HALVES:
-
-            def prefill(device: Any, n: int = n, nkv: int = nkv, d: int = d, dt: str = dtype) -> KernelCall:
-                seq_lens = [3, 17, 40]
-                t = sum(seq_lens)
-                mask = AttentionMaskBuilder(device).causal_mask(max(seq_lens), kit.dtype_of(dt))
-                q, k, v = (
-                    randn(35 + i, t, h, d, dtype=kit.dtype_of(dt), device=device) for i, h in enumerate((n, nkv, nkv))
-                )
-                kw = dict(num_heads=n, num_kv_heads=nkv, scale=d**-0.5, attn_mask=mask, out=torch.zeros_like(q))
-                return KernelCall((q, k, v, seq_lens), kw, kit.out_kwarg)
-
-            cases.append(
-                KernelCase(
-                    PREFILL_NO_CACHE,
-                    f"q [60, {n}, {d}] kv heads {nkv}, seqs [3, 17, 40]",
-                    dtype,
-                    prefill,
-                    note="audit #2, #7",
-                )
-            )
-            for window in (None, 8):
-
-                def encoder(
-                    device: Any, n: int = n, nkv: int = nkv, d: int = d, dt: str = dtype, w: int | None = window
-                ):
-                    seq_lens = [4, 21, 9]
-                    t = sum(seq_lens)
-                    q, k, v = (
-                        randn(38 + i, t, h, d, dtype=kit.dtype_of(dt), device=device)
-                        for i, h in enumerate((n, nkv, nkv))
-                    )
-                    mask = AttentionMaskBuilder(device).pooling_mask()
-                    kw = dict(
-                        num_heads=n,
-                        num_kv_heads=nkv,
-                        scale=d**-0.5,
-                        attn_mask=mask,
-                        out=torch.zeros_like(q),
-                        sliding_window=w,
-                    )
-                    return KernelCall(
-                        (q, k, v, list(accumulate(seq_lens, initial=0)), max(seq_lens)), kw, kit.out_kwarg
-                    )
-
-                label = f"q [34, {n}, {d}] kv heads {nkv}, seqs [4, 21, 9]" + (f", window {window}" if window else "")
-                cases.append(KernelCase(ENCODER_ATTENTION, label, dtype, encoder, note="audit #3"))
-
-    # Vision towers: Qwen2.5-VL's 16 heads of 80, Qwen3-VL's 16 of 72; two images, two frames of a video.
-    for n, d in ((16, 80), (16, 72)):
-        for dtype in HALVES:
-
-            def vision(device: Any, n: int = n, d: int = d, dt: str = dtype) -> KernelCall:
-                seq_lens = [64, 196, 36, 36]
-                q, k, v = (randn(60 + i, sum(seq_lens), n, d, dtype=kit.dtype_of(dt), device=device) for i in range(3))
-                lens = torch.tensor(seq_lens, dtype=torch.int32)  # on the host, as the kernel reads it
-                kw = dict(num_heads=n, num_kv_heads=n, scale=d**-0.5, out=torch.zeros_like(q))
-                return KernelCall((q, k, v, lens), kw, kit.out_kwarg)
-
-            cases.append(KernelCase(VISION_ATTENTION, f"q [332, {n}, {d}], seqs [64, 196, 36, 36]", dtype, vision))
-
-    for n, nkv, d, bs in ((32, 8, 128, 128), (8, 1, 64, 16)):
-        for dtype in HALVES:
-
-            def decode(
-                device: Any, n: int = n, nkv: int = nkv, d: int = d, bs: int = bs, dt: str = dtype
-            ) -> KernelCall:
-                context = [1, 37, 300, 129]
-                table, kc, vc, q = kit.paged_inputs(
-                    (41, 42, 43, 44),
-                    context,
-                    len(context),
-                    n=n,
-                    nkv=nkv,
-                    d=d,
-                    bs=bs,
-                    dtype=kit.dtype_of(dt),
-                    device=device,
-                )
-                kw = dict(num_heads=n, num_kv_heads=nkv, scale=d**-0.5, out=torch.zeros_like(q))
-                return KernelCall((q, kc, vc, table, context), kw, kit.out_kwarg)
-
-            cases.append(
-                KernelCase(
-                    PAGED_DECODE,
-                    f"q [4, {n}, {d}] kv heads {nkv}, block {bs}, ctx [1, 37, 300, 129]",
-                    dtype,
-                    decode,
-                    note="audit #4",
-                )
-            )
-
-    for n, nkv, window in ((32, 8, 16), (16, 2, 100)):
-        for dtype in HALVES:
-
-            def decode_window(device: Any, n: int = n, nkv: int = nkv, w: int = window, dt: str = dtype) -> KernelCall:
-                d, bs, context = 128, 128, [1, 37, 300, 129]
-                table, kc, vc, q = kit.paged_inputs(
-                    (49, 42, 43, 44),
-                    context,
-                    len(context),
-                    n=n,
-                    nkv=nkv,
-                    d=d,
-                    bs=bs,
-                    dtype=kit.dtype_of(dt),
-                    device=device,
-                )
-                lens = torch.tensor(context, dtype=torch.int32, device=device)
-                kw = dict(num_heads=n, num_kv_heads=nkv, scale=d**-0.5, sliding_window=w, out=torch.zeros_like(q))
-                return KernelCall((q, kc, vc, table, lens, context), kw, kit.out_kwarg)
-
-            cases.append(
-                KernelCase(
-                    PAGED_DECODE_WINDOW,
-                    f"q [4, {n}, 128] kv heads {nkv}, block 128, ctx [1, 37, 300, 129], window {window}",
-                    dtype,
-                    decode_window,
-                    note="audit #6 (decode)",
-                ),
-            )
-
-    for (n, nkv, d), window in (((32, 8, 128), None), ((16, 2, 128), 16)):
-        for dtype in HALVES:
-
-            def graph(
-                device: Any, n: int = n, nkv: int = nkv, d: int = d, w: int | None = window, dt: str = dtype
-            ) -> KernelCall:
-                # A compiled decode graph of 4 requests, the last one padding (block-table row 0, length 2)
-                context = [37, 300, 129, 2]
-                table, kc, vc, q = kit.paged_inputs(
-                    (45, 42, 43, 44), context, 4, n=n, nkv=nkv, d=d, bs=128, dtype=kit.dtype_of(dt), device=device
-                )
-                table[3] = 0
-                lens = torch.tensor(context, dtype=torch.int32, device=device)
-                kw = dict(num_heads=n, num_kv_heads=nkv, scale=d**-0.5, sliding_window=w, out=torch.zeros_like(q))
-                return KernelCall((q, kc, vc, table, lens, context), kw, kit.out_kwarg)
-
-            label = f"q [4, {n}, {d}] kv heads {nkv}, block 128, lens [37, 300, 129, pad 2], window {window}"
-            cases.append(KernelCase(GRAPH_DECODE, label, dtype, graph, note="torchair graph decode"))
-
-            def graph_write(device: Any, nkv: int = nkv, d: int = d, dt: str = dtype) -> KernelCall:
-                seq_lens = [5, 130, 1]
-                table, nb = kit.block_table(35, seq_lens, 128, device)
-                slots = kit.slots(table, [(0, 4), (1, 129), (2, 0)], 128).to(device)
-                slots = torch.cat([slots, slots.new_zeros(1)])  # a padding row on the null block's slot 0
-                k_cache, v_cache = randn(36, 2, nb, 128, nkv, d, dtype=kit.dtype_of(dt), device=device).unbind(0)
-                k, v = (
-                    randn(37, 4, nkv, d, dtype=kit.dtype_of(dt), device=device),
-                    randn(38, 4, nkv, d, dtype=kit.dtype_of(dt), device=device),
-                )
-                lens = torch.tensor([5, 130, 1, 2], dtype=torch.int32, device=device)
-                return KernelCall(
-                    (k, v, k_cache, v_cache, slots, lens), {}, lambda r, a, kw: {"key_cache": a[2], "value_cache": a[3]}
-                )
-
-            if window is None:
-                label = f"k/v [4, {nkv}, {d}] -> cache [nb, 128, {nkv}, {d}], a padding slot 0"
-                cases.append(KernelCase(GRAPH_KV_WRITE, label, dtype, graph_write, note="torchair graph KV write"))
-
-    batches = {
-        "mixed": ([1, 7, 40, 2], [33, 7, 300, 129]),  # decode, first prefill, chunked prefill, spec-decode
-        "decode-only": ([1, 1, 1], [5, 260, 41]),
-    }
-    for (n, nkv, d), window, batch in (
-        ((32, 8, 128), None, "mixed"),
-        ((16, 2, 128), 16, "mixed"),
-        ((16, 2, 128), 16, "decode-only"),
-        ((8, 8, 64), None, "decode-only"),
-    ):
-        for dtype in HALVES:
-
-            def prefill_paged(
-                device: Any,
-                n: int = n,
-                nkv: int = nkv,
-                d: int = d,
-                w: int | None = window,
-                batch: str = batch,
-                dt: str = dtype,
-            ):
-                q_lens, seq_lens = batches[batch]
-                table, kc, vc, q = kit.paged_inputs(
-                    (45, 46, 47, 48),
-                    seq_lens,
-                    sum(q_lens),
-                    n=n,
-                    nkv=nkv,
-                    d=d,
-                    bs=128,
-                    dtype=kit.dtype_of(dt),
-                    device=device,
-                )
-                mask = AttentionMaskBuilder(device).splitfuse_mask()
-                kw = dict(
-                    num_heads=n,
-                    num_kv_heads=nkv,
-                    scale=d**-0.5,
-                    attn_mask=mask,
-                    out=torch.zeros_like(q),
-                    sliding_window=w,
-                )
-                return KernelCall((q, kc, vc, table, list(accumulate(q_lens, initial=0)), seq_lens), kw, kit.out_kwarg)
-
-            q_lens, seq_lens = batches[batch]
-            label = f"{batch} q_lens {q_lens} seq_lens {seq_lens}, heads {n}/{nkv} x {d}" + (
-                f", window {window}" if window else ""
-            )
-            note = "audit #5" + (
-                ", #6 (window on decode)" if window and batch == "decode-only" else ", #6" if window else ""
-            )
-            cases.append(KernelCase(PAGED_PREFILL, label, dtype, prefill_paged, note=note))
-    return cases
+    return [*_packed_cases(), *_decode_cases(), *_paged_prefill_cases()]
 
 
 def _sorted_selection(result: Any, args: tuple, kwargs: dict) -> dict[str, torch.Tensor]:

@@ -62,8 +62,8 @@ from vllm_npu.interface.graphs import opaque_reference_op
 
 from ._checks import check_heads, no_soft_cap
 from ._reference import attend
-from .mla_attention import latent_attention, mla_decode_npu_inputs
-from .paged_attention import fia_decode_bsh
+from .fia import fia, gqa_paged_bsh
+from .mla_attention import latent_attention, latent_decode_args
 
 
 def graph_kv_write_npu(
@@ -148,7 +148,11 @@ def graph_decode_npu(
     if sliding_window is not None:
         positions = torch.arange(block_table.shape[1] * key_cache.shape[1], device=query.device)
         mask = _window_hidden(seq_lens, positions, sliding_window).unsqueeze(1)
-    fia_decode_bsh(query, key_cache, value_cache, block_table, seq_lens_list, mask, num_heads, num_kv_heads, scale, out)
+    args = gqa_paged_bsh(
+        query, key_cache, value_cache, block_table, seq_lens_list, mask,
+        num_heads=num_heads, num_kv_heads=num_kv_heads, scale=scale,
+    )  # fmt: skip
+    out.copy_(fia(args).view_as(out))
 
 
 def graph_decode_reference(
@@ -192,26 +196,8 @@ def mla_graph_decode_npu(
     seq_lens_list: list[int],
     scale: float,
 ) -> torch.Tensor:
-    q, q_rope, kv, k_rope = mla_decode_npu_inputs(ql_nope, q_pe, nope_cache, rope_cache)
-    import torch_npu
-
-    attn_out, _ = torch_npu.npu_fused_infer_attention_score(
-        q,
-        kv,
-        kv,
-        query_rope=q_rope,
-        key_rope=k_rope,
-        num_heads=q.shape[1],
-        num_key_value_heads=1,
-        input_layout="BNSD",
-        atten_mask=None,
-        sparse_mode=0,
-        scale=scale,
-        block_table=block_table,
-        block_size=kv.shape[2],
-        actual_seq_lengths_kv=seq_lens_list,
-    )
-    return cast(torch.Tensor, attn_out).view(ql_nope.shape)
+    args = latent_decode_args(ql_nope, q_pe, nope_cache, rope_cache, block_table, seq_lens_list, scale)
+    return fia(args).view(ql_nope.shape)
 
 
 def mla_graph_decode_reference(

@@ -16,6 +16,7 @@ from vllm_npu.interface.device import Kernel
 from vllm_npu.interface.errors import KernelContractError
 
 from ..masks import masked_value
+from .fia import FIAArgs, fia, fia_max_workspace, fia_out, latent_paged_bnsd
 
 # --- absorbed decode --------------------------------------------------------------------------------------------
 
@@ -80,28 +81,24 @@ def latent_attention(
     return torch.einsum("tnk,tkl->tnl", p, k_c).to(ql_nope.dtype)
 
 
-def mla_decode_npu_inputs(
-    ql_nope: torch.Tensor, q_pe: torch.Tensor, nope_cache: torch.Tensor, rope_cache: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``(query, query_rope, key_cache, key_rope)`` of ``npu_fused_infer_attention_score`` in its MLA mode (BNSD,
-    one KV head, paged: caches ``[nb, 1, bs, L|R]``). Documented limits: L = 512, R = 64, N in {32, 64, 128}, block
-    size 16/128. With contiguous ``ql_nope`` / ``q_pe`` (what the backend passes) every result is a view: nothing is
-    allocated, as a captured task requires (its kernel alone runs inside the task group)."""
+def latent_decode_args(
+    ql_nope: torch.Tensor,
+    q_pe: torch.Tensor,
+    nope_cache: torch.Tensor,
+    rope_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    seq_lens: Sequence[int],
+    scale: float,
+) -> FIAArgs:
+    """The FIA arguments of the one-token MLA decode (:func:`.fia.latent_paged_bnsd` with Q_S = 1): ``ql_nope
+    [B, N, L]`` and ``q_pe [B, N, R]`` viewed ``[B, N, 1, L|R]``. With contiguous ``ql_nope`` / ``q_pe`` (what the
+    backend passes) every argument is a view: nothing is allocated, as a captured task requires (its kernel alone
+    runs inside the task group). Shared by the eager / ACL-graph decode and the compiled graph decode."""
     B, N, L = ql_nope.shape
-    nb, bs, _, _ = nope_cache.shape
-    R = rope_cache.shape[-1]
-    if L != 512 or R != 64 or N not in (32, 64, 128) or bs not in (16, 128):
-        raise KernelContractError(
-            f"npu_fused_infer_attention_score (MLA mode) needs kv_lora_rank 512, rope dim 64, 32/64/128 local heads "
-            f"and block size 16 or 128; got L={L}, R={R}, N={N}, block_size={bs}. Use the reference kernels "
-            "(additional_config npu.kernels='reference') for other shapes"
-        )
-    return (
-        ql_nope.reshape(B, N, 1, L).contiguous(),
-        q_pe.reshape(B, N, 1, R).contiguous(),
-        nope_cache.view(nb, 1, bs, L),
-        rope_cache.view(nb, 1, bs, R),
-    )
+    return latent_paged_bnsd(
+        ql_nope.reshape(B, N, 1, L), q_pe.reshape(B, N, 1, q_pe.shape[-1]), nope_cache, rope_cache, block_table,
+        seq_lens, scale,
+    )  # fmt: skip
 
 
 def mla_decode_npu(
@@ -127,25 +124,8 @@ def mla_decode_npu(
     both allocated before the capture's task so that every task update re-issues the kernel on the same addresses;
     eagerly both may be None (the kernel then sizes its own workspace; ``softmax_lse`` is reserved, "暂不支持", and
     discarded)."""
-    q, q_rope, kv, k_rope = mla_decode_npu_inputs(ql_nope, q_pe, nope_cache, rope_cache)
-    import torch_npu
-
-    torch_npu.npu_fused_infer_attention_score.out(
-        q,
-        kv,
-        kv,
-        query_rope=q_rope,
-        key_rope=k_rope,
-        num_heads=q.shape[1],
-        num_key_value_heads=1,
-        input_layout="BNSD",
-        scale=scale,
-        block_table=block_table.to(torch.int32),
-        block_size=kv.shape[2],
-        actual_seq_lengths_kv=list(seq_lens),
-        workspace=workspace,
-        out=[out.view(q.shape), q.new_empty(q.shape[0]) if lse is None else lse],
-    )
+    args = latent_decode_args(ql_nope, q_pe, nope_cache, rope_cache, block_table, seq_lens, scale)
+    fia_out(args, out=out, lse=ql_nope.new_empty(ql_nope.shape[0]) if lse is None else lse, workspace=workspace)
 
 
 def mla_decode_workspace_npu(
@@ -162,33 +142,13 @@ def mla_decode_workspace_npu(
     schema takes query_rope / key_rope like the op, although the prose docs list them only for the op). Queried once
     per captured task; the graph's task updates change only the sequence lengths. NPU only: the reference
     (:func:`mla_decode_reference`) needs no workspace."""
-    q, q_rope, kv, k_rope = mla_decode_npu_inputs(ql_nope, q_pe, nope_cache, rope_cache)
-    import torch_npu
-
-    workspace: torch.Tensor = torch_npu._npu_fused_infer_attention_score_get_max_workspace(
-        q,
-        kv,
-        kv,
-        query_rope=q_rope,
-        key_rope=k_rope,
-        num_heads=q.shape[1],
-        num_key_value_heads=1,
-        input_layout="BNSD",
-        scale=scale,
-        block_table=block_table.to(torch.int32),
-        block_size=kv.shape[2],
-        actual_seq_lengths_kv=list(seq_lens),
-    )
-    return workspace
+    return fia_max_workspace(latent_decode_args(ql_nope, q_pe, nope_cache, rope_cache, block_table, seq_lens, scale))
 
 
 MLA_DECODE = Kernel("mla_decode", npu=mla_decode_npu, reference=mla_decode_reference)
 
 
 # --- multi-token decode (speculative-decoding verification: 1 + k query tokens per request) ----------------------
-
-#: Query tokens per request the NPU kernel's MLA mode takes (torch_npu 2.8.0 docs: query_rope needs Q_S in 1..16).
-MAX_SPEC_QUERY_LEN = 16
 
 
 def _check_spec_lens(t: int, query_lens: Sequence[int], seq_lens: Sequence[int]) -> None:
@@ -256,23 +216,11 @@ def mla_spec_decode_npu(
     splitfuse mask (:meth:`~vllm_npu.attention.masks.AttentionMaskBuilder.splitfuse_mask`). The padded rows are
     dropped. torch_npu 2.8.0 documents the rope inputs for BSH/BSND/BNSD with Q_S 1..16 (not TND); limits as for
     :func:`mla_decode_npu`, plus ``max(query_lens) <= 16``."""
-    t, N, L = ql_nope.shape
-    nb, bs, _, _ = nope_cache.shape
-    R = rope_cache.shape[-1]
+    t, N, _ = ql_nope.shape
     _check_spec_lens(t, query_lens, seq_lens)
-    q_max = max(query_lens)
-    if L != 512 or R != 64 or N not in (32, 64, 128) or bs not in (16, 128) or q_max > MAX_SPEC_QUERY_LEN:
-        raise KernelContractError(
-            f"npu_fused_infer_attention_score (MLA mode, several query tokens) needs kv_lora_rank 512, rope dim 64, "
-            f"32/64/128 local heads, block size 16 or 128 and at most {MAX_SPEC_QUERY_LEN} query tokens per request; "
-            f"got L={L}, R={R}, N={N}, block_size={bs}, query_lens {list(query_lens)}. Use the reference kernels "
-            "(additional_config npu.kernels='reference') for other shapes"
-        )
     if attn_mask is None:
         raise KernelContractError("mla_spec_decode on the NPU needs the 2048 splitfuse mask (sparse_mode=3)")
-    import torch_npu
-
-    B = len(query_lens)
+    B, q_max = len(query_lens), max(query_lens)
     q_lens = torch.as_tensor(list(query_lens), dtype=torch.int64)
     req = torch.repeat_interleave(torch.arange(B), q_lens)
     rows = (torch.arange(t) - (torch.cumsum(q_lens, 0) - q_lens)[req] + req * q_max).to(ql_nope.device)
@@ -282,24 +230,11 @@ def mla_spec_decode_npu(
         out[rows] = x
         return out.view(B, q_max, N, -1).transpose(1, 2).contiguous()
 
-    out, _ = torch_npu.npu_fused_infer_attention_score(
-        padded(ql_nope),
-        nope_cache.view(nb, 1, bs, L),
-        nope_cache.view(nb, 1, bs, L),
-        query_rope=padded(q_pe),
-        key_rope=rope_cache.view(nb, 1, bs, R),
-        atten_mask=attn_mask,
-        actual_seq_lengths=list(query_lens),
-        actual_seq_lengths_kv=list(seq_lens),
-        num_heads=N,
-        num_key_value_heads=1,
-        input_layout="BNSD",
-        sparse_mode=3,
-        scale=scale,
-        block_table=block_table.to(torch.int32),
-        block_size=bs,
-    )
-    return out.transpose(1, 2).reshape(B * q_max, N, L)[rows]
+    args = latent_paged_bnsd(
+        padded(ql_nope), padded(q_pe), nope_cache, rope_cache, block_table, seq_lens, scale,
+        query_lens=query_lens, mask=attn_mask,
+    )  # fmt: skip
+    return fia(args).transpose(1, 2).reshape(B * q_max, N, -1)[rows]
 
 
 MLA_SPEC_DECODE = Kernel("mla_spec_decode", npu=mla_spec_decode_npu, reference=mla_spec_decode_reference)

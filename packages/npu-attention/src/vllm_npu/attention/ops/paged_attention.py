@@ -54,6 +54,7 @@ from vllm_npu.interface.errors import KernelContractError
 
 from ._checks import check_heads, need_mask, no_soft_cap
 from ._reference import _MASKED, attend, gather_pages, gather_sequence, window_allowed
+from .fia import fia, gqa_paged_tnd
 from .window_decode_npu import paged_decode_window_npu
 
 # Requests with at most this many new tokens are computed together in one padded batch by the reference (decodes,
@@ -282,44 +283,6 @@ PAGED_DECODE = Kernel("paged_decode", npu=paged_decode_npu, reference=paged_deco
 # --- paged decode with a sliding window -----------------------------------------------------------------------------
 
 
-def fia_decode_bsh(
-    query: torch.Tensor,
-    key_cache: torch.Tensor,
-    value_cache: torch.Tensor,
-    block_table: torch.Tensor,
-    context_lens: list[int],
-    mask: torch.Tensor | None,
-    num_heads: int,
-    num_kv_heads: int,
-    scale: float,
-    out: torch.Tensor,
-) -> None:
-    """One query token per request over the paged cache with ``npu_fused_infer_attention_score`` in BSH (Q_S = 1,
-    ``sparse_mode=0``, an optional ``[B, 1, KV_S]`` bool mask, True = hidden) for the compiled graph decode
-    (:mod:`.graph_decode`; torchair compiles it, no task group). The eager / ACL-graph window decode uses the ``.out``
-    form (:func:`paged_decode_window_npu`). ``context_lens`` is the kernel's ``SymInt[]``; ``out [B, N, D]``."""
-    import torch_npu
-
-    num_blocks, block_size = key_cache.shape[:2]
-    batch = query.shape[0]
-    attn_out, _ = torch_npu.npu_fused_infer_attention_score(
-        query.reshape(batch, 1, -1),
-        key_cache.view(num_blocks, block_size, -1),
-        value_cache.view(num_blocks, block_size, -1),
-        atten_mask=mask,
-        block_table=block_table,
-        input_layout="BSH",
-        block_size=block_size,
-        actual_seq_lengths=[1] * batch,  # one query token per request (a constant inside a compiled graph)
-        actual_seq_lengths_kv=context_lens,
-        num_key_value_heads=num_kv_heads,
-        num_heads=num_heads,
-        scale=scale,
-        sparse_mode=0,
-    )
-    out.copy_(attn_out.view_as(out))
-
-
 def paged_decode_window_reference(
     query: torch.Tensor,
     key_cache: torch.Tensor,
@@ -373,31 +336,11 @@ def paged_prefill_npu(
 ) -> None:
     no_soft_cap(logits_soft_cap, "paged_prefill")
     mask = need_mask(attn_mask, "paged_prefill")
-    import torch_npu
-
-    num_blocks, block_size = key_cache.shape[:2]
-    if sliding_window is None:
-        sparse_mode, pre_tokens, next_tokens = 3, 2147483647, 2147483647
-    else:
-        sparse_mode, pre_tokens, next_tokens = 4, sliding_window - 1, 0
-    attn_out, _ = torch_npu.npu_fused_infer_attention_score(
-        query,
-        key_cache.view(num_blocks, block_size, -1),
-        value_cache.view(num_blocks, block_size, -1),
-        atten_mask=mask,
-        block_table=block_table,
-        input_layout="TND",
-        block_size=block_size,
-        actual_seq_lengths=query_start_loc[1:],
-        actual_seq_lengths_kv=seq_lens,
-        num_key_value_heads=num_kv_heads,
-        num_heads=num_heads,
-        scale=scale,
-        sparse_mode=sparse_mode,
-        pre_tokens=pre_tokens,
-        next_tokens=next_tokens,
-    )
-    out.copy_(attn_out.view_as(out))
+    args = gqa_paged_tnd(
+        query, key_cache, value_cache, block_table, query_start_loc, seq_lens, mask,
+        sliding_window=sliding_window, num_heads=num_heads, num_kv_heads=num_kv_heads, scale=scale,
+    )  # fmt: skip
+    out.copy_(fia(args).view_as(out))
 
 
 def paged_prefill_reference(

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from ._checks import no_soft_cap
+from .fia import fia_max_workspace, fia_out, gqa_paged_bsh
 
 if TYPE_CHECKING:
     from .paged_attention import DecodePlan
@@ -32,40 +33,6 @@ def window_mask(
     pos = torch.arange(block_table.shape[1] * block_size, device=seq_lens.device)
     first = seq_lens.to(torch.long) - sliding_window  # first visible position
     return (pos[None, :] < first[:, None]).unsqueeze(1)
-
-
-def _fia_window_args(
-    query: torch.Tensor,
-    key_cache: torch.Tensor,
-    value_cache: torch.Tensor,
-    block_table: torch.Tensor,
-    context_lens: list[int],
-    mask: torch.Tensor,
-    num_heads: int,
-    num_kv_heads: int,
-    scale: float,
-) -> tuple[tuple[torch.Tensor, ...], dict[str, object]]:
-    """The arguments ``npu_fused_infer_attention_score(.out)`` and its ``get_max_workspace`` share (all views)."""
-    num_blocks, block_size = key_cache.shape[:2]
-    batch = query.shape[0]
-    args = (
-        query.reshape(batch, 1, -1),
-        key_cache.view(num_blocks, block_size, -1),
-        value_cache.view(num_blocks, block_size, -1),
-    )
-    kwargs: dict[str, object] = {
-        "atten_mask": mask,
-        "block_table": block_table,
-        "input_layout": "BSH",
-        "block_size": block_size,
-        "actual_seq_lengths": [1] * batch,
-        "actual_seq_lengths_kv": context_lens,
-        "num_key_value_heads": num_kv_heads,
-        "num_heads": num_heads,
-        "scale": scale,
-        "sparse_mode": 0,
-    }
-    return args, kwargs
 
 
 def paged_decode_window_scratch_npu(
@@ -86,14 +53,12 @@ def paged_decode_window_scratch_npu(
     ``npu/graphs.py:148``) and the kernel's maximum workspace over every sequence length
     (``_npu_fused_infer_attention_score_get_max_workspace``, the same arguments as the op), so that a task update
     only changes the host ``actual_seq_lengths_kv``."""
-    import torch_npu
-
     mask = window_mask(seq_lens, block_table, key_cache.shape[1], sliding_window)
-    args, kwargs = _fia_window_args(
-        query, key_cache, value_cache, block_table, context_lens, mask, num_heads, num_kv_heads, scale
-    )
-    workspace = torch_npu._npu_fused_infer_attention_score_get_max_workspace(*args, **kwargs)
-    return {"mask": mask, "lse": query.new_empty(1), "workspace": workspace}
+    args = gqa_paged_bsh(
+        query, key_cache, value_cache, block_table, context_lens, mask,
+        num_heads=num_heads, num_kv_heads=num_kv_heads, scale=scale,
+    )  # fmt: skip
+    return {"mask": mask, "lse": query.new_empty(1), "workspace": fia_max_workspace(args)}
 
 
 def paged_decode_window_npu(
@@ -122,15 +87,10 @@ def paged_decode_window_npu(
     # With one query token per request the kernel ignores pre_tokens, next_tokens and sparse_mode (torch_npu 2.8.0
     # docs: "Q_S为1时该参数无效"), so the window cannot be a band: it is an explicit per-request mask [B, 1, KV_S].
     # BSH with Q_S = 1 is the layout vllm-ascend v0.11.0 uses for its sliding-window decode.
-    import torch_npu
-
     if mask is None:
         mask = window_mask(seq_lens, block_table, key_cache.shape[1], sliding_window)
-    if lse is None:
-        lse = query.new_empty(1)
-    args, kwargs = _fia_window_args(
-        query, key_cache, value_cache, block_table, context_lens, mask, num_heads, num_kv_heads, scale
-    )
-    torch_npu.npu_fused_infer_attention_score.out(
-        *args, **kwargs, workspace=workspace, out=[out.view(args[0].shape), lse]
-    )
+    args = gqa_paged_bsh(
+        query, key_cache, value_cache, block_table, context_lens, mask,
+        num_heads=num_heads, num_kv_heads=num_kv_heads, scale=scale,
+    )  # fmt: skip
+    fia_out(args, out=out, lse=query.new_empty(1) if lse is None else lse, workspace=workspace)
