@@ -67,7 +67,18 @@ NOT_KERNELS = {
 
 def install(model: Any) -> int:
     """Wrap every decoder layer's kernels and forward with counters; returns the number of layers."""
-    import torch
+    layers = model.model.layers
+    current: dict[str, Any] = {"sink": None}  # the counter of the layer running now (None outside counted steps)
+    _wrap_kernels(model, current)
+    model._ops_bench = {"steps": [collections.Counter() for _ in layers], "n": [0] * len(layers)}
+    mode_cls = _counting_mode_cls()
+    for idx, layer in enumerate(layers):
+        _count_decode_steps(model, idx, layer, current, mode_cls)
+    return len(layers)
+
+
+def _counting_mode_cls() -> type:
+    """A ``TorchDispatchMode`` adding one to its sink per computing aten op (views and metadata ops excluded)."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
     class Counting(TorchDispatchMode):
@@ -82,8 +93,12 @@ def install(model: Any) -> int:
                 self.sink[label] += 1
             return func(*args, **(kwargs or {}))
 
-    layers = model.model.layers
-    current: dict[str, Any] = {"sink": None}  # the counter of the layer running now (None outside counted steps)
+    return Counting
+
+
+def _wrap_kernels(model: Any, current: dict[str, Any]) -> None:
+    """Each ops-layer kernel attribute counts as one call into the running layer's sink, nothing inside it."""
+    import torch
 
     def wrap_kernel(label: str, fn: Any) -> Any:
         def counted(*a: Any, **k: Any) -> Any:
@@ -106,29 +121,29 @@ def install(model: Any) -> int:
         if "_full_rotary" in mod.__dict__:  # RoPE binds its kernel into its fast path at build: rebind the wrapper
             mod._bind_rotary_kernel(mod._rotary_mul)
 
-    model._ops_bench = {"steps": [collections.Counter() for _ in layers], "n": [0] * len(layers)}
-    for idx, layer in enumerate(layers):
-        state: dict[str, Any] = {"mode": None}
 
-        def pre(mod: Any, args: tuple, kwargs: dict, state: dict = state) -> None:
-            positions = args[0] if args else kwargs["positions"]
-            if positions.shape[-1] != 1:  # prefill or mixed step: not counted
-                return
-            current["sink"] = collections.Counter()
-            state["mode"] = Counting(current["sink"])
-            state["mode"].__enter__()
+def _count_decode_steps(model: Any, idx: int, layer: Any, current: dict[str, Any], mode_cls: type) -> None:
+    """Hooks on layer ``idx``: a counting mode around each decode-step forward, added to ``model._ops_bench``."""
+    state: dict[str, Any] = {"mode": None}
 
-        def post(mod: Any, args: tuple, kwargs: dict, out: Any, idx: int = idx, state: dict = state) -> None:
-            if state["mode"] is None:
-                return
-            state["mode"].__exit__(None, None, None)
-            model._ops_bench["steps"][idx].update(current["sink"])
-            model._ops_bench["n"][idx] += 1
-            state["mode"], current["sink"] = None, None
+    def pre(mod: Any, args: tuple, kwargs: dict) -> None:
+        positions = args[0] if args else kwargs["positions"]
+        if positions.shape[-1] != 1:  # prefill or mixed step: not counted
+            return
+        current["sink"] = collections.Counter()
+        state["mode"] = mode_cls(current["sink"])
+        state["mode"].__enter__()
 
-        layer.register_forward_pre_hook(pre, with_kwargs=True)
-        layer.register_forward_hook(post, with_kwargs=True)
-    return len(layers)
+    def post(mod: Any, args: tuple, kwargs: dict, out: Any) -> None:
+        if state["mode"] is None:
+            return
+        state["mode"].__exit__(None, None, None)
+        model._ops_bench["steps"][idx].update(current["sink"])
+        model._ops_bench["n"][idx] += 1
+        state["mode"], current["sink"] = None, None
+
+    layer.register_forward_pre_hook(pre, with_kwargs=True)
+    layer.register_forward_hook(post, with_kwargs=True)
 
 
 def collect(model: Any) -> dict:

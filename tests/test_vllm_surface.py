@@ -214,51 +214,63 @@ def scan() -> Scan:
         class_nodes.update(_class_nodes(module_name, tree))
 
     for module_name, (module, tree) in modules.items():
-        imports = _imports(tree)
-        top_level = {id(n) for n in tree.body}
-        result.unscanned_classes += [
-            f"{module_name}:{n.lineno} {n.name}"
-            for n in ast.walk(tree)
-            if isinstance(n, ast.ClassDef) and id(n) not in top_level
-        ]
-        for node in ast.walk(tree):
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                result.mentions[module_name].add(node.name)
-            elif isinstance(node, ast.Attribute):
-                result.mentions[module_name].add(node.attr)
-
-        # Classes of ours on top of vLLM classes, and every class of ours in their MRO (mixins).
-        for node in tree.body:
-            if not isinstance(node, ast.ClassDef):
-                continue
-            cls = getattr(module, node.name, None)
-            if not inspect.isclass(cls) or not any(_is_vllm(b.__module__) for b in cls.__mro__):
-                continue
-            for klass in cls.__mro__:
-                key = f"{klass.__module__}:{klass.__qualname__}"
-                if key not in class_nodes:
-                    continue
-                body = class_nodes[key]
-                names = [n.name for n in body.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
-                names += [name for recv, name, _ in _attribute_uses(body) if _self_receiver(recv)]
-                for name in names:
-                    owner = _vllm_owner(cls.__mro__, name) if _private(name) else None
-                    if owner is not None:
-                        result.vllm_names[(owner, name)].add(klass.__module__)
-
-        for recv, name, line in _attribute_uses(tree):
-            if _self_receiver(recv) or _is_foreign_import(imports, recv):
-                continue  # self/cls/super: handled per class above; torch_npu._x etc.: not vLLM's
-            target = _resolve_vllm(imports, recv)
-            if target is None:
-                result.unresolved[name].add(f"{module_name}:{line}")
-                continue
-            if inspect.ismodule(target):
-                result.vllm_names[(target.__name__, name)].add(module_name)
-            else:
-                owner = _vllm_owner(target.__mro__, name) if inspect.isclass(target) else None
-                result.vllm_names[(owner or f"{target!r}", name)].add(module_name)
+        _scan_mentions(result, module_name, tree)
+        _scan_subclasses(result, module, tree, class_nodes)
+        _scan_attribute_uses(result, module_name, tree)
     return result
+
+
+def _scan_mentions(result: Scan, module_name: str, tree: ast.Module) -> None:
+    """The names a module defines or reads as attributes, and the classes the scan cannot see (nested ones)."""
+    top_level = {id(n) for n in tree.body}
+    result.unscanned_classes += [
+        f"{module_name}:{n.lineno} {n.name}"
+        for n in ast.walk(tree)
+        if isinstance(n, ast.ClassDef) and id(n) not in top_level
+    ]
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            result.mentions[module_name].add(node.name)
+        elif isinstance(node, ast.Attribute):
+            result.mentions[module_name].add(node.attr)
+
+
+def _scan_subclasses(result: Scan, module: ModuleType, tree: ast.Module, class_nodes: dict[str, ast.ClassDef]) -> None:
+    """Classes of ours on top of vLLM classes, and every class of ours in their MRO (mixins)."""
+    for node in tree.body:
+        if not isinstance(node, ast.ClassDef):
+            continue
+        cls = getattr(module, node.name, None)
+        if not inspect.isclass(cls) or not any(_is_vllm(b.__module__) for b in cls.__mro__):
+            continue
+        for klass in cls.__mro__:
+            key = f"{klass.__module__}:{klass.__qualname__}"
+            if key not in class_nodes:
+                continue
+            body = class_nodes[key]
+            names = [n.name for n in body.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
+            names += [name for recv, name, _ in _attribute_uses(body) if _self_receiver(recv)]
+            for name in names:
+                owner = _vllm_owner(cls.__mro__, name) if _private(name) else None
+                if owner is not None:
+                    result.vllm_names[(owner, name)].add(klass.__module__)
+
+
+def _scan_attribute_uses(result: Scan, module_name: str, tree: ast.Module) -> None:
+    """Attributes read on names imported from vLLM (the vLLM module or class that owns each)."""
+    imports = _imports(tree)
+    for recv, name, line in _attribute_uses(tree):
+        if _self_receiver(recv) or _is_foreign_import(imports, recv):
+            continue  # self/cls/super: handled per class above; torch_npu._x etc.: not vLLM's
+        target = _resolve_vllm(imports, recv)
+        if target is None:
+            result.unresolved[name].add(f"{module_name}:{line}")
+            continue
+        if inspect.ismodule(target):
+            result.vllm_names[(target.__name__, name)].add(module_name)
+        else:
+            owner = _vllm_owner(target.__mro__, name) if inspect.isclass(target) else None
+            result.vllm_names[(owner or f"{target!r}", name)].add(module_name)
 
 
 def _all_entries() -> list[tuple[str, VllmName]]:

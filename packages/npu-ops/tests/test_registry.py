@@ -46,14 +46,9 @@ def test_missing_module_is_a_clear_error() -> None:
 
 
 def test_public_door_is_import_light() -> None:
-    import subprocess
-    import sys
+    from npu_testkit.import_light import assert_import_light
 
-    code = (
-        "import sys, vllm_npu.ops as o; assert 'torch' not in sys.modules and 'vllm' not in sys.modules; "
-        "assert 'RMSNorm' in o.OOT_OPS"
-    )
-    subprocess.run([sys.executable, "-c", code], check=True)
+    assert_import_light("import vllm_npu.ops as o", "assert 'RMSNorm' in o.OOT_OPS", forbid=("torch", "vllm"))
 
 
 def test_component_hooks_resolve() -> None:

@@ -16,4 +16,6 @@
   stand-in torch_npu of the NPU-wiring tests.
 - :mod:`.npu_runtime_standin`: a stand-in torch_npu for the runtime calls (device, memory, profiler, ATB, HCCL
   groups) that keeps torch_npu 2.8.0's lazy-initialisation and fork rule.
+- :mod:`.import_light`: ``assert_import_light``, the "a door or hook imports no torch/vLLM" check in a fresh
+  interpreter.
 """

@@ -40,7 +40,7 @@ import inspect
 import types
 import weakref
 import zipfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -218,13 +218,26 @@ class GraphAPIRecorder:
 
 def fake_npu(rec: GraphAPIRecorder) -> types.SimpleNamespace:
     """``torch.npu``'s graph and stream API over ``rec``, enforcing the capture rules."""
+    stream_cls, graph_cls, event_cls = _graph_types(rec)
+    active = [stream_cls()]  # the stream stack: the current stream is the last
+    return types.SimpleNamespace(
+        NPUGraph=graph_cls,
+        graph=_graph_context(rec),
+        ExternalEvent=event_cls,
+        Stream=stream_cls,
+        stream=_stream_context(active),
+        current_stream=lambda device=None: active[-1],
+        graph_pool_handle=lambda: rec.check("graph_pool_handle") or "pool",
+        **_task_group_api(rec, active),
+    )
+
+
+def _graph_types(rec: GraphAPIRecorder) -> tuple[type, type, type]:
+    """``Stream``, ``NPUGraph`` and ``ExternalEvent`` recording on ``rec`` (vLLM code builds them with no argument)."""
 
     class Stream:
         def wait_stream(self, stream: Any) -> None:
             rec.check("Stream.wait_stream", stream)
-
-    current = Stream()
-    active = [current]
 
     class NPUGraph:
         def __init__(self) -> None:
@@ -241,8 +254,27 @@ def fake_npu(rec: GraphAPIRecorder) -> types.SimpleNamespace:
         def reset(self) -> None:
             rec.check("NPUGraph.reset")
 
+    class ExternalEvent:
+        def __init__(self) -> None:
+            rec.check("ExternalEvent.__new__")
+
+        def record(self, *a: Any, **k: Any) -> None:
+            rec.check("ExternalEvent.record", *a, **k)
+
+        def wait(self, *a: Any, **k: Any) -> None:
+            rec.check("ExternalEvent.wait", *a, **k)
+
+        def reset(self, *a: Any, **k: Any) -> None:
+            rec.check("ExternalEvent.reset", *a, **k)
+
+    return Stream, NPUGraph, ExternalEvent
+
+
+def _graph_context(rec: GraphAPIRecorder) -> Callable[..., contextlib.AbstractContextManager[None]]:
+    """``torch.npu.graph(npu_graph, ...)``: a capture (never nested) that must not end inside a task group."""
+
     @contextlib.contextmanager
-    def graph(npu_graph: NPUGraph, *args: Any, **kwargs: Any) -> Iterator[None]:
+    def graph(npu_graph: Any, *args: Any, **kwargs: Any) -> Iterator[None]:
         rec.check("graph.__init__", npu_graph, *args, **kwargs)
         if STATE.capturing is not None:
             raise CaptureRuleError("torch.npu.graph: captures do not nest")
@@ -257,18 +289,11 @@ def fake_npu(rec: GraphAPIRecorder) -> types.SimpleNamespace:
         finally:
             STATE.capturing, STATE.group = None, None
 
-    class ExternalEvent:
-        def __init__(self) -> None:
-            rec.check("ExternalEvent.__new__")
+    return graph
 
-        def record(self, *a: Any, **k: Any) -> None:
-            rec.check("ExternalEvent.record", *a, **k)
 
-        def wait(self, *a: Any, **k: Any) -> None:
-            rec.check("ExternalEvent.wait", *a, **k)
-
-        def reset(self, *a: Any, **k: Any) -> None:
-            rec.check("ExternalEvent.reset", *a, **k)
+def _stream_context(active: list[Any]) -> Callable[[Any], contextlib.AbstractContextManager[None]]:
+    """``torch.npu.stream(s)``: ``s`` is the current stream inside."""
 
     @contextlib.contextmanager
     def stream(s: Any) -> Iterator[None]:
@@ -277,6 +302,13 @@ def fake_npu(rec: GraphAPIRecorder) -> types.SimpleNamespace:
             yield
         finally:
             active.pop()
+
+    return stream
+
+
+def _task_group_api(rec: GraphAPIRecorder, active: list[Any]) -> dict[str, Callable[..., Any]]:
+    """``graph_task_group_begin/end`` (inside a capture) and ``graph_task_update_begin/end`` (on the current
+    stream, outside a capture: no allocation in between)."""
 
     def group_begin(stream: Any) -> None:
         rec.check("graph_task_group_begin", stream)
@@ -306,20 +338,12 @@ def fake_npu(rec: GraphAPIRecorder) -> types.SimpleNamespace:
         STATE.update_mode.__exit__(None, None, None)
         STATE.group, STATE.update_mode = None, None
 
-    ns = types.SimpleNamespace(
-        NPUGraph=NPUGraph,
-        graph=graph,
-        ExternalEvent=ExternalEvent,
-        Stream=Stream,
-        stream=stream,
-        current_stream=lambda device=None: active[-1],
-        graph_pool_handle=lambda: rec.check("graph_pool_handle") or "pool",
-        graph_task_group_begin=group_begin,
-        graph_task_group_end=group_end,
-        graph_task_update_begin=update_begin,
-        graph_task_update_end=update_end,
-    )
-    return ns
+    return {
+        "graph_task_group_begin": group_begin,
+        "graph_task_group_end": group_end,
+        "graph_task_update_begin": update_begin,
+        "graph_task_update_end": update_end,
+    }
 
 
 class _UpdateMode(TorchDispatchMode):

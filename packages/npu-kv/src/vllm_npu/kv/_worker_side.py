@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -227,68 +228,46 @@ class WorkerSide:
             return 0
         if len(remote.block_ids) < len(local_ids):
             raise LayoutError(f"the prefill side sent {len(remote.block_ids)} blocks for {len(local_ids)} local blocks")
-        remote_ids = remote.block_ids[len(remote.block_ids) - len(local_ids) :]
-        reads: dict[int, tuple[list[int], list[int], list[int]]] = {}
-        staged: list[tuple[torch.Tensor, torch.Tensor, int, int, int]] = []
-        staging: list[torch.Tensor] = []
+        plan = _PullPlan(local_ids, remote.block_ids[len(remote.block_ids) - len(local_ids) :])
         seen: set[int] = set()
         for name, layout in self.layers.items():
             if layout.base in seen:
                 continue  # a layer sharing another layer's cache
             seen.add(layout.base)
             src = {r: _remote_layer(a, name) for r, a in enumerate(agents)}
-            plan: list[tuple[int, HeadSlice | None]]
-            if layout.replicated:
-                plan = [(self.tp_rank % remote.tp_size, None)]
-            else:
-                slices = head_sources(
-                    self.tp_rank, self.tp_size, layout.planes[0].heads, remote.tp_size, src[0].planes[0].heads
-                )
-                direct = (
-                    len(slices) == 1
-                    and slices[0].count == layout.planes[0].heads == src[slices[0].src_rank].planes[0].heads
-                )
-                plan = [(slices[0].src_rank, None)] if direct else [(s.src_rank, s) for s in slices]
-            for rank, head_slice in plan:
-                rlayout = src[rank]
-                local_addr, remote_addr, lengths = reads.setdefault(rank, ([], [], []))
-                for i, (lp, rp) in enumerate(zip(layout.planes, rlayout.planes)):
-                    if head_slice is None:
-                        if lp.block_bytes != rp.block_bytes:
-                            raise LayoutError(
-                                f"layer {name}: a block is {lp.block_bytes} bytes here and {rp.block_bytes} on the "
-                                "prefill side; both instances must run the same model, dtype and block size"
-                            )
-                        for ls, rs, n in block_runs(local_ids, remote_ids):
-                            local_addr.append(layout.base + lp.offset + ls * lp.block_bytes)
-                            remote_addr.append(rlayout.base + rp.offset + rs * rp.block_bytes)
-                            lengths.append(n * lp.block_bytes)
-                        continue
-                    if lp.head_bytes != rp.head_bytes:
-                        raise LayoutError(f"layer {name}: head size/dtype differ between the prefill and decode side")
-                    buf = torch.empty(
-                        (len(local_ids), self.block_size, rp.heads, rp.head_bytes),
-                        dtype=torch.uint8,
-                        device=self.caches[name].device,
-                    )
-                    staging.append(buf)
-                    for si, rs, n in block_runs(range(len(local_ids)), remote_ids):
-                        local_addr.append(buf.data_ptr() + si * rp.block_bytes)
-                        remote_addr.append(rlayout.base + rp.offset + rs * rp.block_bytes)
-                        lengths.append(n * rp.block_bytes)
-                    dst = plane_view(self.caches[name].view(torch.uint8), layout, i)
-                    staged.append((buf, dst, head_slice.src_start, head_slice.dst_start, head_slice.count))
-        for buf in staging:
+            for rank, head_slice in self._sources(layout, src, remote.tp_size):
+                if head_slice is None:
+                    plan.add_direct(rank, name, layout, src[rank])
+                else:
+                    plan.add_staged(rank, name, layout, src[rank], head_slice, self.caches[name], self.block_size)
+        return self._run(plan, agents)
+
+    def _sources(
+        self, layout: LayerLayout, src: dict[int, LayerLayout], remote_tp: int
+    ) -> list[tuple[int, HeadSlice | None]]:
+        """The prefill ranks one local layer reads from; None: whole blocks, else the heads to stage and scatter."""
+        if layout.replicated:
+            return [(self.tp_rank % remote_tp, None)]
+        slices = head_sources(self.tp_rank, self.tp_size, layout.planes[0].heads, remote_tp, src[0].planes[0].heads)
+        direct = (
+            len(slices) == 1 and slices[0].count == layout.planes[0].heads == src[slices[0].src_rank].planes[0].heads
+        )
+        return [(slices[0].src_rank, None)] if direct else [(s.src_rank, s) for s in slices]
+
+    def _run(self, plan: _PullPlan, agents: list[AgentMetadata]) -> int:
+        """One batched Mooncake read per prefill rank, then the head scatters; staging buffers registered meanwhile."""
+        assert self.engine is not None
+        for buf in plan.staging:
             self.engine.register(buf.data_ptr(), buf.numel())
         try:
             total = 0
-            for rank, (local_addr, remote_addr, lengths) in reads.items():
+            for rank, (local_addr, remote_addr, lengths) in plan.reads.items():
                 self.engine.read(agents[rank].session_id, local_addr, remote_addr, lengths)
                 total += sum(lengths)
-            for buf, dst, src_start, dst_start, count in staged:
-                scatter_heads(buf, dst, local_ids, src_start, dst_start, count)
+            for buf, dst, src_start, dst_start, count in plan.staged:
+                scatter_heads(buf, dst, plan.local_ids, src_start, dst_start, count)
         finally:
-            for buf in staging:
+            for buf in plan.staging:
                 self.engine.unregister(buf.data_ptr())
         return total
 
@@ -299,6 +278,65 @@ class WorkerSide:
             self.server = None
         if self.engine is not None:
             self.engine.close()
+
+
+class _PullPlan:
+    """The reads of one pull, batched per prefill rank as ``(local addresses, remote addresses, byte lengths)``, and
+    the staging buffers whose heads are scattered into the cache after the reads (TP sizes that differ)."""
+
+    def __init__(self, local_ids: Sequence[int], remote_ids: Sequence[int]) -> None:
+        self.local_ids = local_ids
+        self.remote_ids = remote_ids
+        self.reads: dict[int, tuple[list[int], list[int], list[int]]] = {}
+        # (staging buffer, destination plane view, src_start, dst_start, head count) per staged plane.
+        self.staged: list[tuple[torch.Tensor, torch.Tensor, int, int, int]] = []
+
+    @property
+    def staging(self) -> list[torch.Tensor]:
+        return [entry[0] for entry in self.staged]
+
+    def _reads(self, rank: int) -> tuple[list[int], list[int], list[int]]:
+        return self.reads.setdefault(rank, ([], [], []))
+
+    def add_direct(self, rank: int, name: str, layout: LayerLayout, rlayout: LayerLayout) -> None:
+        """Whole blocks of every plane, read straight into the cache."""
+        local_addr, remote_addr, lengths = self._reads(rank)
+        for lp, rp in zip(layout.planes, rlayout.planes):
+            if lp.block_bytes != rp.block_bytes:
+                raise LayoutError(
+                    f"layer {name}: a block is {lp.block_bytes} bytes here and {rp.block_bytes} on the "
+                    "prefill side; both instances must run the same model, dtype and block size"
+                )
+            for ls, rs, n in block_runs(self.local_ids, self.remote_ids):
+                local_addr.append(layout.base + lp.offset + ls * lp.block_bytes)
+                remote_addr.append(rlayout.base + rp.offset + rs * rp.block_bytes)
+                lengths.append(n * lp.block_bytes)
+
+    def add_staged(
+        self,
+        rank: int,
+        name: str,
+        layout: LayerLayout,
+        rlayout: LayerLayout,
+        head_slice: HeadSlice,
+        cache: torch.Tensor,
+        block_size: int,
+    ) -> None:
+        """Every plane of the remote rank's blocks read into a staging buffer, whose ``head_slice`` heads are then
+        scattered into the cache (:func:`.layout.scatter_heads`)."""
+        local_addr, remote_addr, lengths = self._reads(rank)
+        for i, (lp, rp) in enumerate(zip(layout.planes, rlayout.planes)):
+            if lp.head_bytes != rp.head_bytes:
+                raise LayoutError(f"layer {name}: head size/dtype differ between the prefill and decode side")
+            buf = torch.empty(
+                (len(self.local_ids), block_size, rp.heads, rp.head_bytes), dtype=torch.uint8, device=cache.device
+            )
+            for si, rs, n in block_runs(range(len(self.local_ids)), self.remote_ids):
+                local_addr.append(buf.data_ptr() + si * rp.block_bytes)
+                remote_addr.append(rlayout.base + rp.offset + rs * rp.block_bytes)
+                lengths.append(n * rp.block_bytes)
+            dst = plane_view(cache.view(torch.uint8), layout, i)
+            self.staged.append((buf, dst, head_slice.src_start, head_slice.dst_start, head_slice.count))
 
 
 def describe(name: str, cache: Any, kv_lora_rank: int | None) -> LayerLayout:

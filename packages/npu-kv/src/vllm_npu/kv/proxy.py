@@ -78,113 +78,148 @@ def prefill_body(body: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+@dataclass
+class ProxyState:
+    """What the proxy's handlers share: the two pools and one HTTP session (opened on first use, closed at shutdown)."""
+
+    pools: dict[str, Pool]
+    timeout_s: float
+    _session: aiohttp.ClientSession | None = None
+
+    def session(self) -> aiohttp.ClientSession:
+        # Created lazily: an aiohttp session must be made inside the running event loop, which create_app is not.
+        if self._session is None:
+            self._session = aiohttp.ClientSession(
+                timeout=aiohttp.ClientTimeout(total=self.timeout_s), connector=aiohttp.TCPConnector(limit=0)
+            )
+        return self._session
+
+    async def close(self) -> None:
+        if self._session is not None:
+            session, self._session = self._session, None
+            await session.close()
+
+
+def _state(request: Request) -> ProxyState:
+    state: ProxyState = request.app.state.proxy
+    return state
+
+
+async def run_prefill(
+    state: ProxyState, path: str, body: dict[str, Any], headers: dict[str, str]
+) -> dict[str, Any] | None:
+    """Send ``body`` to a prefill instance (see :func:`prefill_body`); its ``kv_transfer_params``, or None when the
+    instance cannot be reached, answers with an error or returns none (the decode instance then computes the prompt)."""
+    pool = state.pools["prefill"]
+    url = pool.pick()
+    try:
+        async with state.session().post(f"{url}{path}", json=prefill_body(body), headers=headers) as resp:
+            if resp.status != 200:
+                text = await resp.text()
+                logger.warning(
+                    "prefill %s answered %d (%s); the decode instance computes the prompt",
+                    url,
+                    resp.status,
+                    text[:300],
+                )
+                return None
+            answer = await resp.json()
+    except (aiohttp.ClientError, TimeoutError) as exc:
+        logger.warning(
+            "prefill %s unreachable (%s: %s); the decode instance computes the prompt", url, type(exc).__name__, exc
+        )
+        return None
+    finally:
+        pool.release(url)
+    params = answer.get("kv_transfer_params")
+    if not params:
+        logger.warning("prefill %s returned no kv_transfer_params; the decode instance computes the prompt", url)
+    return params if isinstance(params, dict) else None
+
+
+async def forward(state: ProxyState, path: str, request: Request) -> Response:
+    """One client request: prefill (best effort), then decode, whose answer (streamed or not) is the client's."""
+    try:
+        body = await request.json()
+    except json.JSONDecodeError:
+        return JSONResponse({"error": {"message": "the request body is not JSON"}}, status_code=400)
+    headers = {k: v for k, v in request.headers.items() if k.lower() == "authorization"}
+    params = await run_prefill(state, path, body, headers)
+    decode_body = copy.deepcopy(body)
+    if params is not None:
+        decode_body["kv_transfer_params"] = params
+    else:
+        decode_body.pop("kv_transfer_params", None)
+    pool = state.pools["decode"]
+    url = pool.pick()
+    try:
+        resp = await state.session().post(f"{url}{path}", json=decode_body, headers=headers)
+    except (aiohttp.ClientError, TimeoutError) as exc:
+        pool.release(url)
+        return JSONResponse(
+            {"error": {"message": f"decode instance {url} unreachable: {type(exc).__name__}: {exc}"}},
+            status_code=502,
+        )
+    if not body.get("stream"):
+        try:
+            content = await resp.read()
+            return Response(content, status_code=resp.status, media_type=resp.content_type)
+        finally:
+            resp.release()
+            pool.release(url)
+
+    async def stream() -> AsyncIterator[bytes]:
+        try:
+            async for chunk in resp.content.iter_any():
+                yield chunk
+        finally:
+            resp.release()
+            pool.release(url)
+
+    return StreamingResponse(stream(), status_code=resp.status, media_type=resp.content_type)
+
+
+# --- routes (module-level; each reads the app's ProxyState) ---
+
+
+async def completions(request: Request) -> Response:
+    return await forward(_state(request), "/v1/completions", request)
+
+
+async def chat(request: Request) -> Response:
+    return await forward(_state(request), "/v1/chat/completions", request)
+
+
+async def models(request: Request) -> Response:
+    state = _state(request)
+    url = state.pools["decode"].urls[0]
+    async with state.session().get(f"{url}/v1/models") as resp:
+        return Response(await resp.read(), status_code=resp.status, media_type=resp.content_type)
+
+
+async def health(request: Request) -> dict[str, Any]:
+    return {
+        role: {"policy": pool.policy, "in_flight": pool.in_flight, "served": pool.served}
+        for role, pool in _state(request).pools.items()
+    }
+
+
+@contextlib.asynccontextmanager
+async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
+    yield
+    await app.state.proxy.close()
+
+
 def create_app(
     prefill: Sequence[str], decode: Sequence[str], policy: str = "round_robin", timeout_s: float = 600.0
 ) -> FastAPI:
     """The proxy's ASGI app over the given instance base URLs (``http://host:port``)."""
     pools = {"prefill": Pool(list(prefill), policy), "decode": Pool(list(decode), policy)}
-    state: dict[str, aiohttp.ClientSession] = {}
-
-    @contextlib.asynccontextmanager
-    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
-        yield
-        if "session" in state:
-            await state.pop("session").close()
-
-    app = FastAPI(title="vllm-npu pd-proxy", lifespan=lifespan)
+    app = FastAPI(title="vllm-npu pd-proxy", lifespan=_lifespan)
+    app.state.proxy = ProxyState(pools, timeout_s)
     app.state.pools = pools
-
-    def session() -> aiohttp.ClientSession:
-        if "session" not in state:
-            state["session"] = aiohttp.ClientSession(
-                timeout=aiohttp.ClientTimeout(total=timeout_s), connector=aiohttp.TCPConnector(limit=0)
-            )
-        return state["session"]
-
-    async def run_prefill(path: str, body: dict[str, Any], headers: dict[str, str]) -> dict[str, Any] | None:
-        url = pools["prefill"].pick()
-        try:
-            async with session().post(f"{url}{path}", json=prefill_body(body), headers=headers) as resp:
-                if resp.status != 200:
-                    text = await resp.text()
-                    logger.warning(
-                        "prefill %s answered %d (%s); the decode instance computes the prompt",
-                        url,
-                        resp.status,
-                        text[:300],
-                    )
-                    return None
-                answer = await resp.json()
-        except (aiohttp.ClientError, TimeoutError) as exc:
-            logger.warning(
-                "prefill %s unreachable (%s: %s); the decode instance computes the prompt", url, type(exc).__name__, exc
-            )
-            return None
-        finally:
-            pools["prefill"].release(url)
-        params = answer.get("kv_transfer_params")
-        if not params:
-            logger.warning("prefill %s returned no kv_transfer_params; the decode instance computes the prompt", url)
-        return params if isinstance(params, dict) else None
-
-    async def forward(path: str, request: Request) -> Response:
-        try:
-            body = await request.json()
-        except json.JSONDecodeError:
-            return JSONResponse({"error": {"message": "the request body is not JSON"}}, status_code=400)
-        headers = {k: v for k, v in request.headers.items() if k.lower() == "authorization"}
-        params = await run_prefill(path, body, headers)
-        decode_body = copy.deepcopy(body)
-        if params is not None:
-            decode_body["kv_transfer_params"] = params
-        else:
-            decode_body.pop("kv_transfer_params", None)
-        url = pools["decode"].pick()
-        try:
-            resp = await session().post(f"{url}{path}", json=decode_body, headers=headers)
-        except (aiohttp.ClientError, TimeoutError) as exc:
-            pools["decode"].release(url)
-            return JSONResponse(
-                {"error": {"message": f"decode instance {url} unreachable: {type(exc).__name__}: {exc}"}},
-                status_code=502,
-            )
-        if not body.get("stream"):
-            try:
-                content = await resp.read()
-                return Response(content, status_code=resp.status, media_type=resp.content_type)
-            finally:
-                resp.release()
-                pools["decode"].release(url)
-
-        async def stream() -> AsyncIterator[bytes]:
-            try:
-                async for chunk in resp.content.iter_any():
-                    yield chunk
-            finally:
-                resp.release()
-                pools["decode"].release(url)
-
-        return StreamingResponse(stream(), status_code=resp.status, media_type=resp.content_type)
-
-    @app.post("/v1/completions")
-    async def completions(request: Request) -> Response:
-        return await forward("/v1/completions", request)
-
-    @app.post("/v1/chat/completions")
-    async def chat(request: Request) -> Response:
-        return await forward("/v1/chat/completions", request)
-
-    @app.get("/v1/models")
-    async def models() -> Response:
-        url = pools["decode"].urls[0]
-        async with session().get(f"{url}/v1/models") as resp:
-            return Response(await resp.read(), status_code=resp.status, media_type=resp.content_type)
-
-    @app.get("/health")
-    async def health() -> dict[str, Any]:
-        return {
-            role: {"policy": pool.policy, "in_flight": pool.in_flight, "served": pool.served}
-            for role, pool in pools.items()
-        }
-
+    app.add_api_route("/v1/completions", completions, methods=["POST"])
+    app.add_api_route("/v1/chat/completions", chat, methods=["POST"])
+    app.add_api_route("/v1/models", models, methods=["GET"])
+    app.add_api_route("/health", health, methods=["GET"])
     return app
