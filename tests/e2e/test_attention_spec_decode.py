@@ -93,10 +93,10 @@ def test_ngram_speculative_seeded_sampling_is_reproducible(llm):
 REPEATS = Case("regex_repeats", {"regex": "(abc-){6}[0-9]{2}"}, lambda text: re.fullmatch("(abc-){6}[0-9]{2}", text))
 
 
-def _use_npu_mask(worker) -> None:
+def _use_mask(worker, side: str) -> None:
     from vllm_npu.platform.sample import GRAMMAR_BITMASK
 
-    worker.model_runner.grammar_mask = GRAMMAR_BITMASK.npu
+    worker.model_runner.grammar_mask = GRAMMAR_BITMASK.npu if side == "npu" else GRAMMAR_BITMASK.select()
 
 
 def test_structured_output_with_drafts_equals_the_constrained_greedy_reference(llm, tiny_qwen2):
@@ -109,7 +109,10 @@ def test_structured_output_with_drafts_equals_the_constrained_greedy_reference(l
     first += check_structured(llm, tiny_qwen2, make_prompts([6, 4], seed=32), [REPEATS])
     accepted = _counter(llm, "vllm:spec_decode_num_accepted_tokens") - accepted_before
     assert 0 < accepted < _counter(llm, "vllm:spec_decode_num_draft_tokens") - drafted_before
-    llm.collective_rpc(_use_npu_mask)
-    second = check_structured(llm, tiny_qwen2, structured_prompts())
-    second += check_structured(llm, tiny_qwen2, make_prompts([6, 4], seed=32), [REPEATS])
+    llm.collective_rpc(_use_mask, args=("npu",))
+    try:
+        second = check_structured(llm, tiny_qwen2, structured_prompts())
+        second += check_structured(llm, tiny_qwen2, make_prompts([6, 4], seed=32), [REPEATS])
+    finally:
+        llm.collective_rpc(_use_mask, args=("selected",))
     assert [o.outputs[0].token_ids for o in second] == [o.outputs[0].token_ids for o in first]
