@@ -117,3 +117,12 @@ def test_a_failing_device_side_falls_back_to_the_reference_per_request():
     expected = _vllm_float32(step, bitmask, batch, logits)
     assert apply_grammar_bitmask(step, bitmask, batch, logits, broken) == {}
     assert torch.equal(torch.isinf(logits), torch.isinf(expected))
+
+
+def test_under_async_scheduling_every_structured_request_fails_with_the_reason():
+    from vllm_npu.platform.sample.grammar import ASYNC_SCHEDULING_ERROR, async_scheduling_faults
+
+    step, _ = _step({"d": 0, "b": 1, "gone": 2}, {"b": [7]})
+    faults = async_scheduling_faults(step, {"a": 0, "b": 1, "c": 2, "d": 3})
+    assert faults == {"d": ASYNC_SCHEDULING_ERROR, "b": ASYNC_SCHEDULING_ERROR}
+    assert "--async-scheduling" in ASYNC_SCHEDULING_ERROR and "vllm-project/vllm#26866" in ASYNC_SCHEDULING_ERROR

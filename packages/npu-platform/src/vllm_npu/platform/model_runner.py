@@ -197,13 +197,17 @@ class NPUModelRunner(GPUModelRunner):
         per-request logits processors guarded (:func:`.sample.isolated_request_logitsprocs`): a request whose own
         logits processing fails is recorded in ``_request_faults`` (reported with the step's output), not raised."""
         from .sample import apply_grammar_bitmask, isolated_request_logitsprocs
+        from .sample.grammar import async_scheduling_faults
 
         faults = getattr(self, "_request_faults", {})
         step = getattr(self, "_grammar_step", None)
         if step is not None and logits is not None:
             scheduler_output, bitmask = step
             batch = self.input_batch.req_id_to_index
-            faults.update(apply_grammar_bitmask(scheduler_output, bitmask, batch, logits, self.grammar_mask))
+            if self.use_async_scheduling:  # the bitmask is a token stale: fail those requests with the reason
+                faults.update(async_scheduling_faults(scheduler_output, batch))
+            else:
+                faults.update(apply_grammar_bitmask(scheduler_output, bitmask, batch, logits, self.grammar_mask))
         with isolated_request_logitsprocs(self.input_batch, faults), self._host_top_k():
             return super()._sample(logits, spec_decode_metadata)
 

@@ -122,6 +122,21 @@ def grammar_mask_reference(logits: torch.Tensor, rows: list[int], bitmask: torch
 
 GRAMMAR_BITMASK: Kernel[GrammarMask] = Kernel("grammar_bitmask", npu=grammar_mask_npu, reference=grammar_mask_reference)
 
+#: Why a structured request fails under async scheduling (:func:`async_scheduling_faults`).
+ASYNC_SCHEDULING_ERROR = (
+    "structured output does not work with async scheduling on vLLM 0.11.0: the scheduler computes a step's grammar "
+    "bitmask before the previous step's token is known, so the constraint lags one token behind "
+    "(vllm-project/vllm#26866 makes them compatible upstream); start the engine without async scheduling "
+    "(no --async-scheduling, async_scheduling=False)"
+)
+
+
+def async_scheduling_faults(scheduler_output: Any, req_id_to_index: dict[str, int]) -> dict[str, str]:
+    """``{req_id: ASYNC_SCHEDULING_ERROR}`` for every structured request of the step: under vLLM 0.11.0's async
+    scheduling their bitmask is one token stale (every character came out twice on the emulated device), so they
+    are failed with the reason instead of answered with text that breaks their constraint."""
+    return {req_id: ASYNC_SCHEDULING_ERROR for req_id, _, _ in structured_rows(scheduler_output, req_id_to_index)}
+
 
 def apply_grammar_bitmask(
     scheduler_output: Any,
