@@ -12,9 +12,12 @@ SpecDecoding / ChunkedPrefill states.
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from npu_testkit.engine import emulated_env, engine, greedy, make_prompts, tiny_config, token_prompts
 from npu_testkit.models import build_tiny_model, hf_greedy
+from npu_testkit.structured import ENGINE_KWARGS, Case, check_structured, structured_prompts
 
 pytestmark = pytest.mark.engine
 
@@ -33,9 +36,12 @@ def tiny_qwen2():
 def llm(tiny_qwen2, tmp_path_factory):
     # A separate engine-core process: vLLM 0.11 hands the drafted tokens to the scheduler in EngineCore.post_step,
     # which only the engine-core busy loop calls (the in-process client never does, so nothing would be drafted).
-    env = emulated_env(tmp_path_factory.mktemp("specdec"), multiprocessing=True)
+    # Insecure serialization: the structured-output test sends the engine core a function (the mask swap).
+    extra = {"VLLM_ALLOW_INSECURE_SERIALIZATION": "1"}
+    env = emulated_env(tmp_path_factory.mktemp("specdec"), multiprocessing=True, extra=extra)
     spec = {"method": "ngram", "num_speculative_tokens": NUM_SPEC, "prompt_lookup_max": 4, "prompt_lookup_min": 2}
-    with engine(tiny_qwen2, env, speculative_config=spec, max_num_batched_tokens=64, disable_log_stats=False) as llm:
+    kwargs = {"max_num_batched_tokens": 64, "disable_log_stats": False, **ENGINE_KWARGS}
+    with engine(tiny_qwen2, env, speculative_config=spec, **kwargs) as llm:
         yield llm
 
 
@@ -80,3 +86,33 @@ def test_ngram_speculative_seeded_sampling_is_reproducible(llm):
     assert _counter(llm, "vllm:spec_decode_num_draft_tokens") > drafted_before
     assert first == second
     assert all(len(t) == 40 and all(0 <= x < 512 for x in t) for t in first)
+
+
+#: A constraint whose output repeats itself: the ngram proposer drafts the repeats, so verification steps carry
+#: 1 + 3 bitmask rows per request and the rejection sampler sees grammar-masked target logits.
+REPEATS = Case("regex_repeats", {"regex": "(abc-){6}[0-9]{2}"}, lambda text: re.fullmatch("(abc-){6}[0-9]{2}", text))
+
+
+def _use_mask(worker, side: str) -> None:
+    from vllm_npu.platform.sample import GRAMMAR_BITMASK
+
+    worker.model_runner.grammar_mask = GRAMMAR_BITMASK.npu if side == "npu" else GRAMMAR_BITMASK.select()
+
+
+def test_structured_output_with_drafts_equals_the_constrained_greedy_reference(llm, tiny_qwen2):
+    """Every constraint kind with ngram drafts: valid, and the tokens of greedy decoding without speculation (HF
+    float32 + xgrammar); the repeating regex gets drafts accepted under its grammar. Then the same with the runner
+    masking through the NPU's side of GRAMMAR_BITMASK (on the device; here the CPU): the same tokens."""
+    drafted_before = _counter(llm, "vllm:spec_decode_num_draft_tokens")
+    accepted_before = _counter(llm, "vllm:spec_decode_num_accepted_tokens")
+    first = check_structured(llm, tiny_qwen2, structured_prompts())
+    first += check_structured(llm, tiny_qwen2, make_prompts([6, 4], seed=32), [REPEATS])
+    accepted = _counter(llm, "vllm:spec_decode_num_accepted_tokens") - accepted_before
+    assert 0 < accepted < _counter(llm, "vllm:spec_decode_num_draft_tokens") - drafted_before
+    llm.collective_rpc(_use_mask, args=("npu",))
+    try:
+        second = check_structured(llm, tiny_qwen2, structured_prompts())
+        second += check_structured(llm, tiny_qwen2, make_prompts([6, 4], seed=32), [REPEATS])
+    finally:
+        llm.collective_rpc(_use_mask, args=("selected",))
+    assert [o.outputs[0].token_ids for o in second] == [o.outputs[0].token_ids for o in first]

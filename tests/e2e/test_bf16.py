@@ -58,3 +58,51 @@ def test_bf16_structured_output_json_schema(llm):
     assert done.outputs[0].finish_reason == "stop", done.outputs[0]
     assert isinstance(json.loads(done.outputs[0].text)["a"], int)
     assert len(other.outputs[0].token_ids) == 5
+
+
+def test_bf16_structured_output_every_kind_and_the_npu_side_of_the_mask(llm):
+    # Regex, choice, EBNF and Lark grammars, and a JSON schema vLLM's auto backend hands to llguidance ("format"), on
+    # bf16 logits with a plain request in the batch (the object schema with free whitespace: the test above); each
+    # output valid and ended by its grammar. Then the runner masks through the NPU's side of GRAMMAR_BITMASK (bf16
+    # masked on the device; here the CPU) instead of xgrammar's float32 host copy: the very same tokens.
+    from npu_testkit.structured import (
+        CASES,
+        GUIDANCE_CASE,
+        check_structured,
+        check_structured_masked_per_step,
+        structured_prompts,
+    )
+    from vllm_npu.platform.sample import GRAMMAR_BITMASK
+
+    cases = CASES[1:] + [GUIDANCE_CASE]
+    first = check_structured(llm, None, structured_prompts(), cases)
+    second, _ = check_structured_masked_per_step(llm, None, mask=GRAMMAR_BITMASK.npu, cases=cases)
+    assert [o.outputs[0].token_ids for o in second] == [o.outputs[0].token_ids for o in first]
+
+
+@pytest.mark.parametrize(
+    ("constraint", "message"),
+    [
+        ({"regex": "[0-9"}, "invalid regex"),
+        ({"choice": []}, "cannot be an empty list"),
+        ({"grammar": "root ::= (("}, "Failed to convert the grammar from GBNF to Lark: Expected '\\)'"),
+        # vLLM converts a Lark grammar to EBNF in place before xgrammar rejects it, so llguidance (the fallback)
+        # reports on the converted text ("root ::= start / start ::= ((").
+        ({"grammar": "start: (("}, "Grammar error: 1\\(7\\): Expected token"),
+        ({"json": {"type": "nonsense"}}, "Invalid type: nonsense"),
+        ({"json": "{not json"}, "key must be a string at line 1 column 2"),
+    ],
+    ids=["regex", "empty_choice", "ebnf", "lark", "schema", "schema_not_json"],
+)
+def test_bf16_rejected_constraint_is_a_value_error_and_the_engine_serves_on(
+    llm, tiny_qwen2, prompts, constraint, message
+):
+    # Offline, a constraint neither xgrammar nor llguidance (vLLM's auto fallback) accepts fails the call with a
+    # ValueError naming the cause, before anything reaches the engine; the next request is served as before.
+    from vllm import SamplingParams
+    from vllm.sampling_params import StructuredOutputsParams
+
+    bad = SamplingParams(max_tokens=5, structured_outputs=StructuredOutputsParams(**constraint))
+    with pytest.raises(ValueError, match=message):
+        llm.generate(["hi"], bad, use_tqdm=False)
+    assert greedy(llm, prompts[:2], 1) == hf_greedy(tiny_qwen2, prompts[:2], 1, dtype="float32")

@@ -15,6 +15,7 @@ import pytest
 from npu_testkit.engine import emulated_env, engine, greedy, make_prompts
 from npu_testkit.graph_e2e import NEW_TOKENS, check_skipped_refresh_gives_wrong_tokens, runtime_info
 from npu_testkit.models import hf_greedy
+from npu_testkit.structured import ENGINE_KWARGS, check_structured_masked_per_step
 
 pytestmark = pytest.mark.engine
 
@@ -29,6 +30,7 @@ def llm(tiny_llama, tmp_path_factory):
         "additional_config": {"npu": {"emulated_compile": "inductor"}},
         "block_size": 128,
         "max_num_seqs": 8,
+        **ENGINE_KWARGS,
     }
     with engine(tiny_llama, emulated_env(tmp_path_factory.mktemp("compiled")), **kwargs) as llm:
         yield llm
@@ -53,3 +55,10 @@ def test_every_batch_size_matches_hf(llm, tiny_llama):
 
 def test_skipping_the_in_graph_metadata_update_gives_wrong_tokens(llm, tiny_llama, monkeypatch):
     check_skipped_refresh_gives_wrong_tokens(llm, tiny_llama, monkeypatch)
+
+
+def test_structured_output_is_masked_every_step_next_to_the_compiled_replays(llm, tiny_llama):
+    # Every constraint kind in one batch with a plain request: valid, and equal to the constrained greedy reference
+    # (HF float32 + xgrammar); the mask runs once per step outside the compiled graphs (batches above 4 run eagerly).
+    _, seen = check_structured_masked_per_step(llm, tiny_llama, "FULL")
+    assert sum(b > a for a, b in zip(seen, seen[1:])) >= 8, seen

@@ -21,6 +21,7 @@ from npu_testkit.graph_e2e import (
     graph_engine,
     runtime_info,
 )
+from npu_testkit.structured import ENGINE_KWARGS, check_structured_masked_per_step
 
 pytestmark = pytest.mark.engine
 
@@ -30,7 +31,9 @@ LAYERS = 2
 
 @pytest.fixture(scope="module")
 def llm(tiny_llama, tmp_path_factory):
-    with graph_engine(tiny_llama, tmp_path_factory, "full_decode", "FULL_DECODE_ONLY", block_size=BLOCK) as llm:
+    with graph_engine(
+        tiny_llama, tmp_path_factory, "full_decode", "FULL_DECODE_ONLY", block_size=BLOCK, **ENGINE_KWARGS
+    ) as llm:
         yield llm
 
 
@@ -59,3 +62,15 @@ def test_prefix_cache_hit_matches_hf(llm, tiny_llama):
 
 def test_skipping_the_in_graph_metadata_update_gives_wrong_tokens(llm, tiny_llama, monkeypatch):
     check_skipped_refresh_gives_wrong_tokens(llm, tiny_llama, monkeypatch)
+
+
+@pytest.mark.parametrize("side", ["selected", "npu"])
+def test_structured_output_is_masked_every_step_next_to_the_graph_replays(llm, tiny_llama, side):
+    # Every constraint kind in one batch with a plain request: valid, and equal to the constrained greedy reference
+    # (HF float32 + xgrammar). The bitmask changes every step and is applied to the logits after the captured
+    # forward (in _sample, outside the graph): one mask per step, each after that step's replay. "npu": the runner
+    # masks with the NPU's side of GRAMMAR_BITMASK (on the device; here the CPU) instead of the reference it selected.
+    from vllm_npu.platform.sample import GRAMMAR_BITMASK
+
+    _, seen = check_structured_masked_per_step(llm, tiny_llama, "FULL", GRAMMAR_BITMASK.npu if side == "npu" else None)
+    assert sum(b > a for a, b in zip(seen, seen[1:])) >= 15, seen

@@ -18,6 +18,7 @@ from npu_testkit.graph_e2e import (
     graph_engine,
     runtime_info,
 )
+from npu_testkit.structured import ENGINE_KWARGS, check_structured_masked_per_step
 
 pytestmark = pytest.mark.engine
 
@@ -26,7 +27,7 @@ BLOCK = 16
 
 @pytest.fixture(scope="module")
 def llm(tiny_qwen2, tmp_path_factory):
-    with graph_engine(tiny_qwen2, tmp_path_factory, "piecewise", "PIECEWISE", block_size=BLOCK) as llm:
+    with graph_engine(tiny_qwen2, tmp_path_factory, "piecewise", "PIECEWISE", block_size=BLOCK, **ENGINE_KWARGS) as llm:
         yield llm
 
 
@@ -51,3 +52,10 @@ def test_mixed_prefill_decode_and_chunked_prefill_match_hf(llm, tiny_qwen2):
 
 def test_prefix_cache_hit_matches_hf(llm, tiny_qwen2):
     check_prefix_cache(llm, tiny_qwen2, block_size=BLOCK)
+
+
+def test_structured_output_is_masked_every_step_next_to_the_piece_replays(llm, tiny_qwen2):
+    # Every constraint kind in one batch with a plain request: valid, and equal to the constrained greedy reference
+    # (HF float32 + xgrammar); the runner masks the logits once per step, after the step's pieces were replayed.
+    _, seen = check_structured_masked_per_step(llm, tiny_qwen2, "PIECEWISE")
+    assert sum(b > a for a, b in zip(seen, seen[1:])) >= 15, seen

@@ -5,6 +5,7 @@
 - :mod:`.engine`: real-vLLM engines on the emulated device (its docstring is the stable contract the tests use);
 - :mod:`.models`: tiny Hugging Face checkpoints built on the fly, and HF reference generation;
 - :mod:`.graph_e2e`: the shared scenario (engine and checks) of the static-graph engine modules;
+- :mod:`.structured`: structured output of every constraint kind, validated, against HF greedy under xgrammar;
 - :mod:`.serve`: ``vllm serve`` as a subprocess, ready when ``/v1/models`` answers;
 - :mod:`.sibling`: import a helper module that sits next to a test file;
 - :mod:`.distributed`: a one-rank vLLM process group for layer tests without an engine;

@@ -49,13 +49,12 @@ def engine_kwargs(mode: str, *, block_size: int) -> dict[str, Any]:
 
 @contextlib.contextmanager
 def graph_engine(
-    model_dir: str | Path, tmp_path_factory: Any, name: str, mode: str, *, block_size: int
+    model_dir: str | Path, tmp_path_factory: Any, name: str, mode: str, *, block_size: int, **kwargs: Any
 ) -> Iterator[Any]:
     """The module's engine: ``model_dir`` on the emulated device (state under a fresh ``name`` temp dir of pytest's
-    ``tmp_path_factory``) with :func:`engine_kwargs` for cudagraph ``mode`` and KV ``block_size``."""
-    with engine(
-        model_dir, emulated_env(tmp_path_factory.mktemp(name)), **engine_kwargs(mode, block_size=block_size)
-    ) as llm:
+    ``tmp_path_factory``) with :func:`engine_kwargs` for cudagraph ``mode`` and KV ``block_size``, and ``kwargs``."""
+    args = {**engine_kwargs(mode, block_size=block_size), **kwargs}
+    with engine(model_dir, emulated_env(tmp_path_factory.mktemp(name)), **args) as llm:
         yield llm
 
 

@@ -12,10 +12,10 @@ sampling and logprobs, KV-cache allocation) is vLLM's own code. The overrides:
   are the device's own), so the shim never needs to be process-wide. Dual-batch overlap (``--enable-dbo``) is
   refused by the platform: vLLM's ``UBatchWrapper`` calls ``torch.cuda`` in ``load_model`` and in its threads,
   outside this shim, and asserts a CUDA platform.
-- ``execute_model`` / ``_sample``: structured output's grammar bitmask is applied by :mod:`.sample.grammar` (xgrammar's
-  CPU kernel on float32 host copies of the structured rows, as vllm-ascend does on the NPU: vLLM's own call fails for
-  bf16/fp16 logits on the host), and one request's failing logits processing (its bitmask row, its per-request
-  logits processor) is reported with the step's output for the scheduler to fail that request alone.
+- ``execute_model`` / ``_sample``: structured output's grammar bitmask is applied by :mod:`.sample.grammar` (on the
+  device on an NPU; xgrammar's CPU kernel on float32 copies of the structured rows on the emulated device: vLLM's own
+  call fails for bf16/fp16 logits on the host), and one request's failing logits processing (its bitmask row, its
+  per-request logits processor) is reported with the step's output for the scheduler to fail that request alone.
 - top-k / top-p: vLLM's ``TopKTopPSampler`` is replaced by :class:`.sample.NPUTopKTopPSampler` (the NPU's
   ``npu_top_k_top_p`` within its k range, else a sort; vLLM's seeded ``random_sample`` unchanged); ``_sample`` tells
   it the step's largest k from the persistent batch's host copy, so the choice reads no device tensor.
@@ -100,6 +100,10 @@ class NPUModelRunner(GPUModelRunner):
             from .sample import NPUTopKTopPSampler
 
             self.sampler.topk_topp_sampler = NPUTopKTopPSampler(self.sampler.logprobs_mode)
+        from .sample import GRAMMAR_BITMASK
+
+        #: The structured-output mask, chosen once: on the device on an NPU, xgrammar's CPU kernel otherwise.
+        self.grammar_mask = GRAMMAR_BITMASK.select()
 
     def _make_buffer(self, *size: int | torch.SymInt, dtype: torch.dtype, numpy: bool = True) -> CpuGpuBuffer:
         """vLLM's host/device buffer pair. On the emulated device the device half is its own tensor: vLLM's
@@ -193,12 +197,17 @@ class NPUModelRunner(GPUModelRunner):
         per-request logits processors guarded (:func:`.sample.isolated_request_logitsprocs`): a request whose own
         logits processing fails is recorded in ``_request_faults`` (reported with the step's output), not raised."""
         from .sample import apply_grammar_bitmask, isolated_request_logitsprocs
+        from .sample.grammar import async_scheduling_faults
 
         faults = getattr(self, "_request_faults", {})
         step = getattr(self, "_grammar_step", None)
         if step is not None and logits is not None:
             scheduler_output, bitmask = step
-            faults.update(apply_grammar_bitmask(scheduler_output, bitmask, self.input_batch.req_id_to_index, logits))
+            batch = self.input_batch.req_id_to_index
+            if self.use_async_scheduling:  # the bitmask is a token stale: fail those requests with the reason
+                faults.update(async_scheduling_faults(scheduler_output, batch))
+            else:
+                faults.update(apply_grammar_bitmask(scheduler_output, bitmask, batch, logits, self.grammar_mask))
         with isolated_request_logitsprocs(self.input_batch, faults), self._host_top_k():
             return super()._sample(logits, spec_decode_metadata)
 

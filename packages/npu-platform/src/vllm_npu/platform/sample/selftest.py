@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
-"""Selftest cases of the platform's kernel pairs (:data:`.topk_topp.TOP_K_TOP_P`), collected by the platform door's
-``selftest_cases`` (see :mod:`vllm_npu.interface.selftest`)."""
+"""Selftest cases of the platform's kernel pairs (:data:`.topk_topp.TOP_K_TOP_P`, :data:`.grammar.GRAMMAR_BITMASK`),
+collected by the platform door's ``selftest_cases`` (see :mod:`vllm_npu.interface.selftest`)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from typing import Any
 import torch
 from vllm_npu.interface.selftest import KernelCall, KernelCase, randn
 
+from .grammar import GRAMMAR_BITMASK
 from .topk_topp import NPU_TOP_K_MAX, TOP_K_TOP_P
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -49,6 +50,38 @@ def top_k_top_p_cases() -> list[KernelCase]:
     return cases
 
 
+def _masked_in_place(result: Any, args: tuple, kwargs: dict) -> dict[str, Any]:
+    return _masked(args[0], args, kwargs)
+
+
+def grammar_bitmask_cases() -> list[KernelCase]:
+    """Qwen-sized vocabulary (151936, 4748 bitmask words), 10 logit rows: every row masked (the in-place path), and
+    the rows of a batch where two requests are structured, one with 2 draft tokens (rows 2-4) and one without (row
+    7). Random bitmask words, all 32 bits of a word included (bit 31 is the int32 sign bit)."""
+    n, vocab = 10, 151936
+    words = (vocab + 31) // 32
+    cases = []
+    for dtype in _DTYPES:
+        for label, rows in (("every row", list(range(n))), ("rows [2, 3, 4, 7]", [2, 3, 4, 7])):
+
+            def build(device: Any, d: str = dtype, r: list[int] = rows) -> KernelCall:
+                logits = randn(61, n, vocab, dtype=_DTYPES[d], device=device)
+                gen = torch.Generator().manual_seed(62)
+                bitmask = torch.randint(-(2**31), 2**31 - 1, (len(r), words), dtype=torch.int32, generator=gen)
+                return KernelCall((logits, list(r), bitmask), {}, _masked_in_place)
+
+            cases.append(
+                KernelCase(
+                    GRAMMAR_BITMASK,
+                    f"logits [{n}, {vocab}], bitmask [{len(rows)}, {words}], {label}",
+                    dtype,
+                    build,
+                    note="structured output's bitmask unpacked and applied on the NPU == xgrammar's CPU kernel",
+                )
+            )
+    return cases
+
+
 def selftest_cases() -> list[KernelCase]:
     """Every platform kernel pair over its grid of shapes and dtypes."""
-    return top_k_top_p_cases()
+    return top_k_top_p_cases() + grammar_bitmask_cases()
