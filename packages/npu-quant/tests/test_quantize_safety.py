@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 from vllm_npu.quant import quantizer
-from vllm_npu.quant.cli import main
+from vllm_npu.quant.tools.cli import main
 
 SCHEME = "W8A8_DYNAMIC"
 

@@ -477,7 +477,7 @@ class EmulatedDevice(DeviceBackend):
     def capture_graph(
         runnable: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], pool: Any, stream: Any
     ) -> Any:
-        from .graphs._twin import EmulatedGraph
+        from .graphs.emulated.twin import EmulatedGraph
 
         return EmulatedGraph.capture(runnable, args, kwargs)
 

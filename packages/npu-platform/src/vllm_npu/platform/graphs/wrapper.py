@@ -16,7 +16,7 @@ capture and replay go through the platform's device backend instead of ``torch.c
 - before a replay, the graph's updatable tasks (decode attention kernels) are refreshed with the current step's host
   parameters (:mod:`vllm_npu.interface.graphs`);
 - on the emulated device with ``npu.emulated_compile=inductor``, each captured graph is compiled right after its
-  capture (:mod:`._twin_compile`), its compiled pieces kept in an on-disk cache (:mod:`._twin_pieces`).
+  capture (:mod:`.emulated.twin_compile`), its compiled pieces kept in an on-disk cache (:mod:`.emulated.twin_pieces`).
 
 Captures are counted in vLLM's ``compilation_counter.num_cudagraph_captured`` (as vLLM's wrapper does), replays in
 :data:`GRAPH_STATS`.
@@ -57,7 +57,7 @@ class GraphStats:
     capture_seconds: dict[int, float] = field(default_factory=dict)
     capture_bytes: Counter[int] = field(default_factory=Counter)
     # emulated device, npu.emulated_compile=inductor: graphs compiled per runtime mode, compile seconds per size
-    # (part of capture_seconds); the snapshot adds the compiled pieces' counts (_twin_pieces.PIECE_STATS)
+    # (part of capture_seconds); the snapshot adds the compiled pieces' counts (emulated.twin_pieces.PIECE_STATS)
     compiled: Counter[str] = field(default_factory=Counter)
     compile_seconds: dict[int, float] = field(default_factory=dict)
 
@@ -85,7 +85,7 @@ class GraphStats:
 
 
 def _piece_stats() -> Any:
-    from ._twin_pieces import PIECE_STATS
+    from .emulated.twin_pieces import PIECE_STATS
 
     return PIECE_STATS
 

@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
-"""The pure pieces of a compiled twin graph (:mod:`._twin_compile`), compiled by inductor once per distinct piece.
+"""The pure pieces of a compiled twin graph (:mod:`.twin_compile`), compiled by inductor once per distinct piece.
 
 A pure piece is an FX graph of aten ops with every tensor it reads as an argument: activations and the layer's
 weights alike (the split passes the captured graph's constants to its pieces as arguments). So the pieces of
@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 if TYPE_CHECKING:
-    from .compile_cache import CompileCache
+    from ..compile_cache import CompileCache
 
 logger = logging.getLogger(__name__)
 

@@ -40,7 +40,8 @@ from typing import Any
 import torch
 from vllm_npu.interface.staging import staged_directory
 
-from .description import DESCRIPTION_FILENAME, MOE_SCHEMES
+from ..description import DESCRIPTION_FILENAME, MOE_SCHEMES
+from ..schemes.w4a4_flatquant import decompose_dim
 from .quantize_math import (
     flatquant_transforms,
     quantize_w4a4_flatquant,
@@ -49,7 +50,6 @@ from .quantize_math import (
     quantize_w8a8_dynamic,
 )
 from .quantize_paths import QuantizeError, checked_output, read_config, refuse_quantized_input
-from .schemes.w4a4_flatquant import decompose_dim
 
 SCHEMES = {
     "W8A8": "W8A8",

@@ -30,7 +30,7 @@ from vllm_npu.interface.errors import LAYER_DISTRIBUTIONS, ConfigError, install_
 from vllm_npu.interface.registry import discover
 from vllm_npu.interface.versions import INTERFACE_VERSION, SUPPORTED_VLLM, distribution_version, in_range
 
-from .._version import __version__
+from ..._version import __version__
 from ._host import (
     AUTOLOAD_VAR,
     CannInstall,
