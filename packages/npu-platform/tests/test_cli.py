@@ -13,7 +13,8 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from vllm_npu.platform import __version__, cli
+from vllm_npu.platform import __version__
+from vllm_npu.platform.tools import cli
 from vllm_npu.platform.tools.cli import EXIT_MISSING, SUBCOMMANDS, Subcommand
 
 HEAVY = ("torch", "torch_npu", "vllm", "transformers")

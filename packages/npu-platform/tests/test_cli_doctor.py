@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 from vllm_npu.interface import INTERFACE_VERSION, distribution_version
-from vllm_npu.platform.tools.cli._host import _parse_version_file, find_cann, torch_state
+from vllm_npu.platform._cann import _parse_version_file, find_cann
+from vllm_npu.platform.tools.cli._host import torch_state
 
 IN_TREE = {"attention", "models", "ops", "patches", "platform", "quant"}
 _CLEAN = ("VLLM_NPU_", "VLLM_PLUGINS", "ASCEND_", "TORCH_DEVICE_BACKEND_AUTOLOAD", "PYTHONPATH")

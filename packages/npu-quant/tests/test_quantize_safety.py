@@ -11,7 +11,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from vllm_npu.quant import quantizer
+from vllm_npu.quant.tools import quantizer
 from vllm_npu.quant.tools.cli import main
 
 SCHEME = "W8A8_DYNAMIC"

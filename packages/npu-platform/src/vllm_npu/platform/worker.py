@@ -64,7 +64,8 @@ from vllm_npu.interface.errors import ConfigError
 from vllm_npu.interface.log import get_logger
 from vllm_npu.interface.registry import init_worker
 
-from .model_runner import NPUModelRunner, device_backend
+from ._device import device_backend
+from .model_runner import NPUModelRunner
 
 logger = get_logger(__name__)
 

@@ -91,7 +91,7 @@ def plugin_source_digest() -> str:
 
 def cann_version() -> str | None:
     """The installed CANN's version (its home found as the device probe finds it), or None without CANN."""
-    from ..tools.cli._host import find_cann
+    from .._cann import find_cann
 
     return find_cann().version
 

@@ -216,7 +216,7 @@ class TorchairWrapper(CUDAGraphWrapper):
         runtime_mode: CUDAGraphMode = CUDAGraphMode.FULL,
         cudagraph_options: CUDAGraphOptions | None = None,
     ) -> None:
-        from ..model_runner import device_backend
+        from .._device import device_backend
 
         super().__init__(runnable, vllm_config, runtime_mode, cudagraph_options)
         self.device_type = device_backend().type

@@ -40,6 +40,8 @@ from vllm.config import CUDAGraphMode, VllmConfig
 from vllm.forward_context import get_forward_context
 from vllm_npu.interface.log import get_logger
 
+from .._device import device_backend
+
 if TYPE_CHECKING:
     from .compile_cache import CompileCache
 
@@ -108,12 +110,6 @@ def engine_wrappers(vllm_config: VllmConfig) -> list[CUDAGraphWrapper]:
     return [w for w in list(_LIVE_WRAPPERS) if w.vllm_config is vllm_config]
 
 
-def _device_backend() -> Any:
-    from ..model_runner import device_backend
-
-    return device_backend()
-
-
 def _emulated_compile(vllm_config: VllmConfig) -> str:
     from vllm_npu.interface.config import AdditionalConfig
 
@@ -147,7 +143,7 @@ class NPUGraphWrapper(CUDAGraphWrapper):
         cudagraph_options: CUDAGraphOptions | None = None,
     ) -> None:
         super().__init__(runnable, vllm_config, runtime_mode, cudagraph_options)
-        self.device_backend = _device_backend()
+        self.device_backend = device_backend()
         self.compile_captures = self.device_backend.type != "npu" and _emulated_compile(vllm_config) == "inductor"
         self.compile_cache = _twin_compile_cache(vllm_config) if self.compile_captures else None
         register_wrapper(self)

@@ -53,7 +53,7 @@ def _row(check: str, status: str, detail: str, confirms: str, seconds: float) ->
 
 def _touch_device(queue: Any) -> None:
     """A forked child's first runtime call; puts the error it raised (or None) on ``queue``."""
-    from ...model_runner import device_backend
+    from ..._device import device_backend
 
     backend = device_backend()
     try:
@@ -69,7 +69,7 @@ def probe(model: str, dtype: str) -> dict[str, Any]:
     os.environ.pop("VLLM_WORKER_MULTIPROC_METHOD", None)  # the default start method is what is checked
     from vllm.engine.arg_utils import EngineArgs
 
-    from ...model_runner import device_backend
+    from ..._device import device_backend
 
     EngineArgs(model=model, dtype=cast(Any, dtype), max_model_len=256).create_engine_config()
     backend = device_backend()

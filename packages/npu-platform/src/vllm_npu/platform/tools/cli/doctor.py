@@ -30,15 +30,9 @@ from vllm_npu.interface.errors import LAYER_DISTRIBUTIONS, ConfigError, install_
 from vllm_npu.interface.registry import discover
 from vllm_npu.interface.versions import INTERFACE_VERSION, SUPPORTED_VLLM, distribution_version, in_range
 
+from ..._cann import CannInstall, find_cann
 from ..._version import __version__
-from ._host import (
-    AUTOLOAD_VAR,
-    CannInstall,
-    TorchNPUState,
-    find_cann,
-    plugin_entry_points,
-    torch_state,
-)
+from ._host import AUTOLOAD_VAR, TorchNPUState, plugin_entry_points, torch_state
 
 _VLLM_INSTALL = (
     'vLLM is not installed: on CPU/CUDA hosts (emulated device) pip install "npu-platform[vllm]"; on Ascend hosts '
