@@ -162,7 +162,7 @@ def test_a_kernel_pair_without_a_case_is_a_failing_row(tmp_path, monkeypatch) ->
         textwrap.dedent(
             """
             import torch
-            from vllm_npu.interface.device import Kernel
+            from vllm_npu.interface import Kernel
 
             COVERED = Kernel("covered", npu=torch.neg, reference=torch.neg)
             EMPTY = Kernel("compares nothing", npu=torch.neg, reference=torch.neg)
