@@ -17,6 +17,7 @@ from vllm_npu.interface import graphs
 from vllm_npu.platform.graphs.compile_cache import CompileCache
 from vllm_npu.platform.graphs.emulated import twin_pieces
 from vllm_npu.platform.graphs.emulated.twin import EmulatedGraph
+from vllm_npu.platform.graphs.wrapper import PieceStats
 
 LAYERS = 3
 
@@ -48,10 +49,10 @@ class _Layers:
 
 
 @pytest.fixture
-def fresh(monkeypatch: pytest.MonkeyPatch) -> twin_pieces.PieceStats:
+def fresh(monkeypatch: pytest.MonkeyPatch) -> PieceStats:
     """Empty in-process memo of compiled pieces and fresh counters."""
     monkeypatch.setattr(twin_pieces, "_COMPILED", {})
-    stats = twin_pieces.PieceStats()
+    stats = PieceStats()
     monkeypatch.setattr(twin_pieces, "PIECE_STATS", stats)
     return stats
 

@@ -49,6 +49,36 @@ logger = get_logger(__name__)
 
 
 @dataclass
+class PieceStats:
+    """Per-process counts of the emulated twin's compiled pure pieces (:mod:`.emulated.twin_pieces` counts them;
+    here so that every device's graph counts read them without importing the emulated twin)."""
+
+    pieces: int = 0  # pure pieces placed in compiled graphs
+    compiles: int = 0  # inductor compiles run (distinct pieces not found in this process)
+    shared: int = 0  # pieces served by a function compiled for an identical earlier piece in this process
+    disk_hits: int = 0  # compiles served from the on-disk cache's artifacts (no lowering)
+    disk_writes: int = 0  # artifacts written to the on-disk cache
+    reasons: Counter[str] = field(default_factory=Counter)  # why a compile could not be cached on disk
+
+    def reset(self) -> None:
+        self.pieces = self.compiles = self.shared = self.disk_hits = self.disk_writes = 0
+        self.reasons.clear()
+
+    def snapshot(self) -> dict[str, Any]:
+        return {
+            "pieces": self.pieces,
+            "compiles": self.compiles,
+            "shared": self.shared,
+            "disk_hits": self.disk_hits,
+            "disk_writes": self.disk_writes,
+            "uncached": dict(self.reasons),
+        }
+
+
+PIECE_STATS = PieceStats()
+
+
+@dataclass
 class GraphStats:
     """Per-process graph counts (captures are also in vLLM's compilation_counter)."""
 
@@ -59,7 +89,7 @@ class GraphStats:
     capture_seconds: dict[int, float] = field(default_factory=dict)
     capture_bytes: Counter[int] = field(default_factory=Counter)
     # emulated device, npu.emulated_compile=inductor: graphs compiled per runtime mode, compile seconds per size
-    # (part of capture_seconds); the snapshot adds the compiled pieces' counts (emulated.twin_pieces.PIECE_STATS)
+    # (part of capture_seconds); the snapshot adds the compiled pieces' counts (PIECE_STATS)
     compiled: Counter[str] = field(default_factory=Counter)
     compile_seconds: dict[int, float] = field(default_factory=dict)
 
@@ -71,7 +101,7 @@ class GraphStats:
         self.capture_bytes.clear()
         self.compiled.clear()
         self.compile_seconds.clear()
-        _piece_stats().reset()
+        PIECE_STATS.reset()
 
     def snapshot(self) -> dict[str, Any]:
         return {
@@ -82,14 +112,8 @@ class GraphStats:
             "capture_bytes": dict(self.capture_bytes),
             "compiled": dict(self.compiled),
             "compile_seconds": dict(self.compile_seconds),
-            "pieces": _piece_stats().snapshot(),
+            "pieces": PIECE_STATS.snapshot(),
         }
-
-
-def _piece_stats() -> Any:
-    from .emulated.twin_pieces import PIECE_STATS
-
-    return PIECE_STATS
 
 
 #: This process's counts since its model runner was built (the runner resets them: one engine per process).
