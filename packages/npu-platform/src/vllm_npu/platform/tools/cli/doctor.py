@@ -19,7 +19,8 @@ import json
 import os
 import platform as _platform
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from vllm_npu.interface.ascend_migration import find_ascend_settings
@@ -116,137 +117,58 @@ def _vllm_surface() -> dict[str, Any]:
     return {"checked": sum(len(t) for t in tables.values()), "layers": sorted(tables), "problems": problems}
 
 
-def collect(*, vllm_surface: bool = False) -> dict[str, Any]:
-    """The whole report as plain data (what ``--json`` prints), for this process's environment.
+@dataclass
+class _Doctor:
+    """One doctor run: the environment read, the findings so far (in report order), and the sections collected so
+    far (a later section may read an earlier one's, e.g. the VLLM_PLUGINS section reads the device and the
+    components)."""
 
-    ``vllm_surface=True`` adds the vLLM drift check (which imports vLLM)."""
-    environ = os.environ
-    errors: list[str] = []
-    warnings: list[str] = []
+    environ: Mapping[str, str]
+    vllm_surface: bool
+    errors: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    report: dict[str, Any] = field(default_factory=dict)
 
+    def finding(self, level: str, text: str) -> None:
+        (self.errors if level == "error" else self.warnings).append(text)
+
+
+def _host_section(run: _Doctor) -> dict[str, Any]:
+    """Versions of Python, vLLM, torch, torch_npu, CANN and our own wheels, and what is wrong between them."""
+    environ = run.environ
     vllm = distribution_version("vllm")
     torch = torch_state(environ)
     cann = find_cann(environ)
-    versions = {
-        "python": _platform.python_version(),
-        "vllm": vllm,
-        "vllm_supported": SUPPORTED_VLLM,
-        "torch": torch.torch,
-        "torch_npu": torch.torch_npu,
-        "cann": cann.version,
-        "npu-interface": distribution_version("npu-interface"),
-        "interface": INTERFACE_VERSION,
-        "npu-platform": __version__,
-    }
     if vllm is None:
-        errors.append(_VLLM_INSTALL)
+        run.finding("error", _VLLM_INSTALL)
     elif not in_range(vllm, SUPPORTED_VLLM, what="supported vLLM"):
-        errors.append(f"vLLM {vllm} is installed but this plugin supports vLLM {SUPPORTED_VLLM}")
+        run.finding("error", f"vLLM {vllm} is installed but this plugin supports vLLM {SUPPORTED_VLLM}")
     if vllm is not None and torch.torch is None:
-        errors.append(
-            'vLLM is installed but torch is not (pip install vllm brings it; on Ascend hosts use "npu-platform[ascend]")'
+        run.finding(
+            "error",
+            'vLLM is installed but torch is not (pip install vllm brings it; on Ascend hosts use "npu-platform[ascend]")',
         )
     finding = _torch_without_cann(torch, cann)
     if finding:
-        (errors if finding[0] == "error" else warnings).append(finding[1])
+        run.finding(*finding)
     pair = _torch_pair(torch)
     if pair:
-        errors.append(pair)
+        run.finding("error", pair)
     for var in (*CANN_HOME_VARS, CANN_OPP_VAR):
         if environ.get(var) and not os.path.isdir(environ[var]):
-            warnings.append(f"{var}={environ[var]!r} is not a directory")
-
-    for ascend in find_ascend_settings(None, environ):
-        (errors if ascend.severity == "error" else warnings).append(ascend.message)
-    surface = _vllm_surface() if vllm_surface and vllm is not None else None
-    if surface is not None:
-        errors.extend(surface["problems"])
-
-    config: dict[str, Any] | None = None
-    try:
-        env_config = EnvConfig.from_environ(environ)
-        config = {f"VLLM_NPU_{key}": value for key, value in env_config.model_dump().items()}
-    except ConfigError as exc:
-        errors.append(str(exc))
-    device: dict[str, Any]
-    probe = probe_npu(environ)
-    probe_facts = {
-        "torch_npu_installed": probe.torch_npu_installed,
-        "cann_found": probe.cann_found,
-        "device_nodes": list(probe.device_nodes),
-        "ASCEND_RT_VISIBLE_DEVICES": probe.visible_devices,
-    }
-    try:
-        decision = decide_device(environ, probe=probe)
-        device = {
-            "requested": decision.requested,
-            "mode": decision.mode.value if decision.mode else None,
-            "reason": decision.reason,
-            "error": decision.error,
-            "probe": probe_facts,
-        }
-        if decision.error:
-            errors.append(decision.error)
-    except ConfigError as exc:
-        device = {
-            "requested": environ.get("VLLM_NPU_DEVICE"),
-            "mode": None,
-            "reason": str(exc),
-            "error": str(exc),
-            "probe": probe_facts,
-        }
-        if str(exc) not in " ".join(errors):
-            errors.append(str(exc))
-
-    reports = discover()
-    components: dict[str, Any] = {}
-    for name, report in reports.items():
-        comp = report.component
-        problems = list(report.problems)
-        if vllm is None:  # said once above instead of once per component
-            problems = [p for p in problems if not (" requires vllm " in p and p.endswith("not installed"))]
-        components[name] = {
-            "name": name,
-            "installed": comp is not None,
-            "distribution": comp.distribution if comp else None,
-            "version": comp.version if comp else None,
-            "interface": comp.interface if comp else None,
-            "vllm": comp.vllm if comp else None,
-            "plugin": comp.plugin_name if comp else None,
-            "enabled": report.enabled,
-            "ok": not problems and report.load_error is None,
-            "problems": problems,
-            "load_error": report.load_error,
-        }
-        if report.load_error:
-            errors.append(f"component {name!r} failed to load: {report.load_error}")
-        elif report.enabled:
-            errors.extend(problems)
-        elif problems:
-            warnings.extend(f"(disabled by VLLM_PLUGINS) {p}" for p in problems)
-
-    missing = [
-        {"layer": layer, "distribution": dist, "command": install_command(layer)}
-        for layer, dist in LAYER_DISTRIBUTIONS.items()
-        if layer != "interface" and (layer not in components or not components[layer]["installed"])
-    ]
-    plugins = _vllm_plugins(environ, device.get("mode") is not None, components)
-    if plugins["value"] is not None:
-        if "vllm.platform_plugins:npu" in plugins["filtered_out"] and device.get("mode") is not None:
-            errors.append(
-                f"VLLM_NPU_DEVICE selects the {device['mode']} device but VLLM_PLUGINS={plugins['value']!r} leaves out "
-                "the platform plugin 'npu', so vLLM falls back to another platform: add npu to VLLM_PLUGINS"
-            )
-        warnings.extend(
-            f"VLLM_PLUGINS names {name!r}, which no installed plugin has" for name in plugins["unknown_names"]
-        )
-        warnings.extend(n for n in plugins["notes"] if n.startswith("names with spaces"))
-
+            run.finding("warning", f"{var}={environ[var]!r} is not a directory")
     return {
-        "ok": not errors,
-        "errors": errors,
-        "warnings": warnings,
-        "versions": versions,
+        "versions": {
+            "python": _platform.python_version(),
+            "vllm": vllm,
+            "vllm_supported": SUPPORTED_VLLM,
+            "torch": torch.torch,
+            "torch_npu": torch.torch_npu,
+            "cann": cann.version,
+            "npu-interface": distribution_version("npu-interface"),
+            "interface": INTERFACE_VERSION,
+            "npu-platform": __version__,
+        },
         "cann": {
             "home": cann.home,
             "home_source": cann.home_source,
@@ -259,24 +181,150 @@ def collect(*, vllm_surface: bool = False) -> dict[str, Any]:
             "backends": list(torch.backends),
             "import_torch_breaks": torch.import_torch_breaks(cann),
         },
-        "device": device,
-        "config": config,
-        "components": components,
-        "missing": missing,
-        "full_install": 'pip install "npu-platform[all]"' if missing else None,
-        "vllm_plugins": plugins,
-        "vllm_surface": surface,
     }
+
+
+def _ascend_section(run: _Doctor) -> dict[str, Any]:
+    """vllm-ascend's ``VLLM_ASCEND_*`` variables, as the platform treats them (findings only)."""
+    for ascend in find_ascend_settings(None, run.environ):
+        run.finding(ascend.severity, ascend.message)
+    return {}
+
+
+def _surface_section(run: _Doctor) -> dict[str, Any]:
+    """``--vllm-surface``: every layer's vLLM internals against the installed vLLM (None when not asked or no vLLM)."""
+    surface = _vllm_surface() if run.vllm_surface and run.report["versions"]["vllm"] is not None else None
+    if surface is not None:
+        run.errors.extend(surface["problems"])
+    return {"vllm_surface": surface}
+
+
+def _config_section(run: _Doctor) -> dict[str, Any]:
+    """Every ``VLLM_NPU_*`` variable, validated (None when one is invalid: the error says which)."""
+    try:
+        env_config = EnvConfig.from_environ(run.environ)
+    except ConfigError as exc:
+        run.finding("error", str(exc))
+        return {"config": None}
+    return {"config": {f"VLLM_NPU_{key}": value for key, value in env_config.model_dump().items()}}
+
+
+def _device_section(run: _Doctor) -> dict[str, Any]:
+    """The device mode that would activate, why, and what the probe saw."""
+    environ = run.environ
+    probe = probe_npu(environ)
+    probe_facts = {
+        "torch_npu_installed": probe.torch_npu_installed,
+        "cann_found": probe.cann_found,
+        "device_nodes": list(probe.device_nodes),
+        "ASCEND_RT_VISIBLE_DEVICES": probe.visible_devices,
+    }
+    try:
+        decision = decide_device(environ, probe=probe)
+    except ConfigError as exc:
+        if str(exc) not in " ".join(run.errors):
+            run.finding("error", str(exc))
+        device = {"requested": environ.get("VLLM_NPU_DEVICE"), "mode": None, "reason": str(exc), "error": str(exc)}
+        return {"device": {**device, "probe": probe_facts}}
+    if decision.error:
+        run.finding("error", decision.error)
+    device = {
+        "requested": decision.requested,
+        "mode": decision.mode.value if decision.mode else None,
+        "reason": decision.reason,
+        "error": decision.error,
+    }
+    return {"device": {**device, "probe": probe_facts}}
+
+
+def _component_entry(run: _Doctor, name: str, report: Any) -> dict[str, Any]:
+    """One discovered component as reported, its problems added to the findings."""
+    comp = report.component
+    problems = list(report.problems)
+    if run.report["versions"]["vllm"] is None:  # said once by the host section instead of once per component
+        problems = [p for p in problems if not (" requires vllm " in p and p.endswith("not installed"))]
+    if report.load_error:
+        run.finding("error", f"component {name!r} failed to load: {report.load_error}")
+    elif report.enabled:
+        run.errors.extend(problems)
+    elif problems:
+        run.warnings.extend(f"(disabled by VLLM_PLUGINS) {p}" for p in problems)
+    return {
+        "name": name,
+        "installed": comp is not None,
+        "distribution": comp.distribution if comp else None,
+        "version": comp.version if comp else None,
+        "interface": comp.interface if comp else None,
+        "vllm": comp.vllm if comp else None,
+        "plugin": comp.plugin_name if comp else None,
+        "enabled": report.enabled,
+        "ok": not problems and report.load_error is None,
+        "problems": problems,
+        "load_error": report.load_error,
+    }
+
+
+def _components_section(run: _Doctor) -> dict[str, Any]:
+    """Every installed component (version, ranges, compatibility) and the install command of each missing layer."""
+    components = {name: _component_entry(run, name, report) for name, report in discover().items()}
+    missing = [
+        {"layer": layer, "distribution": dist, "command": install_command(layer)}
+        for layer, dist in LAYER_DISTRIBUTIONS.items()
+        if layer != "interface" and (layer not in components or not components[layer]["installed"])
+    ]
+    full_install = 'pip install "npu-platform[all]"' if missing else None
+    return {"components": components, "missing": missing, "full_install": full_install}
+
+
+def _plugins_section(run: _Doctor) -> dict[str, Any]:
+    """What ``VLLM_PLUGINS`` does to our plugins (reads the device and components sections)."""
+    mode = run.report["device"].get("mode")
+    plugins = _vllm_plugins(run.environ, mode is not None, run.report["components"])
+    if plugins["value"] is not None:
+        if "vllm.platform_plugins:npu" in plugins["filtered_out"] and mode is not None:
+            run.finding(
+                "error",
+                f"VLLM_NPU_DEVICE selects the {mode} device but VLLM_PLUGINS={plugins['value']!r} leaves out the "
+                "platform plugin 'npu', so vLLM falls back to another platform: add npu to VLLM_PLUGINS",
+            )
+        run.warnings.extend(
+            f"VLLM_PLUGINS names {name!r}, which no installed plugin has" for name in plugins["unknown_names"]
+        )
+        run.warnings.extend(n for n in plugins["notes"] if n.startswith("names with spaces"))
+    return {"vllm_plugins": plugins}
+
+
+#: The report's sections in order: each reads the environment (and the sections before it), adds its findings and
+#: returns its keys of the report. A new check is one more function here.
+SECTIONS: tuple[Callable[[_Doctor], dict[str, Any]], ...] = (
+    _host_section,
+    _ascend_section,
+    _surface_section,
+    _config_section,
+    _device_section,
+    _components_section,
+    _plugins_section,
+)
+
+
+def collect(*, vllm_surface: bool = False) -> dict[str, Any]:
+    """The whole report as plain data (what ``--json`` prints), for this process's environment: ``ok``, the
+    ``errors`` and ``warnings`` in section order, then each section's keys (:data:`SECTIONS`).
+
+    ``vllm_surface=True`` adds the vLLM drift check (which imports vLLM)."""
+    run = _Doctor(os.environ, vllm_surface)
+    for section in SECTIONS:
+        run.report.update(section(run))
+    return {"ok": not run.errors, "errors": run.errors, "warnings": run.warnings, **run.report}
 
 
 def _or(value: Any, default: str = "not installed") -> str:
     return default if value is None else str(value)
 
 
-def render(report: dict[str, Any]) -> str:
-    """The human-readable report."""
-    v, cann, dev = report["versions"], report["cann"], report["device"]
-    out = [f"vllm-npu doctor (npu-platform {v['npu-platform']})", "", "Versions"]
+def _render_versions(report: dict[str, Any]) -> list[str]:
+    v, cann = report["versions"], report["cann"]
+    out = ["", "Versions"]
     out.append(f"  python         {v['python']}")
     out.append(f"  vllm           {_or(v['vllm'])}   (supported: {v['vllm_supported']})")
     out.append(f"  torch          {_or(v['torch'])}")
@@ -294,61 +342,81 @@ def render(report: dict[str, Any]) -> str:
             else f"not auto-loaded ({AUTOLOAD_VAR})"
         )
         out.append(f"  torch backends {', '.join(report['torch']['backends'])}: {state}")
+    return out
 
-    out += ["", "Device"]
-    mode = dev["mode"] or "not activated"
-    out.append(f"  VLLM_NPU_DEVICE={dev['requested'] or 'auto'} -> {mode}")
-    out.append(f"  why: {dev['reason']}")
+
+def _render_device(report: dict[str, Any]) -> list[str]:
+    dev = report["device"]
     probe = dev["probe"]
     nodes = ", ".join(probe["device_nodes"]) or "none"
-    out.append(
+    return [
+        "",
+        "Device",
+        f"  VLLM_NPU_DEVICE={dev['requested'] or 'auto'} -> {dev['mode'] or 'not activated'}",
+        f"  why: {dev['reason']}",
         f"  probe: torch_npu {'found' if probe['torch_npu_installed'] else 'absent'}, "
-        f"CANN {'found' if probe['cann_found'] else 'absent'}, device nodes: {nodes}"
-    )
+        f"CANN {'found' if probe['cann_found'] else 'absent'}, device nodes: {nodes}",
+    ]
 
-    plugins = report["vllm_plugins"]
-    filt = (
-        "VLLM_PLUGINS unset: every plugin loads" if plugins["value"] is None else f"VLLM_PLUGINS={plugins['value']!r}"
+
+def _render_component(comp: dict[str, Any]) -> list[str]:
+    if not comp["installed"]:
+        return [f"  FAIL {comp['name']:<10} failed to load: {comp['load_error']}"]
+    status = "OK  " if comp["ok"] else "FAIL"
+    if not comp["enabled"]:
+        status = "OFF " if comp["ok"] else "off!"
+    line = (
+        f"  {status} {comp['name']:<10} {comp['distribution'] + ' ' + comp['version']:<22} interface {comp['interface']:<10}"
+        f" vllm {comp['vllm']:<14} plugin {comp['plugin']}{'' if comp['enabled'] else ' (filtered out)'}"
     )
-    out += ["", f"Components ({filt})"]
+    return [line, *(f"         - {p}" for p in comp["problems"])]
+
+
+def _render_components(report: dict[str, Any]) -> list[str]:
+    value = report["vllm_plugins"]["value"]
+    filt = "VLLM_PLUGINS unset: every plugin loads" if value is None else f"VLLM_PLUGINS={value!r}"
+    out = ["", f"Components ({filt})"]
     for comp in report["components"].values():
-        if not comp["installed"]:
-            out.append(f"  FAIL {comp['name']:<10} failed to load: {comp['load_error']}")
-            continue
-        status = "OK  " if comp["ok"] else "FAIL"
-        if not comp["enabled"]:
-            status = "OFF " if comp["ok"] else "off!"
-        out.append(
-            f"  {status} {comp['name']:<10} {comp['distribution'] + ' ' + comp['version']:<22} interface {comp['interface']:<10}"
-            f" vllm {comp['vllm']:<14} plugin {comp['plugin']}{'' if comp['enabled'] else ' (filtered out)'}"
-        )
-        out.extend(f"         - {p}" for p in comp["problems"])
+        out += _render_component(comp)
+    if not report["missing"]:
+        return [*out, "", "Every layer is installed."]
+    out += ["", "Missing for a full install"]
+    out.extend(f"  {m['layer']:<10} {m['command']}" for m in report["missing"])
+    return [*out, f"  all layers {report['full_install']}"]
 
-    if report["missing"]:
-        out += ["", "Missing for a full install"]
-        out.extend(f"  {m['layer']:<10} {m['command']}" for m in report["missing"])
-        out.append(f"  all layers {report['full_install']}")
-    else:
-        out += ["", "Every layer is installed."]
 
-    if plugins["value"] is not None:
-        out += ["", "VLLM_PLUGINS"]
-        out.append(f"  filtered out: {', '.join(plugins['filtered_out']) or 'nothing'}")
-        if plugins["unknown_names"]:
-            out.append(f"  names matching no plugin: {', '.join(repr(n) for n in plugins['unknown_names'])}")
-        out.extend(f"  note: {n}" for n in plugins["notes"])
+def _render_plugins(report: dict[str, Any]) -> list[str]:
+    plugins = report["vllm_plugins"]
+    if plugins["value"] is None:
+        return []
+    out = ["", "VLLM_PLUGINS", f"  filtered out: {', '.join(plugins['filtered_out']) or 'nothing'}"]
+    if plugins["unknown_names"]:
+        out.append(f"  names matching no plugin: {', '.join(repr(n) for n in plugins['unknown_names'])}")
+    return out + [f"  note: {n}" for n in plugins["notes"]]
 
+
+def _render_surface(report: dict[str, Any]) -> list[str]:
     surface = report.get("vllm_surface")
-    if surface is not None:
-        state = f"{len(surface['problems'])} drifted" if surface["problems"] else "all present, signatures match"
-        out += ["", "vLLM surface", f"  {surface['checked']} vLLM names of {', '.join(surface['layers'])}: {state}"]
+    if surface is None:
+        return []
+    state = f"{len(surface['problems'])} drifted" if surface["problems"] else "all present, signatures match"
+    return ["", "vLLM surface", f"  {surface['checked']} vLLM names of {', '.join(surface['layers'])}: {state}"]
 
+
+def _render_findings(report: dict[str, Any]) -> list[str]:
+    out: list[str] = []
     for title, items in (("Warnings", report["warnings"]), ("Errors", report["errors"])):
         if items:
-            out += ["", title]
-            out.extend(f"  - {item}" for item in items)
-    out += ["", "Result: OK" if report["ok"] else f"Result: BROKEN ({len(report['errors'])} error(s))"]
-    return "\n".join(out)
+            out += ["", title, *(f"  - {item}" for item in items)]
+    return out + ["", "Result: OK" if report["ok"] else f"Result: BROKEN ({len(report['errors'])} error(s))"]
+
+
+def render(report: dict[str, Any]) -> str:
+    """The human-readable report: one block per section, then the findings and the result."""
+    out = [f"vllm-npu doctor (npu-platform {report['versions']['npu-platform']})"]
+    for block in (_render_versions, _render_device, _render_components, _render_plugins, _render_surface):
+        out += block(report)
+    return "\n".join(out + _render_findings(report))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
