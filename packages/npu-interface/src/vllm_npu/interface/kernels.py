@@ -8,7 +8,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Generic, TypeVar
 
-from .device import KernelBackend, kernel_backend
+from . import device
+from .device import KernelBackend
 
 F = TypeVar("F", bound=Callable[..., object])
 
@@ -48,4 +49,6 @@ class Kernel(Generic[F]):
         return f"Kernel(name={self.name!r}, npu={self.npu!r}, reference={self.reference!r})"
 
     def select(self, backend: KernelBackend | None = None) -> F:
-        return self.npu if (backend or kernel_backend()) == "npu" else self.reference
+        # Looked up on the device module at each call: the process's backend is that module's state (and tests
+        # that stand in an NPU replace device.kernel_backend).
+        return self.npu if (backend or device.kernel_backend()) == "npu" else self.reference
