@@ -114,7 +114,7 @@ class SleepState:
         runner: SleepingRunner,
         forward_context: Mapping[str, Any],
         backend: type[DeviceBackend],
-        device: torch.device,
+        device: torch.device | None,
         level: int,
     ) -> None:
         """Release device memory. Level 1: weights moved to host memory, KV cache discarded. Level 2: both
@@ -147,7 +147,7 @@ class SleepState:
         )
 
     def wake_up(
-        self, runner: SleepingRunner, backend: type[DeviceBackend], device: torch.device, tags: list[str] | None
+        self, runner: SleepingRunner, backend: type[DeviceBackend], device: torch.device | None, tags: list[str] | None
     ) -> None:
         """Re-allocate the released memory of ``tags`` (None: all): KV cache zeroed, weights restored. Once no tag is
         asleep, the graphs released by :meth:`sleep` are captured again (they must see the new addresses)."""
