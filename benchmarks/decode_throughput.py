@@ -103,7 +103,7 @@ def wrap_layers(timers: Timers, model: Any) -> None:
 
 def wrap_graph(timers: Timers, runner: Any) -> None:
     """Graph mode: time the wrapper's call as the forward, the graph tasks, and each graph's compiled pieces."""
-    from vllm_npu.platform.graphs._twin import _Task
+    from vllm_npu.platform.graphs.emulated.twin import _Task
     from vllm_npu.platform.graphs.wrapper import NPUGraphWrapper
 
     timers.wrap(NPUGraphWrapper, "__call__", "model_forward")

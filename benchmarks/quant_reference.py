@@ -36,14 +36,14 @@ def build(scheme: str, w: torch.Tensor, x_calib: torch.Tensor) -> Callable[[torc
     from vllm.model_executor.model_loader.weight_utils import default_weight_loader
     from vllm_npu.quant.description import QuantDescription
     from vllm_npu.quant.linear_method import AscendLinearMethod
-    from vllm_npu.quant.quantize_math import (
+    from vllm_npu.quant.schemes import make_linear_scheme
+    from vllm_npu.quant.tools.quantize_math import (
         flatquant_transforms,
         quantize_w4a4_flatquant,
         quantize_w4a8,
         quantize_w8a8,
         quantize_w8a8_dynamic,
     )
-    from vllm_npu.quant.schemes import make_linear_scheme
 
     n, k = w.shape
     if scheme == "W8A8":

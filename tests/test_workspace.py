@@ -94,7 +94,7 @@ def test_entry_points_follow_the_naming_rules(name: str) -> None:
     assert groups[("vllm_npu.components", sub)] == f"vllm_npu.{sub}._component:COMPONENT"
     if name == "npu-platform":
         assert groups[("vllm.platform_plugins", "npu")] == "vllm_npu.platform:register"
-        assert groups[("console_scripts", "vllm-npu")] == "vllm_npu.platform.cli:main"
+        assert groups[("console_scripts", "vllm-npu")] == "vllm_npu.platform.tools.cli:main"
     component = importlib.import_module(f"vllm_npu.{sub}._component").COMPONENT
     if name != "npu-platform":
         # npu-kv's plugin is `npu_kv_connector` (the name issue #17 gives it), declared in its component.

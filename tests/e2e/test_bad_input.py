@@ -155,7 +155,7 @@ def test_mis_shaped_tensor_of_quantized_checkpoint_is_a_quant_load_error(tmp_pat
     from npu_testkit.quant_e2e import tiny_float_model
     from safetensors.torch import load_file, save_file
     from vllm_npu.quant import QuantLoadError
-    from vllm_npu.quant.cli import main as quantize_main
+    from vllm_npu.quant.tools.cli import main as quantize_main
 
     quant_dir = tmp_path / "w8a8_dynamic"
     assert quantize_main([str(tiny_float_model("qwen2")), str(quant_dir), "--scheme", "W8A8_DYNAMIC"]) == 0

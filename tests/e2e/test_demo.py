@@ -18,7 +18,7 @@ pytestmark = pytest.mark.engine
 def test_demo_generates_language_and_reports_our_components(tmp_path) -> None:
     env = {**os.environ, **emulated_env(tmp_path, multiprocessing=True)}
     proc = subprocess.run(
-        [sys.executable, "-m", "vllm_npu.platform.cli", "demo", "--json", "--max-tokens", "12"],
+        [sys.executable, "-m", "vllm_npu.platform.tools.cli", "demo", "--json", "--max-tokens", "12"],
         env=env,
         capture_output=True,
         text=True,

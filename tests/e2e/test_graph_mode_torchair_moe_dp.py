@@ -7,7 +7,7 @@
 twin (``mc2``: ``npu.moe_mc2='on'``, every compiled size within its capacity), the latter on the model quantized to
 W8A8_DYNAMIC (npu-quant's MoE method behind MC2's quantized dispatch: the production DeepSeek layout). Rank 0 gets
 three prompts, rank 1 one (it keeps stepping with dummy batches, padded to rank 0's size). Greedy output equals HF's
-(float) or the independent simulation's (quantized, :mod:`vllm_npu.quant.simulate`); no compile after start-up.
+(float) or the independent simulation's (quantized, :mod:`vllm_npu.quant.tools.simulate`); no compile after start-up.
 """
 
 from __future__ import annotations
@@ -43,8 +43,8 @@ CASES = {
 def test_dp_moe_in_the_graph_equals_hf(case, tmp_path):
     npu, dispatcher, exchanges, quantized = CASES[case]
     if quantized:
-        from vllm_npu.quant.simulate import greedy as sim_greedy
-        from vllm_npu.quant.simulate import simulated_hf_model
+        from vllm_npu.quant.tools.simulate import greedy as sim_greedy
+        from vllm_npu.quant.tools.simulate import simulated_hf_model
 
         model = quantize(W8A8_DYNAMIC, tmp_path / "quant")[1]
         reference = sim_greedy(simulated_hf_model(model), PROMPTS, MAX_TOKENS)

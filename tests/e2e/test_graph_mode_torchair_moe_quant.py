@@ -7,7 +7,7 @@
   ``moe_forward`` op): no opaque MoE node in any compiled graph, and the graph's combine is the finalize twin
   (``npu_moe_finalize_routing``'s). Greedy output equals HF's.
 - ``w8a8``: the tiny Qwen2 quantized to static W8A8 by ``vllm-npu quantize``; its quantized linear layers run in the
-  compiled graph. Greedy output equals the independent simulation's (:mod:`vllm_npu.quant.simulate`).
+  compiled graph. Greedy output equals the independent simulation's (:mod:`vllm_npu.quant.tools.simulate`).
 - ``moe_w8a8_dynamic`` / ``moe_w8a8``: the tiny Qwen3-MoE quantized to W8A8_DYNAMIC / static W8A8 (experts through
   npu-quant's MoE method): its quantized MoE layers are traced into the graph too (no opaque MoE node). Greedy output
   equals the simulation's.
@@ -95,8 +95,8 @@ def test_greedy_matches_the_reference_with_zero_recompiles(llm, case, checkpoint
     if case == "moe":
         reference = hf_greedy(checkpoint, prompts, NEW_TOKENS)
     else:
-        from vllm_npu.quant.simulate import greedy as sim_greedy
-        from vllm_npu.quant.simulate import simulated_hf_model
+        from vllm_npu.quant.tools.simulate import greedy as sim_greedy
+        from vllm_npu.quant.tools.simulate import simulated_hf_model
 
         reference = sim_greedy(simulated_hf_model(checkpoint), prompts, NEW_TOKENS)
     for n in BATCHES:

@@ -4,7 +4,7 @@
 W8A8 (static activation scales) and as W8A8_DYNAMIC (per-token activation scales), one engine per scheme (the
 module's fixtures are parametrized over the two), an adapter (rank 8) on every projection in float32.
 
-Reference: ``vllm_npu.quant.simulate`` (HF transformers with each quantized linear replaced by the scheme's maths)
+Reference: ``vllm_npu.quant.tools.simulate`` (HF transformers with each quantized linear replaced by the scheme's maths)
 plus the adapter applied by forward hooks, ``y += (alpha/r) * x @ A^T @ B^T``, on the simulated modules: the LoRA
 delta is computed on the layer's float input, beside the quantized GEMM, as vLLM's LoRA layers do. A batch mixes
 the adapter and the base model.
@@ -66,8 +66,8 @@ def _with_adapter(model, adapter_dir):
 
 @pytest.fixture(scope="module")
 def references(checkpoints, adapter):
-    from vllm_npu.quant.simulate import greedy as sim_greedy
-    from vllm_npu.quant.simulate import simulated_hf_model
+    from vllm_npu.quant.tools.simulate import greedy as sim_greedy
+    from vllm_npu.quant.tools.simulate import simulated_hf_model
 
     model = simulated_hf_model(checkpoints[1])
     refs = {None: sim_greedy(model, PROMPTS, MAX_TOKENS)}

@@ -12,7 +12,7 @@ Checks, with ONE engine (``LLM(model=dir)``, nothing else):
 
 - the engine config equals the one of ``quantization="ascend"`` (same method, same quant config contents);
 - every decoder linear layer of the loaded model runs ``AscendLinearMethod`` with the W8A8-dynamic scheme;
-- greedy tokens equal those of a pure-torch simulation of the checkpoint (``vllm_npu.quant.simulate``), which
+- greedy tokens equal those of a pure-torch simulation of the checkpoint (``vllm_npu.quant.tools.simulate``), which
   ``test_quant_dense_schemes.py`` shows equal to the engine's tokens on the same checkpoint with its
   ``quantization_config`` (i.e. what ``--quantization ascend`` runs).
 """
@@ -32,7 +32,7 @@ SCHEME = "W8A8_DYNAMIC"
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
-    from vllm_npu.quant.cli import main as quantize_main
+    from vllm_npu.quant.tools.cli import main as quantize_main
 
     float_dir = tiny_float_model("qwen2")
     quant_dir = tmp_path_factory.mktemp("quant") / SCHEME
@@ -73,6 +73,6 @@ def test_loaded_layers_run_the_ascend_method(llm):
 
 
 def test_generates_the_tokens_of_the_quantized_checkpoint(llm, checkpoint):
-    from vllm_npu.quant.simulate import simulated_hf_model
+    from vllm_npu.quant.tools.simulate import simulated_hf_model
 
     check_greedy(llm, simulated_hf_model(checkpoint))

@@ -62,7 +62,7 @@ def checkpoints(case, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def simulated(checkpoints):
-    from vllm_npu.quant.simulate import simulated_hf_model
+    from vllm_npu.quant.tools.simulate import simulated_hf_model
 
     return simulated_hf_model(checkpoints[1])
 

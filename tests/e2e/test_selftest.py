@@ -30,7 +30,7 @@ RUNTIME_CHECKS = (
 def test_selftest_runs_kernels_runtime_and_end_to_end_on_the_emulated_device(tmp_path) -> None:
     env = {**os.environ, **emulated_env(tmp_path)}
     proc = subprocess.run(
-        [sys.executable, "-m", "vllm_npu.platform.cli", "selftest", "--json", "--max-tokens", "6"],
+        [sys.executable, "-m", "vllm_npu.platform.tools.cli", "selftest", "--json", "--max-tokens", "6"],
         env=env,
         capture_output=True,
         text=True,

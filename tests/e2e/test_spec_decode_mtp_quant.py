@@ -8,7 +8,7 @@ the decoder layers', ``eh_proj`` and ``shared_head`` FLOAT. vLLM 0.11 builds the
 prefix (vllm-project/vllm#25805 adds it; vllm-ascend v0.11.0 patches it in ``patch_deepseek_mtp.py``); npu-quant
 needs no patch for it: an embedding / LM head the description does not name stays in floating point, which is what
 msModelSlim writes for ``shared_head.head``. Greedy tokens with speculation equal the pure-torch simulation of the
-quantized target (``vllm_npu.quant.simulate``).
+quantized target (``vllm_npu.quant.tools.simulate``).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ K = 2
 
 @pytest.fixture(scope="module")
 def quantized(tmp_path_factory):
-    from vllm_npu.quant.cli import main as quantize_main
+    from vllm_npu.quant.tools.cli import main as quantize_main
 
     out = tmp_path_factory.mktemp("mtpq") / "w8a8_dynamic"
     assert quantize_main([str(build_mtp_model(tiny_config("deepseek_v3"))), str(out), "--scheme", "W8A8_DYNAMIC"]) == 0
@@ -54,8 +54,8 @@ def test_quantizer_writes_the_mtp_layer(quantized):
 
 
 def test_mtp_on_quantized_target_matches_simulation(llm, quantized):
-    from vllm_npu.quant.simulate import greedy as sim_greedy
-    from vllm_npu.quant.simulate import simulated_hf_model
+    from vllm_npu.quant.tools.simulate import greedy as sim_greedy
+    from vllm_npu.quant.tools.simulate import simulated_hf_model
 
     # MAX_TOKENS of the quant e2e suite: the simulation is a different implementation (log-probs within 1e-3), so
     # over long continuations a near tie can go either way, with or without speculation

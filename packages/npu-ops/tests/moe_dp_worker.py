@@ -94,7 +94,7 @@ def main() -> None:
         # Graphs on (no --enforce-eager): vLLM pads every DP rank's step to one size, the layer exchanges rows with
         # static shapes and runs inside a captured graph: the emulated twin's capture, as PIECEWISE captures it.
         from vllm_npu.ops.moe.capture import HostReadInCaptureError
-        from vllm_npu.platform.graphs._twin import EmulatedGraph
+        from vllm_npu.platform.graphs.emulated.twin import EmulatedGraph
 
         xp, lp = torch.zeros(max(TOKENS), HIDDEN), torch.zeros(max(TOKENS), NUM_EXPERTS)
         xp[: len(x)], lp[: len(x)] = x, logits

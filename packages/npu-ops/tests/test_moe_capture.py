@@ -20,7 +20,7 @@ from vllm_npu.ops.moe.capture import HostReadInCaptureError, host_ints, in_graph
 from vllm_npu.ops.moe.forward import build_moe_plan, moe_forward
 from vllm_npu.ops.moe.gating import RoutingConfig
 from vllm_npu.ops.moe.layer import dp_steps_padded
-from vllm_npu.platform.graphs._twin import EmulatedGraph
+from vllm_npu.platform.graphs.emulated.twin import EmulatedGraph
 
 NUM_EXPERTS, HIDDEN, INTER, TOKENS = 6, 16, 8, 5
 

@@ -13,8 +13,9 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from vllm_npu.platform import __version__, cli
-from vllm_npu.platform.cli import EXIT_MISSING, SUBCOMMANDS, Subcommand
+from vllm_npu.platform import __version__
+from vllm_npu.platform.tools import cli
+from vllm_npu.platform.tools.cli import EXIT_MISSING, SUBCOMMANDS, Subcommand
 
 HEAVY = ("torch", "torch_npu", "vllm", "transformers")
 
@@ -22,7 +23,7 @@ HEAVY = ("torch", "torch_npu", "vllm", "transformers")
 _RUNNER = textwrap.dedent(
     """
     import json, sys
-    from vllm_npu.platform.cli import main
+    from vllm_npu.platform.tools.cli import main
     try:
         rc = main(sys.argv[1:])
     except SystemExit as exc:
@@ -68,10 +69,10 @@ def test_subcommand_table_is_strings_only() -> None:
     for name, sub in SUBCOMMANDS.items():
         module, _, func = sub.target.partition(":")
         assert module.startswith(f"vllm_npu.{sub.layer}.") and func, name
-    assert SUBCOMMANDS["doctor"].target == "vllm_npu.platform.cli.doctor:main"
-    assert SUBCOMMANDS["demo"].target == "vllm_npu.platform.demo:main"
+    assert SUBCOMMANDS["doctor"].target == "vllm_npu.platform.tools.cli.doctor:main"
+    assert SUBCOMMANDS["demo"].target == "vllm_npu.platform.tools.demo:main"
     assert SUBCOMMANDS["patches"].target == "vllm_npu.patches.cli:main"
-    assert SUBCOMMANDS["quantize"].target == "vllm_npu.quant.cli:main"
+    assert SUBCOMMANDS["quantize"].target == "vllm_npu.quant.tools.cli:main"
 
 
 @pytest.fixture
@@ -118,7 +119,7 @@ def test_layer_without_the_subcommand_module(
 
 def test_python_dash_m(tmp_path: Path) -> None:
     proc = subprocess.run(
-        [sys.executable, "-m", "vllm_npu.platform.cli", "--version"],
+        [sys.executable, "-m", "vllm_npu.platform.tools.cli", "--version"],
         capture_output=True,
         text=True,
         timeout=60,

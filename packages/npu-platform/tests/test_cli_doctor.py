@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 from vllm_npu.interface import INTERFACE_VERSION, distribution_version
-from vllm_npu.platform.cli._host import _parse_version_file, find_cann, torch_state
+from vllm_npu.platform._cann import _parse_version_file, find_cann
+from vllm_npu.platform.tools.cli._host import torch_state
 
 IN_TREE = {"attention", "models", "ops", "patches", "platform", "quant"}
 _CLEAN = ("VLLM_NPU_", "VLLM_PLUGINS", "ASCEND_", "TORCH_DEVICE_BACKEND_AUTOLOAD", "PYTHONPATH")
@@ -21,7 +22,7 @@ _CLEAN = ("VLLM_NPU_", "VLLM_PLUGINS", "ASCEND_", "TORCH_DEVICE_BACKEND_AUTOLOAD
 _RUNNER = textwrap.dedent(
     """
     import json, sys
-    from vllm_npu.platform.cli import main
+    from vllm_npu.platform.tools.cli import main
     rc = main(sys.argv[1:])
     print("@@HEAVY@@" + json.dumps(sorted(m for m in ("torch", "torch_npu", "vllm") if m in sys.modules)))
     sys.exit(rc)
@@ -292,7 +293,7 @@ def test_vllm_ascend_variables_are_reported_as_the_platform_treats_them() -> Non
 def test_vllm_surface_check_reports_drift(monkeypatch: pytest.MonkeyPatch) -> None:
     # In this process (the check imports vLLM, which the subprocess harness forbids for the default report).
     from vllm_npu.interface import vllm_surface
-    from vllm_npu.platform.cli.doctor import collect, render
+    from vllm_npu.platform.tools.cli.doctor import collect, render
 
     report = collect(vllm_surface=True)
     surface = report["vllm_surface"]

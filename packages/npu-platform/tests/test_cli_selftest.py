@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 import torch
 from vllm_npu.interface.device import DeviceDecision, DeviceMode, reset_device_selection
-from vllm_npu.platform.cli import SUBCOMMANDS, main, selftest
-from vllm_npu.platform.cli import _kernel_check as kc
+from vllm_npu.platform.tools.cli import SUBCOMMANDS, main, selftest
+from vllm_npu.platform.tools.cli import _kernel_check as kc
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -47,14 +47,14 @@ def _report(out: str) -> dict:
 
 
 def test_registered_as_a_platform_subcommand() -> None:
-    assert SUBCOMMANDS["selftest"].target == "vllm_npu.platform.cli.selftest:main"
+    assert SUBCOMMANDS["selftest"].target == "vllm_npu.platform.tools.cli.selftest:main"
 
 
 def test_emulated_kernel_rows_all_pass_and_json_parses() -> None:
     env = {**os.environ, "VLLM_NPU_DEVICE": "emulated"}
     proc = subprocess.run(
         # the kernel rows; the runtime section's real run is tests/e2e/test_selftest.py
-        [sys.executable, "-m", "vllm_npu.platform.cli", "selftest", "--no-e2e", "--no-runtime", "--json"],
+        [sys.executable, "-m", "vllm_npu.platform.tools.cli", "selftest", "--no-e2e", "--no-runtime", "--json"],
         env=env,
         capture_output=True,
         text=True,
@@ -162,7 +162,7 @@ def test_a_kernel_pair_without_a_case_is_a_failing_row(tmp_path, monkeypatch) ->
         textwrap.dedent(
             """
             import torch
-            from vllm_npu.interface.device import Kernel
+            from vllm_npu.interface import Kernel
 
             COVERED = Kernel("covered", npu=torch.neg, reference=torch.neg)
             EMPTY = Kernel("compares nothing", npu=torch.neg, reference=torch.neg)
@@ -273,7 +273,7 @@ def test_e2e_token_mismatch_fails_the_selftest(device_env, capfd, same) -> None:
     def hf_leg(model, max_tokens):
         return {"kernels": "hf", "token_ids": tokens if same else other, "texts": ["x"] * len(tokens)}
 
-    device_env.setattr("vllm_npu.platform.demo.checkpoint.ensure_demo_model", lambda: (Path("/nowhere"), False))
+    device_env.setattr("vllm_npu.platform.tools.demo.checkpoint.ensure_demo_model", lambda: (Path("/nowhere"), False))
     device_env.setattr(selftest, "_leg", leg)
     device_env.setattr(selftest, "_hf_leg", hf_leg)
     device_env.setattr(kc, "run", lambda *a, **k: [])  # e2e only
@@ -302,7 +302,7 @@ def test_e2e_on_an_npu_compares_the_device_run_with_the_reference_kernel_run(dev
     device_env.setattr(selftest, "decide_device", lambda: DeviceDecision("npu", DeviceMode.NPU, "fake NPU"))
     device_env.setattr(selftest, "npu_device", lambda: torch.device("cpu"))
     device_env.setattr(selftest, "release_npu", lambda: None)
-    device_env.setattr("vllm_npu.platform.demo.checkpoint.ensure_demo_model", lambda: (Path("/nowhere"), False))
+    device_env.setattr("vllm_npu.platform.tools.demo.checkpoint.ensure_demo_model", lambda: (Path("/nowhere"), False))
     device_env.setattr(selftest, "_leg", leg)
     device_env.setattr(selftest, "_hf_leg", hf_leg)
     device_env.setattr(kc, "run", lambda *a, **k: [])

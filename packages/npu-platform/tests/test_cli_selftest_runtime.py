@@ -13,8 +13,8 @@ import sys
 import pytest
 import torch
 from vllm_npu.interface.device import DeviceMode
-from vllm_npu.platform.cli import _selftest_graphs as graphs_rows
-from vllm_npu.platform.cli import _selftest_runtime as rt
+from vllm_npu.platform.tools.cli import _selftest_graphs as graphs_rows
+from vllm_npu.platform.tools.cli import _selftest_runtime as rt
 
 TOKENS = [[5, 6, 7], [8, 9, 10], [11, 12, 13]]
 
@@ -95,7 +95,7 @@ def test_a_graph_task_row_fails_when_the_update_is_lost(monkeypatch) -> None:
 
     (gqa, _) = graph_task_cases(False, torch.device("cpu"), torch.float32)
     # A runtime that skipped the task update would replay with the capture-time lengths.
-    monkeypatch.setattr("vllm_npu.platform.graphs._twin.EmulatedGraph.refresh_tasks", lambda self: None)
+    monkeypatch.setattr("vllm_npu.platform.graphs.emulated.twin.EmulatedGraph.refresh_tasks", lambda self: None)
     row = graphs_rows._run_case(gqa)
     assert row["status"] == "FAIL" and "max abs error vs eager" in row["detail"]
 
@@ -108,7 +108,15 @@ def test_probe_reports_an_untouched_front_end_and_the_fork_rule(tmp_path) -> Non
     model = build_tiny_model(tiny_config("qwen2"))
     out = tmp_path / "probe.json"
     env = {**os.environ, **emulated_env(tmp_path), "VLLM_WORKER_MULTIPROC_METHOD": "fork"}  # the probe drops it
-    cmd = [sys.executable, "-m", "vllm_npu.platform.cli._selftest_runtime", "probe", str(model), "float32", str(out)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "vllm_npu.platform.tools.cli._selftest_runtime",
+        "probe",
+        str(model),
+        "float32",
+        str(out),
+    ]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     import json

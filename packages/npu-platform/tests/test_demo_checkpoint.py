@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from vllm_npu.platform.demo import checkpoint
+from vllm_npu.platform.tools.demo import checkpoint
 
 
 @pytest.fixture

@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
-"""The emulated device's static-graph twin (vllm_npu.platform.graphs._twin): replay runs the traced graph on the
+"""The emulated device's static-graph twin (vllm_npu.platform.graphs.emulated.twin): replay runs the traced graph on the
 captured buffers, host values are frozen at capture, moved inputs are refused, updatable tasks keep their capture
 parameters until refreshed."""
 
@@ -10,7 +10,7 @@ import pytest
 import torch
 from vllm_npu.interface import graphs
 from vllm_npu.platform.graphs import GraphInputMovedError
-from vllm_npu.platform.graphs._twin import EmulatedGraph
+from vllm_npu.platform.graphs.emulated.twin import EmulatedGraph
 
 
 def test_replay_reads_the_buffers_and_writes_the_captured_output():

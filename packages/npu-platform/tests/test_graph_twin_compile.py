@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
-"""``npu.emulated_compile=inductor`` on the twin (vllm_npu.platform.graphs._twin_compile): writes into captured
+"""``npu.emulated_compile=inductor`` on the twin (vllm_npu.platform.graphs.emulated.twin_compile): writes into captured
 buffers and updatable tasks stay eager on the real buffers, the pure pieces between them are compiled, and a
 compiled replay keeps every static-graph rule of the uncompiled one (frozen task parameters until refreshed, inputs
 checked by address)."""
@@ -14,8 +14,8 @@ import pytest
 import torch
 from vllm_npu.interface import graphs
 from vllm_npu.platform.graphs import GraphInputMovedError
-from vllm_npu.platform.graphs._twin import EmulatedGraph
-from vllm_npu.platform.graphs._twin_compile import state_nodes
+from vllm_npu.platform.graphs.emulated.twin import EmulatedGraph
+from vllm_npu.platform.graphs.emulated.twin_compile import state_nodes
 
 
 def _attend(q: torch.Tensor, cache: torch.Tensor, *, lens: list[int], out: torch.Tensor) -> None:
@@ -89,7 +89,7 @@ def test_compiled_eager_pieces_call_tasks_without_the_dispatcher(captured):
     """The split's eager pieces are inlined into the split graph (no module call per piece) and call the task's
     Python (run_task) instead of the custom op: same task, same tensors, no dispatcher round trip per layer and
     step. Views of captured buffers are constants of the split (computed once, at compile)."""
-    from vllm_npu.platform.graphs._twin import run_task
+    from vllm_npu.platform.graphs.emulated.twin import run_task
 
     _, compiled, _ = captured
     split = compiled.compiled

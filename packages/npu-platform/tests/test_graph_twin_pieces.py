@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
-"""The compiled twin's pure pieces (vllm_npu.platform.graphs._twin_pieces): the per-layer views of captured buffers
+"""The compiled twin's pure pieces (vllm_npu.platform.graphs.emulated.twin_pieces): the per-layer views of captured buffers
 move to their first use so a layer's pure nodes form one piece, same-shape layers share one compile, and the
 on-disk cache of compiled pieces hits for the same key in a fresh inductor cache and misses for another key, with
 outputs equal to the uncompiled graph's."""
@@ -14,9 +14,10 @@ import torch
 from torch._inductor.runtime.cache_dir_utils import temporary_cache_dir
 from torch.fx.experimental.proxy_tensor import make_fx
 from vllm_npu.interface import graphs
-from vllm_npu.platform.graphs import _twin_pieces
-from vllm_npu.platform.graphs._twin import EmulatedGraph
 from vllm_npu.platform.graphs.compile_cache import CompileCache
+from vllm_npu.platform.graphs.emulated import twin_pieces
+from vllm_npu.platform.graphs.emulated.twin import EmulatedGraph
+from vllm_npu.platform.graphs.wrapper import PieceStats
 
 LAYERS = 3
 
@@ -48,11 +49,11 @@ class _Layers:
 
 
 @pytest.fixture
-def fresh(monkeypatch: pytest.MonkeyPatch) -> _twin_pieces.PieceStats:
+def fresh(monkeypatch: pytest.MonkeyPatch) -> PieceStats:
     """Empty in-process memo of compiled pieces and fresh counters."""
-    monkeypatch.setattr(_twin_pieces, "_COMPILED", {})
-    stats = _twin_pieces.PieceStats()
-    monkeypatch.setattr(_twin_pieces, "PIECE_STATS", stats)
+    monkeypatch.setattr(twin_pieces, "_COMPILED", {})
+    stats = PieceStats()
+    monkeypatch.setattr(twin_pieces, "PIECE_STATS", stats)
     return stats
 
 
@@ -96,21 +97,21 @@ def test_disk_cache_hits_in_a_fresh_inductor_cache_and_misses_for_another_key(fr
     expected = piece(*inputs)
     cache = CompileCache(tmp_path / "twin", {"model": "a"})
     with temporary_cache_dir(str(tmp_path / "inductor-1")):
-        first = _twin_pieces.compile_piece(piece, inputs, cache)
+        first = twin_pieces.compile_piece(piece, inputs, cache)
     assert (fresh.compiles, fresh.disk_writes, fresh.disk_hits) == (1, 1, 0)
     assert len(list(cache.directory.glob("twin-*.bin"))) == 1 and (cache.directory / "key.json").exists()
     torch.testing.assert_close(first(*inputs), expected)
 
-    _twin_pieces._COMPILED.clear()  # as a new process: nothing compiled in memory, an empty inductor cache
+    twin_pieces._COMPILED.clear()  # as a new process: nothing compiled in memory, an empty inductor cache
     with temporary_cache_dir(str(tmp_path / "inductor-2")):
-        loaded = _twin_pieces.compile_piece(piece, inputs, cache)
+        loaded = twin_pieces.compile_piece(piece, inputs, cache)
     assert (fresh.compiles, fresh.disk_writes, fresh.disk_hits) == (2, 1, 1)
     torch.testing.assert_close(loaded(*inputs), expected)
 
-    _twin_pieces._COMPILED.clear()
+    twin_pieces._COMPILED.clear()
     other = CompileCache(tmp_path / "twin", {"model": "b"})  # a changed key: another directory, nothing loaded
     with temporary_cache_dir(str(tmp_path / "inductor-2")):
-        again = _twin_pieces.compile_piece(piece, inputs, other)
+        again = twin_pieces.compile_piece(piece, inputs, other)
     assert (fresh.compiles, fresh.disk_writes, fresh.disk_hits) == (3, 2, 1)
     assert other.directory != cache.directory and len(list(other.directory.glob("twin-*.bin"))) == 1
     torch.testing.assert_close(again(*inputs), expected)
@@ -119,11 +120,11 @@ def test_disk_cache_hits_in_a_fresh_inductor_cache_and_misses_for_another_key(fr
 def test_a_different_computation_is_not_shared(fresh):
     half, inputs = _piece(0.5)
     double, _ = _piece(2.0)
-    a = _twin_pieces.compile_piece(half, inputs)
-    b = _twin_pieces.compile_piece(double, inputs)
+    a = twin_pieces.compile_piece(half, inputs)
+    b = twin_pieces.compile_piece(double, inputs)
     assert fresh.compiles == 2 and fresh.shared == 0
     torch.testing.assert_close(b(*inputs)[0], 4 * a(*inputs)[0])
-    c = _twin_pieces.compile_piece(_piece(0.5)[0], inputs)  # traced again: the same code, one compile
+    c = twin_pieces.compile_piece(_piece(0.5)[0], inputs)  # traced again: the same code, one compile
     assert fresh.compiles == 2 and fresh.shared == 1
     torch.testing.assert_close(c(*inputs), half(*inputs))
 
@@ -161,7 +162,7 @@ def test_in_place_ops_on_intermediates_compile_where_ci_is_set(fresh, monkeypatc
     inputs = [torch.linspace(-2, 2, 24).reshape(3, 8), torch.linspace(0.5, 1.5, 8)]
     piece = make_fx(norm)(*inputs)
     assert any(n.target is torch.ops.aten.rsqrt_.default for n in piece.graph.nodes)
-    decomposed = _twin_pieces._decomposed(piece, inputs)
+    decomposed = twin_pieces._decomposed(piece, inputs)
     assert not any(n.target is torch.ops.aten.rsqrt_.default for n in decomposed.graph.nodes)
-    compiled = _twin_pieces.compile_piece(piece, inputs)
+    compiled = twin_pieces.compile_piece(piece, inputs)
     torch.testing.assert_close(compiled(*inputs), norm(*inputs))

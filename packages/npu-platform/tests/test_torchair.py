@@ -17,9 +17,9 @@ from vllm.config.compilation import CompilationConfig
 from vllm_npu.interface.config import AdditionalConfig
 from vllm_npu.interface.errors import ConfigError
 from vllm_npu.platform.graphs import compile_cache
-from vllm_npu.platform.graphs._standin import StandInBackend
 from vllm_npu.platform.graphs.compile_cache import CompileCache, cache_key
 from vllm_npu.platform.graphs.config import configure_graphs
+from vllm_npu.platform.graphs.emulated.standin import StandInBackend
 from vllm_npu.platform.graphs.torchair import TorchairStats, forward_for
 
 # --- config -------------------------------------------------------------------------------------------------------

@@ -18,8 +18,8 @@ import pytest
 import torch
 from vllm.config import CUDAGraphMode
 from vllm_npu.platform.graphs import GraphInputMovedError, compile_cache
-from vllm_npu.platform.graphs._standin import StandInBackend
 from vllm_npu.platform.graphs.compile_cache import CompileCache, cache_key, kv_cache_layout
+from vllm_npu.platform.graphs.emulated.standin import StandInBackend
 from vllm_npu.platform.graphs.torchair import TorchairStats, TorchairWrapper, forward_for
 
 

@@ -13,6 +13,7 @@ import torch
 from vllm_npu.interface.device import DeviceMode
 from vllm_npu.platform import worker as worker_mod
 from vllm_npu.platform._device import EmulatedDevice
+from vllm_npu.platform.sleep import SleepState
 
 
 class Runner:
@@ -47,7 +48,7 @@ def make_worker(graphs: int) -> worker_mod.NPUWorker:
     w = object.__new__(worker_mod.NPUWorker)
     w.device_mode = DeviceMode.EMULATED
     w.device = torch.device("cpu")
-    w._released, w._weights_host_copy, w._graphs_released = {}, [], False
+    w.sleep_state = SleepState()
     w.model_runner = Runner(graphs)  # type: ignore[assignment]
     w.compilation_config = SimpleNamespace(static_forward_context={})
     return w

@@ -2,7 +2,7 @@
 # SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
 """Quantized FusedMoE layers for the MoE tests (``test_moe``, ``test_moe_graph``): a real vLLM ``FusedMoE`` with the
 ``ascend`` quant config, its experts loaded per expert and shard through ``FusedMoE.weight_loader`` (wrapped by our
-validating loader) from float experts quantized by :mod:`vllm_npu.quant.quantize_math`."""
+validating loader) from float experts quantized by :mod:`vllm_npu.quant.tools.quantize_math`."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from vllm_npu.quant.config import AscendQuantConfig
 from vllm_npu.quant.description import QuantDescription
-from vllm_npu.quant.quantize_math import quantize_w4a8, quantize_w8a8, quantize_w8a8_dynamic
+from vllm_npu.quant.tools.quantize_math import quantize_w4a8, quantize_w8a8, quantize_w8a8_dynamic
 
 E, TOP_K, H, INTER, G = 4, 2, 32, 32, 16
 PREFIX = "model.layers.0.mlp.experts"

@@ -31,7 +31,7 @@ from vllm_npu.interface import Kernel
 from vllm_npu.quant import kernels as K
 from vllm_npu.quant.config import AscendQuantConfig
 from vllm_npu.quant.description import QuantDescription
-from vllm_npu.quant.quantize_math import (
+from vllm_npu.quant.tools.quantize_math import (
     flatquant_transforms,
     quantize_w4a4_flatquant,
     quantize_w4a8,

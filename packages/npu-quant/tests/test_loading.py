@@ -13,7 +13,7 @@ import torch
 from vllm_npu.quant.config import AscendQuantConfig
 from vllm_npu.quant.description import QuantDescription
 from vllm_npu.quant.params import QuantLoadError
-from vllm_npu.quant.quantize_math import quantize_w8a8, quantize_w8a8_dynamic
+from vllm_npu.quant.tools.quantize_math import quantize_w8a8, quantize_w8a8_dynamic
 
 O_PROJ = "model.layers.0.self_attn.o_proj"
 
@@ -109,7 +109,7 @@ def test_qkv_shards_must_share_their_activation_scale(vllm_ctx: object) -> None:
 
 
 def test_int4_values_out_of_range_are_rejected(vllm_ctx: object) -> None:
-    from vllm_npu.quant.quantize_math import quantize_w4a8
+    from vllm_npu.quant.tools.quantize_math import quantize_w4a8
 
     t = quantize_w4a8(torch.randn(32, 64) * 0.2, 32, "0", True, torch.float32)
     t["weight"] = t["weight"].clone()

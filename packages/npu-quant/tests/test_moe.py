@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from quant_moe_harness import INTER, PREFIX, TOP_K, E, G, H, build, float_experts, quantized
 from vllm_npu.quant.params import QuantLoadError
-from vllm_npu.quant.quantize_math import quantize_w4a8
+from vllm_npu.quant.tools.quantize_math import quantize_w4a8
 
 
 @pytest.fixture(autouse=True)

@@ -1,13 +1,13 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
-"""The quantizer's static W8A8 expert calibration (:func:`vllm_npu.quant.quantizer._expert_ranges`): gate/up of one
+"""The quantizer's static W8A8 expert calibration (:func:`vllm_npu.quant.tools.quantizer._expert_ranges`): gate/up of one
 expert share one range (the MoE kernel quantizes their common input once), and an expert no calibration token was
 routed to takes the union of the same projection over its layer's calibrated experts."""
 
 from __future__ import annotations
 
 import pytest
-from vllm_npu.quant.quantizer import QuantizeError, _expert_ranges
+from vllm_npu.quant.tools.quantizer import QuantizeError, _expert_ranges
 
 L0, L1 = "model.layers.0.mlp.experts", "model.layers.1.mlp.experts"
 

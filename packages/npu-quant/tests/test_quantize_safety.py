@@ -11,8 +11,8 @@ import shutil
 from pathlib import Path
 
 import pytest
-from vllm_npu.quant import quantizer
-from vllm_npu.quant.cli import main
+from vllm_npu.quant.tools import quantizer
+from vllm_npu.quant.tools.cli import main
 
 SCHEME = "W8A8_DYNAMIC"
 

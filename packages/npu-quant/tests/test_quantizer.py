@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
-from vllm_npu.quant.cli import main
 from vllm_npu.quant.description import QuantDescription
+from vllm_npu.quant.tools.cli import main
 
 
 @pytest.fixture(scope="module")

@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
 """Each scheme's forward on real vLLM linear layers (reference kernels) against float maths and the independent
-simulation (:mod:`vllm_npu.quant.simulate`).
+simulation (:mod:`vllm_npu.quant.tools.simulate`).
 
 Tensors go through vLLM's own weight loaders (QKV shards, row-parallel), then ``process_weights_after_loading``.
 Bounds (float32, x ~ N(0, 1) [9, K], W ~ N(0, 0.2)):
@@ -22,14 +22,14 @@ import torch.nn.functional as F
 from vllm_npu.quant import kernels as K
 from vllm_npu.quant.config import AscendQuantConfig
 from vllm_npu.quant.description import QuantDescription
-from vllm_npu.quant.quantize_math import (
+from vllm_npu.quant.tools.quantize_math import (
     flatquant_transforms,
     quantize_w4a4_flatquant,
     quantize_w4a8,
     quantize_w8a8,
     quantize_w8a8_dynamic,
 )
-from vllm_npu.quant.simulate import SimulatedQuantLinear
+from vllm_npu.quant.tools.simulate import SimulatedQuantLinear
 
 H, HEAD, NH, NKV, INTER = 64, 16, 4, 2, 128
 QKV = "model.layers.0.self_attn.qkv_proj"

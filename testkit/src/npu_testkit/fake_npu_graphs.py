@@ -2,7 +2,7 @@
 # SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
 """A stand-in ``torch.npu`` graph runtime for NPU-wiring tests: torch_npu 2.8.0's graph and stream API, read from
 the wheel, enforcing the runtime rules an ACL graph imposes (the same rules the emulated device's graph twin
-enforces, ``vllm_npu.platform.graphs._twin``).
+enforces, ``vllm_npu.platform.graphs.emulated.twin``).
 
 Every call binds against the signature parsed from the wheel's ``torch_npu/npu/graphs.py`` / ``streams.py`` (never
 imported) and is recorded. On top, while capturing:

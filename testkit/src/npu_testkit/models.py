@@ -28,8 +28,8 @@ def default_cache_dir() -> Path:
 
 def build_tokenizer(vocab_size: int = 512):
     """The demo's byte-level BPE tokenizer (trained on the platform's bundled corpus), with a chat template."""
-    from vllm_npu.platform.demo.checkpoint import build_tokenizer as _build
-    from vllm_npu.platform.demo.checkpoint import corpus
+    from vllm_npu.platform.tools.demo.checkpoint import build_tokenizer as _build
+    from vllm_npu.platform.tools.demo.checkpoint import corpus
 
     return _build(corpus(), vocab_size=vocab_size)
 

@@ -7,7 +7,7 @@ the emulated device (the quant method is picked from the checkpoint: no ``quanti
 
 - which quant method and scheme every linear / MoE layer runs (:func:`layer_methods`);
 - greedy tokens equal a pure-torch model running the same checkpoint tensors (:func:`check_greedy`;
-  ``vllm_npu.quant.simulate``: HF transformers with every quantized linear replaced by the scheme's maths, written
+  ``vllm_npu.quant.tools.simulate``: HF transformers with every quantized linear replaced by the scheme's maths, written
   independently of the kernels);
 - next-token log-probs over the whole vocabulary equal the simulation's within 1e-3 (max abs) and stay close to the
   float model's: KL(float || quantized) <= the case's bound, in nats (:func:`check_logprobs`).
@@ -64,7 +64,7 @@ def tiny_float_model(kind: str) -> Path:
 
 def quantize(case: QuantCase, out_root: Path) -> tuple[Path, Path]:
     """(float checkpoint, quantized checkpoint) of ``case``; the quantized one is written under ``out_root``."""
-    from vllm_npu.quant.cli import main as quantize_main
+    from vllm_npu.quant.tools.cli import main as quantize_main
 
     float_dir = tiny_float_model(case.model)
     quant_dir = out_root / case.id
@@ -103,7 +103,7 @@ def next_token_logprobs(llm: Any, prompt: list[int], vocab: int):
 
 def check_greedy(llm: Any, simulated: Any, prompts: list[list[int]] = PROMPTS) -> None:
     """The engine's greedy tokens (``MAX_TOKENS`` per prompt) equal the simulation's."""
-    from vllm_npu.quant.simulate import greedy as sim_greedy
+    from vllm_npu.quant.tools.simulate import greedy as sim_greedy
 
     got = greedy(llm, prompts, MAX_TOKENS)
     assert all(len(g) == MAX_TOKENS for g in got)
@@ -111,7 +111,7 @@ def check_greedy(llm: Any, simulated: Any, prompts: list[list[int]] = PROMPTS) -
 
 
 def check_logprobs(llm: Any, simulated: Any, float_dir: Path, case: QuantCase, prompts: list[list[int]]) -> None:
-    from vllm_npu.quant.simulate import logprobs as sim_logprobs
+    from vllm_npu.quant.tools.simulate import logprobs as sim_logprobs
 
     from npu_testkit.models import hf_logprobs
 

@@ -25,7 +25,7 @@ _EXPORTS = {
     "read_device_setting": ".settings:read_device_setting",
     "DeviceDecision": ".device:DeviceDecision",
     "DeviceMode": ".device:DeviceMode",
-    "Kernel": ".device:Kernel",
+    "Kernel": ".kernels:Kernel",
     "KernelBackend": ".device:KernelBackend",
     "NPUProbe": ".device:NPUProbe",
     "configure_kernels": ".device:configure_kernels",
@@ -78,7 +78,6 @@ if TYPE_CHECKING:
     from .device import (
         DeviceDecision,
         DeviceMode,
-        Kernel,
         KernelBackend,
         NPUProbe,
         configure_kernels,
@@ -98,6 +97,7 @@ if TYPE_CHECKING:
         NPUPluginError,
         install_command,
     )
+    from .kernels import Kernel
     from .log import get_logger
     from .protocols import (
         GraphInputsProvider,

@@ -9,7 +9,7 @@ torch_npu (it only looks for the module and for Ascend device nodes):
 - ``emulated``: the pure-PyTorch reference kernels on the CPU, through exactly the same layers.
 
 The kernel backend (``"npu"`` or ``"reference"``) follows the mode; layers pick their kernel when they are built
-(:meth:`Kernel.select`), never per call.
+(:meth:`.kernels.Kernel.select`), never per call.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ import functools
 import glob
 import importlib.util
 import os
-from collections.abc import Callable, Mapping
-from typing import Generic, Literal, NamedTuple, TypeVar
+from collections.abc import Mapping
+from typing import Literal, NamedTuple
 
 from .cann import CANN_HOME_VARS, CANN_OPP_VAR, find_cann_home
 from .errors import ConfigError, DeviceUnavailableError
@@ -178,47 +178,6 @@ def kernel_backend() -> KernelBackend:
     if not _kernel_backend:
         configure_kernels("auto")
     return _kernel_backend[0]
-
-
-F = TypeVar("F", bound=Callable[..., object])
-
-
-class Kernel(Generic[F]):
-    """An NPU kernel and its pure-PyTorch reference twin: same contract (shapes, dtypes, layouts, in-place effects).
-
-    Both live in the same module as the layer that uses them. ``select()`` is called when a layer is built.
-    Immutable; equal when name and both functions are equal.
-    """
-
-    __slots__ = ("name", "npu", "reference")
-    name: str
-    npu: F
-    reference: F
-
-    def __init__(self, name: str, npu: F, reference: F) -> None:
-        object.__setattr__(self, "name", name)
-        object.__setattr__(self, "npu", npu)
-        object.__setattr__(self, "reference", reference)
-
-    def __setattr__(self, key: str, value: object) -> None:
-        raise AttributeError(f"Kernel is immutable: cannot set {key!r}")
-
-    def __delattr__(self, key: str) -> None:
-        raise AttributeError(f"Kernel is immutable: cannot delete {key!r}")
-
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, Kernel):
-            return NotImplemented
-        return (self.name, self.npu, self.reference) == (other.name, other.npu, other.reference)
-
-    def __hash__(self) -> int:
-        return hash((self.name, self.npu, self.reference))
-
-    def __repr__(self) -> str:
-        return f"Kernel(name={self.name!r}, npu={self.npu!r}, reference={self.reference!r})"
-
-    def select(self, backend: KernelBackend | None = None) -> F:
-        return self.npu if (backend or kernel_backend()) == "npu" else self.reference
 
 
 def reset_device_selection() -> None:

@@ -2,7 +2,7 @@
 # SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
 """The selftest contract: how a layer describes the calls ``vllm-npu selftest`` makes to each of its kernel pairs.
 
-A layer with :class:`~vllm_npu.interface.device.Kernel` pairs exports ``selftest_cases() -> list[KernelCase]`` from
+A layer with :class:`~vllm_npu.interface.kernels.Kernel` pairs exports ``selftest_cases() -> list[KernelCase]`` from
 its door (``vllm_npu.<layer>.selftest_cases``). Each case is one call of one kernel at one shape and dtype: its
 ``build(device)`` returns a :class:`KernelCall` whose inputs satisfy the kernel's contract (block tables, slot
 mappings, sequence lengths, quant scales...). The selftest builds the call twice from the same seed, once on the
@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
-from .device import Kernel
+from .kernels import Kernel
 
 #: ``outputs(result, args, kwargs) -> {name: tensor}``: the tensors to compare after the call (returned values, or
 #: the in-place targets among the arguments), already in a form where equal contracts give equal tensors (e.g. top-k

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 from vllm.model_executor.layers.activation import QuickGELU, SiluAndMul
-from vllm_npu.interface.device import Kernel
+from vllm_npu.interface import Kernel
 
 from .swiglu import SWIGLU, swiglu_npu, swiglu_reference  # noqa: F401 (the SiluAndMul kernel twins, re-exported)
 

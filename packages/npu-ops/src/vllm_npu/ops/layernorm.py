@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 from vllm.model_executor.layers.layernorm import GemmaRMSNorm, RMSNorm
-from vllm_npu.interface.device import Kernel
+from vllm_npu.interface import Kernel
 
 # --- kernels --------------------------------------------------------------------------------------------------
 

@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 from vllm.model_executor.layers.rotary_embedding.mrope import MRotaryEmbedding, apply_interleaved_rope
-from vllm_npu.interface.device import Kernel
+from vllm_npu.interface import Kernel
 
 from .rotary_embedding import _NPURopeMixin, build_partial_rotate, expand_cos_sin, rotary_mul_reference
 

@@ -23,7 +23,7 @@ from vllm import forward_context as _vllm_forward_context
 from vllm.model_executor.layers.rotary_embedding.base import RotaryEmbedding
 from vllm.model_executor.layers.rotary_embedding.deepseek_scaling_rope import DeepseekScalingRotaryEmbedding
 from vllm.model_executor.layers.rotary_embedding.yarn_scaling_rope import YaRNScalingRotaryEmbedding
-from vllm_npu.interface.device import Kernel
+from vllm_npu.interface import Kernel
 
 # Bound once: Dynamo recognises the function object itself (it traces as a constant True), and eager calls skip
 # two attribute lookups. The Dynamo-only variant is one Python call where ``is_compiling`` is two; Dynamo is the

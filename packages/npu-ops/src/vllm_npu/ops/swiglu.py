@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from vllm_npu.interface.device import Kernel
+from vllm_npu.interface import Kernel
 
 
 def _odd_width(x: torch.Tensor) -> ValueError:

@@ -477,9 +477,19 @@ class EmulatedDevice(DeviceBackend):
     def capture_graph(
         runnable: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], pool: Any, stream: Any
     ) -> Any:
-        from .graphs._twin import EmulatedGraph
+        from .graphs.emulated.twin import EmulatedGraph
 
         return EmulatedGraph.capture(runnable, args, kwargs)
+
+
+def device_backend() -> type[DeviceBackend]:
+    """The active platform's device backend (the emulated CPU when vLLM runs on another platform, e.g. in tests).
+
+    The model runner, the worker and the graph wrappers all ask here, so :mod:`.graphs` never imports the model
+    runner that builds its wrappers (``tests/test_layering.py`` keeps that edge out)."""
+    from vllm.platforms import current_platform
+
+    return getattr(current_platform, "device_backend", EmulatedDevice)
 
 
 _STREAM_NAMES = ("Stream", "Event", "current_stream", "default_stream", "stream")

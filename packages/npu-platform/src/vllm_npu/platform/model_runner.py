@@ -56,7 +56,6 @@ from vllm.compilation.monitor import set_cudagraph_capturing_enabled
 from vllm.config import CUDAGraphMode, VllmConfig
 from vllm.distributed.parallel_state import get_pp_group
 from vllm.model_executor.models.utils import extract_layer_index
-from vllm.platforms import current_platform
 from vllm.v1.kv_cache_interface import KVCacheConfig
 from vllm.v1.utils import CpuGpuBuffer
 from vllm.v1.worker.gpu_model_runner import AsyncGPUModelRunnerOutput, GPUModelRunner
@@ -64,7 +63,7 @@ from vllm.v1.worker.utils import bind_kv_cache
 from vllm_npu.interface.log import get_logger
 from vllm_npu.interface.protocols import report_request_faults
 
-from ._device import DeviceBackend, EmulatedDevice, _torch_npu, cuda_stream_api_as, cuda_synchronize_as
+from ._device import _torch_npu, cuda_stream_api_as, cuda_synchronize_as, device_backend
 from .graphs.config import stream_budget
 from .graphs.sizes import GraphStreamsExhaustedError, is_stream_exhaustion, stream_exhaustion_message
 from .graphs.torchair import TorchairWrapper, torchair_enabled
@@ -74,11 +73,6 @@ logger = get_logger(__name__)
 
 # Smallest emulated profile run (tokens): a few prefill chunks' worth, enough to run every kernel path of a batch.
 EMULATED_PROFILE_MIN_TOKENS = 256
-
-
-def device_backend() -> type[DeviceBackend]:
-    """The active platform's device backend (the emulated CPU when vLLM runs on another platform, e.g. in tests)."""
-    return getattr(current_platform, "device_backend", EmulatedDevice)
 
 
 class NPUModelRunner(GPUModelRunner):

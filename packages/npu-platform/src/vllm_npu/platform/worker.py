@@ -14,33 +14,9 @@ Inherited unchanged: model loading, KV-cache spec, ``execute_model``, warm-up. O
 - ``determine_available_memory``: NPU = profile run + allocator peak, honouring ``gpu_memory_utilization``;
   emulated = profile run + an explicit KV budget (``npu.emulated_kv_cache_gb`` or
   ``VLLM_NPU_EMULATED_KV_CACHE_GB``), because the CPU has no device memory to measure.
-- ``sleep``/``wake_up`` without CUDA's ``CuMemAllocator``: device memory is released by shrinking the storages of
-  the weights and the KV cache to zero bytes (every view and every reference vLLM holds stays valid) and regrown on
-  wake-up. Level 1 keeps a host copy of the weights; level 2 drops them and reloads them from the checkpoint.
-  Regrown storages have new device addresses, so every static graph is dropped at ``sleep`` and captured (torchair:
-  compiled) again once ``wake_up`` has restored both weights and KV cache (see "Sleep mode and graphs" below).
-
-Sleep mode and graphs. A captured ACL graph (PIECEWISE, FULL_DECODE_ONLY) embeds the device address of every
-weight and KV-cache tensor its kernels read, and a torchair graph compiled with ``frozen_parameter=True`` binds every
-parameter's address at its first run; after a wake-up that moved them, replaying those graphs would read freed
-memory. Two ways out:
-
-- keep the addresses, as vllm-ascend v0.11.0 does (``device_allocator/camem.py``): allocate weights and KV caches
-  through ``torch.npu.memory.NPUPluggableAllocator`` + ``MemPool`` + ``use_mem_pool`` (torch_npu 2.8.0
-  ``npu/memory.py``), with malloc/free functions that reserve virtual addresses and map physical memory
-  (``aclrtReserveMemAddress`` / ``aclrtMallocPhysical`` / ``aclrtMapMem``), and unmap/re-map at the same virtual
-  address on sleep/wake-up. torch_npu 2.8.0 exposes no Python API for those ACL calls: ``NPUPluggableAllocator``
-  takes the path of a compiled shared library and the names of its C functions, which vllm-ascend builds as its
-  own C extension (``vllm_ascend_C``, only with ``COMPILE_CUSTOM_KERNELS=1``). This plugin ships no C extension
-  (pure-Python wheels, built and tested without CANN), so that way is not open here.
-- re-capture after wake-up (what this worker does): ``sleep`` releases every graph of the engine
-  (:meth:`.model_runner.NPUModelRunner.release_graphs`: each wrapper's captured entries ``reset()``, each torchair
-  compiled size forgotten), so the graph pool's memory is released with the rest; ``wake_up`` re-runs vLLM's
-  capture loop (:meth:`~.model_runner.NPUModelRunner.recapture_graphs`) once no tag is asleep any more. Cost: one
-  capture as at start-up (one warm-up forward plus one captured forward per capture size; torchair: one Dynamo
-  trace per size, loaded from the compile cache when it is on, and GE's compile of each graph at its first run).
-  Buffers (rotary caches...) are never released, so level 2 loses none of them (vllm-ascend backs up
-  ``named_buffers()`` at level 2 because its "weights" pool holds everything allocated while loading).
+- ``sleep``/``wake_up`` without CUDA's ``CuMemAllocator`` (:mod:`.sleep`): the storages of the weights and the KV
+  cache shrunk to zero bytes and regrown, every static graph of the engine dropped at ``sleep`` and captured again
+  once ``wake_up`` has restored both.
 """
 
 from __future__ import annotations
@@ -48,7 +24,6 @@ from __future__ import annotations
 import contextlib
 import gc
 import os
-from collections.abc import Iterable
 from typing import Any
 
 import torch
@@ -64,13 +39,14 @@ from vllm_npu.interface.errors import ConfigError
 from vllm_npu.interface.log import get_logger
 from vllm_npu.interface.registry import init_worker
 
-from .model_runner import NPUModelRunner, device_backend
+from ._device import device_backend
+from .model_runner import NPUModelRunner
+from .sleep import SleepState, tensors_of
 
 logger = get_logger(__name__)
 
 GiB = 1 << 30
 MiB = 1 << 20
-SLEEP_TAGS = ("weights", "kv_cache")
 
 
 def emulated_kv_cache_setting(additional_config: Any, environ: dict[str, str] | None = None) -> tuple[float, str]:
@@ -114,26 +90,6 @@ def emulated_kv_cache_bytes(additional_config: Any, environ: dict[str, str] | No
             f"{source}={gib} GiB exceeds the host's available memory ({available / GiB:.2f} GiB); lower it"
         )
     return budget
-
-
-def _unique_storages(tensors: Iterable[torch.Tensor]) -> list[tuple[torch.UntypedStorage, int]]:
-    """Each distinct non-empty storage behind ``tensors`` (tied weights share one) with its size in bytes."""
-    seen: dict[int, tuple[torch.UntypedStorage, int]] = {}
-    for t in tensors:
-        storage = t.untyped_storage()
-        if storage.nbytes() and storage.data_ptr() not in seen:
-            seen[storage.data_ptr()] = (storage, storage.nbytes())
-    return list(seen.values())
-
-
-def _flatten_tensors(entries: object) -> Iterable[torch.Tensor]:
-    """Every tensor in arbitrarily nested lists/tuples (KV caches: a tensor, a list per virtual engine, a tuple of
-    Mamba states); anything else is skipped."""
-    if isinstance(entries, torch.Tensor):
-        yield entries
-    elif isinstance(entries, (list, tuple)):
-        for entry in entries:
-            yield from _flatten_tensors(entry)
 
 
 def _class_path(cls: type) -> str:
@@ -182,10 +138,7 @@ class NPUWorker(Worker):
         self.kernel_backend = configure_kernels(npu_config.kernels)
         self.components = init_worker(vllm_config, mode)
         self.device_mode = mode
-        # Storages released by sleep(): tag -> [(storage, nbytes)]; host copies of level-1 weights.
-        self._released: dict[str, list[tuple[torch.UntypedStorage, int]]] = {}
-        self._weights_host_copy: list[torch.UntypedStorage] = []
-        self._graphs_released = False  # sleep() dropped the engine's graphs; wake_up() captures them again
+        self.sleep_state = SleepState()  # what sleep() released, until wake_up() restores it
         super().__init__(vllm_config, local_rank, rank, distributed_init_method, is_driver_worker)
         # vLLM's Worker built a CUDA-activity torch profiler (constructed, never started): replace it.
         self.profiler = None
@@ -271,7 +224,7 @@ class NPUWorker(Worker):
             report_usage_stats(self.vllm_config)
 
     def _maybe_get_memory_pool_context(self, tag: str) -> contextlib.AbstractContextManager:
-        # No address-keeping allocator (vllm-ascend's CaMemAllocator needs a C extension; module docstring): sleep
+        # No address-keeping allocator (vllm-ascend's CaMemAllocator needs a C extension; see .sleep): sleep
         # shrinks the storages and wake-up re-captures the graphs instead.
         return contextlib.nullcontext()
 
@@ -328,70 +281,16 @@ class NPUWorker(Worker):
 
     # --- sleep mode ---------------------------------------------------------------------------------------------
 
-    def _tensors_of(self, tag: str) -> Iterable[torch.Tensor]:
-        if tag == "weights":
-            return self.model_runner.get_model().parameters()
-        # The runner's list (one cache per layer index) first, then every layer's bound cache: a decoder layer may
-        # hold several cache layers (DeepSeek-V3.2's indexer keys); _unique_storages drops the repeats.
-        kv: list[object] = list(self.model_runner.kv_caches)
-        kv += [getattr(layer, "kv_cache", None) for layer in self.compilation_config.static_forward_context.values()]
-        return list(_flatten_tensors(kv))
-
     def sleep(self, level: int = 1) -> None:
-        """Release device memory. Level 1: weights moved to host memory, KV cache discarded. Level 2: both
-        discarded (weights are reloaded from the checkpoint on wake-up)."""
-        if level not in (1, 2):
-            raise ValueError(f"sleep level must be 1 or 2, got {level}")
-        if self._released:
-            logger.warning("NPUWorker is already sleeping")
-            return
-        backend = device_backend()
-        free_before, _ = backend.mem_get_info(self.device)
-        # Graphs read the weights and KV caches at their current addresses, which wake-up changes (module docstring).
-        self._graphs_released = self.model_runner.release_graphs() > 0 or self._graphs_released
-        for tag in SLEEP_TAGS:
-            storages = _unique_storages(self._tensors_of(tag))
-            if tag == "weights" and level == 1:
-                self._weights_host_copy = [
-                    torch.UntypedStorage(nbytes, device="cpu").copy_(storage) for storage, nbytes in storages
-                ]
-            for storage, _ in storages:
-                storage.resize_(0)
-            self._released[tag] = storages
-        gc.collect()
-        backend.empty_cache()
-        free_after, total = backend.mem_get_info(self.device)
-        logger.info(
-            "sleep level %d released %.3f GiB (%.3f GiB still in use)",
-            level,
-            max(0, free_after - free_before) / GiB,
-            (total - free_after) / GiB,
-        )
+        """Release device memory (:meth:`.sleep.SleepState.sleep`). Level 1: weights moved to host memory, KV cache
+        discarded. Level 2: both discarded (weights are reloaded from the checkpoint on wake-up)."""
+        context = self.compilation_config.static_forward_context
+        self.sleep_state.sleep(self.model_runner, context, device_backend(), self.device, level)
 
     def wake_up(self, tags: list[str] | None = None) -> None:
-        """Re-allocate the released memory of ``tags`` (default: all): KV cache zeroed, weights restored. Once no
-        tag is asleep, the graphs released by :meth:`sleep` are captured again (they must see the new addresses)."""
-        for tag in tags or list(SLEEP_TAGS):
-            if tag not in SLEEP_TAGS:
-                raise ValueError(f"unknown sleep tag {tag!r}; expected one of {SLEEP_TAGS}")
-            storages = self._released.pop(tag, None)
-            if storages is None:
-                continue
-            for storage, nbytes in storages:
-                storage.resize_(nbytes)
-            if tag == "kv_cache":
-                for storage, _ in storages:
-                    storage.fill_(0)  # type: ignore[attr-defined]  # a real method that torch's stubs omit
-            elif self._weights_host_copy:
-                for (storage, _), host in zip(storages, self._weights_host_copy, strict=True):
-                    storage.copy_(host)
-                self._weights_host_copy = []
-            else:
-                self.model_runner.reload_weights()
-        device_backend().synchronize(self.device)
-        if self._graphs_released and not self._released:
-            self.model_runner.recapture_graphs()
-            self._graphs_released = False
+        """Re-allocate the released memory of ``tags`` (default: all) and, once no tag is asleep, capture the
+        graphs again (:meth:`.sleep.SleepState.wake_up`)."""
+        self.sleep_state.wake_up(self.model_runner, device_backend(), self.device, tags)
 
     # --- diagnostics --------------------------------------------------------------------------------------------
 
@@ -411,7 +310,8 @@ class NPUWorker(Worker):
         attn_layers = get_layers_from_vllm_config(self.vllm_config, Attention)
         backends = sorted({_class_path(layer.attn_backend) for layer in attn_layers.values()})
         impls = sorted({_class_path(type(layer.impl)) for layer in attn_layers.values()})
-        kv_shapes = [tuple(t.shape) for t in self._tensors_of("kv_cache")][:1]
+        context = self.compilation_config.static_forward_context
+        kv_shapes = [tuple(t.shape) for t in tensors_of(runner, context, "kv_cache")][:1]
         plugin_modules: dict[str, int] = {}
         for module in runner.get_model().modules():
             if type(module).__module__.startswith("vllm_npu."):
@@ -454,5 +354,5 @@ class NPUWorker(Worker):
             "tp_communicator": type(get_tp_group().device_communicator).__qualname__,
             "tp_backend": str(torch.distributed.get_backend(get_tp_group().device_group)),
             # Bytes released by sleep() and not yet woken up, per tag.
-            "sleeping_bytes": {tag: sum(n for _, n in storages) for tag, storages in self._released.items()},
+            "sleeping_bytes": self.sleep_state.sleeping_bytes(),
         }

@@ -23,7 +23,7 @@ _EXPORTS: dict[str, str] = {
     "QuantDescription": ".description:QuantDescription",
     "QuantDescriptionError": ".description:QuantDescriptionError",
     "QuantLoadError": ".params:QuantLoadError",
-    "quantize_checkpoint": ".quantizer:quantize_checkpoint",
+    "quantize_checkpoint": ".tools.quantizer:quantize_checkpoint",
 }
 
 if TYPE_CHECKING:
@@ -31,8 +31,8 @@ if TYPE_CHECKING:
     from .description import QuantDescription, QuantDescriptionError
     from .detect import QUANT_METHOD, claim_checkpoint
     from .params import QuantLoadError
-    from .quantizer import quantize_checkpoint
     from .selftest import selftest_cases
+    from .tools.quantizer import quantize_checkpoint
 else:
     from vllm_npu.interface.lazy import lazy_exports
 

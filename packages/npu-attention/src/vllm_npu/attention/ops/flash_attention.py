@@ -22,7 +22,7 @@ from __future__ import annotations
 from itertools import accumulate
 
 import torch
-from vllm_npu.interface.device import Kernel
+from vllm_npu.interface import Kernel
 
 from ._checks import check_heads, check_packing, need_mask, no_soft_cap
 from ._reference import attend, window_allowed

@@ -57,7 +57,7 @@ from __future__ import annotations
 from typing import cast
 
 import torch
-from vllm_npu.interface.device import Kernel
+from vllm_npu.interface import Kernel
 from vllm_npu.interface.graphs import opaque_reference_op
 
 from ._checks import check_heads, no_soft_cap

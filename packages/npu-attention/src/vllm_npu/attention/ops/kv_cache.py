@@ -30,7 +30,7 @@ caches.
 from __future__ import annotations
 
 import torch
-from vllm_npu.interface.device import Kernel
+from vllm_npu.interface import Kernel
 from vllm_npu.interface.errors import KernelContractError
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
-from vllm_npu.interface.device import Kernel
+from vllm_npu.interface import Kernel
 from vllm_npu.interface.errors import KernelContractError
 
 from ..masks import masked_value

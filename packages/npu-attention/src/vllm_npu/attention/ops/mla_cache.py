@@ -22,7 +22,7 @@ out-of-range indices, so the NPU paths redirect them to slot 0: block 0 is vLLM'
 from __future__ import annotations
 
 import torch
-from vllm_npu.interface.device import Kernel
+from vllm_npu.interface import Kernel
 from vllm_npu.interface.errors import KernelContractError
 
 

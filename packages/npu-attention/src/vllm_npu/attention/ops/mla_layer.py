@@ -39,7 +39,7 @@ from typing import Any
 import torch
 from vllm.forward_context import get_forward_context
 from vllm.model_executor.layers.mla import MultiHeadLatentAttention
-from vllm_npu.interface.device import Kernel
+from vllm_npu.interface import Kernel
 
 from ..backends.mla import AscendMLAImpl, AscendMLAMetadata
 from .mla_cache import KV_RMSNORM_ROPE_CACHE, interleave_rope_reference, latent_cache_planes

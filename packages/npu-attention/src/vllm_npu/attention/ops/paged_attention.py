@@ -49,7 +49,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
-from vllm_npu.interface.device import Kernel
+from vllm_npu.interface import Kernel
 from vllm_npu.interface.errors import KernelContractError
 
 from ._checks import check_heads, need_mask, no_soft_cap

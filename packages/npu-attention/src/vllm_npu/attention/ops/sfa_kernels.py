@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
-from vllm_npu.interface.device import Kernel
+from vllm_npu.interface import Kernel
 from vllm_npu.interface.errors import KernelContractError, MissingComponentError
 
 from .mla_attention import latent_attention

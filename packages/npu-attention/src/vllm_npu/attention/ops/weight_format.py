@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 from vllm.model_executor.layers.linear import UnquantizedLinearMethod
-from vllm_npu.interface.device import Kernel
+from vllm_npu.interface import Kernel
 
 ACL_FORMAT_ND = 2
 

@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
 """Static graphs: vLLM's graph wrapper for the NPU (:mod:`.wrapper`), ACL graphs (:mod:`._npu`), the emulated
-device's twin (:mod:`._twin`), the graph mode of an engine (:mod:`.config`) and the capture-size limit
+device's twin (:mod:`.emulated.twin`), the graph mode of an engine (:mod:`.config`) and the capture-size limit
 (:mod:`.sizes`); the torchair mode (:mod:`.torchair`: the decode forward compiled per batch size, with its compile
 cache :mod:`.compile_cache`). Importing this package costs nothing."""
 

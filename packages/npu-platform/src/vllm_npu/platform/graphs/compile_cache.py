@@ -6,9 +6,9 @@ reused across engine restarts.
 Layout: ``<root>/<key digest>/`` holds ``key.json`` (the key in clear, for people) and what the compiler stored
 there. The torchair mode (root ``npu.torchair_cache_dir``): on an NPU torchair's ``cache_compile`` files (one
 sub-directory per compiled batch-size function), on the emulated device one artifact per batch size
-(:mod:`._standin`). The compiled twin (``npu.emulated_compile=inductor``, root
+(:mod:`.emulated.standin`). The compiled twin (``npu.emulated_compile=inductor``, root
 ``<VLLM_NPU_CACHE_DIR>/emulated_compile``): one file of inductor artifacts per distinct compiled piece
-(:mod:`._twin_pieces`).
+(:mod:`.emulated.twin_pieces`).
 
 The key is everything that changes what a compiled decode graph computes or how it runs:
 
@@ -91,7 +91,7 @@ def plugin_source_digest() -> str:
 
 def cann_version() -> str | None:
     """The installed CANN's version (its home found as the device probe finds it), or None without CANN."""
-    from ..cli._host import find_cann
+    from .._cann import find_cann
 
     return find_cann().version
 

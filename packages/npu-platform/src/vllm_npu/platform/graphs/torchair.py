@@ -31,7 +31,7 @@ can run and GE cannot convert (the torchair mode is refused for SFA on an NPU).
 
 Backends: on an NPU torchair's (:mod:`._torchair_npu`: ``dynamic=True`` with every tensor input marked static, so
 that the only symbolic values are the Python ints the NPU attention kernel takes as ``SymInt[]``, the sequence
-lengths); on the emulated device :class:`._standin.StandInBackend` (``aot_eager`` with the on-disk cache,
+lengths); on the emulated device :class:`.emulated.standin.StandInBackend` (``aot_eager`` with the on-disk cache,
 ``dynamic=False``: its reference attention reads tensors only). The cache directory is
 :class:`.compile_cache.CompileCache` of this worker's key under ``npu.torchair_cache_dir`` (``npu.torchair_cache=false``
 turns it off).
@@ -216,7 +216,7 @@ class TorchairWrapper(CUDAGraphWrapper):
         runtime_mode: CUDAGraphMode = CUDAGraphMode.FULL,
         cudagraph_options: CUDAGraphOptions | None = None,
     ) -> None:
-        from ..model_runner import device_backend
+        from .._device import device_backend
 
         super().__init__(runnable, vllm_config, runtime_mode, cudagraph_options)
         self.device_type = device_backend().type
@@ -286,7 +286,7 @@ class TorchairWrapper(CUDAGraphWrapper):
             from ._torchair_npu import compile_npu
 
             return compile_npu(fn, None if cache is None else str(cache.directory))
-        from ._standin import StandInBackend
+        from .emulated.standin import StandInBackend
 
         backend = self._counted(size, StandInBackend(size, cache, TORCHAIR_STATS))
         return torch.compile(fn, backend=backend, fullgraph=True, dynamic=False)

@@ -16,7 +16,7 @@ capture and replay go through the platform's device backend instead of ``torch.c
 - before a replay, the graph's updatable tasks (decode attention kernels) are refreshed with the current step's host
   parameters (:mod:`vllm_npu.interface.graphs`);
 - on the emulated device with ``npu.emulated_compile=inductor``, each captured graph is compiled right after its
-  capture (:mod:`._twin_compile`), its compiled pieces kept in an on-disk cache (:mod:`._twin_pieces`).
+  capture (:mod:`.emulated.twin_compile`), its compiled pieces kept in an on-disk cache (:mod:`.emulated.twin_pieces`).
 
 Captures are counted in vLLM's ``compilation_counter.num_cudagraph_captured`` (as vLLM's wrapper does), replays in
 :data:`GRAPH_STATS`.
@@ -40,10 +40,42 @@ from vllm.config import CUDAGraphMode, VllmConfig
 from vllm.forward_context import get_forward_context
 from vllm_npu.interface.log import get_logger
 
+from .._device import device_backend
+
 if TYPE_CHECKING:
     from .compile_cache import CompileCache
 
 logger = get_logger(__name__)
+
+
+@dataclass
+class PieceStats:
+    """Per-process counts of the emulated twin's compiled pure pieces (:mod:`.emulated.twin_pieces` counts them;
+    here so that every device's graph counts read them without importing the emulated twin)."""
+
+    pieces: int = 0  # pure pieces placed in compiled graphs
+    compiles: int = 0  # inductor compiles run (distinct pieces not found in this process)
+    shared: int = 0  # pieces served by a function compiled for an identical earlier piece in this process
+    disk_hits: int = 0  # compiles served from the on-disk cache's artifacts (no lowering)
+    disk_writes: int = 0  # artifacts written to the on-disk cache
+    reasons: Counter[str] = field(default_factory=Counter)  # why a compile could not be cached on disk
+
+    def reset(self) -> None:
+        self.pieces = self.compiles = self.shared = self.disk_hits = self.disk_writes = 0
+        self.reasons.clear()
+
+    def snapshot(self) -> dict[str, Any]:
+        return {
+            "pieces": self.pieces,
+            "compiles": self.compiles,
+            "shared": self.shared,
+            "disk_hits": self.disk_hits,
+            "disk_writes": self.disk_writes,
+            "uncached": dict(self.reasons),
+        }
+
+
+PIECE_STATS = PieceStats()
 
 
 @dataclass
@@ -57,7 +89,7 @@ class GraphStats:
     capture_seconds: dict[int, float] = field(default_factory=dict)
     capture_bytes: Counter[int] = field(default_factory=Counter)
     # emulated device, npu.emulated_compile=inductor: graphs compiled per runtime mode, compile seconds per size
-    # (part of capture_seconds); the snapshot adds the compiled pieces' counts (_twin_pieces.PIECE_STATS)
+    # (part of capture_seconds); the snapshot adds the compiled pieces' counts (PIECE_STATS)
     compiled: Counter[str] = field(default_factory=Counter)
     compile_seconds: dict[int, float] = field(default_factory=dict)
 
@@ -69,7 +101,7 @@ class GraphStats:
         self.capture_bytes.clear()
         self.compiled.clear()
         self.compile_seconds.clear()
-        _piece_stats().reset()
+        PIECE_STATS.reset()
 
     def snapshot(self) -> dict[str, Any]:
         return {
@@ -80,14 +112,8 @@ class GraphStats:
             "capture_bytes": dict(self.capture_bytes),
             "compiled": dict(self.compiled),
             "compile_seconds": dict(self.compile_seconds),
-            "pieces": _piece_stats().snapshot(),
+            "pieces": PIECE_STATS.snapshot(),
         }
-
-
-def _piece_stats() -> Any:
-    from ._twin_pieces import PIECE_STATS
-
-    return PIECE_STATS
 
 
 #: This process's counts since its model runner was built (the runner resets them: one engine per process).
@@ -106,12 +132,6 @@ def register_wrapper(wrapper: CUDAGraphWrapper) -> None:
 def engine_wrappers(vllm_config: VllmConfig) -> list[CUDAGraphWrapper]:
     """The live graph wrappers built for ``vllm_config`` (one engine's)."""
     return [w for w in list(_LIVE_WRAPPERS) if w.vllm_config is vllm_config]
-
-
-def _device_backend() -> Any:
-    from ..model_runner import device_backend
-
-    return device_backend()
 
 
 def _emulated_compile(vllm_config: VllmConfig) -> str:
@@ -147,7 +167,7 @@ class NPUGraphWrapper(CUDAGraphWrapper):
         cudagraph_options: CUDAGraphOptions | None = None,
     ) -> None:
         super().__init__(runnable, vllm_config, runtime_mode, cudagraph_options)
-        self.device_backend = _device_backend()
+        self.device_backend = device_backend()
         self.compile_captures = self.device_backend.type != "npu" and _emulated_compile(vllm_config) == "inductor"
         self.compile_cache = _twin_compile_cache(vllm_config) if self.compile_captures else None
         register_wrapper(self)

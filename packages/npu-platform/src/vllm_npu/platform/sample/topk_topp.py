@@ -27,7 +27,7 @@ from contextlib import contextmanager
 import torch
 from vllm.config import LogprobsMode
 from vllm.v1.sample.ops.topk_topp_sampler import TopKTopPSampler, random_sample
-from vllm_npu.interface.device import Kernel
+from vllm_npu.interface import Kernel
 
 #: The largest top-k ``npu_top_k_top_p`` accepts (torch_npu 2.8.0 docs: k in [1, 1024]).
 NPU_TOP_K_MAX = 1024

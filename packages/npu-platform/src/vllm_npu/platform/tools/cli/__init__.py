@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
-"""The ``vllm-npu`` command (console script ``vllm_npu.platform.cli:main``).
+"""The ``vllm-npu`` command (console script ``vllm_npu.platform.tools.cli:main``).
 
 Subcommands are a table of ``"module:function"`` strings (:data:`SUBCOMMANDS`): nothing is imported until one runs,
 so ``vllm-npu --help`` imports neither torch nor vLLM. A subcommand's function takes its own argument list
@@ -18,7 +18,7 @@ import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from .._version import __version__
+from ..._version import __version__
 
 #: Exit status when a subcommand cannot run because its layer (or its module) is not installed.
 EXIT_MISSING = 2
@@ -39,17 +39,17 @@ class Subcommand:
 
 SUBCOMMANDS: dict[str, Subcommand] = {
     "doctor": Subcommand(
-        "vllm_npu.platform.cli.doctor:main",
+        "vllm_npu.platform.tools.cli.doctor:main",
         "platform",
         "check this installation: vLLM/torch/torch_npu/CANN versions, device mode and why, components, what is missing",
     ),
     "demo": Subcommand(
-        "vllm_npu.platform.demo:main",
+        "vllm_npu.platform.tools.demo:main",
         "platform",
         "generate text with a tiny model through real vLLM (the emulated device on a CPU host)",
     ),
     "selftest": Subcommand(
-        "vllm_npu.platform.cli.selftest:main",
+        "vllm_npu.platform.tools.cli.selftest:main",
         "platform",
         "run every NPU kernel against its reference twin on this host, then a short generate (after doctor)",
     ),
@@ -59,7 +59,7 @@ SUBCOMMANDS: dict[str, Subcommand] = {
         "list the vLLM patches (vLLM range, upstream PR, removal plan) and whether each applies here",
     ),
     "quantize": Subcommand(
-        "vllm_npu.quant.cli:main",
+        "vllm_npu.quant.tools.cli:main",
         "quant",
         "tools for msModelSlim-quantized checkpoints (the ascend quant method)",
     ),

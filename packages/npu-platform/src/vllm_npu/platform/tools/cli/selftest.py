@@ -127,7 +127,7 @@ def _leg(
     :mod:`._selftest_e2e` (graph modes, sleep cycle...)."""
     with tempfile.TemporaryDirectory(prefix="vllm-npu-selftest-") as tmp:
         out = os.path.join(tmp, "leg.json")
-        cmd = [sys.executable, "-m", "vllm_npu.platform.cli._selftest_e2e", model, out, "--kernels", kernels]
+        cmd = [sys.executable, "-m", "vllm_npu.platform.tools.cli._selftest_e2e", model, out, "--kernels", kernels]
         cmd += ["--dtype", dtype, "--max-tokens", str(max_tokens)]
         for prompt in E2E_PROMPTS:
             cmd += ["--prompt", prompt]

@@ -11,7 +11,7 @@ from typing import Any
 
 from vllm_npu.interface.staging import is_empty_dir
 
-from .description import DESCRIPTION_FILENAME
+from ..description import DESCRIPTION_FILENAME
 
 
 class QuantizeError(ValueError):

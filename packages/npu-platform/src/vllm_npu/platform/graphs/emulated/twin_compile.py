@@ -2,7 +2,7 @@
 # SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
 """Inductor compilation of the emulated twin's captured graph (``npu.emulated_compile=inductor``).
 
-A captured graph (:mod:`._twin`) is an FX graph of aten ops whose state (weights, KV caches, vLLM's persistent
+A captured graph (:mod:`.twin`) is an FX graph of aten ops whose state (weights, KV caches, vLLM's persistent
 metadata buffers) is reached by reference. Compiled whole, inductor would functionalize every in-place write into a
 captured buffer: the KV-cache write of each layer would become a copy of the whole cache plus a copy back, per
 step, and the decode-attention tasks would read that copy. So the graph is split first:
@@ -11,7 +11,7 @@ step, and the decode-attention tasks would read that copy. So the graph is split
   (a graph input or a constant: the KV write's ``index_copy_``, each updatable ``vllm_npu_graph::task``), every
   view of such a buffer, and every op reading one;
 - the runs of pure nodes between them (embedding, linear layers, norms, RoPE, SwiGLU...) are compiled
-  with inductor at capture (:mod:`._twin_pieces`). Views of captured buffers that read nothing (each layer's
+  with inductor at capture (:mod:`.twin_pieces`). Views of captured buffers that read nothing (each layer's
   unbound KV cache) are first moved to their first use (:func:`sink_state_views`), so that a layer's pure nodes
   are one run rather than two, and then computed once, as constants of the graph (:func:`fold_constant_views`).
 
@@ -19,9 +19,9 @@ The state nodes run inline in the split graph (not as a submodule per run: a mod
 more than the KV write it wraps); the pure runs are its compiled submodules.
 
 What a replay computes is unchanged: the same aten ops on the same buffers, tasks still opaque and refreshed with
-the step's host parameters, inputs still checked by address (by :class:`._twin.EmulatedGraph`, around this). Only
+the step's host parameters, inputs still checked by address (by :class:`.twin.EmulatedGraph`, around this). Only
 the way a task is called changes: in the eager pieces a ``vllm_npu_graph::task`` node calls the task's Python
-(:func:`._twin.run_task`) directly; the custom op exists for the tracer and for the split (its schema says what
+(:func:`.twin.run_task`) directly; the custom op exists for the tracer and for the split (its schema says what
 it writes), and going through the dispatcher for it costs ~40 us a call on the CPU, per layer and step.
 Shapes are those of the capture (one compile per distinct piece and capture size); pure pieces that differ only in
 their weights (every decoder layer) share one compiled function.
@@ -36,11 +36,11 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch.fx.passes.split_module import split_module
 
-from ._twin import run_task
-from ._twin_pieces import compile_piece
+from .twin import run_task
+from .twin_pieces import compile_piece
 
 if TYPE_CHECKING:
-    from .compile_cache import CompileCache
+    from ..compile_cache import CompileCache
 
 
 def _schema(node: torch.fx.Node) -> torch.FunctionSchema | None:
@@ -209,7 +209,7 @@ def _order(graph: torch.fx.Graph) -> Callable[[torch.fx.Node], int]:
 
 class _CompileOnFirstRun(torch.fx.Interpreter):
     """Runs the split graph once; each pending (pure) submodule is compiled on the inputs it gets
-    (:func:`._twin_pieces.compile_piece`) and replaced in the split graph by the compiled function (an attribute of
+    (:func:`.twin_pieces.compile_piece`) and replaced in the split graph by the compiled function (an attribute of
     the same name, called by the graph's generated code)."""
 
     def __init__(self, split: torch.fx.GraphModule, pending: set[str], cache: CompileCache | None) -> None:
@@ -227,7 +227,7 @@ class _CompileOnFirstRun(torch.fx.Interpreter):
 
 
 def _call_tasks_directly(piece: torch.fx.GraphModule) -> None:
-    """Retarget the ``vllm_npu_graph::task`` nodes of an eager piece to :func:`._twin.run_task` (same arguments)."""
+    """Retarget the ``vllm_npu_graph::task`` nodes of an eager piece to :func:`.twin.run_task` (same arguments)."""
     task = torch.ops.vllm_npu_graph.task.default
     nodes = [n for n in piece.graph.nodes if n.op == "call_function" and n.target is task]
     for node in nodes:
@@ -241,7 +241,7 @@ def compile_graph(
 ) -> Callable[..., Any]:
     """``module`` with its pure pieces compiled by inductor; called like ``module``. Runs it once on ``inputs``
     (a real step on the captured buffers, as the capture's own first run is) to compile each piece. ``cache``: the
-    on-disk cache of compiled pieces (:mod:`._twin_pieces`), None for none. ``module``'s graph is reordered in place
+    on-disk cache of compiled pieces (:mod:`.twin_pieces`), None for none. ``module``'s graph is reordered in place
     (:func:`sink_state_views`; same values)."""
     eager = state_nodes(module.graph)
     if sink_state_views(module.graph, eager) + fold_constant_views(module, eager):

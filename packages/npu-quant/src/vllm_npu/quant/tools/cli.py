@@ -3,7 +3,7 @@
 """``vllm-npu quantize <hf-model-dir> <out-dir> --scheme W8A8|W8A8_DYNAMIC|W4A8_DYNAMIC|W4A4_FLATQUANT``.
 
 Writes a msModelSlim-format checkpoint that vLLM loads with the ``ascend`` quant method (see
-:mod:`vllm_npu.quant.quantizer`). For users and tests without msModelSlim.
+:mod:`vllm_npu.quant.tools.quantizer`). For users and tests without msModelSlim.
 
 Never damages the user's files: the input is only read; an output that is the input, inside it or around it, a
 non-empty directory (unless ``--overwrite``) and an already-quantized input are refused before anything is read;

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import torch
 
-from .kernels import encode_scale, fp19_truncate, pack_int4_pairs_dim0
-from .schemes.w4a4_flatquant import decompose_dim
+from ..kernels import encode_scale, fp19_truncate, pack_int4_pairs_dim0
+from ..schemes.w4a4_flatquant import decompose_dim
 
 
 def _row_absmax(w: torch.Tensor) -> torch.Tensor:

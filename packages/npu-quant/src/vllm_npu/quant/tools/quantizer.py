@@ -34,13 +34,15 @@ import json
 import re
 import shutil
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 from vllm_npu.interface.staging import staged_directory
 
-from .description import DESCRIPTION_FILENAME, MOE_SCHEMES
+from ..description import DESCRIPTION_FILENAME, MOE_SCHEMES
+from ..schemes.w4a4_flatquant import decompose_dim
 from .quantize_math import (
     flatquant_transforms,
     quantize_w4a4_flatquant,
@@ -49,7 +51,6 @@ from .quantize_math import (
     quantize_w8a8_dynamic,
 )
 from .quantize_paths import QuantizeError, checked_output, read_config, refuse_quantized_input
-from .schemes.w4a4_flatquant import decompose_dim
 
 SCHEMES = {
     "W8A8": "W8A8",
@@ -190,37 +191,24 @@ def _expert_ranges(names: Sequence[str], stats: dict[str, tuple[float, float]]) 
     return out
 
 
-def quantize_checkpoint(
-    model_dir: str | Path,
-    out_dir: str | Path,
-    scheme: str,
-    *,
-    group_size: int | None = None,
-    w4a8_version: str = "0",
-    clip_ratio: float = 1.0,
-    calibration: Sequence[str] | None = None,
-    seed: int = 0,
-    overwrite: bool = False,
-) -> Path:
-    """Write a msModelSlim-format checkpoint of the HF model in ``model_dir`` to ``out_dir``. Returns ``out_dir``.
-
-    ``overwrite`` allows replacing a non-empty ``out_dir`` (never the input, nor a directory inside or around it).
-    """
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
+def _scheme_type(scheme: str, w4a8_version: str, group_size: int | None) -> str:
+    """The description's ``model_quant_type`` of ``scheme``, after checking the arguments that need no model."""
     if scheme not in SCHEMES:
         raise QuantizeError(
             f"unknown scheme {scheme!r}; choose one of {', '.join(sorted(set(SCHEMES) - {'W4A4_FLATQUANT_DYNAMIC'}))}"
         )
-    qtype = SCHEMES[scheme]
     if w4a8_version not in ("0", "1.0.0"):
         raise QuantizeError(f"W4A8 format version must be '0' or '1.0.0', got {w4a8_version!r}")
     if group_size is not None and group_size <= 0:
         raise QuantizeError(f"group size must be a positive integer, got {group_size}")
-    model_dir, out_dir = Path(model_dir), Path(out_dir)
-    config = read_config(model_dir)
-    refuse_quantized_input(model_dir, config)
-    final = checked_output(model_dir, out_dir, overwrite=overwrite)
+    return SCHEMES[scheme]
+
+
+def _load_model(model_dir: Path, config: dict[str, Any]) -> tuple[torch.nn.Module, torch.dtype]:
+    """The HF causal LM of ``model_dir`` in its checkpoint dtype (``torch_dtype`` / ``dtype`` of config.json), in eval
+    mode."""
+    from transformers import AutoModelForCausalLM
+
     dtype_name = str(config.get("torch_dtype") or config.get("dtype") or "float32")
     dtype = getattr(torch, dtype_name, None)
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
@@ -230,12 +218,19 @@ def quantize_checkpoint(
     except (OSError, ValueError, KeyError) as exc:  # no weights, not a causal LM, an architecture it does not know
         raise QuantizeError(f"transformers cannot load {model_dir} as a causal LM: {exc}") from exc
     model.eval()
-    targets = _targets(model)
-    dense = {n: m for n, m in targets.items() if not _EXPERT.search(n)}
-    experts = {n: m for n, m in targets.items() if _EXPERT.search(n)}
-    if not targets:
-        raise QuantizeError(f"no linear layer under '.layers.' in {model_dir}: not a decoder model npu-quant knows")
+    return model, dtype
 
+
+def _scheme_settings(
+    qtype: str,
+    targets: dict[str, torch.nn.Linear],
+    dense: dict[str, torch.nn.Linear],
+    group_size: int | None,
+    w4a8_version: str,
+    clip_ratio: float,
+) -> dict[str, Any]:
+    """The description's global settings (``model_quant_type``, ``version``, W4A8's ``group_size``), after checking
+    that the scheme fits every target linear's shape."""
     settings: dict[str, Any] = {"model_quant_type": qtype, "version": "0"}
     if qtype == "W4A8_DYNAMIC":
         settings["group_size"] = _pick_group_size([m.in_features for m in targets.values()], group_size)
@@ -252,8 +247,107 @@ def quantize_checkpoint(
                 )
         if not 0 < clip_ratio <= 1:
             raise QuantizeError(f"clip ratio must lie in (0, 1], got {clip_ratio}")
+    return settings
+
+
+@dataclass
+class _Output:
+    """The checkpoint being built: tensors by name and the description's type of each (``FLOAT`` until a linear
+    is quantized), and how each linear is quantized (scheme arguments, W8A8's calibrated input ranges, W4A4's
+    transforms, one per input size: shards sharing an input agree by construction)."""
+
+    state: dict[str, torch.Tensor]
+    dtype: torch.dtype
+    settings: dict[str, Any]
+    ranges: dict[str, tuple[float, float]]
+    w4a8_version: str
+    clip_ratio: float
+    seed: int
+    description: dict[str, Any] = field(default_factory=dict)
+    transforms: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.description = {k: "FLOAT" for k in self.state}
+
+    def quantize(self, name: str, mod: torch.nn.Linear, t: str, bias: torch.Tensor | None) -> None:
+        """Replace ``<name>.weight`` with the quantized tensors of scheme ``t`` (``bias`` folded in by W8A8)."""
+        w = mod.weight.detach()
+        tensors: dict[str, torch.Tensor]
+        if t == "W8A8":
+            tensors = quantize_w8a8(w, bias, *self.ranges[name], self.dtype)
+        elif t == "W8A8_DYNAMIC":
+            tensors = quantize_w8a8_dynamic(w, self.dtype)
+        elif t == "W4A8_DYNAMIC":
+            row_parallel = bool(_ROW_PARALLEL.search(name))
+            tensors = quantize_w4a8(w, self.settings["group_size"], self.w4a8_version, row_parallel, self.dtype)
+        else:
+            k = mod.in_features
+            if k not in self.transforms:
+                self.transforms[k] = flatquant_transforms(k, self.seed)
+            tensors = quantize_w4a4_flatquant(w, *self.transforms[k], self.clip_ratio, self.dtype)
+        del self.state[f"{name}.weight"]
+        for suffix, tensor in tensors.items():
+            self.state[f"{name}.{suffix}"] = tensor.contiguous()
+            self.description[f"{name}.{suffix}"] = t
+        if f"{name}.bias" in self.state:
+            self.description[f"{name}.bias"] = "FLOAT"
+
+    def add_mtp(
+        self, mtp: dict[str, torch.Tensor], targets: dict[str, torch.nn.Linear], qtype: str, expert_type: str
+    ) -> None:
+        """Copy the MTP layers (floating-point tensors in the checkpoint dtype); with a dynamic scheme, quantize their
+        decoder-block linears (those named like a quantized decoder-layer linear) as the decoder layers' are."""
+        for key, tensor in mtp.items():
+            self.state[key] = tensor.to(self.dtype) if tensor.is_floating_point() else tensor
+            self.description[key] = "FLOAT"
+        if qtype not in ("W8A8_DYNAMIC", "W4A8_DYNAMIC"):
+            return
+        suffixes = {_LAYER.sub("", n) for n in targets}
+        for key in [k for k in mtp if k.endswith(".weight")]:
+            lin = key[: -len(".weight")]
+            if _LAYER.sub("", lin) not in suffixes or self.state[key].dim() != 2:
+                continue
+            t = expert_type if _EXPERT.search(lin) else qtype
+            linear = torch.nn.Linear(self.state[key].shape[1], self.state[key].shape[0], bias=False, dtype=self.dtype)
+            linear.weight.data.copy_(self.state[key])
+            bias = self.state.get(f"{lin}.bias")
+            self.quantize(lin, linear, t, bias if t != expert_type else None)
+
+
+def quantize_checkpoint(
+    model_dir: str | Path,
+    out_dir: str | Path,
+    scheme: str,
+    *,
+    group_size: int | None = None,
+    w4a8_version: str = "0",
+    clip_ratio: float = 1.0,
+    calibration: Sequence[str] | None = None,
+    seed: int = 0,
+    overwrite: bool = False,
+) -> Path:
+    """Write a msModelSlim-format checkpoint of the HF model in ``model_dir`` to ``out_dir``. Returns ``out_dir``.
+
+    ``overwrite`` allows replacing a non-empty ``out_dir`` (never the input, nor a directory inside or around it).
+    Steps: check the arguments and the paths, load the model, check the scheme against its linears, calibrate
+    (W8A8), quantize the decoder layers' linears and experts, add the MTP layers, write through a staging directory.
+    """
+    qtype = _scheme_type(scheme, w4a8_version, group_size)
+    model_dir, out_dir = Path(model_dir), Path(out_dir)
+    config = read_config(model_dir)
+    refuse_quantized_input(model_dir, config)
+    final = checked_output(model_dir, out_dir, overwrite=overwrite)
+    model, dtype = _load_model(model_dir, config)
+    targets = _targets(model)
+    if not targets:
+        raise QuantizeError(f"no linear layer under '.layers.' in {model_dir}: not a decoder model npu-quant knows")
+    dense = {n: m for n, m in targets.items() if not _EXPERT.search(n)}
+    experts = {n: m for n, m in targets.items() if _EXPERT.search(n)}
+    settings = _scheme_settings(qtype, targets, dense, group_size, w4a8_version, clip_ratio)
     ranges: dict[str, tuple[float, float]] = {}
     if qtype == "W8A8":
+        from transformers import AutoTokenizer
+
         tok = AutoTokenizer.from_pretrained(model_dir)
         ranges = _calibrate(model, tok, list(dense), list(calibration or DEFAULT_CALIBRATION), optional=list(experts))
         ranges.update(_expert_ranges(list(experts), ranges))
@@ -261,60 +355,20 @@ def quantize_checkpoint(
     state = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
     if config.get("tie_word_embeddings") and "lm_head.weight" in state:
         del state["lm_head.weight"]
-    description: dict[str, Any] = {k: "FLOAT" for k in state}
-    transforms: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
-
-    def emit(name: str, t: str, tensors: dict[str, torch.Tensor]) -> None:
-        del state[f"{name}.weight"]
-        for suffix, tensor in tensors.items():
-            state[f"{name}.{suffix}"] = tensor.contiguous()
-            description[f"{name}.{suffix}"] = t
-        if f"{name}.bias" in state:
-            description[f"{name}.bias"] = "FLOAT"
-
-    def quantize(name: str, mod: torch.nn.Linear, t: str, bias: torch.Tensor | None) -> dict[str, torch.Tensor]:
-        w = mod.weight.detach()
-        if t == "W8A8":
-            return quantize_w8a8(w, bias, *ranges[name], dtype)
-        if t == "W8A8_DYNAMIC":
-            return quantize_w8a8_dynamic(w, dtype)
-        if t == "W4A8_DYNAMIC":
-            return quantize_w4a8(w, settings["group_size"], w4a8_version, bool(_ROW_PARALLEL.search(name)), dtype)
-        k = mod.in_features
-        if k not in transforms:  # one transform per input size: shards sharing an input agree by construction
-            transforms[k] = flatquant_transforms(k, seed)
-        return quantize_w4a4_flatquant(w, *transforms[k], clip_ratio, dtype)
-
+    out = _Output(state, dtype, settings, ranges, w4a8_version, clip_ratio, seed)
     for name, mod in dense.items():
-        emit(name, qtype, quantize(name, mod, qtype, mod.bias.detach() if mod.bias is not None else None))
+        out.quantize(name, mod, qtype, mod.bias.detach() if mod.bias is not None else None)
     # experts take the scheme when npu-quant has MoE experts for it, else MOE_SCHEME; no bias is folded in
     expert_type = qtype if qtype in MOE_SCHEMES else MOE_SCHEME
     for name, mod in experts.items():
-        emit(name, expert_type, quantize(name, mod, expert_type, None))
-    mtp = _mtp_tensors(model_dir, config)
-    if mtp:
-        suffixes = {_LAYER.sub("", n) for n in targets}
-        for key, tensor in mtp.items():
-            state[key] = tensor.to(dtype) if tensor.is_floating_point() else tensor
-            description[key] = "FLOAT"
-        if qtype in ("W8A8_DYNAMIC", "W4A8_DYNAMIC"):
-            for key in list(mtp):
-                if not key.endswith(".weight"):
-                    continue
-                lin = key[: -len(".weight")]
-                if _LAYER.sub("", lin) not in suffixes or state[key].dim() != 2:
-                    continue
-                t = expert_type if _EXPERT.search(lin) else qtype
-                linear = torch.nn.Linear(state[key].shape[1], state[key].shape[0], bias=False, dtype=dtype)
-                linear.weight.data.copy_(state[key])
-                bias = state.get(f"{lin}.bias")
-                emit(lin, t, quantize(lin, linear, t, bias if t != expert_type else None))
-    description.update(settings)
+        out.quantize(name, mod, expert_type, None)
+    out.add_mtp(_mtp_tensors(model_dir, config), targets, qtype, expert_type)
+    out.description.update(settings)
 
     config["quantization_config"] = {"quant_method": "ascend"}
     try:
         with staged_directory(final, replace=overwrite) as staging:
-            _write_checkpoint(staging, model_dir, state, description, config)
+            _write_checkpoint(staging, model_dir, out.state, out.description, config)
     except FileExistsError as exc:  # another process created the output meanwhile
         raise QuantizeError(f"{exc}; choose a new output directory or pass --overwrite") from None
     except OSError as exc:  # no permission, disk full...: nothing was left at the output

@@ -43,11 +43,11 @@ from typing import TYPE_CHECKING, Any
 import torch
 from vllm_npu.interface.log import get_logger
 
-from . import GraphInputMovedError
+from .. import GraphInputMovedError
 
 if TYPE_CHECKING:
-    from .compile_cache import CompileCache
-    from .torchair import TorchairStats
+    from ..compile_cache import CompileCache
+    from ..torchair import TorchairStats
 
 logger = get_logger(__name__)
 

@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from .description import DESCRIPTION_FILENAME, QuantDescription
+from ..description import DESCRIPTION_FILENAME, QuantDescription
 
 
 def _dequant_scale(t: torch.Tensor) -> torch.Tensor:

@@ -46,7 +46,7 @@ def _run_case(case: GraphTaskCase) -> dict[str, Any]:
     with the eager call (see the module docstring)."""
     from vllm_npu.interface import graphs
 
-    from ..model_runner import device_backend
+    from ..._device import device_backend
 
     name, kernel, query, args, lens_key, params, out, prepare, capture_lens = case
     name = f"graph task ({name})"

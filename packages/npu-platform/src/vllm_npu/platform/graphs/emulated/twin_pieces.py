@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
-"""The pure pieces of a compiled twin graph (:mod:`._twin_compile`), compiled by inductor once per distinct piece.
+"""The pure pieces of a compiled twin graph (:mod:`.twin_compile`), compiled by inductor once per distinct piece.
 
 A pure piece is an FX graph of aten ops with every tensor it reads as an argument: activations and the layer's
 weights alike (the split passes the captured graph's constants to its pieces as arguments). So the pieces of
@@ -27,46 +27,19 @@ import hashlib
 import logging
 import os
 import shutil
-from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
 
+from ..wrapper import PIECE_STATS
+
 if TYPE_CHECKING:
-    from .compile_cache import CompileCache
+    from ..compile_cache import CompileCache
 
 logger = logging.getLogger(__name__)
 
 
-@dataclass
-class PieceStats:
-    """Per-process counts of compiled pure pieces."""
-
-    pieces: int = 0  # pure pieces placed in compiled graphs
-    compiles: int = 0  # inductor compiles run (distinct pieces not found in this process)
-    shared: int = 0  # pieces served by a function compiled for an identical earlier piece in this process
-    disk_hits: int = 0  # compiles served from the on-disk cache's artifacts (no lowering)
-    disk_writes: int = 0  # artifacts written to the on-disk cache
-    reasons: Counter[str] = field(default_factory=Counter)  # why a compile could not be cached on disk
-
-    def reset(self) -> None:
-        self.pieces = self.compiles = self.shared = self.disk_hits = self.disk_writes = 0
-        self.reasons.clear()
-
-    def snapshot(self) -> dict[str, Any]:
-        return {
-            "pieces": self.pieces,
-            "compiles": self.compiles,
-            "shared": self.shared,
-            "disk_hits": self.disk_hits,
-            "disk_writes": self.disk_writes,
-            "uncached": dict(self.reasons),
-        }
-
-
-PIECE_STATS = PieceStats()
 # What vLLM's CPU platform sets for its inductor compiles, and one compile worker: a pool of worker processes
 # costs more to start on a small host than it saves for a few kernels per piece. ``size_asserts`` off: the
 # generated code checks no extern kernel's output strides per call (~50 checks per decode step).

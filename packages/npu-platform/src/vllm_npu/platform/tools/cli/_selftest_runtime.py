@@ -17,7 +17,7 @@ For the first Ascend host, each row checks one thing the emulated device can onl
 - ``torchair restart``: two torchair engines on one compile-cache root with different KV-cache budgets; the second
   gets another KV-cache shape, and must compile into a new cache directory instead of loading the first's graphs.
 
-The probes of the first two rows run in a child process (``python -m vllm_npu.platform.cli._selftest_runtime
+The probes of the first two rows run in a child process (``python -m vllm_npu.platform.tools.cli._selftest_runtime
 probe MODEL DTYPE OUT.json``): the selftest process itself has initialised the device for the kernel rows.
 """
 
@@ -53,7 +53,7 @@ def _row(check: str, status: str, detail: str, confirms: str, seconds: float) ->
 
 def _touch_device(queue: Any) -> None:
     """A forked child's first runtime call; puts the error it raised (or None) on ``queue``."""
-    from ..model_runner import device_backend
+    from ..._device import device_backend
 
     backend = device_backend()
     try:
@@ -69,7 +69,7 @@ def probe(model: str, dtype: str) -> dict[str, Any]:
     os.environ.pop("VLLM_WORKER_MULTIPROC_METHOD", None)  # the default start method is what is checked
     from vllm.engine.arg_utils import EngineArgs
 
-    from ..model_runner import device_backend
+    from ..._device import device_backend
 
     EngineArgs(model=model, dtype=cast(Any, dtype), max_model_len=256).create_engine_config()
     backend = device_backend()
@@ -93,7 +93,7 @@ def _probe_rows(mode: DeviceMode, model: str, dtype: str) -> list[dict[str, Any]
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="vllm-npu-selftest-probe-") as tmp:
         out = os.path.join(tmp, "probe.json")
-        cmd = [sys.executable, "-m", "vllm_npu.platform.cli._selftest_runtime", "probe", model, dtype, out]
+        cmd = [sys.executable, "-m", "vllm_npu.platform.tools.cli._selftest_runtime", "probe", model, dtype, out]
         env = {**os.environ, "VLLM_NPU_DEVICE": mode.value}
         proc = subprocess.run(cmd, env=env, stdout=sys.stderr, stderr=sys.stderr, timeout=600)
         seconds = time.perf_counter() - t0
@@ -189,7 +189,9 @@ def run_runtime(mode: DeviceMode, model: str, dtype: str, leg: Leg) -> list[dict
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if len(args) != 4 or args[0] != "probe":
-        print("usage: python -m vllm_npu.platform.cli._selftest_runtime probe MODEL DTYPE OUT.json", file=sys.stderr)
+        print(
+            "usage: python -m vllm_npu.platform.tools.cli._selftest_runtime probe MODEL DTYPE OUT.json", file=sys.stderr
+        )
         return 2
     _, model, dtype, out = args
     facts = probe(model, dtype)

@@ -44,11 +44,11 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from torch.utils import _pytree as pytree
 from vllm_npu.interface.graphs import Prepare, Refresh, check_task_result, recording
 
-from . import GraphInputMovedError
-from ._reads import CapturedReads, tensor_labels
+from .. import GraphInputMovedError
+from .._reads import CapturedReads, tensor_labels
 
 if TYPE_CHECKING:
-    from .compile_cache import CompileCache
+    from ..compile_cache import CompileCache
 
 
 @dataclass
@@ -253,9 +253,9 @@ class EmulatedGraph:
 
     def compile(self, cache: CompileCache | None = None) -> None:
         """Compile the graph's pure pieces with inductor (``npu.emulated_compile=inductor``; see
-        :mod:`._twin_compile`), with the on-disk cache ``cache`` (None: none). Runs one step on the captured
+        :mod:`.twin_compile`), with the on-disk cache ``cache`` (None: none). Runs one step on the captured
         buffers, as the capture did."""
-        from ._twin_compile import compile_graph
+        from .twin_compile import compile_graph
 
         inputs = [self.flat[i] for i in self.positions]
         self.compiled = compile_graph(self.module, inputs, cache)

@@ -2,7 +2,7 @@
 # SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
 """One leg of ``vllm-npu selftest``'s end-to-end check, run in its own process.
 
-``python -m vllm_npu.platform.cli._selftest_e2e MODEL_DIR OUT.json --kernels {auto,npu,reference} --dtype D
+``python -m vllm_npu.platform.tools.cli._selftest_e2e MODEL_DIR OUT.json --kernels {auto,npu,reference} --dtype D
 --max-tokens N --prompt P ... [--gpu-memory-utilization F]`` starts ``vllm.LLM`` on the device ``VLLM_NPU_DEVICE``
 names, with the ``npu.kernels`` setting given, generates greedily and writes ``{"token_ids", "texts", "workers",
 "seconds"}`` to ``OUT.json``. The kernel backend is fixed once per process, so each leg needs its own.
@@ -25,7 +25,7 @@ from typing import Any
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m vllm_npu.platform.cli._selftest_e2e")
+    p = argparse.ArgumentParser(prog="python -m vllm_npu.platform.tools.cli._selftest_e2e")
     p.add_argument("model")
     p.add_argument("out")
     p.add_argument("--kernels", default="auto", choices=["auto", "npu", "reference"])
