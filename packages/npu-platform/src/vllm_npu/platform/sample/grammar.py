@@ -43,7 +43,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from vllm_npu.interface.device import Kernel
+from vllm_npu.interface import Kernel
 from vllm_npu.interface.log import get_logger
 
 logger = get_logger(__name__)
