@@ -56,8 +56,9 @@ def test_worker_hook_rejects_unknown_ids(monkeypatch):
     monkeypatch.setenv("VLLM_NPU_PATCHES", "-no-such-patch")
     with pytest.raises(
         ConfigError,
-        match="known ids: attention-output-empty, eagle-discarded-next-token, eplb-platform-check, lora-npu-layers, "
-        "repetition-penalty-torch",
+        match="known ids: attention-output-empty, bert-token-types-no-shift, eagle-discarded-next-token, "
+        "eplb-platform-check, lora-npu-layers, repetition-penalty-torch, request-fault-isolation, "
+        "roberta-token-types-no-shift",
     ):
         on_worker_init(ctx(Scope.WORKER))
     assert all(r.status is not PatchStatus.APPLIED for r in get_registry().records())
