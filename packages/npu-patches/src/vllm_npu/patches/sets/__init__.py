@@ -204,6 +204,35 @@ ROBERTA_TOKEN_TYPES_NO_SHIFT = Patch(
     removal=_TOKEN_TYPES_REMOVAL,
 )
 
+UNSUPPORTED_API_STATUS = Patch(
+    id="unsupported-api-status",
+    target="vllm.entrypoints.openai.api_server.base",
+    replacement="vllm_npu.patches.sets.unsupported_api:make_replacement",
+    scope=Scope.PLATFORM,
+    vllm=">=0.11.0,<0.12",
+    fingerprint="6b5d1883a2f580314eadcd2993bedcb5855e6853df7b8d9ac5b9cf8f5c8ffda7",
+    also_checks=(
+        # a route that returns base(...).create_error_response(...) as its response (every such route does)
+        (
+            "vllm.entrypoints.openai.api_server.create_embedding",
+            "cd8b73c3364b8cbe49fc2442042ca021206c4d6399a4c8d7dd57cb80eba2e3aa",
+        ),
+        # the one caller that reads the result as an ErrorResponse (model_dump, error.code)
+        (
+            "vllm.entrypoints.openai.api_server.invocations",
+            "050c9929f7c82d121e2a562f1eefa9211cc7f8da15b4e361311c0e61f670ca76",
+        ),
+    ),
+    upstream="none filed yet (the symptom: https://github.com/vllm-project/vllm/issues/16831). Fix to propose: "
+    "return JSONResponse(content=err.model_dump(), status_code=err.error.code) in the routes, as /invocations does",
+    reason="a request to an endpoint the served model does not support (a completion or chat request to an embedding "
+    "model or reranker, an embedding or score request to a chat model) answers HTTP 200 with an error body: the "
+    "routes return the ErrorResponse model itself, which FastAPI sends with status 200, so clients take the error "
+    "for a success. The replacement's error responses carry their status (400) and the same body",
+    removal="drop when vLLM's routes answer 'The model does not support ... API' with its status code; the range "
+    "ends before 0.12, whose routes (moved to entrypoints/*/api_router.py) must be checked again",
+)
+
 #: The built-in set, in application order.
 BUILTIN_PATCHES: tuple[Patch, ...] = (
     REPETITION_PENALTY_TORCH,
@@ -214,6 +243,7 @@ BUILTIN_PATCHES: tuple[Patch, ...] = (
     REQUEST_FAULT_ISOLATION,
     BERT_TOKEN_TYPES_NO_SHIFT,
     ROBERTA_TOKEN_TYPES_NO_SHIFT,
+    UNSUPPORTED_API_STATUS,
 )
 
 #: Candidates examined for vLLM 0.11.0 and deliberately not patched: (what, why not).
