@@ -20,31 +20,35 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from fastapi.responses import JSONResponse  # the module is imported only when the patch is applied
+
+
+class ErrorJSONResponse(JSONResponse):
+    """An ``ErrorResponse`` as an HTTP response with its own status code, still readable as the ``ErrorResponse``
+    (``model_dump()``, ``error``)."""
+
+    def __init__(self, error: Any) -> None:
+        super().__init__(content=error.model_dump(), status_code=error.error.code)
+        self.error = error.error
+        self.model_dump = error.model_dump
+
+
+class StatusErrors:
+    """The serving object vLLM's ``base`` returns, with ``create_error_response`` answering with its status."""
+
+    def __init__(self, serving: Any) -> None:
+        self._serving = serving
+
+    def create_error_response(self, *args: Any, **kwargs: Any) -> ErrorJSONResponse:
+        return ErrorJSONResponse(self._serving.create_error_response(*args, **kwargs))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._serving, name)
+
 
 def make_replacement(original: Callable[[Any], Any]) -> Callable[[Any], Any]:
     """Build the ``base(request)`` whose ``create_error_response`` carries the HTTP status (``original`` is kept
     by the registry)."""
-    from fastapi.responses import JSONResponse
-
-    class ErrorJSONResponse(JSONResponse):
-        """The error as an HTTP response with its status code, still readable as the ``ErrorResponse``."""
-
-        def __init__(self, error: Any) -> None:
-            super().__init__(content=error.model_dump(), status_code=error.error.code)
-            self.error = error.error
-            self.model_dump = error.model_dump
-
-    class StatusErrors:
-        """The serving object ``original`` returns, with ``create_error_response`` answering with its status."""
-
-        def __init__(self, serving: Any) -> None:
-            self._serving = serving
-
-        def create_error_response(self, *args: Any, **kwargs: Any) -> ErrorJSONResponse:
-            return ErrorJSONResponse(self._serving.create_error_response(*args, **kwargs))
-
-        def __getattr__(self, name: str) -> Any:
-            return getattr(self._serving, name)
 
     def base(request: Any) -> Any:
         """vLLM's ``base(request)`` (the tokenization serving object), whose error responses carry their status."""
