@@ -265,6 +265,10 @@ REJECTED = [
     ),
     ("chat_no_messages", "/v1/chat/completions", {**CHAT, "messages": []}, 400, "list index out of range"),
     ("unknown_model", "/v1/completions", {**COMPLETION, "model": "nope"}, 404, "The model `nope` does not exist"),
+    # pooling requests to a generative model (400 with npu-patches' unsupported-api-status; vLLM 0.11 answered 200)
+    ("embeddings", "/v1/embeddings", {"model": MODEL, "input": "hi"}, 400, "does not support Embeddings API"),
+    ("score", "/score", {"model": MODEL, "text_1": "a", "text_2": "b"}, 400, "does not support Score API"),
+    ("rerank", "/rerank", {"model": MODEL, "query": "a", "documents": ["b"]}, 400, r"does not support Rerank"),
 ]
 
 

@@ -177,3 +177,13 @@ def test_top_k_top_p_sampler_host_k_and_native_equality(llm):
         assert run(batch[:2], params[:2]) == top_k_only
     finally:
         llm.collective_rpc(_use_sampler, args=("npu",))
+
+
+def test_pooling_requests_to_a_generative_model_are_clear_errors(llm, tiny_qwen2):
+    # vLLM's own errors name the cause and the fix; the engine serves the next request as before.
+    with pytest.raises(ValueError, match="Embedding API is not supported by this model.*--convert embed"):
+        llm.embed(["hello"], use_tqdm=False)
+    with pytest.raises(ValueError, match=r"LLM.score\(\) is only supported for pooling models.*--runner pooling"):
+        llm.score("hello", ["world"], use_tqdm=False)
+    (prompt,) = make_prompts([9], seed=3)
+    assert greedy(llm, [prompt], 8) == hf_greedy(tiny_qwen2, [prompt], 8)

@@ -27,8 +27,14 @@ def test_worker_hook_applies_worker_patches_and_reads_additional_config(monkeypa
     monkeypatch.delenv("VLLM_NPU_PATCHES", raising=False)
     on_load(ctx(Scope.PLATFORM))  # the built-in set's platform patches; no worker patch yet
     applied = {pid for pid, (s, _) in patch_status().items() if s is PatchStatus.APPLIED}
-    revert_patches(ids=["eplb-platform-check", "shutdown-ends-requests", "request-fault-isolation"])
-    assert applied == {"eplb-platform-check", "shutdown-ends-requests", "request-fault-isolation"}
+    platform_ids = [
+        "eplb-platform-check",
+        "shutdown-ends-requests",
+        "request-fault-isolation",
+        "unsupported-api-status",
+    ]
+    revert_patches(ids=platform_ids)
+    assert applied == set(platform_ids)
     on_worker_init(ctx(Scope.WORKER, disabled=["attention-output-empty"]))
     try:
         status = patch_status()
@@ -56,8 +62,9 @@ def test_worker_hook_rejects_unknown_ids(monkeypatch):
     monkeypatch.setenv("VLLM_NPU_PATCHES", "-no-such-patch")
     with pytest.raises(
         ConfigError,
-        match="known ids: attention-output-empty, eagle-discarded-next-token, eplb-platform-check, lora-npu-layers, "
-        "repetition-penalty-torch",
+        match="known ids: attention-output-empty, bert-token-types-no-shift, eagle-discarded-next-token, "
+        "eplb-platform-check, lora-npu-layers, repetition-penalty-torch, request-fault-isolation, "
+        "roberta-token-types-no-shift, shutdown-ends-requests, unsupported-api-status",
     ):
         on_worker_init(ctx(Scope.WORKER))
     assert all(r.status is not PatchStatus.APPLIED for r in get_registry().records())

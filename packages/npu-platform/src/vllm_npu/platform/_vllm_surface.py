@@ -252,6 +252,18 @@ SURFACE: tuple[VllmName, ...] = (
     ),
     VllmName(
         _RUNNER,
+        "_preprocess",
+        "method",
+        "overrides",
+        _MODEL_RUNNER,
+        "the override zeroes the positions of a step's graph padding (the first two results: scheduled and padded "
+        "token counts); without it RoBERTa's in-place position offset grows the stale padding slots every step "
+        "until the position embedding raises IndexError (vllm#37868)",
+        signature="(self, scheduler_output, intermediate_tensors=None, ubatch_slices=None, "
+        "num_tokens_after_padding=None)",
+    ),
+    VllmName(
+        _RUNNER,
         "_dummy_run",
         "method",
         "calls",

@@ -19,6 +19,9 @@ sampling and logprobs, KV-cache allocation) is vLLM's own code. The overrides:
 - top-k / top-p: vLLM's ``TopKTopPSampler`` is replaced by :class:`.sample.NPUTopKTopPSampler` (the NPU's
   ``npu_top_k_top_p`` within its k range, else a sort; vLLM's seeded ``random_sample`` unchanged); ``_sample`` tells
   it the step's largest k from the persistent batch's host copy, so the choice reads no device tensor.
+- ``_preprocess``: the positions of a step's padding tokens (graphs pad a step to a capture size) are zeroed every
+  step, as vllm-ascend's runner does, so a model that adds to its positions in place (RoBERTa) cannot push the
+  stale padding slots past its position table (vllm#37868).
 - ``_init_device_properties`` and ``_sync_device``: the device's, instead of ``torch.cuda``'s.
 - ``eplb_step`` (vLLM's ``--enable-eplb``): vLLM's own step (``EplbState.step``: load window, and every
   ``eplb_config.step_interval`` steps the rearrangement over the EP group), run inside
@@ -160,6 +163,17 @@ class NPUModelRunner(GPUModelRunner):
             # vLLM drops a dummy run's expert load only in a non-profile eplb_step: the profile run and the
             # skip_eplb runs (warm-up, graph capture) would count in the next real step's window.
             self.eplb_state.expert_load_pass.zero_()
+        return out
+
+    def _preprocess(self, scheduler_output: Any, *args: Any, **kwargs: Any) -> Any:
+        out = super()._preprocess(scheduler_output, *args, **kwargs)
+        num_scheduled, num_input = out[0], out[1]
+        if num_input > num_scheduled and not self.uses_mrope:
+            # vLLM refreshes only the scheduled tokens' positions; a graph pads the step to a capture size, and a
+            # model that adds to its positions in place (RoBERTa's padding offset, replace_roberta_positions) would
+            # add again to the stale padding slots every step until they overflow the position table
+            # (vllm#37868). Zeroed padding, as vllm-ascend's runner keeps it (model_runner_v1.py:1366-1368).
+            self.positions.gpu[num_scheduled:num_input].zero_()
         return out
 
     def execute_model(self, scheduler_output: Any, intermediate_tensors: Any | None = None) -> Any:

@@ -149,6 +149,90 @@ REQUEST_FAULT_ISOLATION = Patch(
     "field); the range ends before 0.12, whose scheduler must be checked again",
 )
 
+_TOKEN_TYPES_REASON = (
+    "{model}'s embedding layer splits the cross-encoder's token types out of input_ids with bit shifts "
+    "(_decode_token_type_ids: <<, >>) inside the compiled model, whose first piece pooling models capture as a "
+    "PIECEWISE graph by default; torch_npu 2.8.0 has the shifts only as ACL ops (aclops LeftShift/RightShift, no "
+    "aclnn kernel) and an ACL graph captures aclnn kernels only, so the capture fails on an NPU (vllm-ascend "
+    "v0.11.0 patches RoBERTa for this: patch/worker/patch_roberta.py). The replacement is the same decode with "
+    "floor_divide and bitwise_and (aclnn kernels), in place like vLLM's"
+)
+_TOKEN_TYPES_REMOVAL = (
+    "drop when CANN has aclnn shift kernels that ACL graphs capture, or when vLLM decodes token types without "
+    "shifts; the range ends before 0.12, whose bert.py / roberta.py must be checked again"
+)
+_TOKEN_TYPES_UPSTREAM = (
+    "none filed yet (vllm-ascend's note: 'this need CANN add an aclnn shift operation'). Fix to propose: "
+    "decode with // and & in vllm/model_executor/models/bert.py"
+)
+
+BERT_TOKEN_TYPES_NO_SHIFT = Patch(
+    id="bert-token-types-no-shift",
+    target="vllm.model_executor.models.bert._decode_token_type_ids",
+    replacement="vllm_npu.patches.sets.token_types:make_replacement",
+    scope=Scope.WORKER,
+    vllm=">=0.11.0,<0.12",
+    fingerprint="2ff3653faa0ef36e9eb1d32ff03b3465834506909dbe491431ea56b02d087a5c",
+    also_checks=(
+        # looks the target up in bert's module globals at call time (traced into the graph's first piece)
+        (
+            "vllm.model_executor.models.bert.BertEmbedding.forward",
+            "57157018fdcadeb9d24b25bbe51e96a7dc14c65a0a5afc7bea16354582c49564",
+        ),
+    ),
+    upstream=_TOKEN_TYPES_UPSTREAM,
+    reason=_TOKEN_TYPES_REASON.format(model="BERT"),
+    removal=_TOKEN_TYPES_REMOVAL,
+)
+
+ROBERTA_TOKEN_TYPES_NO_SHIFT = Patch(
+    id="roberta-token-types-no-shift",
+    # roberta.py imports the function by name, so its own module attribute is what RobertaEmbedding.forward calls
+    target="vllm.model_executor.models.roberta._decode_token_type_ids",
+    replacement="vllm_npu.patches.sets.token_types:make_replacement",
+    scope=Scope.WORKER,
+    vllm=">=0.11.0,<0.12",
+    fingerprint="2ff3653faa0ef36e9eb1d32ff03b3465834506909dbe491431ea56b02d087a5c",
+    also_checks=(
+        (
+            "vllm.model_executor.models.roberta.RobertaEmbedding.forward",
+            "57157018fdcadeb9d24b25bbe51e96a7dc14c65a0a5afc7bea16354582c49564",
+        ),
+    ),
+    upstream=_TOKEN_TYPES_UPSTREAM,
+    reason=_TOKEN_TYPES_REASON.format(model="RoBERTa (XLM-RoBERTa: bge-m3, bge-reranker-v2-m3)"),
+    removal=_TOKEN_TYPES_REMOVAL,
+)
+
+UNSUPPORTED_API_STATUS = Patch(
+    id="unsupported-api-status",
+    target="vllm.entrypoints.openai.api_server.base",
+    replacement="vllm_npu.patches.sets.unsupported_api:make_replacement",
+    scope=Scope.PLATFORM,
+    vllm=">=0.11.0,<0.12",
+    fingerprint="6b5d1883a2f580314eadcd2993bedcb5855e6853df7b8d9ac5b9cf8f5c8ffda7",
+    also_checks=(
+        # a route that returns base(...).create_error_response(...) as its response (every such route does)
+        (
+            "vllm.entrypoints.openai.api_server.create_embedding",
+            "cd8b73c3364b8cbe49fc2442042ca021206c4d6399a4c8d7dd57cb80eba2e3aa",
+        ),
+        # the one caller that reads the result as an ErrorResponse (model_dump, error.code)
+        (
+            "vllm.entrypoints.openai.api_server.invocations",
+            "050c9929f7c82d121e2a562f1eefa9211cc7f8da15b4e361311c0e61f670ca76",
+        ),
+    ),
+    upstream="none filed yet (the symptom: https://github.com/vllm-project/vllm/issues/16831). Fix to propose: "
+    "return JSONResponse(content=err.model_dump(), status_code=err.error.code) in the routes, as /invocations does",
+    reason="a request to an endpoint the served model does not support (a completion or chat request to an embedding "
+    "model or reranker, an embedding or score request to a chat model) answers HTTP 200 with an error body: the "
+    "routes return the ErrorResponse model itself, which FastAPI sends with status 200, so clients take the error "
+    "for a success. The replacement's error responses carry their status (400) and the same body",
+    removal="drop when vLLM's routes answer 'The model does not support ... API' with its status code; the range "
+    "ends before 0.12, whose routes (moved to entrypoints/*/api_router.py) must be checked again",
+)
+
 #: The built-in set, in application order.
 BUILTIN_PATCHES: tuple[Patch, ...] = (
     REPETITION_PENALTY_TORCH,
@@ -157,10 +241,26 @@ BUILTIN_PATCHES: tuple[Patch, ...] = (
     EPLB_PLATFORM_CHECK,
     SHUTDOWN_ENDS_REQUESTS,
     REQUEST_FAULT_ISOLATION,
+    BERT_TOKEN_TYPES_NO_SHIFT,
+    ROBERTA_TOKEN_TYPES_NO_SHIFT,
+    UNSUPPORTED_API_STATUS,
 )
 
 #: Candidates examined for vLLM 0.11.0 and deliberately not patched: (what, why not).
 NOT_PATCHED: tuple[tuple[str, str], ...] = (
+    (
+        "RoBERTa's in-place position offset (vllm.model_executor.models.roberta.replace_roberta_positions)",
+        "not patched: `position_ids += padding_idx + 1` runs eagerly outside the graph on the runner's persistent "
+        "positions buffer, and only the graph's padding slots went stale (vllm#37868: they grew every step until "
+        "they overflowed the position table). npu-platform's model runner zeroes the padding positions every step, "
+        "as vllm-ascend's runner does (model_runner_v1.py:1366-1368), which fixes it for every model that "
+        "offsets its positions in place without touching vLLM.",
+    ),
+    (
+        "BERT / RoBERTa token-type encoding (bert._encode_token_type_ids: `token_type_ids << 30`)",
+        "not patched: the cross-encoder's forward encodes eagerly, outside the graph, where torch_npu's ACL "
+        "LeftShift kernel runs; only the decode inside the captured embedding layer needs aclnn kernels.",
+    ),
     (
         "GroupCoordinator.all_to_all (vllm.distributed.parallel_state)",
         "not needed: vLLM 0.11.0 gives every GroupCoordinator a device communicator chosen by the platform, and "
