@@ -102,7 +102,7 @@ def _interleaved(fns: list[Any], repeats: int, images: int) -> tuple[float, floa
 def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     import torch
     from npu_testkit.distributed import single_rank_group
-    from vllm_npu.interface.device import configure_kernels
+    from vllm_npu.interface import configure_kernels
     from vllm_npu.models.vision import adopt_vision_attention, pad_vision_heads
 
     torch.set_num_threads(args.threads)

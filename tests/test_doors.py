@@ -18,6 +18,11 @@ from pathlib import Path
 
 import pytest
 
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib
+
 REPO = Path(__file__).resolve().parent.parent
 DOORS = sorted(
     p for p in REPO.glob("packages/*/src/vllm_npu/**/__init__.py") if "lazy_exports(" in p.read_text(encoding="utf-8")
@@ -131,3 +136,16 @@ def test_door_hides_its_getattr_from_type_checkers(path: Path) -> None:
     assert not Door(path).getattr_outside_else, (
         f"{_rel(path)}: define __getattr__/__dir__ in the `else:` branch of `if TYPE_CHECKING:`"
     )
+
+
+def test_every_interface_module_is_reached_only_through_the_door() -> None:
+    """ruff's banned-api table (TID251, root pyproject) names every module of npu-interface, so that outside the
+    package each import goes through ``vllm_npu.interface`` (CONTRIBUTING.md); a new module needs its row."""
+    ruff = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["ruff"]["lint"]
+    assert "TID251" in ruff["select"]
+    banned = set(ruff["flake8-tidy-imports"]["banned-api"])
+    package = REPO / "packages/npu-interface/src/vllm_npu/interface"
+    modules = {f"vllm_npu.interface.{p.stem}" for p in package.glob("*.py") if p.stem != "__init__"}
+    modules |= {f"vllm_npu.interface.{p.name}" for p in package.iterdir() if (p / "__init__.py").is_file()}
+    assert banned >= modules, f"add to [tool.ruff.lint.flake8-tidy-imports.banned-api]: {sorted(modules - banned)}"
+    assert ruff["per-file-ignores"]["packages/npu-interface/**"] == ["TID251"]

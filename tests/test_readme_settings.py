@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from vllm_npu.interface.settings import ADDITIONAL_CONFIG_SETTINGS, ENV_SETTINGS, Setting, markdown_rows
+from vllm_npu.interface import ADDITIONAL_CONFIG_SETTINGS, ENV_SETTINGS, Setting, markdown_rows
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from vllm_npu.interface.versions import INTERFACE_VERSION
+from vllm_npu.interface import INTERFACE_VERSION
 
 pytestmark = pytest.mark.selective_install
 

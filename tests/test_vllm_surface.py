@@ -29,7 +29,7 @@ from typing import Any
 
 import pytest
 import vllm
-from vllm_npu.interface.vllm_surface import VllmName, check_surface, installed_surface
+from vllm_npu.interface import VllmName, check_surface, installed_surface
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 

@@ -19,7 +19,7 @@ import pytest
 import torch
 from npu_testkit import fake_npu_graphs
 from npu_testkit.torch_npu_docs import DocsUnavailableError
-from vllm_npu.interface import graphs
+from vllm_npu.interface import launch
 
 
 def _documented() -> dict[str, Any]:
@@ -69,7 +69,7 @@ def test_capture_task_update_and_replay_follow_the_documented_api(npu):
     current = {"lens": [1, 1]}
 
     def step(t: torch.Tensor) -> torch.Tensor:
-        graphs.launch(kernel, t, refresh=lambda: {"lens": current["lens"]}, lens=[1, 1], out=out)
+        launch(kernel, t, refresh=lambda: {"lens": current["lens"]}, lens=[1, 1], out=out)
         return out
 
     pool = graph_pool_handle()
@@ -128,7 +128,7 @@ class _Model(torch.nn.Module):
         q = x * self.weight
         out = torch.empty_like(q)
         scratch = {"prepare": self.prepare} if self.use_prepare else {}
-        graphs.launch(
+        launch(
             _task_kernel, q, self.kv_cache[:4], refresh=lambda: {"lens": self.lens}, lens=self.lens, out=out,
             **scratch,
         )  # fmt: skip
@@ -145,18 +145,15 @@ def test_task_arguments_are_weak_references_and_nothing_keeps_them_alive(npu):
 
     model, x = _Model(), torch.ones(4)
     alive: list[weakref.ref] = []
-    original = graphs.launch
+    original = launch
 
     def spy(kernel, *args, **kw):
         alive.extend(weakref.ref(t) for t in (*args, kw["out"]) if isinstance(t, torch.Tensor))
         return original(kernel, *args, **kw)
 
-    graphs_mod = __import__("vllm_npu.interface.graphs", fromlist=["launch"])
-    graphs_mod.launch = spy
-    try:
+    with pytest.MonkeyPatch.context() as m:
+        m.setitem(globals(), "launch", spy)  # _Model.forward calls this module's launch
         g = NPUGraph.capture(model, (x,), {}, None, None)
-    finally:
-        graphs_mod.launch = original
     g.weaken_output()
     gc.collect()
     task = g.tasks[0]
@@ -205,7 +202,7 @@ def test_an_allocation_inside_a_task_group_fails_the_capture(npu):
 
     def step(x: torch.Tensor) -> torch.Tensor:
         out = torch.empty_like(x)
-        graphs.launch(allocating, x, refresh=lambda: {}, lens=[1], out=out)
+        launch(allocating, x, refresh=lambda: {}, lens=[1], out=out)
         return out
 
     with pytest.raises(CaptureRuleError, match=r"aten.mul.Tensor allocates a tensor inside a graph task group"):

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 from npu_testkit.engine import emulated_env, engine
-from vllm_npu.interface.errors import ConfigError
+from vllm_npu.interface import ConfigError
 
 pytestmark = pytest.mark.engine
 

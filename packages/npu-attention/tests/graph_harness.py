@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 from vllm.v1.attention.backends.utils import CommonAttentionMetadata
-from vllm_npu.interface.graphs import COMPILED_STEP
+from vllm_npu.interface import COMPILED_STEP
 
 FAKE_NS = "npu_fake"  # the namespace of the fake torch_npu ops
 

@@ -144,7 +144,7 @@ def test_variants_lay_out_the_documented_modes() -> None:
 
 
 def test_the_mla_mode_refuses_undocumented_shapes() -> None:
-    from vllm_npu.interface.errors import KernelContractError
+    from vllm_npu.interface import KernelContractError
 
     planes = torch.zeros(3, 16, 512 + 64)
     nope, rope = planes[..., :512].unsqueeze(2), planes[..., 512:].unsqueeze(2)

@@ -24,8 +24,7 @@ from attn_harness import make_builder
 from graph_harness import assert_one_npu_graph, compiled_step, decode_step, fake_torch_npu
 from vllm_npu.attention.backends.gqa import AscendAttentionImpl
 from vllm_npu.attention.metadata import GRAPH_PAD_SEQ_LEN, AscendMetadata, GraphDecodeInputs
-from vllm_npu.interface.device import configure_kernels
-from vllm_npu.interface.protocols import graph_inputs_of
+from vllm_npu.interface import configure_kernels, graph_inputs_of
 
 NH, NKV, D, BS, NB, W, B = 4, 2, 16, 16, 24, 4, 4  # heads, KV heads, head size, block size, blocks, table width, batch
 LAYER = "model.layers.0.self_attn.attn"  # the attention layer's name

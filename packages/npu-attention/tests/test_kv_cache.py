@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 import torch
 from vllm_npu.attention.ops.kv_cache import reshape_and_cache_reference
-from vllm_npu.interface.errors import KernelContractError
+from vllm_npu.interface import KernelContractError
 
 NB, BS, NKV, D = 4, 8, 2, 16
 

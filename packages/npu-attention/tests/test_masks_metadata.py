@@ -17,7 +17,7 @@ from vllm_npu.attention.ops.flash_attention import ENCODER_ATTENTION, PREFILL_NO
 from vllm_npu.attention.ops.kv_cache import RESHAPE_AND_CACHE
 from vllm_npu.attention.ops.paged_attention import PAGED_DECODE, PAGED_PREFILL
 from vllm_npu.attention.selftest import selftest_cases
-from vllm_npu.interface.errors import ConfigError, KernelContractError
+from vllm_npu.interface import ConfigError, KernelContractError
 
 # --- masks ---------------------------------------------------------------------------------------------------------
 

@@ -27,8 +27,7 @@ from mla_harness import (  # noqa: E402
 )
 from vllm_npu.attention.backends.mla import AscendMLABackend, AscendMLAImpl, AscendMLAMetadataBuilder  # noqa: E402
 from vllm_npu.attention.ops.mla_cache import latent_cache_planes  # noqa: E402
-from vllm_npu.interface.device import configure_kernels  # noqa: E402
-from vllm_npu.interface.errors import ConfigError  # noqa: E402
+from vllm_npu.interface import ConfigError, configure_kernels  # noqa: E402
 
 
 @pytest.fixture(autouse=True, scope="module")

@@ -25,8 +25,7 @@ from mla_harness import Dims, KvBProj, builder_config
 from vllm_npu.attention.backends.mla import AscendMLAImpl, AscendMLAMetadata, AscendMLAMetadataBuilder
 from vllm_npu.attention.metadata import GRAPH_PAD_SEQ_LEN, GraphDecodeInputs
 from vllm_npu.attention.ops.mla_cache import latent_cache_planes
-from vllm_npu.interface.device import configure_kernels
-from vllm_npu.interface.protocols import graph_inputs_of
+from vllm_npu.interface import configure_kernels, graph_inputs_of
 
 DIMS = Dims(N=32, L=512, R=64, P=16, V=16)
 BS, NB, W, B = 16, 24, 4, 4  # block size, blocks, table width, graph batch

@@ -33,7 +33,7 @@ from vllm_npu.attention.ops.mla_cache import (  # noqa: E402
     paged_cache_load_npu,
     paged_cache_load_reference,
 )
-from vllm_npu.interface import graphs  # noqa: E402
+from vllm_npu.interface import recording  # noqa: E402
 
 
 class FakeATB:
@@ -265,7 +265,7 @@ def test_captured_mla_decode_task_reissues_on_its_captured_buffers(fia: FakeFIA)
     B, N, P, R, L = 2, 32, 16, 64, 512
     q = torch.randn(B, N, P + R, generator=g)
     recorder = _Recorder()
-    with graphs.recording(recorder):
+    with recording(recorder):
         captured = AscendMLAImpl._forward_decode(impl, q, nope, rope, meta, "layers.0.attn")  # type: ignore[arg-type]
 
     (task,) = recorder.tasks

@@ -24,7 +24,7 @@ from vllm_npu.attention.ops.mla_cache import (  # noqa: E402
     latent_cache_planes,
     paged_cache_load_reference,
 )
-from vllm_npu.interface.errors import KernelContractError  # noqa: E402
+from vllm_npu.interface import KernelContractError  # noqa: E402
 
 
 def test_planes_are_contiguous_and_disjoint() -> None:

@@ -27,7 +27,7 @@ from vllm_npu.attention.ops.mla_attention import (  # noqa: E402
     mla_spec_decode_reference,
 )
 from vllm_npu.attention.ops.mla_cache import latent_cache_planes  # noqa: E402
-from vllm_npu.interface.errors import KernelContractError  # noqa: E402
+from vllm_npu.interface import KernelContractError  # noqa: E402
 
 
 def _setup(query_lens, seq_lens, *, n, L, R, bs, dtype, seed=0, spare_cols=2):

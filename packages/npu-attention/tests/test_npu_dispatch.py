@@ -308,7 +308,7 @@ def test_npu_encoder_path(fake_npu, window: int | None) -> None:
 
 def test_npu_builder_requires_block_128(fake_npu) -> None:
     from attn_harness import make_builder
-    from vllm_npu.interface.errors import ConfigError
+    from vllm_npu.interface import ConfigError
 
     with pytest.raises(ConfigError, match="--block-size 128"):
         make_builder(16, 2, 64, torch.float16)

@@ -19,8 +19,7 @@ from vllm_npu.attention.backends.gqa import AscendAttentionImpl
 from vllm_npu.attention.backends.mla import AscendMLAImpl
 from vllm_npu.attention.backends.sfa import AscendSFAImpl
 from vllm_npu.attention.metadata import AscendAttentionState as S
-from vllm_npu.interface.device import configure_kernels
-from vllm_npu.interface.protocols import fills_output_buffer
+from vllm_npu.interface import configure_kernels, fills_output_buffer
 
 
 @pytest.fixture(autouse=True, scope="module")

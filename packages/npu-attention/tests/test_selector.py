@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from npu_testkit.import_light import assert_import_light
 from vllm_npu.attention.selector import GQA_BACKEND, MLA_BACKEND, SFA_BACKEND, select_backend
-from vllm_npu.interface.errors import ConfigError
+from vllm_npu.interface import ConfigError
 
 
 def test_paths() -> None:

@@ -20,7 +20,7 @@ from mla_harness import assert_close, dense_reference, make_scenario, make_sfa_i
 from vllm_npu.attention.backends.sfa import AscendSFABackend, AscendSFAImpl, AscendSFAMetadataBuilder  # noqa: E402
 from vllm_npu.attention.backends.sfa_indexer import AscendLightningIndexer, AscendSFAIndexerBackend  # noqa: E402
 from vllm_npu.attention.ops.sfa_kernels import indexer_cache_write_reference, lightning_indexer_reference  # noqa: E402
-from vllm_npu.interface.device import configure_kernels  # noqa: E402
+from vllm_npu.interface import configure_kernels  # noqa: E402
 
 H_IDX, D_IDX = 3, 16  # indexer heads and head dim
 

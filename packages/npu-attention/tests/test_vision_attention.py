@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 from vllm_npu.attention.ops.vision_attention import VISION_ATTENTION, vision_attention_reference
-from vllm_npu.interface.errors import KernelContractError
+from vllm_npu.interface import KernelContractError
 
 
 def _dense_block_diagonal(q, k, v, cu_seqlens, scale):

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 from vllm.v1.request import RequestStatus
-from vllm_npu.interface.errors import ConfigError
+from vllm_npu.interface import ConfigError
 from vllm_npu.kv._scheduler_side import SchedulerSide
 from vllm_npu.kv.params import RemotePrefill, TransferParamsError
 from vllm_npu.kv.settings import ConnectorSettings, connector_settings

@@ -13,8 +13,7 @@ import torch
 
 pytest.importorskip("vllm")
 
-from vllm_npu.interface.device import configure_kernels  # noqa: E402
-from vllm_npu.interface.errors import ConfigError  # noqa: E402
+from vllm_npu.interface import ConfigError, configure_kernels  # noqa: E402
 
 H, D, ROPE, HIDDEN, Q_LORA, TOPK, BS = 4, 16, 8, 24, 12, 5, 16
 PREFIX = "model.layers.3.self_attn.indexer"

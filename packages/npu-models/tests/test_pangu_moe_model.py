@@ -11,7 +11,7 @@ import torch
 
 pytest.importorskip("vllm")
 
-from vllm_npu.interface.errors import ConfigError  # noqa: E402
+from vllm_npu.interface import ConfigError  # noqa: E402
 
 # (num_experts, top_k, num_groups): the published 64/8/8, the tiny test model's 8/2/2, two experts per group, an
 # odd group count.

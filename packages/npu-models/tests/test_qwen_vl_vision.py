@@ -12,8 +12,7 @@ import torch
 
 pytest.importorskip("vllm")
 
-from vllm_npu.interface.device import configure_kernels  # noqa: E402
-from vllm_npu.interface.errors import ConfigError  # noqa: E402
+from vllm_npu.interface import ConfigError, configure_kernels  # noqa: E402
 
 # (t, h, w) patch grids: two images of different sizes and a two-temporal-patch video.
 GRID = [[1, 4, 6], [1, 8, 4], [2, 4, 4]]

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import torch
 from npu_testkit.fake_torch_npu import fake_torch_npu
-from vllm_npu.interface import graphs
+from vllm_npu.interface import recording
 from vllm_npu.ops.moe.capture import HostReadInCaptureError, host_ints, in_graph_step
 from vllm_npu.ops.moe.forward import build_moe_plan, moe_forward
 from vllm_npu.ops.moe.gating import RoutingConfig
@@ -33,7 +33,7 @@ class _NoTasks:
 def test_host_reads_are_refused_only_while_a_graph_is_captured():
     values = torch.tensor([3, 1])
     assert host_ints(values, "the split sizes") == [3, 1] and not in_graph_step()
-    with graphs.recording(_NoTasks()):
+    with recording(_NoTasks()):
         assert in_graph_step()
         with pytest.raises(HostReadInCaptureError, match="read the split sizes on the host while a static graph"):
             host_ints(values, "the split sizes")

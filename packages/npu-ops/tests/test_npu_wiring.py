@@ -117,12 +117,11 @@ class FakeTorchNPU(types.ModuleType):
 
 @pytest.fixture
 def fake_npu(monkeypatch, vllm_ctx):
-    from vllm_npu.interface import device
 
     fake = FakeTorchNPU()
     monkeypatch.setitem(sys.modules, "torch_npu", fake)
     # Layers pick their kernel when built: build them with the NPU backend.
-    monkeypatch.setattr(device, "kernel_backend", lambda: "npu")
+    monkeypatch.setattr("vllm_npu.interface.device.kernel_backend", lambda: "npu")
     with fake.formats:
         yield fake
 

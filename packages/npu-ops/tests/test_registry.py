@@ -5,7 +5,7 @@
 from __future__ import annotations
 
 import pytest
-from vllm_npu.interface.targets import import_target
+from vllm_npu.interface import import_target
 from vllm_npu.ops._registry import OOT_OPS, register_oot_ops
 
 
@@ -52,7 +52,7 @@ def test_public_door_is_import_light() -> None:
 
 
 def test_component_hooks_resolve() -> None:
-    from vllm_npu.interface.registry import resolve_hook
+    from vllm_npu.interface import resolve_hook
     from vllm_npu.ops._component import COMPONENT
 
     assert COMPONENT.on_load is not None and callable(resolve_hook(COMPONENT.on_load))

@@ -98,7 +98,7 @@ def fake(tmp_path: Path) -> Iterator[Fake]:
 def vllm_unpatched() -> Iterator[None]:
     """vLLM as shipped for the duration of a test: patches the process-wide registry applied (e.g. by an engine
     started earlier in this pytest process) are reverted first and put back afterwards."""
-    from vllm_npu.interface.versions import distribution_version
+    from vllm_npu.interface import distribution_version
     from vllm_npu.patches import PatchStatus, get_registry
 
     reg = get_registry()

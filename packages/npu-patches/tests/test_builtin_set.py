@@ -5,7 +5,7 @@
 from __future__ import annotations
 
 import pytest
-from vllm_npu.interface.versions import distribution_version
+from vllm_npu.interface import distribution_version
 from vllm_npu.patches import PatchRegistry, PatchStatus, fingerprint_path, get_registry
 from vllm_npu.patches._model import resolve
 from vllm_npu.patches.sets import BUILTIN_PATCHES

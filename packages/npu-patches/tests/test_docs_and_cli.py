@@ -69,8 +69,7 @@ def test_fingerprint_mismatch_exits_1(capsys, monkeypatch, vllm_unpatched):
 
 @pytest.mark.parametrize("scope", ["platform", "worker"])
 def test_component_declares_the_hooks(scope):
-    from vllm_npu.interface.component import Scope
-    from vllm_npu.interface.registry import resolve_hook
+    from vllm_npu.interface import Scope, resolve_hook
     from vllm_npu.patches._component import COMPONENT
 
     hook = COMPONENT.hook(Scope(scope))

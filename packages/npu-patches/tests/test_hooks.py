@@ -7,9 +7,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import pytest
-from vllm_npu.interface.component import HookContext, Scope
-from vllm_npu.interface.device import DeviceMode
-from vllm_npu.interface.errors import ConfigError
+from vllm_npu.interface import ConfigError, DeviceMode, HookContext, Scope
 from vllm_npu.patches import PatchStatus, get_registry, patch_report, patch_status, revert_patches
 from vllm_npu.patches._hooks import on_load, on_worker_init
 

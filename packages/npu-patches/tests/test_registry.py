@@ -9,7 +9,7 @@ import logging
 from types import SimpleNamespace
 
 import pytest
-from vllm_npu.interface.errors import ConfigError
+from vllm_npu.interface import ConfigError
 from vllm_npu.patches import (
     Patch,
     PatchError,

@@ -12,7 +12,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from vllm_npu.interface.protocols import report_request_faults
+from vllm_npu.interface import report_request_faults
 from vllm_npu.patches.sets.request_faults import make_replacement
 
 pytestmark = pytest.mark.usefixtures("vllm_unpatched")

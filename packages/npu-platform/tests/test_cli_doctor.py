@@ -292,7 +292,7 @@ def test_vllm_ascend_variables_are_reported_as_the_platform_treats_them() -> Non
 
 def test_vllm_surface_check_reports_drift(monkeypatch: pytest.MonkeyPatch) -> None:
     # In this process (the check imports vLLM, which the subprocess harness forbids for the default report).
-    from vllm_npu.interface import vllm_surface
+    from vllm_npu.interface import VllmName
     from vllm_npu.platform.tools.cli.doctor import collect, render
 
     report = collect(vllm_surface=True)
@@ -300,7 +300,7 @@ def test_vllm_surface_check_reports_drift(monkeypatch: pytest.MonkeyPatch) -> No
     assert surface["problems"] == [] and surface["checked"] > 0 and "platform" in surface["layers"]
     assert "all present, signatures match" in render(report)
 
-    gone = vllm_surface.VllmName(
+    gone = VllmName(
         "vllm.v1.worker.gpu_model_runner:GPUModelRunner",
         "_sync_gpu",
         "method",
@@ -309,7 +309,7 @@ def test_vllm_surface_check_reports_drift(monkeypatch: pytest.MonkeyPatch) -> No
         "a stand-in for a renamed internal",
         signature="(self)",
     )
-    monkeypatch.setattr(vllm_surface, "installed_surface", lambda: {"platform": (gone,)})
+    monkeypatch.setattr("vllm_npu.interface.vllm_surface.installed_surface", lambda: {"platform": (gone,)})
     report = collect(vllm_surface=True)
     assert not report["ok"]
     assert any(e.startswith("vLLM ") and "no longer has GPUModelRunner._sync_gpu" in e for e in report["errors"])
@@ -322,7 +322,7 @@ def test_vllm_surface_check_reports_drift(monkeypatch: pytest.MonkeyPatch) -> No
 )
 def test_doctor_and_device_probe_agree_on_cann(layout: str, tmp_path: Path) -> None:
     """The doctor's CANN report and the probe that activates the NPU use one detector: they never disagree."""
-    from vllm_npu.interface.device import probe_npu
+    from vllm_npu.interface import probe_npu
 
     home = tmp_path / "cann"
     (home / "opp").mkdir(parents=True)

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from vllm_npu.interface.device import DeviceDecision, DeviceMode, reset_device_selection
+from vllm_npu.interface import DeviceDecision, DeviceMode, reset_device_selection
 from vllm_npu.platform.tools.cli import SUBCOMMANDS, main, selftest
 from vllm_npu.platform.tools.cli import _kernel_check as kc
 

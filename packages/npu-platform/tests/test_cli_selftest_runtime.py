@@ -12,7 +12,7 @@ import sys
 
 import pytest
 import torch
-from vllm_npu.interface.device import DeviceMode
+from vllm_npu.interface import DeviceMode
 from vllm_npu.platform.tools.cli import _selftest_graphs as graphs_rows
 from vllm_npu.platform.tools.cli import _selftest_runtime as rt
 

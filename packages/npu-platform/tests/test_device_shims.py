@@ -8,7 +8,7 @@ import threading
 
 import pytest
 import torch
-from vllm_npu.interface.errors import ConfigError
+from vllm_npu.interface import ConfigError
 from vllm_npu.platform._device import EmulatedDevice, cuda_stream_api_as
 
 NAMES = ("Stream", "Event", "current_stream", "default_stream", "stream")

@@ -15,7 +15,7 @@ import torch
 from vllm.compilation.counter import compilation_counter
 from vllm.config import CompilationConfig, CUDAGraphMode, VllmConfig
 from vllm.forward_context import BatchDescriptor, set_forward_context
-from vllm_npu.interface import graphs
+from vllm_npu.interface import active_recorder
 from vllm_npu.platform._device import EmulatedDevice
 from vllm_npu.platform.graphs.config import configure_graphs
 from vllm_npu.platform.graphs.sizes import GraphStreamsExhaustedError
@@ -32,7 +32,7 @@ def _runner(mode: CUDAGraphMode, calls: list[tuple[int, str]], warmups: int) -> 
 
     def model(x: torch.Tensor) -> torch.Tensor:
         # a capture is running on this thread exactly when a task recorder is active (both devices)
-        calls.append((int(x.shape[0]), "capture" if graphs.active_recorder() is not None else "eager"))
+        calls.append((int(x.shape[0]), "capture" if active_recorder() is not None else "eager"))
         return x * 2
 
     wrapper = NPUGraphWrapper(model, cfg, CUDAGraphMode.PIECEWISE if mode == CUDAGraphMode.PIECEWISE else mode.FULL)

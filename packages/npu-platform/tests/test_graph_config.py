@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 from vllm.config import CompilationLevel, CUDAGraphMode
 from vllm.config.compilation import CompilationConfig
-from vllm_npu.interface.errors import ConfigError
+from vllm_npu.interface import ConfigError
 from vllm_npu.platform.graphs.config import configure_graphs
 from vllm_npu.platform.graphs.sizes import StreamBudget, max_capture_sizes, thin_sizes
 
@@ -234,7 +234,7 @@ def test_thin_sizes_keeps_ends_and_spreads():
 
 
 def test_every_npu_graph_mode_setting_has_a_plan():
-    from vllm_npu.interface.settings import GRAPH_MODES as SETTINGS
+    from vllm_npu.interface import GRAPH_MODES as SETTINGS
     from vllm_npu.platform.graphs.config import GRAPH_MODES
 
     assert set(GRAPH_MODES) == set(SETTINGS)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from vllm_npu.interface import graphs
+from vllm_npu.interface import active_recorder, launch
 from vllm_npu.platform.graphs import GraphInputMovedError
 from vllm_npu.platform.graphs.emulated.twin import EmulatedGraph
 
@@ -82,7 +82,7 @@ def test_tasks_keep_capture_parameters_until_refreshed():
     step_lens = {"now": [1, 1, 1]}
 
     def step(t: torch.Tensor) -> torch.Tensor:
-        graphs.launch(_kernel, t, refresh=lambda: {"lens": list(step_lens["now"])}, lens=step_lens["now"], out=out)
+        launch(_kernel, t, refresh=lambda: {"lens": list(step_lens["now"])}, lens=step_lens["now"], out=out)
         return out * 1
 
     g = EmulatedGraph.capture(step, (q,), {})
@@ -97,9 +97,9 @@ def test_tasks_keep_capture_parameters_until_refreshed():
 
 def test_launch_outside_a_capture_is_a_plain_call():
     out = torch.empty(2)
-    graphs.launch(_kernel, torch.ones(2), refresh=lambda: {}, lens=[3, 4], out=out)
+    launch(_kernel, torch.ones(2), refresh=lambda: {}, lens=[3, 4], out=out)
     assert torch.equal(out, torch.tensor([3.0, 4.0]))
-    assert graphs.active_recorder() is None
+    assert active_recorder() is None
 
 
 @pytest.mark.parametrize("read", ["item", "tolist", "bool", "int"])
@@ -157,10 +157,10 @@ def test_a_task_returns_nothing():
     out = torch.empty(2)
 
     def step(t: torch.Tensor) -> torch.Tensor:
-        graphs.launch(returning, t, refresh=lambda: {}, out=out)
+        launch(returning, t, refresh=lambda: {}, out=out)
         return out + 0
 
     with pytest.raises(TypeError, match="graph task 'returning' returned Tensor"):
         EmulatedGraph.capture(step, (torch.ones(2),), {})
     with pytest.raises(TypeError, match="returns None"):
-        graphs.launch(returning, torch.ones(2), refresh=lambda: {}, out=out)  # eager: the same contract
+        launch(returning, torch.ones(2), refresh=lambda: {}, out=out)  # eager: the same contract

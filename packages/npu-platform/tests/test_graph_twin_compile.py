@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 import torch
-from vllm_npu.interface import graphs
+from vllm_npu.interface import launch
 from vllm_npu.platform.graphs import GraphInputMovedError
 from vllm_npu.platform.graphs.emulated.twin import EmulatedGraph
 from vllm_npu.platform.graphs.emulated.twin_compile import state_nodes
@@ -38,7 +38,7 @@ class _Step:
         h = torch.relu(x @ self.w) + 1.0
         key, _ = self.kv.unbind(0)
         key.view(-1, 4).index_copy_(0, slots, h)
-        graphs.launch(_attend, h, key, refresh=lambda: {"lens": list(self.lens)}, lens=self.lens, out=self.out)
+        launch(_attend, h, key, refresh=lambda: {"lens": list(self.lens)}, lens=self.lens, out=self.out)
         return torch.tanh(self.out * 0.1) + h
 
 

@@ -13,7 +13,7 @@ import pytest
 import torch
 from torch._inductor.runtime.cache_dir_utils import temporary_cache_dir
 from torch.fx.experimental.proxy_tensor import make_fx
-from vllm_npu.interface import graphs
+from vllm_npu.interface import launch
 from vllm_npu.platform.graphs.compile_cache import CompileCache
 from vllm_npu.platform.graphs.emulated import twin_pieces
 from vllm_npu.platform.graphs.emulated.twin import EmulatedGraph
@@ -43,7 +43,7 @@ class _Layers:
             key, _ = self.kv[i].unbind(0)
             h = torch.relu(h @ self.w[i]) + 1.0
             key.view(-1, 4).index_copy_(0, slots, h)
-            graphs.launch(_attend, h, key, refresh=lambda: {"lens": list(self.lens)}, lens=self.lens, out=self.out[i])
+            launch(_attend, h, key, refresh=lambda: {"lens": list(self.lens)}, lens=self.lens, out=self.out[i])
             h = torch.tanh(self.out[i] * 0.1) + h
         return h
 
@@ -138,7 +138,7 @@ def test_a_task_with_nested_tensor_arguments_runs_through_pytree():
     out = torch.zeros(3)
 
     def step(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-        graphs.launch(add_all, [a * 2, b], refresh=lambda: {}, out=out)
+        launch(add_all, [a * 2, b], refresh=lambda: {}, out=out)
         return out + 0
 
     a, b = torch.ones(3), torch.arange(3.0)

@@ -11,9 +11,13 @@ import pytest
 import torch
 from npu_testkit.import_light import assert_import_light
 from vllm.config import CompilationConfig, CompilationLevel, CUDAGraphMode
-from vllm_npu.interface import registry
-from vllm_npu.interface.device import reset_device_selection
-from vllm_npu.interface.errors import ComponentSkewError, ConfigError, DeviceUnavailableError, MissingComponentError
+from vllm_npu.interface import (
+    ComponentSkewError,
+    ConfigError,
+    DeviceUnavailableError,
+    MissingComponentError,
+    reset_device_selection,
+)
 from vllm_npu.platform.platform import EmulatedNPUPlatform, NPUPlatform
 
 
@@ -106,11 +110,10 @@ def test_emulated_config_hook(env):
 
 @pytest.mark.parametrize("quant_available", [True, False])
 def test_config_hook_lets_the_quant_layer_claim_a_description_only_checkpoint(env, quant_available):
-    import vllm_npu.interface.registry as registry
     import vllm_npu.quant as quant
 
     claimed = []
-    env.setattr(registry, "is_available", lambda layer: quant_available if layer == "quant" else True)
+    env.setattr("vllm_npu.interface.registry.is_available", lambda layer: quant_available if layer == "quant" else True)
     env.setattr(quant, "claim_checkpoint", claimed.append)  # the platform imports it through the quant door
     cfg = fake_vllm_config()
     EmulatedNPUPlatform.check_and_update_config(cfg)
@@ -118,10 +121,9 @@ def test_config_hook_lets_the_quant_layer_claim_a_description_only_checkpoint(en
 
 
 def test_without_the_quant_layer_a_description_only_checkpoint_is_refused(env, tmp_path):
-    import vllm_npu.interface.registry as registry
-    from vllm_npu.interface.errors import MissingComponentError
+    from vllm_npu.interface import MissingComponentError
 
-    env.setattr(registry, "discover", lambda: {})  # nothing installed, as without npu-quant
+    env.setattr("vllm_npu.interface.registry.discover", lambda: {})  # nothing installed, as without npu-quant
     cfg = fake_vllm_config()
     cfg.model_config.model = str(tmp_path)
     EmulatedNPUPlatform.check_and_update_config(cfg)  # no description: a float checkpoint passes
@@ -140,8 +142,7 @@ def test_without_the_quant_layer_a_description_only_checkpoint_is_refused(env, t
 
 
 def test_the_quant_gate_claims_what_npu_quant_claims_and_refuses_with_the_path(monkeypatch, tmp_path):
-    import vllm_npu.interface.registry as registry
-    from vllm_npu.interface.errors import MissingComponentError
+    from vllm_npu.interface import MissingComponentError
     from vllm_npu.platform._quant_gate import MissingQuantLayerConfig
     from vllm_npu.quant import AscendQuantConfig
 
@@ -150,7 +151,7 @@ def test_the_quant_gate_claims_what_npu_quant_claims_and_refuses_with_the_path(m
             assert MissingQuantLayerConfig.override_quantization_method(
                 hf_cfg, user
             ) == AscendQuantConfig.override_quantization_method(hf_cfg, user), (hf_cfg, user)
-    monkeypatch.setattr(registry, "discover", lambda: {})
+    monkeypatch.setattr("vllm_npu.interface.registry.discover", lambda: {})
     gate = MissingQuantLayerConfig.from_config({"a.weight": "W8A8_DYNAMIC"})
     with pytest.raises(MissingComponentError, match=r"\(config.json quantization_config; scheme W8A8_DYNAMIC\)"):
         gate.maybe_update_config(str(tmp_path))
@@ -236,7 +237,7 @@ def test_config_hook_refuses_a_skewed_component_set(env, monkeypatch):
     def skewed():
         raise ComponentSkewError(["npu-ops 0.2.0 needs interface '>=2,<3' but npu-interface provides interface 1.0"])
 
-    monkeypatch.setattr(registry, "check_installed_set", skewed)
+    monkeypatch.setattr("vllm_npu.interface.registry.check_installed_set", skewed)
     with pytest.raises(ComponentSkewError, match="npu-ops 0.2.0 needs interface"):
         EmulatedNPUPlatform.check_and_update_config(fake_vllm_config())
 
@@ -247,7 +248,7 @@ def test_attention_backend_is_delegated_to_npu_attention():
 
 
 def test_missing_attention_layer_names_the_pip_command(monkeypatch):
-    monkeypatch.setattr(registry, "discover", lambda *a, **k: {})
+    monkeypatch.setattr("vllm_npu.interface.registry.discover", lambda *a, **k: {})
     with pytest.raises(MissingComponentError, match=r'pip install "npu-platform\[attention\]"'):
         NPUPlatform.get_attn_backend_cls(None, 64, torch.bfloat16, "auto", 128, True, False, False, False)
 

@@ -168,7 +168,7 @@ def test_config_hook_defaults_to_spawn_and_keeps_a_user_choice(monkeypatch, cls_
 
 @pytest.mark.parametrize("cls_name", ["NPUPlatform", "EmulatedNPUPlatform"])
 def test_dual_batch_overlap_is_refused_by_name(monkeypatch, cls_name):
-    from vllm_npu.interface.errors import ConfigError
+    from vllm_npu.interface import ConfigError
     from vllm_npu.platform import platform as platform_mod
 
     monkeypatch.delenv("VLLM_WORKER_MULTIPROC_METHOD", raising=False)

@@ -213,9 +213,8 @@ def test_choice_reads_no_device_tensor() -> None:
 
 @pytest.mark.parametrize(("backend", "npu"), [("npu", True), ("reference", False)])
 def test_the_process_kernel_backend_selects(monkeypatch: pytest.MonkeyPatch, backend: str, npu: bool) -> None:
-    from vllm_npu.interface import device
 
-    monkeypatch.setattr(device, "_kernel_backend", [backend])
+    monkeypatch.setattr("vllm_npu.interface.device._kernel_backend", [backend])
     assert NPUTopKTopPSampler().use_npu_kernel is npu
 
 

@@ -14,8 +14,7 @@ import pytest
 import torch
 from vllm.config import CompilationLevel, CUDAGraphMode
 from vllm.config.compilation import CompilationConfig
-from vllm_npu.interface.config import AdditionalConfig
-from vllm_npu.interface.errors import ConfigError
+from vllm_npu.interface import AdditionalConfig, ConfigError
 from vllm_npu.platform.graphs import compile_cache
 from vllm_npu.platform.graphs.compile_cache import CompileCache, cache_key
 from vllm_npu.platform.graphs.config import configure_graphs

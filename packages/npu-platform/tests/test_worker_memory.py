@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from vllm_npu.interface.device import DeviceMode
+from vllm_npu.interface import DeviceMode
 from vllm_npu.platform import worker as worker_mod
 
 GiB = 1 << 30

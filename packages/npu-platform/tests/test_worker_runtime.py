@@ -16,8 +16,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 from npu_testkit.npu_runtime_standin import install_for_test
-from vllm_npu.interface.device import DeviceMode
-from vllm_npu.interface.errors import DeviceUnavailableError
+from vllm_npu.interface import DeviceMode, DeviceUnavailableError
 from vllm_npu.platform import worker as worker_mod
 from vllm_npu.platform._device import EmulatedDevice
 

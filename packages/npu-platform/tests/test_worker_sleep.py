@@ -10,7 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from vllm_npu.interface.device import DeviceMode
+from vllm_npu.interface import DeviceMode
 from vllm_npu.platform import worker as worker_mod
 from vllm_npu.platform._device import EmulatedDevice
 from vllm_npu.platform.sleep import SleepState

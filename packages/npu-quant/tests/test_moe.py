@@ -226,7 +226,7 @@ def test_every_moe_method_runs_the_layer_plan() -> None:
     """They declare npu-interface's LayerMoEPlanRunner (apply runs ``layer.moe_plan``), so npu-ops' layer may give
     the plan its all-to-all dispatcher under data-parallel attention, as for unquantised experts; and
     MoEGraphTraceable, so the torchair mode traces their layers (test_moe_graph.py)."""
-    from vllm_npu.interface.protocols import runs_layer_moe_plan, traces_moe_in_graph
+    from vllm_npu.interface import runs_layer_moe_plan, traces_moe_in_graph
     from vllm_npu.ops.moe import AscendUnquantizedFusedMoEMethod
     from vllm_npu.quant.moe_method import (
         AscendW4A8DynamicFusedMoEMethod,

@@ -35,7 +35,6 @@ from npu_testkit.torchair_converters import (
     symbolic_inputs,
 )
 from quant_moe_harness import TOP_K, H, build, float_experts, quantized
-from vllm_npu.interface import device
 
 #: Routed experts of the router; with EP this rank holds experts 1, 3 and 4 (over replicated tokens).
 NUM_EXPERTS, LOCAL, TOKENS = 6, (1, 3, 4), 5
@@ -60,7 +59,9 @@ def _layer(qtype: str, dtype: torch.dtype, ep: bool, backend: str, monkeypatch: 
     layer = build(qtype, quantized(qtype, weights), dtype=dtype, prefix=prefix)
     layer.quant_method.process_weights_after_loading(layer)  # load-time kernels: reference (they run outside graphs)
     with monkeypatch.context() as m:
-        m.setattr(device, "kernel_backend", lambda: backend)  # what select() sees on an NPU (or the emulated device)
+        m.setattr(
+            "vllm_npu.interface.device.kernel_backend", lambda: backend
+        )  # what select() sees on an NPU (or the emulated device)
         expert_map = None
         if ep:
             expert_map = torch.full((NUM_EXPERTS,), -1, dtype=torch.int32)

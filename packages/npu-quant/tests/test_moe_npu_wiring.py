@@ -16,7 +16,6 @@ import types
 import pytest
 import torch
 from npu_testkit import npu_binding_rules as rules
-from vllm_npu.interface import device
 from vllm_npu.quant.moe_experts import W8A8DynamicExperts
 
 
@@ -76,7 +75,7 @@ def test_w8a8_dynamic_experts_on_npu_kernels(monkeypatch, dtype: torch.dtype) ->
     ref = W8A8DynamicExperts(layer, _silu_mul)(rows, counts)
     calls: list[str] = []
     monkeypatch.setitem(sys.modules, "torch_npu", _fake_torch_npu(calls))
-    monkeypatch.setattr(device, "kernel_backend", lambda: "npu")
+    monkeypatch.setattr("vllm_npu.interface.device.kernel_backend", lambda: "npu")
     out = W8A8DynamicExperts(layer, _silu_mul)(rows, counts)
     assert calls == ["npu_dynamic_quant", "npu_grouped_matmul"] * 2
     assert out.dtype == dtype

@@ -125,7 +125,7 @@ def check_platform_resolution() -> None:
     platforms = sys.modules.get("vllm.platforms")
     resolved = getattr(platforms, "_current_platform", None) if platforms is not None else None
     if resolved is None:
-        from vllm_npu.interface.device import reset_device_selection
+        from vllm_npu.interface import reset_device_selection
 
         reset_device_selection()  # the env may have changed since a previous decision in this process
         return

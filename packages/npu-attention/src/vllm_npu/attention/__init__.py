@@ -49,7 +49,7 @@ if TYPE_CHECKING:
     from .selector import GQA_BACKEND, MLA_BACKEND, SFA_BACKEND, select_backend
     from .selftest import selftest_cases
 else:
-    from vllm_npu.interface.lazy import lazy_exports
+    from vllm_npu.interface import lazy_exports
 
     __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 

@@ -8,8 +8,7 @@
 
 from __future__ import annotations
 
-from vllm_npu.interface.component import HookContext
-from vllm_npu.interface.registry import register_custom_ops
+from vllm_npu.interface import HookContext, register_custom_ops
 
 #: vLLM CustomOp class name -> "module:Class" of our override.
 OOT_LAYERS: dict[str, str] = {

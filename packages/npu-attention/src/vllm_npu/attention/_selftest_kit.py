@@ -11,8 +11,7 @@ from functools import partial
 from typing import Any, NamedTuple
 
 import torch
-from vllm_npu.interface import Kernel
-from vllm_npu.interface.selftest import KernelCall, KernelCase, randn, randperm
+from vllm_npu.interface import Kernel, KernelCall, KernelCase, randn, randperm
 
 from .ops.mla_cache import latent_cache_planes
 

@@ -9,7 +9,7 @@ from functools import partial
 from typing import Any
 
 import torch
-from vllm_npu.interface.selftest import KernelCall, KernelCase, randn
+from vllm_npu.interface import KernelCall, KernelCase, randn
 
 from . import _selftest_kit as kit
 from ._selftest_kit import HALVES, L, P, R, Spec, V, grid

@@ -20,8 +20,7 @@ from vllm.v1.attention.backends.utils import (
     CommonAttentionMetadata,
     split_decodes_and_prefills,
 )
-from vllm_npu.interface.device import kernel_backend
-from vllm_npu.interface.errors import ConfigError
+from vllm_npu.interface import ConfigError, kernel_backend
 
 from .masks import AttentionMaskBuilder
 from .ops.paged_attention import DecodePlan

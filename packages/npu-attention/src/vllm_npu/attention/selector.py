@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from vllm_npu.interface.errors import ConfigError
+from vllm_npu.interface import ConfigError
 
 GQA_BACKEND = "vllm_npu.attention.backends.gqa.AscendAttentionBackend"
 MLA_BACKEND = "vllm_npu.attention.backends.mla.AscendMLABackend"

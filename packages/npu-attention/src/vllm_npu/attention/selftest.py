@@ -17,7 +17,7 @@ from itertools import accumulate
 from typing import Any
 
 import torch
-from vllm_npu.interface.selftest import KernelCall, KernelCase, randn, randperm
+from vllm_npu.interface import KernelCall, KernelCase, randn, randperm
 
 from . import _selftest_kit as kit
 from ._selftest_kit import HALVES, L, P, R, Spec, grid

@@ -15,14 +15,17 @@ from ._version import __version__
 # Lazy exports (PEP 562): name -> ".module:attr", imported on first access. The TYPE_CHECKING block and
 # __all__ mirror the table for type checkers and IDEs; tests/test_doors.py checks that the three agree.
 _EXPORTS = {
+    "check_ascend_settings": ".ascend_migration:check_ascend_settings",
+    "find_ascend_settings": ".ascend_migration:find_ascend_settings",
+    "CANN_DEFAULT_HOMES": ".cann:CANN_DEFAULT_HOMES",
+    "CANN_HOME_VARS": ".cann:CANN_HOME_VARS",
+    "CANN_OPP_VAR": ".cann:CANN_OPP_VAR",
+    "find_cann_home": ".cann:find_cann_home",
     "Component": ".component:Component",
     "HookContext": ".component:HookContext",
     "Scope": ".component:Scope",
     "AdditionalConfig": ".config:AdditionalConfig",
     "EnvConfig": ".config:EnvConfig",
-    "ADDITIONAL_CONFIG_KEY": ".settings:ADDITIONAL_CONFIG_KEY",
-    "DEVICE_SETTINGS": ".settings:DEVICE_SETTINGS",
-    "read_device_setting": ".settings:read_device_setting",
     "DeviceDecision": ".device:DeviceDecision",
     "DeviceMode": ".device:DeviceMode",
     "Kernel": ".kernels:Kernel",
@@ -35,6 +38,7 @@ _EXPORTS = {
     "kernel_backend": ".device:kernel_backend",
     "probe_npu": ".device:probe_npu",
     "reset_device_selection": ".device:reset_device_selection",
+    "LAYER_DISTRIBUTIONS": ".errors:LAYER_DISTRIBUTIONS",
     "ComponentSkewError": ".errors:ComponentSkewError",
     "ConfigError": ".errors:ConfigError",
     "DeviceUnavailableError": ".errors:DeviceUnavailableError",
@@ -42,6 +46,16 @@ _EXPORTS = {
     "MissingComponentError": ".errors:MissingComponentError",
     "NPUPluginError": ".errors:NPUPluginError",
     "install_command": ".errors:install_command",
+    "COMPILED_STEP": ".graphs:COMPILED_STEP",
+    "Prepare": ".graphs:Prepare",
+    "Refresh": ".graphs:Refresh",
+    "active_recorder": ".graphs:active_recorder",
+    "check_task_result": ".graphs:check_task_result",
+    "compiled_step_inputs": ".graphs:compiled_step_inputs",
+    "launch": ".graphs:launch",
+    "opaque_reference_op": ".graphs:opaque_reference_op",
+    "recording": ".graphs:recording",
+    "lazy_exports": ".lazy:lazy_exports",
     "get_logger": ".log:get_logger",
     "GraphInputsProvider": ".protocols:GraphInputsProvider",
     "LayerMoEPlanRunner": ".protocols:LayerMoEPlanRunner",
@@ -54,6 +68,15 @@ _EXPORTS = {
     "request_faults_of": ".protocols:request_faults_of",
     "runs_layer_moe_plan": ".protocols:runs_layer_moe_plan",
     "traces_moe_in_graph": ".protocols:traces_moe_in_graph",
+    "DESCRIPTION_FILENAME": ".quant_checkpoint:DESCRIPTION_FILENAME",
+    "QUANT_METHOD": ".quant_checkpoint:QUANT_METHOD",
+    "QUANT_TYPES": ".quant_checkpoint:QUANT_TYPES",
+    "expert_quant_types": ".quant_checkpoint:expert_quant_types",
+    "find_description_file": ".quant_checkpoint:find_description_file",
+    "is_msmodelslim_quant_config": ".quant_checkpoint:is_msmodelslim_quant_config",
+    "looks_like_description": ".quant_checkpoint:looks_like_description",
+    "quant_types": ".quant_checkpoint:quant_types",
+    "read_scheme": ".quant_checkpoint:read_scheme",
     "ENTRY_POINT_GROUP": ".registry:ENTRY_POINT_GROUP",
     "ComponentReport": ".registry:ComponentReport",
     "check_installed_set": ".registry:check_installed_set",
@@ -63,16 +86,38 @@ _EXPORTS = {
     "is_available": ".registry:is_available",
     "load_component": ".registry:load_component",
     "once": ".registry:once",
+    "register_custom_ops": ".registry:register_custom_ops",
     "require": ".registry:require",
+    "resolve_hook": ".registry:resolve_hook",
     "KernelCall": ".selftest:KernelCall",
     "KernelCase": ".selftest:KernelCase",
+    "randn": ".selftest:randn",
+    "randperm": ".selftest:randperm",
+    "ADDITIONAL_CONFIG_KEY": ".settings:ADDITIONAL_CONFIG_KEY",
+    "ADDITIONAL_CONFIG_SETTINGS": ".settings:ADDITIONAL_CONFIG_SETTINGS",
+    "DEVICE_SETTINGS": ".settings:DEVICE_SETTINGS",
+    "ENV_PATCHES": ".settings:ENV_PATCHES",
+    "ENV_SETTINGS": ".settings:ENV_SETTINGS",
+    "GRAPH_MODES": ".settings:GRAPH_MODES",
+    "Setting": ".settings:Setting",
+    "markdown_rows": ".settings:markdown_rows",
+    "read_device_setting": ".settings:read_device_setting",
+    "is_empty_dir": ".staging:is_empty_dir",
+    "staged_directory": ".staging:staged_directory",
+    "import_target": ".targets:import_target",
     "INTERFACE_VERSION": ".versions:INTERFACE_VERSION",
     "SUPPORTED_VLLM": ".versions:SUPPORTED_VLLM",
     "distribution_version": ".versions:distribution_version",
     "in_range": ".versions:in_range",
+    "parse_range": ".versions:parse_range",
+    "VllmName": ".vllm_surface:VllmName",
+    "check_surface": ".vllm_surface:check_surface",
+    "installed_surface": ".vllm_surface:installed_surface",
 }
 
 if TYPE_CHECKING:
+    from .ascend_migration import check_ascend_settings, find_ascend_settings
+    from .cann import CANN_DEFAULT_HOMES, CANN_HOME_VARS, CANN_OPP_VAR, find_cann_home
     from .component import Component, HookContext, Scope
     from .config import AdditionalConfig, EnvConfig
     from .device import (
@@ -89,6 +134,7 @@ if TYPE_CHECKING:
         reset_device_selection,
     )
     from .errors import (
+        LAYER_DISTRIBUTIONS,
         ComponentSkewError,
         ConfigError,
         DeviceUnavailableError,
@@ -97,7 +143,19 @@ if TYPE_CHECKING:
         NPUPluginError,
         install_command,
     )
+    from .graphs import (
+        COMPILED_STEP,
+        Prepare,
+        Refresh,
+        active_recorder,
+        check_task_result,
+        compiled_step_inputs,
+        launch,
+        opaque_reference_op,
+        recording,
+    )
     from .kernels import Kernel
+    from .lazy import lazy_exports
     from .log import get_logger
     from .protocols import (
         GraphInputsProvider,
@@ -112,6 +170,17 @@ if TYPE_CHECKING:
         runs_layer_moe_plan,
         traces_moe_in_graph,
     )
+    from .quant_checkpoint import (
+        DESCRIPTION_FILENAME,
+        QUANT_METHOD,
+        QUANT_TYPES,
+        expert_quant_types,
+        find_description_file,
+        is_msmodelslim_quant_config,
+        looks_like_description,
+        quant_types,
+        read_scheme,
+    )
     from .registry import (
         ENTRY_POINT_GROUP,
         ComponentReport,
@@ -122,11 +191,26 @@ if TYPE_CHECKING:
         is_available,
         load_component,
         once,
+        register_custom_ops,
         require,
+        resolve_hook,
     )
-    from .selftest import KernelCall, KernelCase
-    from .settings import ADDITIONAL_CONFIG_KEY, DEVICE_SETTINGS, read_device_setting
-    from .versions import INTERFACE_VERSION, SUPPORTED_VLLM, distribution_version, in_range
+    from .selftest import KernelCall, KernelCase, randn, randperm
+    from .settings import (
+        ADDITIONAL_CONFIG_KEY,
+        ADDITIONAL_CONFIG_SETTINGS,
+        DEVICE_SETTINGS,
+        ENV_PATCHES,
+        ENV_SETTINGS,
+        GRAPH_MODES,
+        Setting,
+        markdown_rows,
+        read_device_setting,
+    )
+    from .staging import is_empty_dir, staged_directory
+    from .targets import import_target
+    from .versions import INTERFACE_VERSION, SUPPORTED_VLLM, distribution_version, in_range, parse_range
+    from .vllm_surface import VllmName, check_surface, installed_surface
 else:
     from .lazy import lazy_exports
 
@@ -134,9 +218,21 @@ else:
 
 __all__ = [
     "ADDITIONAL_CONFIG_KEY",
+    "ADDITIONAL_CONFIG_SETTINGS",
+    "CANN_DEFAULT_HOMES",
+    "CANN_HOME_VARS",
+    "CANN_OPP_VAR",
+    "COMPILED_STEP",
+    "DESCRIPTION_FILENAME",
     "DEVICE_SETTINGS",
     "ENTRY_POINT_GROUP",
+    "ENV_PATCHES",
+    "ENV_SETTINGS",
+    "GRAPH_MODES",
     "INTERFACE_VERSION",
+    "LAYER_DISTRIBUTIONS",
+    "QUANT_METHOD",
+    "QUANT_TYPES",
     "SUPPORTED_VLLM",
     "AdditionalConfig",
     "Component",
@@ -160,33 +256,64 @@ __all__ = [
     "NPUPluginError",
     "NPUProbe",
     "OutputBufferFiller",
+    "Prepare",
+    "Refresh",
     "RequestFaultReport",
     "Scope",
+    "Setting",
+    "VllmName",
     "__version__",
+    "active_recorder",
+    "check_ascend_settings",
     "check_installed_set",
+    "check_surface",
+    "check_task_result",
     "compatibility_problems",
+    "compiled_step_inputs",
     "configure_kernels",
     "current_device",
     "current_mode",
     "decide_device",
     "discover",
     "distribution_version",
+    "expert_quant_types",
     "fills_output_buffer",
+    "find_ascend_settings",
+    "find_cann_home",
+    "find_description_file",
     "get_logger",
     "graph_inputs_of",
+    "import_target",
     "in_range",
     "init_worker",
     "install_command",
+    "installed_surface",
     "is_available",
+    "is_empty_dir",
+    "is_msmodelslim_quant_config",
     "kernel_backend",
+    "launch",
+    "lazy_exports",
     "load_component",
+    "looks_like_description",
+    "markdown_rows",
     "once",
+    "opaque_reference_op",
+    "parse_range",
     "probe_npu",
+    "quant_types",
+    "randn",
+    "randperm",
     "read_device_setting",
+    "read_scheme",
+    "recording",
+    "register_custom_ops",
     "report_request_faults",
     "request_faults_of",
     "require",
     "reset_device_selection",
+    "resolve_hook",
     "runs_layer_moe_plan",
+    "staged_directory",
     "traces_moe_in_graph",
 ]

@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from .engine import MooncakeUnavailableError, TransferEngineHandle
     from .scheduler import PDScheduler
 else:
-    from vllm_npu.interface.lazy import lazy_exports
+    from vllm_npu.interface import lazy_exports
 
     __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 

@@ -16,7 +16,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from vllm.v1.request import RequestStatus
-from vllm_npu.interface.log import get_logger
+from vllm_npu.interface import get_logger
 
 from .metadata import MooncakeConnectorMetadata, RecvTask
 from .params import RemotePrefill, TransferParamsError

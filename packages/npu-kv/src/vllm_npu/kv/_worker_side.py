@@ -19,8 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import torch
-from vllm_npu.interface.device import current_mode
-from vllm_npu.interface.log import get_logger
+from vllm_npu.interface import current_mode, get_logger
 
 from .engine import PROTOCOLS, TransferEngineHandle
 from .layout import (

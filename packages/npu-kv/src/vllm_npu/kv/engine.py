@@ -15,7 +15,7 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
-from vllm_npu.interface.errors import NPUPluginError
+from vllm_npu.interface import NPUPluginError
 
 #: The Debian packages the non-CUDA Mooncake wheel links against (it ships no copy of them).
 APT_PACKAGES = ("libibverbs1", "librdmacm1", "libnuma1")

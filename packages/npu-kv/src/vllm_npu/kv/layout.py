@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from vllm_npu.interface.errors import NPUPluginError
+from vllm_npu.interface import NPUPluginError
 
 
 class LayoutError(NPUPluginError, ValueError):

@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from vllm.v1.core.sched.scheduler import Scheduler
-from vllm_npu.interface.log import get_logger
+from vllm_npu.interface import get_logger
 
 if TYPE_CHECKING:
     from vllm.v1.request import Request

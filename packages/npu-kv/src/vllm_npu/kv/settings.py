@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from vllm_npu.interface.errors import ConfigError
+from vllm_npu.interface import ConfigError
 
 #: ``kv_connector_extra_config`` keys this connector reads, with their defaults.
 EXTRA_DEFAULTS: dict[str, float] = {

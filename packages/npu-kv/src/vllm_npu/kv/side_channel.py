@@ -22,8 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import zmq
-from vllm_npu.interface.errors import NPUPluginError
-from vllm_npu.interface.log import get_logger
+from vllm_npu.interface import NPUPluginError, get_logger
 
 from .layout import LayerLayout
 

@@ -53,7 +53,7 @@ if TYPE_CHECKING:
         pad_vision_heads,
     )
 else:
-    from vllm_npu.interface.lazy import lazy_exports
+    from vllm_npu.interface import lazy_exports
 
     __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 

@@ -11,9 +11,7 @@ imported when its model type is registered (it needs only transformers, which vL
 
 from __future__ import annotations
 
-from vllm_npu.interface.component import HookContext
-from vllm_npu.interface.log import get_logger
-from vllm_npu.interface.registry import once
+from vllm_npu.interface import HookContext, get_logger, once
 
 logger = get_logger(__name__)
 

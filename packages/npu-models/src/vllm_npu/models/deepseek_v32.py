@@ -45,8 +45,7 @@ from vllm.model_executor.models.utils import PPMissingLayer
 # npu-attention is a declared dependency of npu-models (see its pyproject: this override reuses the SFA
 # implementation, which is not a contract the interface could hold), so a plain import through attention's door.
 from vllm_npu.attention import AscendLightningIndexer, AscendSFAImpl, AscendSFAIndexerBackend, ascend_indexer_forward
-from vllm_npu.interface.errors import ConfigError
-from vllm_npu.interface.log import get_logger
+from vllm_npu.interface import ConfigError, get_logger
 
 logger = get_logger(__name__)
 

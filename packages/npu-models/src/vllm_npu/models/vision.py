@@ -41,7 +41,7 @@ from vllm.model_executor.models.qwen2_vl import Qwen2VisionAttention
 
 # npu-attention and npu-ops are declared dependencies of npu-models (see its pyproject); imported through their doors.
 from vllm_npu.attention import VISION_ATTENTION
-from vllm_npu.interface.errors import ConfigError
+from vllm_npu.interface import ConfigError
 from vllm_npu.ops import ROTARY_MUL_QK
 
 #: The head dims vllm-ascend v0.11.0 pads (exclusive bounds) and the width they are padded to.

@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from .rotary_embedding import ROTARY_MUL_QK
     from .selftest import selftest_cases
 else:
-    from vllm_npu.interface.lazy import lazy_exports
+    from vllm_npu.interface import lazy_exports
 
     __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 

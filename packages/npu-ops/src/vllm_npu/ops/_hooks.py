@@ -9,7 +9,7 @@ the engine core and each worker), and the registry runs it again in each worker 
 
 from __future__ import annotations
 
-from vllm_npu.interface.component import HookContext
+from vllm_npu.interface import HookContext
 
 from ._registry import register_oot_ops
 

@@ -10,7 +10,7 @@ until :func:`register_oot_ops` runs (from the ops layer's load hook), through th
 
 from __future__ import annotations
 
-from vllm_npu.interface.registry import register_custom_ops
+from vllm_npu.interface import register_custom_ops
 
 OOT_OPS: dict[str, str] = {
     # norms

@@ -14,7 +14,7 @@ import math
 from typing import Any
 
 import torch
-from vllm_npu.interface.selftest import KernelCall, KernelCase, randn, randperm
+from vllm_npu.interface import KernelCall, KernelCase, randn, randperm
 
 from .activation import FAST_GELU
 from .layernorm import ADD_RMS_NORM, GEMMA_RMS_NORM, RMS_NORM

@@ -55,7 +55,7 @@ if TYPE_CHECKING:
         revert_patches,
     )
 else:
-    from vllm_npu.interface.lazy import lazy_exports
+    from vllm_npu.interface import lazy_exports
 
     __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 

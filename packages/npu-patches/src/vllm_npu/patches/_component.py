@@ -2,8 +2,7 @@
 # SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
 """The patches layer's component declaration. Imports nothing but npu-interface: discovery must stay cheap."""
 
-from vllm_npu.interface import Component
-from vllm_npu.interface.versions import SUPPORTED_VLLM
+from vllm_npu.interface import SUPPORTED_VLLM, Component
 
 from ._version import __version__
 

@@ -4,7 +4,7 @@
 
 from __future__ import annotations
 
-from vllm_npu.interface.errors import NPUPluginError
+from vllm_npu.interface import NPUPluginError
 
 
 class PatchError(NPUPluginError, RuntimeError):

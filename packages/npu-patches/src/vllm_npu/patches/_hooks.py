@@ -4,7 +4,7 @@
 
 from __future__ import annotations
 
-from vllm_npu.interface.component import HookContext, Scope
+from vllm_npu.interface import HookContext, Scope
 
 from ._registry import apply_patches
 

@@ -22,9 +22,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from vllm_npu.interface.component import Scope
-from vllm_npu.interface.targets import import_target
-from vllm_npu.interface.versions import parse_range
+from vllm_npu.interface import Scope, import_target, parse_range
 
 from ._errors import PatchError
 

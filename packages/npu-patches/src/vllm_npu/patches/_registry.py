@@ -27,12 +27,16 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from vllm_npu.interface.component import Scope
-from vllm_npu.interface.config import AdditionalConfig, EnvConfig
-from vllm_npu.interface.errors import ConfigError
-from vllm_npu.interface.log import get_logger
-from vllm_npu.interface.settings import ENV_PATCHES
-from vllm_npu.interface.versions import distribution_version, in_range
+from vllm_npu.interface import (
+    ENV_PATCHES,
+    AdditionalConfig,
+    ConfigError,
+    EnvConfig,
+    Scope,
+    distribution_version,
+    get_logger,
+    in_range,
+)
 
 from ._errors import PatchError, PatchFingerprintError
 from ._model import Patch, Target, fingerprint_of, resolve

@@ -19,8 +19,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-from vllm_npu.interface.errors import ConfigError
-from vllm_npu.interface.versions import distribution_version
+from vllm_npu.interface import ConfigError, distribution_version
 
 from ._docs import render_markdown
 from ._registry import PatchRegistry, PatchStatus, get_registry

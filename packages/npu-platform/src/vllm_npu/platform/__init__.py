@@ -26,9 +26,7 @@ _declined_reasons: set[str] = set()  # log each distinct decline reason once per
 
 def register() -> str | None:
     """Return the platform class path if this process should run on the NPU platform, else None."""
-    from vllm_npu.interface.device import current_device
-    from vllm_npu.interface.errors import ConfigError
-    from vllm_npu.interface.log import get_logger
+    from vllm_npu.interface import ConfigError, current_device, get_logger
 
     logger = get_logger(__name__)
     try:
@@ -64,8 +62,7 @@ def _environment_problem() -> str | None:
 
     if not any(k.startswith("VLLM_NPU_") and k != "VLLM_NPU_DEVICE" for k in os.environ):
         return None
-    from vllm_npu.interface.config import EnvConfig
-    from vllm_npu.interface.errors import ConfigError
+    from vllm_npu.interface import ConfigError, EnvConfig
 
     try:
         EnvConfig.from_environ()
@@ -86,7 +83,7 @@ if TYPE_CHECKING:
     from .platform import EmulatedNPUPlatform, NPUPlatform
     from .sample.selftest import selftest_cases
 else:
-    from vllm_npu.interface.lazy import lazy_exports
+    from vllm_npu.interface import lazy_exports
 
     __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 

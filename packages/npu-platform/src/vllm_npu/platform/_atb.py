@@ -15,7 +15,7 @@ before the model loads, and leaves real op objects (not Python wrappers) in plac
 from __future__ import annotations
 
 import torch
-from vllm_npu.interface.errors import DeviceUnavailableError
+from vllm_npu.interface import DeviceUnavailableError
 
 #: What fixes an NNAL problem (its ATB library ships separately from CANN's toolkit).
 NNAL_FIX = (

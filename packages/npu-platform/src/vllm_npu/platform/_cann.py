@@ -12,7 +12,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from vllm_npu.interface.cann import CANN_DEFAULT_HOMES, find_cann_home
+from vllm_npu.interface import CANN_DEFAULT_HOMES, find_cann_home
 
 
 @dataclass(frozen=True)

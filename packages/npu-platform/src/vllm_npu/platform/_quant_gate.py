@@ -23,10 +23,15 @@ from typing import Any
 
 import torch
 from vllm.model_executor.layers.quantization.base_config import QuantizationConfig, QuantizeMethodBase
-from vllm_npu.interface.errors import MissingComponentError
-from vllm_npu.interface.log import get_logger
-from vllm_npu.interface.quant_checkpoint import QUANT_METHOD, is_msmodelslim_quant_config, read_scheme
-from vllm_npu.interface.registry import once, require
+from vllm_npu.interface import (
+    QUANT_METHOD,
+    MissingComponentError,
+    get_logger,
+    is_msmodelslim_quant_config,
+    once,
+    read_scheme,
+    require,
+)
 
 logger = get_logger(__name__)
 

@@ -21,7 +21,7 @@ from datetime import timedelta
 import torch
 import torch.distributed
 from torch.distributed import Backend, PrefixStore, ProcessGroup
-from vllm_npu.interface.errors import ConfigError
+from vllm_npu.interface import ConfigError
 
 #: Backends a stateless group on the NPU can use.
 NPU_BACKENDS = ("hccl",)

@@ -6,7 +6,7 @@ signatures. Checked by ``tests/test_vllm_surface.py`` and ``vllm-npu doctor --vl
 
 from __future__ import annotations
 
-from vllm_npu.interface.vllm_surface import VllmName
+from vllm_npu.interface import VllmName
 
 _RUNNER = "vllm.v1.worker.gpu_model_runner:GPUModelRunner"
 _WORKER = "vllm.v1.worker.gpu_worker:Worker"

@@ -63,8 +63,7 @@ from vllm.v1.kv_cache_interface import KVCacheConfig
 from vllm.v1.utils import CpuGpuBuffer
 from vllm.v1.worker.gpu_model_runner import AsyncGPUModelRunnerOutput, GPUModelRunner
 from vllm.v1.worker.utils import bind_kv_cache
-from vllm_npu.interface.log import get_logger
-from vllm_npu.interface.protocols import report_request_faults
+from vllm_npu.interface import get_logger, report_request_faults
 
 from ._device import _torch_npu, cuda_stream_api_as, cuda_synchronize_as, device_backend
 from .graphs.config import stream_budget
@@ -235,7 +234,7 @@ class NPUModelRunner(GPUModelRunner):
         """vLLM's ``load_lora_model`` with npu-ops' worker LoRA manager in place of vLLM's LRU one: the same manager
         plus a check of each adapter's tensor shapes against the model when it loads (vLLM checks none)."""
         from vllm.model_executor.models import supports_lora, supports_multimodal
-        from vllm_npu.interface.registry import require
+        from vllm_npu.interface import require
 
         require("ops", "LoRA (--enable-lora) on the NPU is provided by the npu-ops layer")
         from vllm_npu.ops.lora import NPUWorkerLoRAManager

@@ -33,7 +33,7 @@ import signal
 import threading
 import time
 
-from vllm_npu.interface.log import get_logger
+from vllm_npu.interface import get_logger
 
 #: multiprocessing names vLLM 0.11 gives the processes it starts: the engine core (vllm/v1/engine/utils.py
 #: CoreEngineProcManager), multiprocessing workers (vllm/v1/executor/multiproc_executor.py), API server processes

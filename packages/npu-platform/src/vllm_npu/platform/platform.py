@@ -20,9 +20,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 from vllm.platforms.interface import Platform, PlatformEnum
-from vllm_npu.interface.device import current_device
-from vllm_npu.interface.log import get_logger
-from vllm_npu.interface.settings import ENV_SETTINGS
+from vllm_npu.interface import ENV_SETTINGS, current_device, get_logger
 
 from ._device import DeviceBackend, EmulatedDevice, NPUDevice
 
@@ -91,7 +89,7 @@ class NPUPlatform(Platform):
         current_device().raise_if_unusable()
         # Validate the VLLM_NPU_* variables here too: errors raised in check_and_update_config reach the user
         # wrapped in pydantic's ValidationError of VllmConfig, this one arrives as the ConfigError itself.
-        from vllm_npu.interface.config import EnvConfig
+        from vllm_npu.interface import EnvConfig
 
         EnvConfig.from_environ()
         super().__init__()
@@ -115,10 +113,13 @@ class NPUPlatform(Platform):
 
     @classmethod
     def check_and_update_config(cls, vllm_config: VllmConfig) -> None:
-        from vllm_npu.interface.ascend_migration import check_ascend_settings
-        from vllm_npu.interface.config import AdditionalConfig, EnvConfig
-        from vllm_npu.interface.errors import ConfigError
-        from vllm_npu.interface.registry import check_installed_set
+        from vllm_npu.interface import (
+            AdditionalConfig,
+            ConfigError,
+            EnvConfig,
+            check_ascend_settings,
+            check_installed_set,
+        )
 
         EnvConfig.from_environ()  # validates every VLLM_NPU_* variable (typos and bad values raise ConfigError)
         extra = vllm_config.additional_config  # vLLM allows any hashable object; ours is a JSON object
@@ -205,7 +206,7 @@ class NPUPlatform(Platform):
         # vLLM calls this before it builds the ModelConfig (and after general plugins loaded, so npu-quant has
         # registered "ascend" if it is here): without the quant layer, "ascend" is registered as the gate that
         # refuses msModelSlim checkpoints with the install command (vLLM would say "Unknown quantization method").
-        from vllm_npu.interface.registry import is_available
+        from vllm_npu.interface import is_available
 
         if not is_available("quant"):
             from ._quant_gate import register_gate
@@ -222,13 +223,13 @@ class NPUPlatform(Platform):
         (``override_quantization_method``) only when config.json has a ``quantization_config``, and both entry
         points build the ``VllmConfig`` (whose ``__post_init__`` calls this hook after it decided the quant config)
         before any worker starts, so the claimed config reaches every process."""
-        from vllm_npu.interface.registry import is_available
+        from vllm_npu.interface import is_available
 
         if not is_available("quant"):
             model_config = vllm_config.model_config
             if model_config is None or model_config.quantization is not None:
                 return
-            from vllm_npu.interface.quant_checkpoint import DESCRIPTION_FILENAME, find_description_file, read_scheme
+            from vllm_npu.interface import DESCRIPTION_FILENAME, find_description_file, read_scheme
 
             if find_description_file(model_config.model) is not None:
                 from ._quant_gate import missing_quant_layer
@@ -252,7 +253,7 @@ class NPUPlatform(Platform):
         has_sink: bool,
         use_sparse: bool = False,
     ) -> str:
-        from vllm_npu.interface.registry import require
+        from vllm_npu.interface import require
 
         require("attention", "the NPU platform runs attention through the npu-attention layer")
         from vllm_npu.attention import select_backend
@@ -288,7 +289,7 @@ class NPUPlatform(Platform):
     @classmethod
     def get_punica_wrapper(cls) -> str:
         # Multi-LoRA shrink/expand kernels and the LoRA layer classes for our linear/embedding classes: npu-ops.
-        from vllm_npu.interface.registry import require
+        from vllm_npu.interface import require
 
         require("ops", "LoRA (--enable-lora) on the NPU is provided by the npu-ops layer")
         return "vllm_npu.ops.lora.PunicaWrapperNPU"  # vLLM resolves a dotted module.attr name, not module:attr

@@ -38,7 +38,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any, Protocol
 
 import torch
-from vllm_npu.interface.log import get_logger
+from vllm_npu.interface import get_logger
 
 from ._device import DeviceBackend
 

@@ -33,11 +33,16 @@ from vllm.platforms import current_platform
 from vllm.v1.kv_cache_interface import KVCacheConfig
 from vllm.v1.utils import report_usage_stats
 from vllm.v1.worker.gpu_worker import Worker, init_worker_distributed_environment
-from vllm_npu.interface.config import AdditionalConfig, EnvConfig
-from vllm_npu.interface.device import DeviceMode, configure_kernels, current_mode
-from vllm_npu.interface.errors import ConfigError
-from vllm_npu.interface.log import get_logger
-from vllm_npu.interface.registry import init_worker
+from vllm_npu.interface import (
+    AdditionalConfig,
+    ConfigError,
+    DeviceMode,
+    EnvConfig,
+    configure_kernels,
+    current_mode,
+    get_logger,
+    init_worker,
+)
 
 from ._device import device_backend
 from .model_runner import NPUModelRunner

@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     from .selftest import selftest_cases
     from .tools.quantizer import quantize_checkpoint
 else:
-    from vllm_npu.interface.lazy import lazy_exports
+    from vllm_npu.interface import lazy_exports
 
     __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 

@@ -5,7 +5,7 @@
 
 from __future__ import annotations
 
-from vllm_npu.interface.vllm_surface import VllmName
+from vllm_npu.interface import VllmName
 
 SURFACE: tuple[VllmName, ...] = (
     VllmName(

@@ -19,8 +19,7 @@ from typing import Any
 
 import torch
 from vllm.model_executor.layers.quantization.base_config import QuantizationConfig, QuantizeMethodBase
-from vllm_npu.interface import get_logger
-from vllm_npu.interface.quant_checkpoint import is_msmodelslim_quant_config
+from vllm_npu.interface import get_logger, is_msmodelslim_quant_config
 
 from .description import (
     DESCRIPTION_FILENAME,

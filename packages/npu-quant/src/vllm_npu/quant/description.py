@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 # The file-level detection contract lives in the interface (the platform applies it without this layer).
-from vllm_npu.interface.quant_checkpoint import (  # noqa: F401 (re-exported: this layer's names for them)
+from vllm_npu.interface import (  # noqa: F401 (re-exported: this layer's names for them)
     DESCRIPTION_FILENAME,
     QUANT_TYPES,
     find_description_file,

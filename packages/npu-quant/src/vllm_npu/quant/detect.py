@@ -15,8 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from vllm_npu.interface import get_logger
-from vllm_npu.interface.quant_checkpoint import DESCRIPTION_FILENAME, QUANT_METHOD, find_description_file
+from vllm_npu.interface import DESCRIPTION_FILENAME, QUANT_METHOD, find_description_file, get_logger
 
 __all__ = ["QUANT_METHOD", "claim_checkpoint"]
 

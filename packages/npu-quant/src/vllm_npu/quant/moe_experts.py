@@ -31,9 +31,7 @@ from collections.abc import Callable
 from typing import cast
 
 import torch
-from vllm_npu.interface import Kernel
-from vllm_npu.interface.errors import KernelContractError
-from vllm_npu.interface.graphs import opaque_reference_op
+from vllm_npu.interface import Kernel, KernelContractError, opaque_reference_op
 
 from . import kernels
 from .params import param

@@ -17,7 +17,7 @@ import math
 from typing import Any
 
 import torch
-from vllm_npu.interface.selftest import KernelCall, KernelCase, randn
+from vllm_npu.interface import KernelCall, KernelCase, randn
 
 from . import kernels
 from .moe_experts import grouped_quant_matmul, grouped_static_matmul, grouped_w4_matmul, quantize_rows

@@ -30,9 +30,7 @@ from typing import Any, ClassVar, TypedDict, cast
 
 import torch
 from vllm.attention.backends.abstract import AttentionBackend, AttentionImpl, AttentionLayer, AttentionType
-from vllm_npu.interface import graphs
-from vllm_npu.interface.device import kernel_backend
-from vllm_npu.interface.errors import ConfigError
+from vllm_npu.interface import ConfigError, Refresh, active_recorder, compiled_step_inputs, kernel_backend, launch
 
 from ..metadata import AscendAttentionMetadataBuilder, AscendAttentionState, AscendMetadata, GraphDecodeInputs
 from ..ops.flash_attention import ENCODER_ATTENTION, PREFILL_NO_CACHE
@@ -64,7 +62,7 @@ class _PaddedStep:
     plan: ClassVar[DecodePlan | None] = None
 
 
-def decode_lens_refresh(layer_name: str, batch: int) -> graphs.Refresh:
+def decode_lens_refresh(layer_name: str, batch: int) -> Refresh:
     """The refresh of a captured decode kernel: this step's sequence lengths of ``layer_name``'s requests, padded to
     the graph's ``batch`` with 1 (padding requests attend to one cached slot; their rows are discarded), and on the
     reference backend the step's :class:`DecodePlan` for exactly that list (the metadata builder's own when no
@@ -238,7 +236,7 @@ class AscendAttentionImpl(AttentionImpl[AscendMetadata]):  # type: ignore[type-v
             raise NotImplementedError("fused output quantization is not supported by the Ascend GQA backend")
         if attn_metadata is None:  # profile / dummy run: nothing to attend to, but the buffer must be written
             return output.zero_()
-        graph = graphs.compiled_step_inputs(getattr(layer, "layer_name", None))
+        graph = compiled_step_inputs(getattr(layer, "layer_name", None))
         if isinstance(graph, GraphDecodeInputs):
             return self._graph_decode(query, key, value, kv_cache, graph, output)
         md = attn_metadata
@@ -279,7 +277,7 @@ class AscendAttentionImpl(AttentionImpl[AscendMetadata]):  # type: ignore[type-v
             # Inside a full decode graph the sequence lengths (host list) are refreshed before every replay.
             refresh = decode_lens_refresh(getattr(layer, "layer_name", ""), len(md.seq_lens_list))
             if self.sliding_window is None:
-                graphs.launch(
+                launch(
                     self.paged_decode,
                     q,
                     key_cache,
@@ -295,14 +293,14 @@ class AscendAttentionImpl(AttentionImpl[AscendMetadata]):  # type: ignore[type-v
                 )
             else:
                 scratch: dict[str, Any] = {}  # tensors; typed Any to pass through launch's keywords
-                if self._npu and graphs.active_recorder() is not None:
+                if self._npu and active_recorder() is not None:
                     # A captured task re-issues only its kernel: mask, LSE and workspace are made here, before it.
                     scratch = paged_decode_window_scratch_npu(
                         q, key_cache, value_cache, md.block_table, md.seq_lens, md.seq_lens_list,
                         sliding_window=self.sliding_window, num_heads=self.num_heads,
                         num_kv_heads=self.num_kv_heads, scale=self.scale,
                     )  # fmt: skip
-                graphs.launch(
+                launch(
                     self.paged_decode_window,
                     q,
                     key_cache,

@@ -50,9 +50,15 @@ from vllm.v1.attention.backends.utils import (
     split_decodes_and_prefills,
 )
 from vllm.v1.kv_cache_interface import AttentionSpec
-from vllm_npu.interface import graphs
-from vllm_npu.interface.device import kernel_backend
-from vllm_npu.interface.errors import ConfigError, KernelContractError
+from vllm_npu.interface import (
+    ConfigError,
+    KernelContractError,
+    Refresh,
+    active_recorder,
+    compiled_step_inputs,
+    kernel_backend,
+    launch,
+)
 
 from ..masks import AttentionMaskBuilder
 from ..metadata import MAX_DECODE_THRESHOLD, GraphDecodeInputs, reject_decode_context_parallel
@@ -293,7 +299,7 @@ class AscendMLAMetadataBuilder(AttentionMetadataBuilder[AscendMLAMetadata]):
         return md
 
 
-def decode_seq_lens_refresh(layer_name: str, batch: int) -> graphs.Refresh:
+def decode_seq_lens_refresh(layer_name: str, batch: int) -> Refresh:
     """The refresh of a captured MLA decode kernel: this step's sequence lengths of ``layer_name``'s decode requests,
     padded to the graph's ``batch`` with 1 (a padding request attends to one cached slot; its row is discarded)."""
 
@@ -364,7 +370,7 @@ class AscendMLAImpl(MLACommonBaseImpl[AscendMLAMetadata]):
             raise NotImplementedError("fused output quantization is not supported by AscendMLABackend")
         if attn_metadata is None:  # profile run: no cache yet; zeros keep DP/EP ranks consistent
             return output.fill_(0)
-        graph = graphs.compiled_step_inputs(getattr(layer, "layer_name", None))
+        graph = compiled_step_inputs(getattr(layer, "layer_name", None))
         if isinstance(graph, GraphDecodeInputs):
             return self._graph_forward(q, k_c_normed, k_pe, kv_cache, graph, output)
 
@@ -443,7 +449,7 @@ class AscendMLAImpl(MLACommonBaseImpl[AscendMLAMetadata]):
             # graph_task_group_begin too); inside the kernel the reshapes are then views.
             ql_nope, q_pe = ql_nope.contiguous(), q_pe.contiguous()
         args = (ql_nope, q_pe, nope, rope, meta.block_table)
-        if self._npu and graphs.active_recorder() is not None:
+        if self._npu and active_recorder() is not None:
             # A captured task is re-issued on the addresses it was captured with: its workspace and softmax_lse must
             # be allocated here, before it (vllm-ascend queries the maximum workspace the same way).
             scratch = {
@@ -451,7 +457,7 @@ class AscendMLAImpl(MLACommonBaseImpl[AscendMLAMetadata]):
                 "lse": ql_nope.new_empty(b),
             }
         # Inside a full decode graph the sequence lengths (a host list) are refreshed before every replay.
-        graphs.launch(
+        launch(
             self._decode, *args, refresh=decode_seq_lens_refresh(layer_name, b), seq_lens=meta.seq_lens_list,
             scale=self.scale, out=latent, **scratch,
         )  # fmt: skip

@@ -29,7 +29,7 @@ from vllm.attention.backends.abstract import AttentionLayer
 from vllm.v1.attention.backends.mla.common import MLACommonBaseImpl
 from vllm.v1.attention.backends.utils import AttentionCGSupport, AttentionMetadataBuilder, CommonAttentionMetadata
 from vllm.v1.kv_cache_interface import AttentionSpec
-from vllm_npu.interface.errors import ConfigError, KernelContractError
+from vllm_npu.interface import ConfigError, KernelContractError
 
 from ..ops.mla_cache import MLA_CACHE_WRITE, latent_cache_planes
 from ..ops.sfa_kernels import SPARSE_MLA_ATTENTION

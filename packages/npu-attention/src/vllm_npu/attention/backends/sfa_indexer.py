@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 from vllm.attention.backends.abstract import AttentionBackend
-from vllm_npu.interface.errors import ConfigError, KernelContractError
+from vllm_npu.interface import ConfigError, KernelContractError
 
 from ..ops.sfa_kernels import INDEXER_CACHE_WRITE, LIGHTNING_INDEXER
 from .sfa import AscendSFAMetadata, AscendSFAMetadataBuilder

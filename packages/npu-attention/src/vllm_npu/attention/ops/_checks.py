@@ -8,7 +8,7 @@ Each raises :class:`~vllm_npu.interface.errors.KernelContractError` naming the k
 from __future__ import annotations
 
 import torch
-from vllm_npu.interface.errors import KernelContractError
+from vllm_npu.interface import KernelContractError
 
 
 def no_soft_cap(logits_soft_cap: float | None, op: str) -> None:

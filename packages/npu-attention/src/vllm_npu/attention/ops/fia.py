@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from typing import cast
 
 import torch
-from vllm_npu.interface.errors import KernelContractError
+from vllm_npu.interface import KernelContractError
 
 #: ``pre_tokens`` / ``next_tokens`` when unused: the kernel's documented default (no band).
 NO_BAND = 2147483647

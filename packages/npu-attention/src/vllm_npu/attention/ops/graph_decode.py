@@ -57,8 +57,7 @@ from __future__ import annotations
 from typing import cast
 
 import torch
-from vllm_npu.interface import Kernel
-from vllm_npu.interface.graphs import opaque_reference_op
+from vllm_npu.interface import Kernel, opaque_reference_op
 
 from ._checks import check_heads, no_soft_cap
 from ._reference import attend

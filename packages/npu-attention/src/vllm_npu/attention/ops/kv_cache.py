@@ -30,8 +30,7 @@ caches.
 from __future__ import annotations
 
 import torch
-from vllm_npu.interface import Kernel
-from vllm_npu.interface.errors import KernelContractError
+from vllm_npu.interface import Kernel, KernelContractError
 
 
 def reshape_and_cache_npu(

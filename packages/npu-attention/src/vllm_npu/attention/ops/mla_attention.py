@@ -12,8 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
-from vllm_npu.interface import Kernel
-from vllm_npu.interface.errors import KernelContractError
+from vllm_npu.interface import Kernel, KernelContractError
 
 from ..masks import masked_value
 from .fia import FIAArgs, fia, fia_max_workspace, fia_out, latent_paged_bnsd

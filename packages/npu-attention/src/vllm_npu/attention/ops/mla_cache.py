@@ -22,8 +22,7 @@ out-of-range indices, so the NPU paths redirect them to slot 0: block 0 is vLLM'
 from __future__ import annotations
 
 import torch
-from vllm_npu.interface import Kernel
-from vllm_npu.interface.errors import KernelContractError
+from vllm_npu.interface import Kernel, KernelContractError
 
 
 def latent_cache_planes(kv_cache: torch.Tensor, kv_lora_rank: int, rope_dim: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -64,7 +64,7 @@ def _model_is_traced() -> bool:
     """Whether the model being built is traced by Dynamo: PIECEWISE graphs (Dynamo pieces) or the torchair mode
     (``torch.compile`` of the decode forward). FULL_DECODE_ONLY graphs capture the eager module as it runs."""
     from vllm.config import CompilationLevel, get_current_vllm_config
-    from vllm_npu.interface.config import AdditionalConfig
+    from vllm_npu.interface import AdditionalConfig
 
     config = get_current_vllm_config()
     if config.compilation_config.level not in (None, CompilationLevel.NO_COMPILATION):

@@ -49,8 +49,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
-from vllm_npu.interface import Kernel
-from vllm_npu.interface.errors import KernelContractError
+from vllm_npu.interface import Kernel, KernelContractError
 
 from ._checks import check_heads, need_mask, no_soft_cap
 from ._reference import _MASKED, attend, gather_pages, gather_sequence, window_allowed

@@ -19,8 +19,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
-from vllm_npu.interface import Kernel
-from vllm_npu.interface.errors import KernelContractError, MissingComponentError
+from vllm_npu.interface import Kernel, KernelContractError, MissingComponentError
 
 from .mla_attention import latent_attention
 

@@ -17,8 +17,7 @@ from __future__ import annotations
 from itertools import accumulate
 
 import torch
-from vllm_npu.interface import Kernel
-from vllm_npu.interface.errors import KernelContractError
+from vllm_npu.interface import Kernel, KernelContractError
 
 from .flash_attention import _attend_packed
 

@@ -15,8 +15,7 @@ during its capture the same way, so it fails where the NPU would, instead of sil
 from __future__ import annotations
 
 import torch
-from vllm_npu.interface import graphs
-from vllm_npu.interface.errors import NPUPluginError
+from vllm_npu.interface import NPUPluginError, active_recorder
 
 
 class HostReadInCaptureError(NPUPluginError, RuntimeError):
@@ -25,7 +24,7 @@ class HostReadInCaptureError(NPUPluginError, RuntimeError):
 
 def capturing() -> bool:
     """Whether a static graph (ACL graph, the emulated twin) is being captured on this thread."""
-    return graphs.active_recorder() is not None
+    return active_recorder() is not None
 
 
 def graph_runtime_step() -> bool:

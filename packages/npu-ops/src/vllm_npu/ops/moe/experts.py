@@ -24,8 +24,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
-from vllm_npu.interface import ConfigError, Kernel, KernelBackend
-from vllm_npu.interface.graphs import opaque_reference_op
+from vllm_npu.interface import ConfigError, Kernel, KernelBackend, opaque_reference_op
 
 from ..swiglu import SWIGLU, swiglu_npu, swiglu_reference  # noqa: F401 (re-exported: the silu activation twins)
 

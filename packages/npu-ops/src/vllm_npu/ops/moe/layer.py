@@ -46,10 +46,15 @@ from typing import Any, ClassVar
 import torch
 from vllm.model_executor.layers.fused_moe.layer import FusedMoE, UnquantizedFusedMoEMethod, determine_expert_map
 from vllm.model_executor.layers.shared_fused_moe.shared_fused_moe import SharedFusedMoE
-from vllm_npu.interface import ConfigError, get_logger
-from vllm_npu.interface.config import AdditionalConfig
-from vllm_npu.interface.device import DeviceMode, current_mode
-from vllm_npu.interface.protocols import runs_layer_moe_plan, traces_moe_in_graph
+from vllm_npu.interface import (
+    AdditionalConfig,
+    ConfigError,
+    DeviceMode,
+    current_mode,
+    get_logger,
+    runs_layer_moe_plan,
+    traces_moe_in_graph,
+)
 
 from .capture import host_ints
 from .comm import AllToAll, coordinator_all_to_all

@@ -11,7 +11,7 @@ Candidates looked at and left out are listed in ``NOT_PATCHED`` with the reason.
 
 from __future__ import annotations
 
-from vllm_npu.interface.component import Scope
+from vllm_npu.interface import Scope
 
 from .._model import Patch
 

@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
-from vllm_npu.interface.protocols import fills_output_buffer
+from vllm_npu.interface import fills_output_buffer
 
 
 def new_output(shape: Sequence[int], dtype: torch.dtype, device: torch.device) -> torch.Tensor:

@@ -25,8 +25,7 @@ def make_replacement(original: Callable[..., Any]) -> Callable[..., Any]:
     """Build ``Scheduler.update_from_output`` that fails the requests the runner reports (``original`` is kept)."""
     from vllm.v1.engine import EngineCoreOutput, EngineCoreOutputs, FinishReason
     from vllm.v1.request import RequestStatus
-    from vllm_npu.interface.log import get_logger
-    from vllm_npu.interface.protocols import request_faults_of
+    from vllm_npu.interface import get_logger, request_faults_of
 
     logger = get_logger("vllm_npu.patches.request_faults")
 

@@ -24,7 +24,7 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
-from vllm_npu.interface.log import get_logger
+from vllm_npu.interface import get_logger
 
 logger = get_logger(__name__)
 

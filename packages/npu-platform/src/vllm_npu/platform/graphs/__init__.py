@@ -5,7 +5,7 @@ device's twin (:mod:`.emulated.twin`), the graph mode of an engine (:mod:`.confi
 (:mod:`.sizes`); the torchair mode (:mod:`.torchair`: the decode forward compiled per batch size, with its compile
 cache :mod:`.compile_cache`). Importing this package costs nothing."""
 
-from vllm_npu.interface.errors import NPUPluginError
+from vllm_npu.interface import NPUPluginError
 
 WRAPPER_CLS = "vllm_npu.platform.graphs.wrapper.NPUGraphWrapper"
 

@@ -33,7 +33,7 @@ from typing import Any
 
 import torch
 from torch.utils import _pytree as pytree
-from vllm_npu.interface.graphs import Prepare, Refresh, check_task_result, recording
+from vllm_npu.interface import Prepare, Refresh, check_task_result, recording
 
 from . import GraphInputMovedError
 from ._reads import CapturedReads, owner, tensor_labels

@@ -59,7 +59,7 @@ _VERSIONED = ("vllm", "torch", "torch_npu", "npu-interface", "npu-platform", "np
 
 def default_cache_root(subdir: str = DEFAULT_SUBDIR) -> Path:
     """``<VLLM_NPU_CACHE_DIR>/<subdir>`` (``VLLM_NPU_CACHE_DIR`` defaults to ``$XDG_CACHE_HOME/vllm-npu``)."""
-    from vllm_npu.interface.config import EnvConfig
+    from vllm_npu.interface import EnvConfig
 
     base = EnvConfig.from_environ().CACHE_DIR or os.path.join(
         os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "vllm-npu"

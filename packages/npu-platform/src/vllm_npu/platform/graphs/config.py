@@ -39,8 +39,7 @@ import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from vllm_npu.interface.errors import ConfigError
-from vllm_npu.interface.log import get_logger
+from vllm_npu.interface import ConfigError, get_logger
 
 from .sizes import StreamBudget, thin_sizes
 
@@ -149,7 +148,7 @@ def sparse_attention(vllm_config: VllmConfig) -> bool:
 
 
 def _quant_refusal(vllm_config: VllmConfig, moe: bool) -> str | None:
-    from vllm_npu.interface.quant_checkpoint import QUANT_METHOD, expert_quant_types, quant_types
+    from vllm_npu.interface import QUANT_METHOD, expert_quant_types, quant_types
 
     model = vllm_config.model_config
     method = getattr(model, "quantization", None)
@@ -174,7 +173,7 @@ def _quant_refusal(vllm_config: VllmConfig, moe: bool) -> str | None:
 
 
 def _moe_refusal(vllm_config: VllmConfig) -> str | None:
-    from vllm_npu.interface.config import AdditionalConfig
+    from vllm_npu.interface import AdditionalConfig
 
     parallel = vllm_config.parallel_config
     if getattr(parallel, "data_parallel_size", 1) > 1 and (
@@ -334,7 +333,7 @@ def stream_budget(vllm_config: VllmConfig, mode: str) -> StreamBudget:
     PIECEWISE captures ``layers + 1`` pieces per size (this pipeline stage's layers: a device holds only its stage's
     pieces; vllm-ascend counts the whole model's layers, the same without pipeline parallel), plus the draft model's
     ``layers + 1`` with an EAGLE/MTP speculative config; FULL_DECODE_ONLY one graph (the draft runs eagerly there)."""
-    from vllm_npu.interface.config import AdditionalConfig
+    from vllm_npu.interface import AdditionalConfig
 
     p = vllm_config.parallel_config
     tp, dp = getattr(p, "tensor_parallel_size", 1), getattr(p, "data_parallel_size", 1)

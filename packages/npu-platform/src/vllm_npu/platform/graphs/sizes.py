@@ -32,7 +32,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from vllm_npu.interface.errors import NPUPluginError
+from vllm_npu.interface import NPUPluginError
 
 #: ACL streams per device (CANN 8) and the part of them captured graphs may hold.
 DEVICE_STREAMS = 2048

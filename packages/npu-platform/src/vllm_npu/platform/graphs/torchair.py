@@ -54,10 +54,7 @@ import torch
 from vllm.compilation.cuda_graph import CUDAGraphOptions, CUDAGraphWrapper
 from vllm.config import CUDAGraphMode, VllmConfig
 from vllm.forward_context import get_forward_context
-from vllm_npu.interface.config import AdditionalConfig
-from vllm_npu.interface.graphs import COMPILED_STEP
-from vllm_npu.interface.log import get_logger
-from vllm_npu.interface.protocols import graph_inputs_of
+from vllm_npu.interface import COMPILED_STEP, AdditionalConfig, get_logger, graph_inputs_of
 
 from .compile_cache import CompileCache, default_cache_root, kv_cache_layout, worker_cache
 from .config import sparse_attention

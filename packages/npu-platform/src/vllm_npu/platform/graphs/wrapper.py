@@ -38,7 +38,7 @@ from vllm.compilation.cuda_graph import CUDAGraphEntry, CUDAGraphOptions, CUDAGr
 from vllm.compilation.monitor import validate_cudagraph_capturing_enabled
 from vllm.config import CUDAGraphMode, VllmConfig
 from vllm.forward_context import get_forward_context
-from vllm_npu.interface.log import get_logger
+from vllm_npu.interface import get_logger
 
 from .._device import device_backend
 
@@ -135,7 +135,7 @@ def engine_wrappers(vllm_config: VllmConfig) -> list[CUDAGraphWrapper]:
 
 
 def _emulated_compile(vllm_config: VllmConfig) -> str:
-    from vllm_npu.interface.config import AdditionalConfig
+    from vllm_npu.interface import AdditionalConfig
 
     # The platform refused a non-object --additional-config when it checked the config.
     extra = vllm_config.additional_config
@@ -146,7 +146,7 @@ def _twin_compile_cache(vllm_config: VllmConfig) -> CompileCache | None:
     """The on-disk cache of compiled twin pieces (``<VLLM_NPU_CACHE_DIR>/emulated_compile``), None when vLLM's own
     compile cache is turned off (``VLLM_DISABLE_COMPILE_CACHE=1``)."""
     import vllm.envs as envs
-    from vllm_npu.interface.config import AdditionalConfig
+    from vllm_npu.interface import AdditionalConfig
 
     from .compile_cache import EMULATED_COMPILE_SUBDIR, default_cache_root, worker_cache
 

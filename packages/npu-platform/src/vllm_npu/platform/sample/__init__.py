@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from .request_faults import isolated_request_logitsprocs
     from .topk_topp import TOP_K_TOP_P, NPUTopKTopPSampler
 else:
-    from vllm_npu.interface.lazy import lazy_exports
+    from vllm_npu.interface import lazy_exports
 
     __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 

@@ -43,8 +43,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from vllm_npu.interface import Kernel
-from vllm_npu.interface.log import get_logger
+from vllm_npu.interface import Kernel, get_logger
 
 logger = get_logger(__name__)
 

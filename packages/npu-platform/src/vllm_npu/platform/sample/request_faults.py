@@ -18,7 +18,7 @@ from functools import partial
 from typing import Any
 
 import torch
-from vllm_npu.interface.log import get_logger
+from vllm_npu.interface import get_logger
 
 logger = get_logger(__name__)
 

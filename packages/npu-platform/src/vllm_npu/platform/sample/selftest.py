@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from vllm_npu.interface.selftest import KernelCall, KernelCase, randn
+from vllm_npu.interface import KernelCall, KernelCase, randn
 
 from .grammar import GRAMMAR_BITMASK
 from .topk_topp import NPU_TOP_K_MAX, TOP_K_TOP_P

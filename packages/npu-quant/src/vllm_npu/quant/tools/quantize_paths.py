@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from vllm_npu.interface.staging import is_empty_dir
+from vllm_npu.interface import is_empty_dir
 
 from ..description import DESCRIPTION_FILENAME
 

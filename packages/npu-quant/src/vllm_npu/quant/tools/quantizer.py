@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from vllm_npu.interface.staging import staged_directory
+from vllm_npu.interface import staged_directory
 
 from ..description import DESCRIPTION_FILENAME, MOE_SCHEMES
 from ..schemes.w4a4_flatquant import decompose_dim

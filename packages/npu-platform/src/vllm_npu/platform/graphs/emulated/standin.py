@@ -41,7 +41,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
-from vllm_npu.interface.log import get_logger
+from vllm_npu.interface import get_logger
 
 from .. import GraphInputMovedError
 

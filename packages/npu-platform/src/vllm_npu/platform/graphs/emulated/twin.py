@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.utils import _pytree as pytree
-from vllm_npu.interface.graphs import Prepare, Refresh, check_task_result, recording
+from vllm_npu.interface import Prepare, Refresh, check_task_result, recording
 
 from .. import GraphInputMovedError
 from .._reads import CapturedReads, tensor_labels

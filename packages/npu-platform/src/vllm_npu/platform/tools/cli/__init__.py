@@ -85,8 +85,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _missing(name: str, sub: Subcommand) -> int:
-    from vllm_npu.interface.errors import LAYER_DISTRIBUTIONS, MissingComponentError
-    from vllm_npu.interface.versions import distribution_version
+    from vllm_npu.interface import LAYER_DISTRIBUTIONS, MissingComponentError, distribution_version
 
     if importlib.util.find_spec(f"vllm_npu.{sub.layer}") is None:
         print(
@@ -110,7 +109,7 @@ def _resolve(sub: Subcommand) -> Callable[[list[str]], int | None] | None:
             return None
     except ModuleNotFoundError:  # a parent package is missing
         return None
-    from vllm_npu.interface.targets import import_target
+    from vllm_npu.interface import import_target
 
     func: Callable[[list[str]], int | None] = import_target(sub.target, what="vllm-npu subcommand")
     return func

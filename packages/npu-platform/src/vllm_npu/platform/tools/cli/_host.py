@@ -16,7 +16,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from vllm_npu.interface.versions import distribution_version
+from vllm_npu.interface import distribution_version
 
 from ..._cann import CannInstall
 

@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, NamedTuple
 
-from vllm_npu.interface.errors import LAYER_DISTRIBUTIONS, MissingComponentError, install_command
+from vllm_npu.interface import LAYER_DISTRIBUTIONS, MissingComponentError, install_command
 
 #: ``(atol, rtol)`` per case dtype for float outputs (a bf16 kernel's float32 side outputs, e.g. an rstd or an LSE,
 #: take the bf16 tolerance). About two units in the last place of each format at magnitude 1.

@@ -20,7 +20,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 import torch
-from vllm_npu.interface.device import DeviceMode
+from vllm_npu.interface import DeviceMode
 
 from ._kernel_check import TOLERANCES
 
@@ -44,7 +44,7 @@ def _row(check: str, status: str, detail: str, seconds: float) -> dict[str, Any]
 def _run_case(case: GraphTaskCase) -> dict[str, Any]:
     """Capture ``case`` with its lengths, update it to :data:`REPLAY_LENS` with new query values, replay, and compare
     with the eager call (see the module docstring)."""
-    from vllm_npu.interface import graphs
+    from vllm_npu.interface import launch
 
     from ..._device import device_backend
 
@@ -55,7 +55,7 @@ def _run_case(case: GraphTaskCase) -> dict[str, Any]:
     state = {"lens": list(capture_lens)}
 
     def step(q: torch.Tensor) -> None:
-        graphs.launch(
+        launch(
             kernel, q, *args, refresh=lambda: {lens_key: list(state["lens"])}, prepare=prepare,
             **{lens_key: list(state["lens"])}, out=out, **params,
         )  # fmt: skip
@@ -92,7 +92,7 @@ def _run_case(case: GraphTaskCase) -> dict[str, Any]:
 
 def graph_rows(mode: DeviceMode) -> list[dict[str, Any]]:
     """The GQA and MLA graph-task rows on this device (skipped without npu-attention)."""
-    from vllm_npu.interface.registry import is_available
+    from vllm_npu.interface import is_available
 
     if not is_available("attention"):
         return [

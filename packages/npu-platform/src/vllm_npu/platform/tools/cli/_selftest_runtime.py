@@ -34,7 +34,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, cast
 
-from vllm_npu.interface.device import DeviceMode
+from vllm_npu.interface import DeviceMode
 
 PASS, FAIL, SKIP = "pass", "FAIL", "skip"
 #: Capture sizes of the graph legs: the selftest's three prompts need no more.

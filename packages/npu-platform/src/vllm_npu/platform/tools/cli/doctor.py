@@ -23,13 +23,22 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from vllm_npu.interface.ascend_migration import find_ascend_settings
-from vllm_npu.interface.cann import CANN_HOME_VARS, CANN_OPP_VAR
-from vllm_npu.interface.config import EnvConfig
-from vllm_npu.interface.device import decide_device, probe_npu
-from vllm_npu.interface.errors import LAYER_DISTRIBUTIONS, ConfigError, install_command
-from vllm_npu.interface.registry import discover
-from vllm_npu.interface.versions import INTERFACE_VERSION, SUPPORTED_VLLM, distribution_version, in_range
+from vllm_npu.interface import (
+    CANN_HOME_VARS,
+    CANN_OPP_VAR,
+    INTERFACE_VERSION,
+    LAYER_DISTRIBUTIONS,
+    SUPPORTED_VLLM,
+    ConfigError,
+    EnvConfig,
+    decide_device,
+    discover,
+    distribution_version,
+    find_ascend_settings,
+    in_range,
+    install_command,
+    probe_npu,
+)
 
 from ..._cann import CannInstall, find_cann
 from ..._version import __version__
@@ -107,7 +116,7 @@ def _vllm_plugins(environ: Mapping[str, str], device_active: bool, components: d
 
 def _vllm_surface() -> dict[str, Any]:
     """Every layer's vLLM internals checked against the installed vLLM (imports vLLM and the owners' modules)."""
-    from vllm_npu.interface.vllm_surface import check_surface, installed_surface
+    from vllm_npu.interface import check_surface, installed_surface
 
     try:
         tables = installed_surface()

@@ -37,8 +37,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from vllm_npu.interface.device import DeviceMode, decide_device, reset_device_selection
-from vllm_npu.interface.errors import ConfigError
+from vllm_npu.interface import ConfigError, DeviceMode, decide_device, reset_device_selection
 
 from . import _kernel_check as kc
 

@@ -65,7 +65,7 @@ def build_tokenizer(text: str, vocab_size: int = VOCAB_SIZE):
 
 def cache_dir() -> Path:
     """``VLLM_NPU_CACHE_DIR`` (read through the validated environment schema), else ``$XDG_CACHE_HOME/vllm-npu``."""
-    from vllm_npu.interface.config import EnvConfig
+    from vllm_npu.interface import EnvConfig
 
     base = EnvConfig.from_environ().CACHE_DIR or os.path.join(
         os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "vllm-npu"
@@ -165,7 +165,7 @@ def ensure_demo_model() -> tuple[Path, bool]:
     """
     import shutil
 
-    from vllm_npu.interface.staging import staged_directory
+    from vllm_npu.interface import staged_directory
 
     out = demo_model_dir()
     if (out / ".complete").exists():
