@@ -52,7 +52,9 @@ def test_worker_hook_applies_worker_patches_and_reads_additional_config(monkeypa
             "installed": False,
         }
     finally:
-        revert_patches(ids=["repetition-penalty-torch"])
+        # Every worker patch the hook applied, not only the one checked: a patch left applied in the process-wide
+        # registry leaks into later test modules of this pytest process.
+        revert_patches(ids=[pid for pid, (s, _) in patch_status().items() if s is PatchStatus.APPLIED])
     assert not hasattr(ops.apply_repetition_penalties, "__vllm_npu_patch__")
 
 
