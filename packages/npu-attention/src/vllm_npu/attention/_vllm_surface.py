@@ -18,5 +18,11 @@ SURFACE: tuple[VllmName, ...] = (
         "it; the "
         "batch reordering of the model runner reads the result",
         signature="(self, reorder_batch_threshold=1, supports_spec_as_decode=False)",
+        changes=(
+            (
+                "0.11.1",
+                "(self, reorder_batch_threshold=1, supports_spec_as_decode=False, supports_dcp_with_varlen=False)",
+            ),
+        ),
     ),
 )

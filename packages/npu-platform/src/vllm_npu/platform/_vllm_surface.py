@@ -62,6 +62,7 @@ SURFACE: tuple[VllmName, ...] = (
         _MODEL_RUNNER,
         "initialize_kv_cache_tensors shapes those KV caches through it",
         signature="(self, kv_cache_config, kv_cache_raw_tensors)",
+        changes=(("0.11.1", "(self, kv_cache_config, kv_cache_raw_tensors, kernel_block_sizes)"),),
     ),
     VllmName(
         _RUNNER,
@@ -71,6 +72,7 @@ SURFACE: tuple[VllmName, ...] = (
         _MODEL_RUNNER,
         "the override binds DeepSeek-V3.2's MLA and indexer caches, which vLLM's bind_kv_cache rejects off CUDA",
         signature="(self, kv_cache_config)",
+        changes=(("0.11.1", "(self, kv_cache_config, kernel_block_sizes)"),),
     ),
     VllmName(
         _RUNNER,
@@ -169,9 +171,17 @@ SURFACE: tuple[VllmName, ...] = (
         "method",
         "overrides",
         _PLATFORM_MODULE,
-        "vLLM calls the override with these arguments to pick the attention backend",
+        "vLLM calls the override with these arguments to pick the attention backend (from 0.11.1 vLLM still calls "
+        "an override that has use_v1 the old way, plus attn_type as a tenth argument, which ours accepts)",
         signature="(selected_backend, head_size, dtype, kv_cache_dtype, block_size, use_v1, use_mla, has_sink, "
         "use_sparse)",
+        changes=(
+            (
+                "0.11.1",
+                "(selected_backend, head_size, dtype, kv_cache_dtype, block_size, use_mla, has_sink, use_sparse, "
+                "attn_type=None)",
+            ),
+        ),
     ),
     VllmName(
         _PLATFORM,
@@ -259,6 +269,14 @@ SURFACE: tuple[VllmName, ...] = (
         "estimate_graph_memory measures one eager forward at the largest capture size through it",
         signature="(self, num_tokens, cudagraph_runtime_mode=None, force_attention=False, uniform_decode=False, "
         "allow_microbatching=True, skip_eplb=False, is_profile=False, create_mixed_batch=False, remove_lora=True)",
+        changes=(
+            (
+                "0.11.1",
+                "(self, num_tokens, cudagraph_runtime_mode=None, force_attention=False, uniform_decode=False, "
+                "allow_microbatching=True, skip_eplb=False, is_profile=False, create_mixed_batch=False, "
+                "remove_lora=True, activate_lora=False)",
+            ),
+        ),
     ),
     VllmName(
         _RUNNER,

@@ -356,11 +356,17 @@ class NPUModelRunner(GPUModelRunner):
         n = self._num_attn_module()
         return len({extract_layer_index(name, n) for name in names}) < len(names)
 
-    def initialize_kv_cache_tensors(self, kv_cache_config: KVCacheConfig) -> dict[str, torch.Tensor]:
-        """Allocate, shape and bind the KV caches; returns layer name -> cache tensor (vLLM's contract)."""
+    def initialize_kv_cache_tensors(
+        self, kv_cache_config: KVCacheConfig, *kernel_block_sizes: list[int]
+    ) -> dict[str, torch.Tensor]:
+        """Allocate, shape and bind the KV caches; returns layer name -> cache tensor (vLLM's contract).
+
+        ``kernel_block_sizes`` (one block size per KV-cache group) is the argument vLLM 0.11.1 added to this method
+        and to ``_reshape_kv_cache_tensors``: passed through when vLLM gives it, absent on 0.11.0."""
         if not self._cache_layers_share_an_index(kv_cache_config):
-            return super().initialize_kv_cache_tensors(kv_cache_config)
-        kv_caches = self._reshape_kv_cache_tensors(kv_cache_config, self._allocate_kv_cache_tensors(kv_cache_config))
+            return super().initialize_kv_cache_tensors(kv_cache_config, *kernel_block_sizes)
+        raw = self._allocate_kv_cache_tensors(kv_cache_config)
+        kv_caches = self._reshape_kv_cache_tensors(kv_cache_config, raw, *kernel_block_sizes)
         for layer_name, target_layer_name in self.shared_kv_cache_layers.items():
             kv_caches[layer_name] = kv_caches[target_layer_name]
         n = self._num_attn_module()

@@ -38,10 +38,10 @@ from typing import Any
 
 import torch
 from vllm.forward_context import get_forward_context
-from vllm.model_executor.layers.mla import MultiHeadLatentAttention
 from vllm_npu.interface.device import Kernel
 
 from ..backends.mla import AscendMLAImpl, AscendMLAMetadata
+from .mla_base import VllmMLALayer
 from .mla_cache import KV_RMSNORM_ROPE_CACHE, interleave_rope_reference, latent_cache_planes
 
 
@@ -73,7 +73,7 @@ def _model_is_traced() -> bool:
     return AdditionalConfig.from_vllm(extra if isinstance(extra, Mapping) else None).graph_mode == "torchair"
 
 
-def _fusable(layer: MultiHeadLatentAttention) -> bool:
+def _fusable(layer: VllmMLALayer) -> bool:
     rope = layer.rotary_emb
     norm = layer.kv_a_layernorm
     return (
@@ -89,8 +89,9 @@ def _fusable(layer: MultiHeadLatentAttention) -> bool:
     )
 
 
-class AscendMultiHeadLatentAttention(MultiHeadLatentAttention):
-    """Registered for vLLM's ``MultiHeadLatentAttention`` (``CustomOp.register_oot``, by the attention layer's hooks)."""
+class AscendMultiHeadLatentAttention(VllmMLALayer):
+    """Registered for vLLM's MLA layer (``MultiHeadLatentAttention``, ``MultiHeadLatentAttentionWrapper`` from 0.11.1;
+    :mod:`.mla_base`) through ``CustomOp.register_oot``, by the attention layer's hooks."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
