@@ -19,14 +19,13 @@ from __future__ import annotations
 import ast
 import importlib
 import inspect
-import re
 import textwrap
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from .errors import LAYER_DISTRIBUTIONS
-from .versions import distribution_version
+from .versions import distribution_version, release_key
 
 #: How a layer relies on a name; ``method``: a function on a class (its signature is compared), ``attribute``: a
 #: class attribute, ``instance_attribute``: an attribute vLLM's ``__init__`` (or another method) stores on ``self``,
@@ -87,7 +86,7 @@ class VllmName:
             raise ValueError(f"{where}: a method records its signature, the other kinds record none")
         if not self.used_by or not self.why.strip():
             raise ValueError(f"{where}: used_by and why are required")
-        releases = [_release_key(release) for release, _ in self.changes]
+        releases = [release_key(release) for release, _ in self.changes]
         if releases != sorted(releases) or len(set(releases)) != len(releases):
             raise ValueError(f"{where}: changes must be in release order, one per release")
         for release, value in self.changes:
@@ -98,7 +97,7 @@ class VllmName:
         """What this entry is on ``vllm_version``: its signature (None for the other kinds) or ``REMOVED``."""
         current = self.signature
         for release, value in self.changes:
-            if _release_key(vllm_version) >= _release_key(release):
+            if release_key(vllm_version) >= release_key(release):
                 current = value
         return current
 
@@ -106,19 +105,6 @@ class VllmName:
     def qualname(self) -> str:
         """``Class.name`` (or ``module.name``), the way messages name it."""
         return f"{self.owner.rpartition(':')[2] if ':' in self.owner else self.owner}.{self.name}"
-
-
-def _release_key(version: str) -> tuple[int, ...]:
-    """``"0.11.2"`` (or ``"0.11.2+cpu"``, ``"0.12.0rc1"``) -> ``(0, 11, 2)``: release order without packaging."""
-    parts: list[int] = []
-    for part in version.split("+")[0].split("."):
-        match = re.match(r"\d+", part)
-        if match is None:
-            break
-        parts.append(int(match.group()))
-        if match.end() != len(part):
-            break
-    return tuple(parts)
 
 
 def signature_text(obj: Any) -> str:

@@ -45,7 +45,9 @@ from __future__ import annotations
 
 import gc
 import time
+from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
+from types import SimpleNamespace
 from typing import Any, cast
 
 import torch
@@ -74,6 +76,9 @@ logger = get_logger(__name__)
 
 # Smallest emulated profile run (tokens): a few prefill chunks' worth, enough to run every kernel path of a batch.
 EMULATED_PROFILE_MIN_TOKENS = 256
+
+#: vLLM 0.11.1 split sampling out of ``execute_model`` into ``sample_tokens(grammar_output)`` (read off the class).
+SPLIT_SAMPLING = hasattr(GPUModelRunner, "sample_tokens")
 
 
 def device_backend() -> type[DeviceBackend]:
@@ -165,24 +170,50 @@ class NPUModelRunner(GPUModelRunner):
         return out
 
     def execute_model(self, scheduler_output: Any, intermediate_tensors: Any | None = None) -> Any:
+        if SPLIT_SAMPLING:
+            # vLLM 0.11.1: the forward only; sampling (and the grammar bitmask) is sample_tokens' step.
+            return self._step(lambda: super(NPUModelRunner, self).execute_model(scheduler_output, intermediate_tensors))
         # The grammar bitmask is applied by _sample (sample.grammar: every logits dtype, per-request faults), so
         # vLLM's own apply_grammar_bitmask must not see it; the scheduler's object gets it back afterwards.
         bitmask, scheduler_output.grammar_bitmask = scheduler_output.grammar_bitmask, None
         self._grammar_step = (scheduler_output, bitmask) if bitmask is not None else None
-        self._request_faults: dict[str, str] = {}
         try:
-            # vLLM's execute_model makes CUDA streams/events only for async scheduling (AsyncGPUModelRunnerOutput;
-            # dual-batch overlap would too, but the platform refuses it); otherwise the shim's swap of torch.cuda's
-            # names is per-step cost for nothing (the events of __init__ were made under the shim already).
-            if self.use_async_scheduling:
-                with cuda_stream_api_as(self.device_backend):
-                    output = super().execute_model(scheduler_output, intermediate_tensors)
-            else:
-                output = super().execute_model(scheduler_output, intermediate_tensors)
+            return self._step(lambda: super(NPUModelRunner, self).execute_model(scheduler_output, intermediate_tensors))
         finally:
             scheduler_output.grammar_bitmask = bitmask
             self._grammar_step = None
-        if self._request_faults:
+
+    def sample_tokens(self, grammar_output: Any | None) -> Any:
+        """vLLM 0.11.1's sampling step (it split sampling out of ``execute_model``). Its grammar bitmask goes to
+        :meth:`_sample` as on 0.11.0 (vLLM's own ``apply_grammar_bitmask`` gets None)."""
+        state = getattr(self, "execute_model_state", None)
+        if grammar_output is not None and state is not None:
+            # The scheduler's (request -> bitmask row) order and the step's draft tokens, as 0.11.0's SchedulerOutput
+            # carried them for sample.grammar.structured_rows.
+            step = SimpleNamespace(
+                structured_output_request_ids={
+                    r: i for i, r in enumerate(grammar_output.structured_output_request_ids)
+                },
+                scheduled_spec_decode_tokens=state[0].scheduled_spec_decode_tokens,
+            )
+            self._grammar_step = (step, grammar_output.grammar_bitmask)
+        try:
+            return self._step(lambda: getattr(super(NPUModelRunner, self), "sample_tokens")(None))
+        finally:
+            self._grammar_step = None
+
+    def _step(self, run: Callable[[], Any]) -> Any:
+        """Run one vLLM step method, reporting the requests whose own logits processing failed on its output."""
+        self._request_faults: dict[str, str] = {}
+        # vLLM's execute_model makes CUDA streams/events only for async scheduling (AsyncGPUModelRunnerOutput;
+        # dual-batch overlap would too, but the platform refuses it); otherwise the shim's swap of torch.cuda's
+        # names is per-step cost for nothing (the events of __init__ were made under the shim already).
+        if self.use_async_scheduling:
+            with cuda_stream_api_as(self.device_backend):
+                output = run()
+        else:
+            output = run()
+        if self._request_faults and output is not None:
             # AsyncGPUModelRunnerOutput hands the scheduler its inner ModelRunnerOutput (get_output()).
             inner = output._model_runner_output if isinstance(output, AsyncGPUModelRunnerOutput) else output
             report_request_faults(inner, self._request_faults)

@@ -58,6 +58,7 @@ from vllm.platforms import current_platform
 from vllm.v1.kv_cache_interface import KVCacheConfig
 from vllm.v1.utils import report_usage_stats
 from vllm.v1.worker.gpu_worker import Worker, init_worker_distributed_environment
+from vllm_npu.interface.compilation import compilation_level
 from vllm_npu.interface.config import AdditionalConfig, EnvConfig
 from vllm_npu.interface.device import DeviceMode, configure_kernels, current_mode
 from vllm_npu.interface.errors import ConfigError
@@ -441,7 +442,7 @@ class NPUWorker(Worker):
             # that count them: the MLA backend's).
             "multi_token_decode_builds": _multi_token_decode_builds(runner),
             "rank": self.rank,
-            "compilation_level": self.vllm_config.compilation_config.level,
+            "compilation_level": compilation_level(self.vllm_config.compilation_config),
             "piecewise_graphs_seen": compilation_counter.num_piecewise_graphs_seen,
             "cudagraph_mode": cudagraph_mode.name,
             "capture_sizes": sorted(self.vllm_config.compilation_config.cudagraph_capture_sizes or []),

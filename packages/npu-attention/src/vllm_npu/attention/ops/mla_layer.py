@@ -63,11 +63,12 @@ INTERLEAVE_ROPE = Kernel("interleave_rope", npu=interleave_rope_npu, reference=i
 def _model_is_traced() -> bool:
     """Whether the model being built is traced by Dynamo: PIECEWISE graphs (Dynamo pieces) or the torchair mode
     (``torch.compile`` of the decode forward). FULL_DECODE_ONLY graphs capture the eager module as it runs."""
-    from vllm.config import CompilationLevel, get_current_vllm_config
+    from vllm.config import get_current_vllm_config
+    from vllm_npu.interface.compilation import NO_COMPILATION, compilation_level
     from vllm_npu.interface.config import AdditionalConfig
 
     config = get_current_vllm_config()
-    if config.compilation_config.level not in (None, CompilationLevel.NO_COMPILATION):
+    if compilation_level(config.compilation_config) not in (None, NO_COMPILATION):
         return True
     extra = config.additional_config  # the platform refused a non-object --additional-config already
     return AdditionalConfig.from_vllm(extra if isinstance(extra, Mapping) else None).graph_mode == "torchair"
