@@ -198,7 +198,7 @@ class NPUModelRunner(GPUModelRunner):
             )
             self._grammar_step = (step, grammar_output.grammar_bitmask)
         try:
-            return self._step(lambda: getattr(super(NPUModelRunner, self), "sample_tokens")(None))
+            return self._step(lambda: cast(Any, super(NPUModelRunner, self)).sample_tokens(None))
         finally:
             self._grammar_step = None
 

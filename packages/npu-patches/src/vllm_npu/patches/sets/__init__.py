@@ -1,6 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
-"""The built-in patch set for the vLLM 0.11 line (written on 0.11.0; ``changes`` record 0.11.1's reviewed code): pure declarations (strings only), so importing this module is cheap.
+"""The built-in patch set for the vLLM 0.11 line (written on 0.11.0; ``changes`` record the code of 0.11.1 and
+0.11.2, reviewed): pure declarations (strings only), so importing this module is cheap.
 
 Each patch states the behaviour that fails (or costs) without it, its upstream reference and its removal plan.
 Implementations live beside this file and are imported only when a patch is applied. The rendered table is

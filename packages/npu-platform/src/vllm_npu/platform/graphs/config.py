@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from vllm_npu.interface.errors import ConfigError
 from vllm_npu.interface.log import get_logger
