@@ -18,6 +18,7 @@ from npu_testkit.graph_e2e import (
     graph_engine,
     runtime_info,
 )
+from vllm_npu.interface.compilation import compilation_level
 
 pytestmark = pytest.mark.engine
 
@@ -32,7 +33,11 @@ def llm(tiny_qwen2, tmp_path_factory):
 
 def test_pieces_are_captured_per_size(llm):
     comp = llm.llm_engine.vllm_config.compilation_config
-    assert comp.level == 3 and not comp.use_inductor and "vllm.unified_attention_with_output" in comp.splitting_ops
+    assert (
+        compilation_level(comp) == 3
+        and not comp.use_inductor
+        and "vllm.unified_attention_with_output" in comp.splitting_ops
+    )
     info = runtime_info(llm)
     assert info["cudagraph_mode"] == "PIECEWISE" and info["capture_sizes"] == CAPTURE_SIZES
     # 2 decoder layers -> 3 pieces, each captured once per size; vLLM's own counter agrees.
