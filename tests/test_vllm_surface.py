@@ -197,6 +197,17 @@ def _is_foreign_import(imports: dict[str, tuple[str, str | None]], node: ast.exp
     return not _is_vllm(module_name) and not module_name.startswith("vllm_npu")
 
 
+def _class_attributes(node: ast.ClassDef) -> list[str]:
+    """Names a class body assigns (``_cudagraph_support = ...``): class attributes that override vLLM's."""
+    names = []
+    for stmt in node.body:
+        targets = (
+            stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target] if isinstance(stmt, ast.AnnAssign) else []
+        )
+        names += [t.id for t in targets if isinstance(t, ast.Name)]
+    return names
+
+
 def _class_nodes(module_name: str, tree: ast.Module) -> dict[str, ast.ClassDef]:
     return {f"{module_name}:{n.name}": n for n in tree.body if isinstance(n, ast.ClassDef)}
 
@@ -226,6 +237,8 @@ def scan() -> Scan:
                 result.mentions[module_name].add(node.name)
             elif isinstance(node, ast.Attribute):
                 result.mentions[module_name].add(node.attr)
+            elif isinstance(node, ast.ClassDef):
+                result.mentions[module_name].update(_class_attributes(node))
 
         # Classes of ours on top of vLLM classes, and every class of ours in their MRO (mixins).
         for node in tree.body:
@@ -240,6 +253,7 @@ def scan() -> Scan:
                     continue
                 body = class_nodes[key]
                 names = [n.name for n in body.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
+                names += _class_attributes(body)
                 names += [name for recv, name, _ in _attribute_uses(body) if _self_receiver(recv)]
                 for name in names:
                     owner = _vllm_owner(cls.__mro__, name) if _private(name) else None

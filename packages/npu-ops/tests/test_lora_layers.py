@@ -180,9 +180,8 @@ def test_punica_wrapper_launches_nothing_without_lora(ctx, monkeypatch) -> None:
 
 def test_platform_names_the_wrapper() -> None:
     from vllm.utils import resolve_obj_by_qualname
-    from vllm_npu.platform.platform import NPUPlatform
-
     from vllm_npu.ops.lora.punica import PunicaWrapperNPU, PunicaWrapperNPUWithBias
+    from vllm_npu.platform.platform import NPUPlatform
 
     qualname = NPUPlatform.get_punica_wrapper()
     assert resolve_obj_by_qualname(qualname) is PunicaWrapperNPU

@@ -25,4 +25,14 @@ SURFACE: tuple[VllmName, ...] = (
             ),
         ),
     ),
+    VllmName(
+        "vllm.v1.attention.backends.utils:AttentionMetadataBuilder",
+        "_cudagraph_support",
+        "attribute",
+        "overrides",
+        ("vllm_npu.attention.backends.mla", "vllm_npu.attention.backends.sfa", "vllm_npu.attention.metadata"),
+        "vLLM 0.11.1 reads a builder's full-graph support from it (0.11.0: cudagraph_support); without it vLLM takes "
+        "NEVER and turns FULL_DECODE_ONLY graphs off",
+        since="0.11.1",
+    ),
 )

@@ -61,6 +61,8 @@ class VllmName:
     - ``changes``: how the entry differs in later releases of the line, as ``(first vLLM release, signature)``
       pairs in release order (``REMOVED``: absent from that release on). ``signature`` is the first release's
       (0.11.0); the code that relies on the name adapts to each change (one shim per seam, in the layer that owns it).
+    - ``since``: the first release that has the name, when a later release of the line added it (``signature`` is
+      then that release's); before it the entry expects the name absent.
     """
 
     owner: str
@@ -71,6 +73,7 @@ class VllmName:
     why: str
     signature: str | None = None
     changes: tuple[tuple[str, str], ...] = ()
+    since: str | None = None
 
     def __post_init__(self) -> None:
         where = f"vLLM surface entry {self.owner}.{self.name}"
@@ -95,6 +98,8 @@ class VllmName:
 
     def expected(self, vllm_version: str) -> str | None:
         """What this entry is on ``vllm_version``: its signature (None for the other kinds) or ``REMOVED``."""
+        if self.since is not None and release_key(vllm_version) < release_key(self.since):
+            return REMOVED
         current = self.signature
         for release, value in self.changes:
             if release_key(vllm_version) >= release_key(release):
@@ -163,8 +168,8 @@ def check_entry(entry: VllmName, *, vllm_version: str | None = None) -> str | No
         return _problem(entry, vllm, f"no longer has {entry.owner} ({type(exc).__name__}: {exc})")
     if entry.kind == "instance_attribute":
         present = hasattr(owner, entry.name) or (inspect.isclass(owner) and _stores_on_self(owner, entry.name))
-    else:
-        present = hasattr(owner, entry.name)
+    else:  # a class attribute may be declared only (``_enum: PlatformEnum``)
+        present = hasattr(owner, entry.name) or entry.name in getattr(owner, "__annotations__", {})
     if expected == REMOVED:
         return (
             _problem(entry, vllm, f"has {entry.qualname} again, which the entry records as removed")

@@ -6,7 +6,7 @@ signatures. Checked by ``tests/test_vllm_surface.py`` and ``vllm-npu doctor --vl
 
 from __future__ import annotations
 
-from vllm_npu.interface.vllm_surface import VllmName
+from vllm_npu.interface.vllm_surface import REMOVED, VllmName
 
 _RUNNER = "vllm.v1.worker.gpu_model_runner:GPUModelRunner"
 _WORKER = "vllm.v1.worker.gpu_worker:Worker"
@@ -295,5 +295,55 @@ SURFACE: tuple[VllmName, ...] = (
         _MODEL_RUNNER,
         "the emulated profile_run pools once from its dummy forward for pooling models, as vLLM's profile_run does",
         signature="(self, hidden_states)",
+    ),
+    VllmName(
+        _PLATFORM,
+        "_enum",
+        "attribute",
+        "overrides",
+        _PLATFORM_MODULE,
+        "vLLM's is_out_of_tree() / is_cuda() and friends read it: PlatformEnum.OOT keeps every CUDA-only branch off",
+    ),
+    VllmName(
+        _RUNNER,
+        "initialize_cudagraph_capture",
+        "method",
+        "overrides",
+        _MODEL_RUNNER,
+        "vLLM 0.11.0 resolves the graph mode against the backends' graph support there; the torchair mode keeps its "
+        "mode (SFA's support is NEVER). 0.11.1 moved that into _check_and_update_cudagraph_mode",
+        signature="(self)",
+        changes=(("0.11.1", REMOVED),),
+    ),
+    VllmName(
+        _RUNNER,
+        "_check_and_update_cudagraph_mode",
+        "method",
+        "overrides",
+        _MODEL_RUNNER,
+        "vLLM 0.11.1 resolves the graph mode there, when it builds the attention backends; the torchair mode keeps "
+        "its mode",
+        signature="(self, attention_backends, kv_cache_groups)",
+        since="0.11.1",
+    ),
+    VllmName(
+        _RUNNER,
+        "sample_tokens",
+        "method",
+        "overrides",
+        _MODEL_RUNNER,
+        "vLLM 0.11.1 samples there (split out of execute_model); the override applies the grammar bitmask in _sample "
+        "and reports per-request faults on its output",
+        signature="(self, grammar_output)",
+        since="0.11.1",
+    ),
+    VllmName(
+        _RUNNER,
+        "execute_model_state",
+        "instance_attribute",
+        "reads",
+        _MODEL_RUNNER,
+        "sample_tokens reads the step's scheduler output (its scheduled draft tokens) from it, for the bitmask rows",
+        since="0.11.1",
     ),
 )

@@ -79,6 +79,8 @@ EMULATED_PROFILE_MIN_TOKENS = 256
 
 #: vLLM 0.11.1 split sampling out of ``execute_model`` into ``sample_tokens(grammar_output)`` (read off the class).
 SPLIT_SAMPLING = hasattr(GPUModelRunner, "sample_tokens")
+#: vLLM 0.11.1 resolves the graph mode when it builds the attention backends, no longer before capture.
+MODE_RESOLVED_AT_BACKEND_INIT = not hasattr(GPUModelRunner, "initialize_cudagraph_capture")
 
 
 def device_backend() -> type[DeviceBackend]:
@@ -186,7 +188,7 @@ class NPUModelRunner(GPUModelRunner):
     def sample_tokens(self, grammar_output: Any | None) -> Any:
         """vLLM 0.11.1's sampling step (it split sampling out of ``execute_model``). Its grammar bitmask goes to
         :meth:`_sample` as on 0.11.0 (vLLM's own ``apply_grammar_bitmask`` gets None)."""
-        state = getattr(self, "execute_model_state", None)
+        state = cast(Any, self).execute_model_state  # vLLM 0.11.1: the forward's state, None if nothing ran
         if grammar_output is not None and state is not None:
             # The scheduler's (request -> bitmask row) order and the step's draft tokens, as 0.11.0's SchedulerOutput
             # carried them for sample.grammar.structured_rows.
@@ -295,15 +297,27 @@ class NPUModelRunner(GPUModelRunner):
         return max(0, backend.peak_memory_allocated(self.device) - base)
 
     def initialize_cudagraph_capture(self) -> None:
+        """vLLM 0.11.0 resolves the graph mode against the attention backends' graph support here, before capture;
+        0.11.1 does it when it builds the backends (:meth:`_check_and_update_cudagraph_mode`), so nothing is left."""
         if torchair_enabled(self.vllm_config):
-            # torchair compiles the decode forward instead of capturing it: attention stays an op called with each
-            # step's metadata, so the backends' graph support (SFA's is NEVER) must not downgrade the mode to NONE.
-            mode = self.compilation_config.cudagraph_mode
-            if mode is None:  # VllmConfig resolves it before any runner exists
-                raise RuntimeError("compilation_config.cudagraph_mode was not resolved")
-            self.cudagraph_dispatcher.initialize_cudagraph_keys(mode, self.uniform_decode_query_len)
+            self._torchair_graph_keys()
+        elif not MODE_RESOLVED_AT_BACKEND_INIT:
+            super().initialize_cudagraph_capture()
+
+    def _check_and_update_cudagraph_mode(self, attention_backends: Any, kv_cache_groups: Any) -> None:
+        """vLLM 0.11.1's resolution of the graph mode (0.11.0: in :meth:`initialize_cudagraph_capture`)."""
+        if torchair_enabled(self.vllm_config):
+            self._torchair_graph_keys()
             return
-        super().initialize_cudagraph_capture()
+        cast(Any, super())._check_and_update_cudagraph_mode(attention_backends, kv_cache_groups)
+
+    def _torchair_graph_keys(self) -> None:
+        # torchair compiles the decode forward instead of capturing it: attention stays an op called with each step's
+        # metadata, so the backends' graph support (SFA's is NEVER) must not downgrade the mode to NONE.
+        mode = self.compilation_config.cudagraph_mode
+        if mode is None:  # VllmConfig resolves it before any runner exists
+            raise RuntimeError("compilation_config.cudagraph_mode was not resolved")
+        self.cudagraph_dispatcher.initialize_cudagraph_keys(mode, self.uniform_decode_query_len)
 
     def _capture_sizes(self, sizes: list[int], runtime_mode: CUDAGraphMode, uniform_decode: bool) -> None:
         """vLLM's capture loop over ``sizes`` (each warmed up eagerly ``cudagraph_num_of_warmups`` times, runtime mode

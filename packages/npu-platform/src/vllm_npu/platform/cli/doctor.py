@@ -28,7 +28,8 @@ from vllm_npu.interface.config import EnvConfig
 from vllm_npu.interface.device import decide_device, probe_npu
 from vllm_npu.interface.errors import LAYER_DISTRIBUTIONS, ConfigError, install_command
 from vllm_npu.interface.registry import discover
-from vllm_npu.interface.versions import INTERFACE_VERSION, SUPPORTED_VLLM, distribution_version, in_range
+from vllm_npu.interface.version_triple import check_triple
+from vllm_npu.interface.versions import INTERFACE_VERSION, SUPPORTED_VLLM, distribution_version
 
 from .._version import __version__
 from ._host import (
@@ -66,18 +67,6 @@ def _torch_without_cann(torch: TorchNPUState, cann: CannInstall) -> tuple[str, s
         f"({AUTOLOAD_VAR}={os.environ.get(AUTOLOAD_VAR, '1')!r} or no torch.backends entry point), but the NPU "
         "cannot be used: source CANN's set_env.sh, or uninstall torch-npu on hosts without an NPU.",
     )
-
-
-def _torch_pair(torch: TorchNPUState) -> str | None:
-    """torch_npu X.Y.* is built for torch X.Y.*: name a mismatch."""
-    if torch.torch is None or torch.torch_npu in (None, "unknown"):
-        return None
-    if torch.torch.split("+")[0].split(".")[:2] != torch.torch_npu.split("+")[0].split(".")[:2]:
-        return (
-            f"torch-npu {torch.torch_npu} is built for torch {'.'.join(torch.torch_npu.split('.')[:2])}.* but torch "
-            f'{torch.torch} is installed: on Ascend hosts pip install "npu-platform[ascend]" installs the matching pair'
-        )
-    return None
 
 
 def _vllm_plugins(environ: Mapping[str, str], device_active: bool, components: dict[str, Any]) -> dict[str, Any]:
@@ -146,8 +135,9 @@ def collect(*, vllm_surface: bool = False) -> dict[str, Any]:
     }
     if vllm is None:
         errors.append(_VLLM_INSTALL)
-    elif not in_range(vllm, SUPPORTED_VLLM, what="supported vLLM"):
-        errors.append(f"vLLM {vllm} is installed but this plugin supports vLLM {SUPPORTED_VLLM}")
+    triple = check_triple(vllm, torch.torch, torch.torch_npu, SUPPORTED_VLLM)  # the (vLLM, torch, torch-npu) triple
+    errors += triple.errors
+    warnings += triple.warnings
     if vllm is not None and torch.torch is None:
         errors.append(
             'vLLM is installed but torch is not (pip install vllm brings it; on Ascend hosts use "npu-platform[ascend]")'
@@ -155,9 +145,6 @@ def collect(*, vllm_surface: bool = False) -> dict[str, Any]:
     finding = _torch_without_cann(torch, cann)
     if finding:
         (errors if finding[0] == "error" else warnings).append(finding[1])
-    pair = _torch_pair(torch)
-    if pair:
-        errors.append(pair)
     for var in (*CANN_HOME_VARS, CANN_OPP_VAR):
         if environ.get(var) and not os.path.isdir(environ[var]):
             warnings.append(f"{var}={environ[var]!r} is not a directory")
@@ -227,7 +214,7 @@ def collect(*, vllm_surface: bool = False) -> dict[str, Any]:
         if report.load_error:
             errors.append(f"component {name!r} failed to load: {report.load_error}")
         elif report.enabled:
-            errors.extend(problems)
+            errors.extend(p for p in problems if p not in errors)  # an untested vLLM: once, not once per layer
         elif problems:
             warnings.extend(f"(disabled by VLLM_PLUGINS) {p}" for p in problems)
 
