@@ -16,8 +16,13 @@ overridden to another release.
 
 ``<venv>/compat.txt`` minus ``lock.txt`` is what changed; the script prints that diff.
 
-Usage: python3 scripts/compat_env.py 0.11.2 [--venv /path] [--python 3.11] [--torch 2.9.0]
-Then: VIRTUAL_ENV=<venv> PATH=<venv>/bin:$PATH python -m pytest -p no:xdist -q tests/test_vllm_surface.py
+With ``--check`` it then runs the compatibility job in that environment (``.ci/run`` does, for every tested release
+but the pinned one): the vLLM drift guard (tests/test_vllm_surface.py), ``vllm-npu demo``, and the representative
+engine modules (:data:`REPRESENTATIVE`: dense, MoE, MLA, two graph modes, quantization, LoRA, speculative decoding,
+prefill-decode disaggregation), and prints one line per step; exit 1 when any fails.
+
+Usage: python3 scripts/compat_env.py 0.11.2 [--venv /path] [--python 3.11] [--torch 2.9.0] [--check]
+       python3 scripts/compat_env.py --tested           the releases of TESTED_RELEASES but the pinned one
 
 Standard library only (it runs before anything is installed); needs uv.
 """
@@ -26,9 +31,11 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import tomllib
@@ -124,16 +131,64 @@ def build(vllm_version: str, venv: Path, python: str, torch: str) -> None:
         print("added: " + ", ".join(f"{n} {after[n]}" for n in added))
 
 
+#: Engine modules the compatibility job runs (existing modules; one engine each): dense, MoE, MLA, two graph modes,
+#: quantization, LoRA, speculative decoding, prefill-decode disaggregation.
+REPRESENTATIVE: tuple[str, ...] = (
+    "tests/e2e/test_qwen2_engine.py",
+    "tests/e2e/test_moe_qwen3_engine.py",
+    "tests/e2e/test_mla_deepseek_engine.py",
+    "tests/e2e/test_graph_mode_full_decode.py",
+    "tests/e2e/test_graph_mode_piecewise.py",
+    "tests/e2e/test_quant_dense_schemes.py",
+    "tests/e2e/test_lora_engine.py",
+    "tests/e2e/test_spec_decode_eagle.py",
+    "tests/e2e/test_pd_deepseek_mla.py",
+)
+
+
+def check(vllm_version: str, venv: Path) -> bool:
+    """The compatibility job in ``venv``: drift guard, demo, representative engine modules. True if all pass."""
+    env = {**os.environ, "VIRTUAL_ENV": str(venv), "PATH": f"{venv / 'bin'}:{os.environ.get('PATH', '')}"}
+    env.pop("PYTHONPATH", None)  # the venv has the worktree's packages installed editable
+    env.pop("PYTEST_ADDOPTS", None)  # e.g. .ci/run's junit file of the main suite
+    python = str(venv / "bin" / "python")
+    steps = [
+        ("drift guard", [python, "-m", "pytest", "-p", "no:xdist", "-q", "tests/test_vllm_surface.py"]),
+        ("demo", [str(venv / "bin" / "vllm-npu"), "demo"]),
+        ("engines", [python, "-m", "pytest", "-n", "2", "--dist", "loadfile", "-q", "-rfE", *REPRESENTATIVE]),
+    ]
+    ok = True
+    results = []
+    for name, cmd in steps:
+        start = time.monotonic()
+        print("+", " ".join(cmd), flush=True)
+        rc = subprocess.run(cmd, cwd=ROOT, env=env, check=False).returncode
+        results.append(
+            f"vLLM {vllm_version} {name}: {'passed' if rc == 0 else f'FAILED (exit {rc})'} in {time.monotonic() - start:.0f} s"
+        )
+        ok = ok and rc == 0
+    print("\n".join(results), flush=True)
+    return ok
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    parser.add_argument("vllm", help="the vLLM release, e.g. 0.11.2")
+    parser.add_argument("vllm", nargs="?", help="the vLLM release, e.g. 0.11.2")
     parser.add_argument("--venv", type=Path, help="where to create it (default: .venv-compat/vllm-<version>)")
     parser.add_argument("--python", default="3.11")
     parser.add_argument("--torch", help="the torch to pair (default: the tested-releases table)")
+    parser.add_argument("--check", action="store_true", help="then run the compatibility job in it")
+    parser.add_argument("--tested", action="store_true", help="print the tested releases but the pinned one")
     args = parser.parse_args(argv)
-    venv = args.venv or ROOT / ".venv-compat" / f"vllm-{args.vllm}"
-    build(args.vllm, venv.resolve(), args.python, args.torch or torch_for(args.vllm))
-    return 0
+    line = _line()
+    if args.tested:
+        print(" ".join(r.vllm for r in line.TESTED_RELEASES if r != line.PINNED_RELEASE))  # type: ignore[attr-defined]
+        return 0
+    if args.vllm is None:
+        parser.error("give a vLLM release (or --tested)")
+    venv = (args.venv or ROOT / ".venv-compat" / f"vllm-{args.vllm}").resolve()
+    build(args.vllm, venv, args.python, args.torch or torch_for(args.vllm))
+    return 0 if not args.check or check(args.vllm, venv) else 1
 
 
 if __name__ == "__main__":
