@@ -259,6 +259,8 @@ SURFACE: tuple[VllmName, ...] = (
         _MODEL_RUNNER,
         "capture_model captures the graphs of each runtime mode through it (warm-up and capture per size)",
         signature="(self, compilation_cases, cudagraph_runtime_mode, uniform_decode)",
+        # Same parameters on 0.11.1, but compilation_cases holds (num_tokens, activate_lora) pairs there (the
+        # capture passes them as such: model_runner.CAPTURE_CASES_WITH_LORA).
     ),
     VllmName(
         _RUNNER,
@@ -344,6 +346,17 @@ SURFACE: tuple[VllmName, ...] = (
         "reads",
         _MODEL_RUNNER,
         "sample_tokens reads the step's scheduler output (its scheduled draft tokens) from it, for the bitmask rows",
+        since="0.11.1",
+    ),
+    VllmName(
+        "vllm.v1.sample.rejection_sampler:RejectionSampler",
+        "_get_logprobs_tensors",
+        "method",
+        "calls",
+        ("vllm_npu.platform.sample.rejection_sampler",),
+        "vLLM 0.11.1's rejection sampler returns the accepted tokens' logprobs; NPURejectionSamplerWithSampler "
+        "computes them through it",
+        signature="(self, max_num_logprobs, metadata, logits, target_logits, bonus_logits, sampled_token_ids)",
         since="0.11.1",
     ),
 )

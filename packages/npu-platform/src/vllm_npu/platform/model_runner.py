@@ -44,6 +44,7 @@ sampling and logprobs, KV-cache allocation) is vLLM's own code. The overrides:
 from __future__ import annotations
 
 import gc
+import inspect
 import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
@@ -79,6 +80,8 @@ EMULATED_PROFILE_MIN_TOKENS = 256
 
 #: vLLM 0.11.1 split sampling out of ``execute_model`` into ``sample_tokens(grammar_output)`` (read off the class).
 SPLIT_SAMPLING = hasattr(GPUModelRunner, "sample_tokens")
+#: vLLM 0.11.1 captures graphs per (num_tokens, activate_lora) case (``_dummy_run`` gained ``activate_lora`` with it).
+CAPTURE_CASES_WITH_LORA = "activate_lora" in inspect.signature(GPUModelRunner._dummy_run).parameters
 #: vLLM 0.11.1 resolves the graph mode when it builds the attention backends, no longer before capture.
 MODE_RESOLVED_AT_BACKEND_INIT = not hasattr(GPUModelRunner, "initialize_cudagraph_capture")
 
@@ -100,9 +103,9 @@ class NPUModelRunner(GPUModelRunner):
         with cuda_stream_api_as(self.device_backend):
             super().__init__(vllm_config, device)
         if hasattr(self, "rejection_sampler"):
-            from .sample import NPURejectionSampler
+            from .sample.rejection_sampler import make_rejection_sampler
 
-            self.rejection_sampler = NPURejectionSampler()
+            self.rejection_sampler = make_rejection_sampler(getattr(self, "sampler", None))
         if hasattr(self, "sampler"):
             from .sample import NPUTopKTopPSampler
 
@@ -324,7 +327,9 @@ class NPUModelRunner(GPUModelRunner):
         NONE, then captured); a capture that runs out of device streams (ACL error 0x7020023) is re-raised with the
         stream budget and the knobs that fix it."""
         try:
-            self._capture_cudagraphs(sizes, cudagraph_runtime_mode=runtime_mode, uniform_decode=uniform_decode)
+            # vLLM 0.11.1 captures (num_tokens, activate_lora) cases; LoRA runs eagerly here, so never with LoRA.
+            cases: list[Any] = [(size, False) for size in sizes] if CAPTURE_CASES_WITH_LORA else list(sizes)
+            self._capture_cudagraphs(cases, cudagraph_runtime_mode=runtime_mode, uniform_decode=uniform_decode)
         except Exception as error:
             if not is_stream_exhaustion(error):
                 raise
