@@ -61,7 +61,8 @@ def install(namespace: dict[str, Any], *, k: int, mlp: str) -> None:
         assert info["drafter"] == "vllm.v1.spec_decode.eagle.EagleProposer"
         assert info["draft_model"] == "vllm.model_executor.models.deepseek_mtp.DeepSeekMTP"
         assert info["attention_backends"] == ["vllm_npu.attention.backends.mla.AscendMLABackend"]
-        assert info["rejection_sampler"] == "vllm_npu.platform.sample.rejection_sampler.NPURejectionSampler"
+        # NPURejectionSampler, or NPURejectionSamplerWithSampler from vLLM 0.11.1 on
+        assert info["rejection_sampler"].startswith("vllm_npu.platform.sample.rejection_sampler.NPURejectionSampler")
         assert info["reorder_batch_threshold"] == 1 + k
 
     def test_mtp_greedy_matches_hf(llm, target):

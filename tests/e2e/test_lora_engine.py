@@ -98,9 +98,11 @@ def test_adapters_change_the_output(references):
 
 
 def test_lora_layers_wrap_our_embedding_and_vllms_linears(llm):
+    from vllm_npu.ops.lora.punica import PunicaWrapperNPU  # the variant of the installed vLLM's wrapper API
+
     (layout,) = llm.collective_rpc(_lora_layout)
     assert layout == {
-        "punica": "PunicaWrapperNPU",
+        "punica": PunicaWrapperNPU.__name__,
         "embed_tokens": "NPUVocabParallelEmbeddingWithLoRA(NPUVocabParallelEmbedding)",
         "qkv_proj": "MergedQKVParallelLinearWithLoRA(QKVParallelLinear)",
         "o_proj": "RowParallelLinearWithLoRA(RowParallelLinear)",

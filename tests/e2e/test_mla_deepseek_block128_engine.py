@@ -56,7 +56,7 @@ def test_block_size_128_latent_cache(llm):
 
 
 def _fused_flags(worker) -> list[bool]:
-    from vllm.model_executor.layers.mla import MultiHeadLatentAttention
+    from vllm_npu.attention.ops.mla_base import VllmMLALayer as MultiHeadLatentAttention  # 0.11.1: ...Wrapper
 
     model = worker.model_runner.get_model()
     return [m.fused_cache_write for m in model.modules() if isinstance(m, MultiHeadLatentAttention)]

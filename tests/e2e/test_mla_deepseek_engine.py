@@ -39,7 +39,7 @@ def test_mla_backend_ran(llm):
 
 
 def _mla_layers(worker) -> list[tuple[str, bool]]:
-    from vllm.model_executor.layers.mla import MultiHeadLatentAttention
+    from vllm_npu.attention.ops.mla_base import VllmMLALayer as MultiHeadLatentAttention  # 0.11.1: ...Wrapper
 
     model = worker.model_runner.get_model()
     return [(type(m).__name__, m.fused_cache_write) for m in model.modules() if isinstance(m, MultiHeadLatentAttention)]

@@ -11,6 +11,7 @@ from __future__ import annotations
 import pytest
 from npu_testkit.engine import emulated_env, engine, greedy, greedy_outputs, make_prompts, token_prompts
 from npu_testkit.models import hf_greedy, hf_logprobs
+from vllm_npu.interface import compilation_level
 
 pytestmark = pytest.mark.engine
 
@@ -43,7 +44,7 @@ def test_config_hook_applied(llm):
     config = llm.llm_engine.vllm_config
     assert config.parallel_config.worker_cls == "vllm_npu.platform.worker.NPUWorker"
     assert config.compilation_config.custom_ops == ["all"]
-    assert config.compilation_config.level == 0  # graph_mode auto -> eager on the emulated device
+    assert compilation_level(config.compilation_config) == 0  # graph_mode auto -> eager on the emulated device
     assert config.model_config.enforce_eager and config.model_config.disable_cascade_attn
     assert config.cache_config.block_size == 16  # vLLM's default kept on the emulated device
     assert config.scheduler_config.chunked_prefill_enabled

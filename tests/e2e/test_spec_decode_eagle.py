@@ -47,7 +47,8 @@ def test_eagle_proposer_and_decode_threshold(llm):
     (info,) = llm.collective_rpc("npu_runtime_info")
     assert info["drafter"] == "vllm.v1.spec_decode.eagle.EagleProposer"
     assert info["draft_model"] == "vllm.model_executor.models.llama_eagle.EagleLlamaForCausalLM"
-    assert info["rejection_sampler"] == "vllm_npu.platform.sample.rejection_sampler.NPURejectionSampler"
+    # NPURejectionSampler, or NPURejectionSamplerWithSampler from vLLM 0.11.1 on
+    assert info["rejection_sampler"].startswith("vllm_npu.platform.sample.rejection_sampler.NPURejectionSampler")
     assert info["attention_backends"] == ["vllm_npu.attention.backends.gqa.AscendAttentionBackend"]
     assert info["reorder_batch_threshold"] == 1 + K
 

@@ -10,7 +10,14 @@ import types
 from collections.abc import Iterator
 
 import pytest
-from vllm_npu.interface.vllm_surface import VllmName, check_entry, check_surface, layer_surface, signature_text
+from vllm_npu.interface.vllm_surface import (
+    REMOVED,
+    VllmName,
+    check_entry,
+    check_surface,
+    layer_surface,
+    signature_text,
+)
 
 MODULE = "fake_vllm_runner"
 
@@ -123,3 +130,53 @@ def test_malformed_entries_are_rejected(kwargs: dict[str, object], message: str)
 
 def test_a_layer_without_a_table_has_an_empty_surface() -> None:
     assert layer_surface("no_such_layer") == ()
+
+
+def _changing(signature: str | None, changes: tuple[tuple[str, str], ...], kind: str = "method") -> VllmName:
+    return VllmName(
+        f"{MODULE}:Runner",
+        "_sync_device",
+        kind,  # type: ignore[arg-type]
+        "overrides",
+        ("vllm_npu.platform.model_runner",),
+        "vLLM would sync with torch.cuda",
+        signature=signature,
+        changes=changes,
+    )
+
+
+def test_an_entry_records_each_release_of_the_line() -> None:
+    changed = _changing("(self, old)", (("0.11.1", "(self)"),))
+    assert changed.expected("0.11.0") == "(self, old)" and changed.expected("0.11.2") == "(self)"
+    assert check_entry(changed, vllm_version="0.11.2") is None
+    problem = check_entry(changed, vllm_version="0.11.0")
+    assert problem is not None and "from (self, old) to (self)" in problem
+
+
+def test_a_removed_entry_passes_where_it_is_gone_and_fails_where_it_is_back() -> None:
+    gone = VllmName(
+        f"{MODULE}:Runner",
+        "_apply_bias",
+        "method",
+        "calls",
+        ("vllm_npu.ops.lora.punica",),
+        "LoRA bias",
+        signature="(self)",
+        changes=(("0.11.1", REMOVED),),
+    )
+    assert check_entry(gone, vllm_version="0.11.1") is None  # Runner has no _apply_bias
+    assert "no longer has Runner._apply_bias" in (check_entry(gone, vllm_version="0.11.0") or "")
+    back = _changing("(self)", (("0.11.1", REMOVED),))
+    assert "which the entry records as removed" in (check_entry(back, vllm_version="0.11.2") or "")
+
+
+@pytest.mark.parametrize(
+    ("changes", "kind", "message"),
+    [
+        ((("0.11.2", "(self)"), ("0.11.1", "(self)")), "method", "release order"),
+        ((("0.11.1", "(self)"),), "attribute", "records only its removal"),
+    ],
+)
+def test_malformed_changes_are_rejected(changes: tuple[tuple[str, str], ...], kind: str, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        _changing("(self)" if kind == "method" else None, changes, kind)

@@ -180,10 +180,41 @@ def test_punica_wrapper_launches_nothing_without_lora(ctx, monkeypatch) -> None:
 
 def test_platform_names_the_wrapper() -> None:
     from vllm.utils import resolve_obj_by_qualname
+    from vllm_npu.ops.lora.punica import PunicaWrapperNPU, PunicaWrapperNPUWithBias
     from vllm_npu.platform.platform import NPUPlatform
 
     qualname = NPUPlatform.get_punica_wrapper()
-    assert resolve_obj_by_qualname(qualname).__name__ == "PunicaWrapperNPU"
+    assert resolve_obj_by_qualname(qualname) is PunicaWrapperNPU
+    assert PunicaWrapperNPU is PunicaWrapperNPUWithBias  # vLLM 0.11.0's wrapper API (LoRA bias)
+
+
+def test_the_bias_free_api_of_vllm_0_11_1_runs_the_same_kernels(ctx, monkeypatch) -> None:
+    """vLLM 0.11.1 dropped LoRA bias: its layers call add_lora_linear(y, x, A, B, scale, slices) and
+    add_expand(y, x, B, slices, offset) positionally. The 0.11.1 variant gives what the 0.11.0 one gives without
+    bias."""
+    from vllm.lora.layers import LoRAMapping
+    from vllm_npu.ops.lora import layers as lora_layers
+    from vllm_npu.ops.lora.punica import PunicaWrapperNPUNoBias, PunicaWrapperNPUWithBias
+
+    monkeypatch.setattr(lora_layers, "check_npu_lora_layers", lambda: None)
+    mapping = LoRAMapping((7, 7, 0, 9), (7, 0, 9), is_prefill=True)
+    old, new = PunicaWrapperNPUWithBias(64, 8, "cpu", max_loras=3), PunicaWrapperNPUNoBias(64, 8, "cpu", max_loras=3)
+    for w in (old, new):
+        w.update_metadata(mapping, [7, 9, None], 4, 64, 0)
+    gen = torch.Generator().manual_seed(0)
+    a = (torch.randn(3, 1, 8, 4, generator=gen), torch.randn(3, 1, 8, 4, generator=gen))
+    b = (torch.randn(3, 1, 16, 8, generator=gen), torch.randn(3, 1, 6, 8, generator=gen))
+    x, y0 = torch.randn(4, 4, generator=gen), torch.randn(4, 22, generator=gen)
+    got, expect = y0.clone(), y0.clone()
+    new.add_lora_linear(got, x, a, b, 0.5, (16, 6))
+    old.add_lora_linear(expect, x, a, b, None, 0.5, (16, 6))
+    torch.testing.assert_close(got, expect)
+    assert not torch.equal(got, y0)
+    buffers = tuple(torch.randn(4, 8, generator=gen) for _ in range(2))
+    got, expect = y0.clone(), y0.clone()
+    new.add_expand(got, buffers, b, (16, 6), 0)
+    old.add_expand(expect, buffers, b, None, (16, 6), 0)
+    torch.testing.assert_close(got, expect)
 
 
 def test_padded_rows_past_the_mapping_get_no_lora(ctx, monkeypatch) -> None:

@@ -22,7 +22,7 @@ def test_installed_vllm_is_the_one_the_set_was_written_for():
 
 @pytest.mark.parametrize("patch", BUILTIN_PATCHES, ids=IDS)
 def test_fingerprints_match_installed_vllm(patch):
-    for path, expected in patch.fingerprints:
+    for path, expected in patch.fingerprints_for(VLLM):
         assert fingerprint_path(path) == expected, f"{patch.id}: {path} changed"
 
 

@@ -260,7 +260,7 @@ def test_torch_npu_for_another_torch(tmp_path: Path) -> None:
     cann.mkdir()
     rc, report = doctor_json(site=site, extra_env={"ASCEND_HOME_PATH": str(cann)})
     assert rc == 1
-    assert any("torch-npu 2.7.1 is built for torch 2.7.* but torch 2.8.0 is installed" in e for e in report["errors"])
+    assert any("torch-npu 2.7.1 is built for torch 2.7.1 but torch 2.8.0 is installed" in e for e in report["errors"])
 
 
 def test_vllm_plugins_effect() -> None:

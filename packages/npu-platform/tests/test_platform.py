@@ -247,6 +247,14 @@ def test_attention_backend_is_delegated_to_npu_attention():
     assert path == "vllm_npu.attention.backends.gqa.AscendAttentionBackend"
 
 
+def test_attention_backend_takes_vllm_0_11_1_call():
+    """vLLM 0.11.1 still calls an override that has use_v1 positionally, with attn_type as a tenth argument."""
+    path = EmulatedNPUPlatform.get_attn_backend_cls(
+        None, 64, torch.bfloat16, "auto", 128, True, False, False, False, "decoder"
+    )
+    assert path == "vllm_npu.attention.backends.gqa.AscendAttentionBackend"
+
+
 def test_missing_attention_layer_names_the_pip_command(monkeypatch):
     monkeypatch.setattr("vllm_npu.interface.registry.discover", lambda *a, **k: {})
     with pytest.raises(MissingComponentError, match=r'pip install "npu-platform\[attention\]"'):
@@ -281,6 +289,21 @@ def test_bad_environment_raises_at_instantiation(monkeypatch):
     monkeypatch.setenv("VLLM_NPU_EMULATED_KV_CACHE_GB", "0")
     with pytest.raises(ConfigError, match="VLLM_NPU_EMULATED_KV_CACHE_GB='0' is invalid"):
         EmulatedNPUPlatform()
+
+
+def test_an_untested_vllm_is_refused_when_vllm_builds_the_platform(monkeypatch):
+    """First thing in the platform's __init__ (vLLM does not swallow errors there): one message, and the override."""
+    from vllm_npu.interface import distribution_version as real
+
+    monkeypatch.setattr(
+        "vllm_npu.interface.versions.distribution_version",
+        lambda dist: "0.12.0" if dist == "vllm" else real(dist),
+    )
+    monkeypatch.delenv("VLLM_NPU_ALLOW_UNTESTED_VLLM", raising=False)
+    with pytest.raises(ConfigError, match=r"vLLM 0\.12\.0 is installed, but this vllm-npu-plugin line is tested on"):
+        EmulatedNPUPlatform()
+    monkeypatch.setenv("VLLM_NPU_ALLOW_UNTESTED_VLLM", "1")
+    EmulatedNPUPlatform()  # a warning instead
 
 
 def test_emulated_memory_queries_are_real_numbers():

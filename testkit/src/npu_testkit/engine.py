@@ -312,6 +312,10 @@ DEEPSEEK_V3_TINY: dict[str, Any] = {
     "n_shared_experts": 1,
     "n_group": 1,
     "topk_group": 1,
+    # What DeepSeek-V3's config.json says. vLLM 0.11.0 read DeepSeek-V3 configs through its own config class, whose
+    # default this is; 0.11.1 uses transformers' class, which has no such default, so without it the gate has no
+    # e_score_correction_bias and loading the checkpoint's fails (KeyError).
+    "topk_method": "noaux_tc",
     "routed_scaling_factor": 1.0,
     "norm_topk_prob": True,
     "num_attention_heads": 4,

@@ -10,11 +10,17 @@ from __future__ import annotations
 
 from vllm_npu.interface import HookContext, register_custom_ops
 
-#: vLLM CustomOp class name -> "module:Class" of our override.
-OOT_LAYERS: dict[str, str] = {
-    "MultiHeadLatentAttention": "vllm_npu.attention.ops.mla_layer:AscendMultiHeadLatentAttention",
-}
+#: vLLM CustomOp class name -> "module:Class" of our override (the MLA layer's name is the installed vLLM's:
+#: ``MultiHeadLatentAttention`` on 0.11.0, ``MultiHeadLatentAttentionWrapper`` from 0.11.1; see ``ops/mla_base.py``).
+MLA_LAYER_OVERRIDE = "vllm_npu.attention.ops.mla_layer:AscendMultiHeadLatentAttention"
+
+
+def oot_layers() -> dict[str, str]:
+    """The override table for the installed vLLM (imports vLLM's MLA module: call it from a hook only)."""
+    from .ops.mla_base import VLLM_MLA_LAYER_NAME
+
+    return {VLLM_MLA_LAYER_NAME: MLA_LAYER_OVERRIDE}
 
 
 def on_load(ctx: HookContext) -> None:
-    register_custom_ops(OOT_LAYERS, owner="vllm_npu.attention")
+    register_custom_ops(oot_layers(), owner="vllm_npu.attention")

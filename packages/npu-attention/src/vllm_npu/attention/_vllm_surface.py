@@ -18,5 +18,21 @@ SURFACE: tuple[VllmName, ...] = (
         "it; the "
         "batch reordering of the model runner reads the result",
         signature="(self, reorder_batch_threshold=1, supports_spec_as_decode=False)",
+        changes=(
+            (
+                "0.11.1",
+                "(self, reorder_batch_threshold=1, supports_spec_as_decode=False, supports_dcp_with_varlen=False)",
+            ),
+        ),
+    ),
+    VllmName(
+        "vllm.v1.attention.backends.utils:AttentionMetadataBuilder",
+        "_cudagraph_support",
+        "attribute",
+        "overrides",
+        ("vllm_npu.attention.backends.mla", "vllm_npu.attention.backends.sfa", "vllm_npu.attention.metadata"),
+        "vLLM 0.11.1 reads a builder's full-graph support from it (0.11.0: cudagraph_support); without it vLLM takes "
+        "NEVER and turns FULL_DECODE_ONLY graphs off",
+        since="0.11.1",
     ),
 )

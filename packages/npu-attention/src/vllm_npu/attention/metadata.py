@@ -181,6 +181,7 @@ class AscendAttentionMetadataBuilder(AttentionMetadataBuilder[AscendMetadata]):
     # Full graphs for pure-decode batches (FULL_DECODE_ONLY): the decode kernel's sequence lengths are refreshed
     # before every replay (vllm_npu.interface.graphs); prefill kernels take per-request host lists that cannot be.
     cudagraph_support = AttentionCGSupport.UNIFORM_SINGLE_TOKEN_DECODE
+    _cudagraph_support = cudagraph_support  # the name vLLM reads from 0.11.1 on (get_cudagraph_support)
 
     def __init__(self, kv_cache_spec: Any, layer_names: list[str], vllm_config: Any, device: torch.device) -> None:
         super().__init__(kv_cache_spec, layer_names, vllm_config, device)

@@ -110,6 +110,15 @@ _EXPORTS = {
     "distribution_version": ".versions:distribution_version",
     "in_range": ".versions:in_range",
     "parse_range": ".versions:parse_range",
+    "REMOVED": ".vllm_surface:REMOVED",
+    "import_moved": ".vllm_surface:import_moved",
+    "compilation_level": ".compilation:compilation_level",
+    "NO_COMPILATION": ".compilation:NO_COMPILATION",
+    "PIECEWISE": ".compilation:PIECEWISE",
+    "set_compilation_level": ".compilation:set_compilation_level",
+    "require_tested_vllm": ".vllm_line:require_tested_vllm",
+    "release_key": ".versions:release_key",
+    "check_triple": ".version_triple:check_triple",
     "VllmName": ".vllm_surface:VllmName",
     "check_surface": ".vllm_surface:check_surface",
     "installed_surface": ".vllm_surface:installed_surface",
@@ -118,6 +127,7 @@ _EXPORTS = {
 if TYPE_CHECKING:
     from .ascend_migration import check_ascend_settings, find_ascend_settings
     from .cann import CANN_DEFAULT_HOMES, CANN_HOME_VARS, CANN_OPP_VAR, find_cann_home
+    from .compilation import NO_COMPILATION, PIECEWISE, compilation_level, set_compilation_level
     from .component import Component, HookContext, Scope
     from .config import AdditionalConfig, EnvConfig
     from .device import (
@@ -209,8 +219,10 @@ if TYPE_CHECKING:
     )
     from .staging import is_empty_dir, staged_directory
     from .targets import import_target
-    from .versions import INTERFACE_VERSION, SUPPORTED_VLLM, distribution_version, in_range, parse_range
-    from .vllm_surface import VllmName, check_surface, installed_surface
+    from .version_triple import check_triple
+    from .versions import INTERFACE_VERSION, SUPPORTED_VLLM, distribution_version, in_range, parse_range, release_key
+    from .vllm_line import require_tested_vllm
+    from .vllm_surface import REMOVED, VllmName, check_surface, import_moved, installed_surface
 else:
     from .lazy import lazy_exports
 
@@ -231,8 +243,11 @@ __all__ = [
     "GRAPH_MODES",
     "INTERFACE_VERSION",
     "LAYER_DISTRIBUTIONS",
+    "NO_COMPILATION",
+    "PIECEWISE",
     "QUANT_METHOD",
     "QUANT_TYPES",
+    "REMOVED",
     "SUPPORTED_VLLM",
     "AdditionalConfig",
     "Component",
@@ -268,7 +283,9 @@ __all__ = [
     "check_installed_set",
     "check_surface",
     "check_task_result",
+    "check_triple",
     "compatibility_problems",
+    "compilation_level",
     "compiled_step_inputs",
     "configure_kernels",
     "current_device",
@@ -283,6 +300,7 @@ __all__ = [
     "find_description_file",
     "get_logger",
     "graph_inputs_of",
+    "import_moved",
     "import_target",
     "in_range",
     "init_worker",
@@ -308,12 +326,15 @@ __all__ = [
     "read_scheme",
     "recording",
     "register_custom_ops",
+    "release_key",
     "report_request_faults",
     "request_faults_of",
     "require",
+    "require_tested_vllm",
     "reset_device_selection",
     "resolve_hook",
     "runs_layer_moe_plan",
+    "set_compilation_level",
     "staged_directory",
     "traces_moe_in_graph",
 ]

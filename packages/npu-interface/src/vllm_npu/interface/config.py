@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from .errors import ConfigError
 from .settings import (
     ADDITIONAL_CONFIG_KEY,
+    ENV_ALLOW_UNTESTED_VLLM,
     ENV_CACHE_DIR,
     ENV_DEVICE,
     ENV_EMULATED_KV_CACHE_GB,
@@ -75,6 +76,7 @@ class EnvConfig(BaseModel):
     EMULATED_KV_CACHE_GB: float = _field(ENV_EMULATED_KV_CACHE_GB, gt=0, le=1024)
     PATCHES: str = _field(ENV_PATCHES)
     CACHE_DIR: str | None = _field(ENV_CACHE_DIR)
+    ALLOW_UNTESTED_VLLM: Literal["0", "1"] = _field(ENV_ALLOW_UNTESTED_VLLM)
 
     @field_validator("PATCHES")
     @classmethod

@@ -22,6 +22,7 @@ from .errors import ComponentSkewError, MissingComponentError
 from .log import get_logger
 from .targets import import_target
 from .versions import INTERFACE_VERSION, RangeCheck, distribution_version, in_range
+from .vllm_line import allow_untested, untested_vllm, warn_untested_once
 
 ENTRY_POINT_GROUP = "vllm_npu.components"
 
@@ -79,6 +80,14 @@ def compatibility_problems(
             f"provides interface {interface_version}; pip install -U npu-platform npu-interface"
         )
     vllm_version = vllm_version if vllm_version is not None else distribution_version("vllm")
+    untested = untested_vllm(vllm_version, component.vllm)
+    if untested is not None:
+        # One message for every layer (check_installed_set drops the repeats), unless the user allowed it.
+        if allow_untested():
+            warn_untested_once(untested)
+        else:
+            problems.append(untested)
+        return problems
     check = RangeCheck(component.distribution, "vllm", component.vllm, vllm_version)
     if not check.ok:
         problems.append(str(check))
@@ -116,7 +125,7 @@ def check_installed_set(reports: dict[str, ComponentReport] | None = None) -> No
     problems = [p for r in reports.values() if r.enabled or r.component is None for p in r.problems]
     problems += [f"component {r.name!r} failed to load: {r.load_error}" for r in reports.values() if r.load_error]
     if problems:
-        raise ComponentSkewError(problems)
+        raise ComponentSkewError(list(dict.fromkeys(problems)))  # an untested vLLM: one line, not one per layer
 
 
 def is_available(layer: str) -> bool:
@@ -168,7 +177,12 @@ def load_component(component: Component) -> None:
         return
     problems = compatibility_problems(component)
     if problems:
-        # vLLM swallows plugin exceptions; the platform raises ComponentSkewError at config time instead.
+        # vLLM swallows plugin exceptions; the platform raises at start instead. An untested vLLM is one message for
+        # the whole plugin (the platform raises it), not one per layer.
+        untested = untested_vllm(distribution_version("vllm"), component.vllm)
+        if untested is not None and problems == [untested]:
+            once(f"untested-vllm:{untested}", lambda: logger.error("every NPU layer is off: %s", untested))
+            return
         logger.error("%s is not loaded: %s", component.distribution, "; ".join(problems))
         return
     run_hook(component, Scope.PLATFORM, mode)

@@ -22,6 +22,7 @@ ENV_DEVICE = "VLLM_NPU_DEVICE"
 ENV_EMULATED_KV_CACHE_GB = "VLLM_NPU_EMULATED_KV_CACHE_GB"
 ENV_PATCHES = "VLLM_NPU_PATCHES"
 ENV_CACHE_DIR = "VLLM_NPU_CACHE_DIR"
+ENV_ALLOW_UNTESTED_VLLM = "VLLM_NPU_ALLOW_UNTESTED_VLLM"
 
 DeviceSetting = Literal["auto", "npu", "emulated", "off"]
 GraphMode = Literal["auto", "eager", "piecewise", "full_decode_only", "torchair"]
@@ -89,6 +90,13 @@ ENV_SETTINGS: tuple[Setting, ...] = (
         None,
         "where the plugin caches what it builds (the demo model)",
         values="a directory (default `$XDG_CACHE_HOME/vllm-npu`, i.e. `~/.cache/vllm-npu`)",
+    ),
+    _env(
+        ENV_ALLOW_UNTESTED_VLLM,
+        "0",
+        "`1` runs the plugin on a vLLM outside the tested releases (`SUPPORTED_VLLM`) with a warning instead of the "
+        "refusal at plugin load; untested, expect failures",
+        choices=("0", "1"),
     ),
 )
 

@@ -10,6 +10,7 @@ against (``">=1.0,<2"``); a minor bump adds to the contract, a major bump breaks
 from __future__ import annotations
 
 import importlib.metadata
+import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -21,8 +22,9 @@ if TYPE_CHECKING:
 
 INTERFACE_VERSION = "1.1"
 
-#: The vLLM releases this plugin line is written for: the ``vllm`` range of every component of the line.
-SUPPORTED_VLLM = ">=0.11.0,<0.12"
+#: The vLLM releases this plugin line is tested on (``TESTED_RELEASES`` in :mod:`.vllm_line`): the ``vllm`` range of
+#: every component of the line. Any other vLLM is refused at plugin load (``VLLM_NPU_ALLOW_UNTESTED_VLLM=1`` overrides).
+SUPPORTED_VLLM = ">=0.11.0,<=0.11.2"
 
 
 def parse_range(spec: str, *, what: str) -> SpecifierSet:
@@ -44,6 +46,20 @@ def in_range(version: str, spec: str, *, what: str) -> bool:
     except InvalidVersion:
         return False
     return parse_range(spec, what=what).contains(Version(v.base_version), prereleases=True)
+
+
+def release_key(version: str) -> tuple[int, ...]:
+    """``"0.11.2"`` (or ``"0.11.2+cpu"``, ``"0.12.0rc1"``) -> ``(0, 11, 2)``: release order without packaging, for
+    tables keyed on the first release of a change (the surface tables' and patches' ``changes``)."""
+    parts: list[int] = []
+    for part in version.split("+")[0].split("."):
+        match = re.match(r"\d+", part)
+        if match is None:
+            break
+        parts.append(int(match.group()))
+        if match.end() != len(part):
+            break
+    return tuple(parts)
 
 
 def distribution_version(dist: str) -> str | None:

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from .errors import LAYER_DISTRIBUTIONS
-from .versions import distribution_version
+from .versions import distribution_version, release_key
 
 #: How a layer relies on a name; ``method``: a function on a class (its signature is compared), ``attribute``: a
 #: class attribute, ``instance_attribute``: an attribute vLLM's ``__init__`` (or another method) stores on ``self``,
@@ -39,6 +39,9 @@ USES: tuple[str, ...] = ("overrides", "calls", "reads", "writes")
 
 #: Where a layer declares its table (imported by :func:`installed_surface`).
 SURFACE_MODULE = "vllm_npu.{layer}._vllm_surface"
+
+#: In :attr:`VllmName.changes`: vLLM no longer has the name from that release on.
+REMOVED = "<removed>"
 
 
 @dataclass(frozen=True)
@@ -55,6 +58,11 @@ class VllmName:
       vLLM this entry was written for (``"(self) -> None"`` is written ``"(self)"``: annotations are left out, they
       do not break an override or a call); ``None`` for the other kinds.
     - ``why``: what breaks, concretely, if the name changes.
+    - ``changes``: how the entry differs in later releases of the line, as ``(first vLLM release, signature)``
+      pairs in release order (``REMOVED``: absent from that release on). ``signature`` is the first release's
+      (0.11.0); the code that relies on the name adapts to each change (one shim per seam, in the layer that owns it).
+    - ``since``: the first release that has the name, when a later release of the line added it (``signature`` is
+      then that release's); before it the entry expects the name absent.
     """
 
     owner: str
@@ -64,6 +72,8 @@ class VllmName:
     used_by: tuple[str, ...]
     why: str
     signature: str | None = None
+    changes: tuple[tuple[str, str], ...] = ()
+    since: str | None = None
 
     def __post_init__(self) -> None:
         where = f"vLLM surface entry {self.owner}.{self.name}"
@@ -79,6 +89,22 @@ class VllmName:
             raise ValueError(f"{where}: a method records its signature, the other kinds record none")
         if not self.used_by or not self.why.strip():
             raise ValueError(f"{where}: used_by and why are required")
+        releases = [release_key(release) for release, _ in self.changes]
+        if releases != sorted(releases) or len(set(releases)) != len(releases):
+            raise ValueError(f"{where}: changes must be in release order, one per release")
+        for release, value in self.changes:
+            if value != REMOVED and self.kind != "method":
+                raise ValueError(f"{where}: a {self.kind} records only its removal ({release}: {value!r})")
+
+    def expected(self, vllm_version: str) -> str | None:
+        """What this entry is on ``vllm_version``: its signature (None for the other kinds) or ``REMOVED``."""
+        if self.since is not None and release_key(vllm_version) < release_key(self.since):
+            return REMOVED
+        current = self.signature
+        for release, value in self.changes:
+            if release_key(vllm_version) >= release_key(release):
+                current = value
+        return current
 
     @property
     def qualname(self) -> str:
@@ -133,14 +159,23 @@ def _problem(entry: VllmName, vllm: str, what: str) -> str:
 def check_entry(entry: VllmName, *, vllm_version: str | None = None) -> str | None:
     """None if the installed vLLM has ``entry`` as recorded, else one line naming what changed and who relies on it."""
     vllm = vllm_version or distribution_version("vllm") or "(not installed)"
+    expected = entry.expected(vllm)
     try:
         owner = _resolve_owner(entry.owner)
     except (ImportError, AttributeError) as exc:
+        if expected == REMOVED:
+            return None
         return _problem(entry, vllm, f"no longer has {entry.owner} ({type(exc).__name__}: {exc})")
     if entry.kind == "instance_attribute":
         present = hasattr(owner, entry.name) or (inspect.isclass(owner) and _stores_on_self(owner, entry.name))
-    else:
-        present = hasattr(owner, entry.name)
+    else:  # a class attribute may be declared only (``_enum: PlatformEnum``)
+        present = hasattr(owner, entry.name) or entry.name in getattr(owner, "__annotations__", {})
+    if expected == REMOVED:
+        return (
+            _problem(entry, vllm, f"has {entry.qualname} again, which the entry records as removed")
+            if present
+            else None
+        )
     if not present:
         return _problem(entry, vllm, f"no longer has {entry.qualname}")
     if entry.kind == "method":
@@ -148,8 +183,8 @@ def check_entry(entry: VllmName, *, vllm_version: str | None = None) -> str | No
         if not callable(value):
             return _problem(entry, vllm, f"has {entry.qualname} but it is no longer callable")
         found = signature_text(value)
-        if found != entry.signature:
-            return _problem(entry, vllm, f"changed the signature of {entry.qualname} from {entry.signature} to {found}")
+        if found != expected:
+            return _problem(entry, vllm, f"changed the signature of {entry.qualname} from {expected} to {found}")
     return None
 
 
@@ -174,3 +209,17 @@ def installed_surface() -> dict[str, tuple[VllmName, ...]]:
     """Layer -> its table, for every installed layer that has one."""
     tables = {layer: layer_surface(layer) for layer in LAYER_DISTRIBUTIONS}
     return {layer: table for layer, table in tables.items() if table}
+
+
+def import_moved(name: str, *modules: str) -> Any:
+    """``name`` from the first of ``modules`` that has it: a public vLLM name that moved between releases of the
+    line (newest location first), read from what is installed instead of keyed on the version. ImportError naming
+    every place looked in when none has it."""
+    for module_name in modules:
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError:
+            continue
+        if hasattr(module, name):
+            return getattr(module, name)
+    raise ImportError(f"the installed vLLM has no {name} in any of {', '.join(modules)}")

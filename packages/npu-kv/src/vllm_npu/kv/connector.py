@@ -11,7 +11,7 @@ The decode side pulls (Mooncake reads) the prompt's blocks before the request's 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (
@@ -39,8 +39,11 @@ if TYPE_CHECKING:
 class MooncakeConnector(KVConnectorBase_V1):
     """Prefill-decode KV transfer over Mooncake; ``kv_role`` kv_producer (prefill), kv_consumer (decode) or kv_both."""
 
-    def __init__(self, vllm_config: VllmConfig, role: KVConnectorRole) -> None:
-        super().__init__(vllm_config, role)
+    def __init__(self, vllm_config: VllmConfig, role: KVConnectorRole, kv_cache_config: Any = None) -> None:
+        # vLLM 0.11.1 builds registered connectors with the KV-cache config as a third argument (0.11.0: two);
+        # the base class takes it where vLLM passes it.
+        extra = () if kv_cache_config is None else (kv_cache_config,)
+        cast(Any, super()).__init__(vllm_config, role, *extra)
         settings = connector_settings(vllm_config)
         assert vllm_config.kv_transfer_config is not None  # vLLM builds a connector only from one
         engine_id = str(vllm_config.kv_transfer_config.engine_id)

@@ -234,7 +234,10 @@ def _lightning_indexer_fake(
 
 def _register_op() -> None:
     from vllm.platforms import current_platform
-    from vllm.utils import direct_register_custom_op
+    from vllm_npu.interface import import_moved
+
+    # vLLM 0.11.1 split vllm.utils into submodules.
+    direct_register_custom_op = import_moved("direct_register_custom_op", "vllm.utils.torch_utils", "vllm.utils")
 
     direct_register_custom_op(
         op_name="npu_dsa_lightning_indexer",

@@ -5,7 +5,7 @@
 
 from __future__ import annotations
 
-from vllm_npu.interface import VllmName
+from vllm_npu.interface import REMOVED, VllmName
 
 SURFACE: tuple[VllmName, ...] = (
     VllmName(
@@ -52,8 +52,10 @@ SURFACE: tuple[VllmName, ...] = (
         "method",
         "calls",
         ("vllm_npu.ops.lora.punica",),
-        "PunicaWrapperNPU.add_expand adds the LoRA bias (enable_lora_bias) through vLLM's own helper",
+        "PunicaWrapperNPU.add_expand adds the LoRA bias (enable_lora_bias) through vLLM's own helper; vLLM 0.11.1 "
+        "removed LoRA bias with it, and PunicaWrapperNPUNoBias never calls it",
         signature="(self, indices, output, output_slices, lora_bias_stacked)",
+        changes=(("0.11.1", REMOVED),),
     ),
     VllmName(
         "vllm.lora.punica_wrapper.punica_base:PunicaWrapperBase",

@@ -22,7 +22,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from vllm_npu.interface import Scope, import_target, parse_range
+from vllm_npu.interface import Scope, import_target, in_range, parse_range, release_key
 
 from ._errors import PatchError
 
@@ -49,6 +49,9 @@ class Patch:
     - ``reason``: the behaviour that fails (or costs) without the patch, stated concretely.
     - ``removal``: when and how the patch goes away.
     - ``layer``: the vllm-npu layer that contributed the patch (``"patches"`` for the built-in set).
+    - ``changes``: later releases of the range whose code differs from the first one's, each reviewed (the patch is
+      still needed and still right there): ``(first vLLM release, ((dotted path, fingerprint), ...))`` in release
+      order; from that release on those fingerprints replace the earlier ones (see :meth:`fingerprints_for`).
     """
 
     id: str
@@ -62,6 +65,7 @@ class Patch:
     removal: str
     also_checks: tuple[tuple[str, str], ...] = field(default=())
     layer: str = "patches"
+    changes: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = field(default=())
 
     def __post_init__(self) -> None:
         where = f"patch {self.id!r}"
@@ -80,7 +84,19 @@ class Patch:
             raise PatchError(str(exc)) from None
         checks = self.also_checks.items() if isinstance(self.also_checks, Mapping) else self.also_checks
         object.__setattr__(self, "also_checks", tuple((str(p), str(f)) for p, f in checks))
-        for path, fp in self.fingerprints:
+        known = {path for path, _ in self.fingerprints}
+        releases = [release_key(release) for release, _ in self.changes]
+        if releases != sorted(releases) or len(set(releases)) != len(releases):
+            raise PatchError(f"{where}: changes must be in release order, one per release")
+        for release, prints in self.changes:
+            if not in_range(release, self.vllm, what=f"{where} vllm range"):
+                raise PatchError(f"{where}: changes names vLLM {release}, outside the patch's range {self.vllm!r}")
+            unknown = sorted({path for path, _ in prints} - known)
+            if unknown:
+                raise PatchError(
+                    f"{where}: changes of {release} fingerprints {unknown}, which the patch does not check"
+                )
+        for path, fp in (*self.fingerprints, *(item for _, prints in self.changes for item in prints)):
             if not _HEX64.match(fp):
                 raise PatchError(f"{where}: fingerprint of {path} must be 64 lowercase hex digits (sha256), got {fp!r}")
         for name in ("upstream", "reason", "removal"):
@@ -91,6 +107,14 @@ class Patch:
     def fingerprints(self) -> tuple[tuple[str, str], ...]:
         """Every (dotted path, expected fingerprint) the patch verifies before applying: the target first."""
         return ((self.target, self.fingerprint), *self.also_checks)
+
+    def fingerprints_for(self, vllm_version: str | None) -> tuple[tuple[str, str], ...]:
+        """:attr:`fingerprints` as the patch expects them on ``vllm_version`` (``changes`` applied up to it)."""
+        expected = dict(self.fingerprints)
+        for release, prints in self.changes:
+            if vllm_version is not None and release_key(vllm_version) >= release_key(release):
+                expected.update(prints)
+        return tuple(expected.items())
 
     def make_replacement(self, original: Any) -> Any:
         """Build the object that replaces ``original`` (imports the replacement module)."""

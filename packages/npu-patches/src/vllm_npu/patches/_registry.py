@@ -218,7 +218,7 @@ class PatchRegistry:
     @staticmethod
     def _verify(patch: Patch, version: str | None) -> Target:
         target = resolve(patch.target)
-        for path, expected in patch.fingerprints:
+        for path, expected in patch.fingerprints_for(version):
             obj = target.raw() if path == patch.target else resolve(path).raw()
             found = fingerprint_of(obj)
             if found != expected:

@@ -6,7 +6,7 @@ signatures. Checked by ``tests/test_vllm_surface.py`` and ``vllm-npu doctor --vl
 
 from __future__ import annotations
 
-from vllm_npu.interface import VllmName
+from vllm_npu.interface import REMOVED, VllmName
 
 _RUNNER = "vllm.v1.worker.gpu_model_runner:GPUModelRunner"
 _WORKER = "vllm.v1.worker.gpu_worker:Worker"
@@ -62,6 +62,7 @@ SURFACE: tuple[VllmName, ...] = (
         _MODEL_RUNNER,
         "initialize_kv_cache_tensors shapes those KV caches through it",
         signature="(self, kv_cache_config, kv_cache_raw_tensors)",
+        changes=(("0.11.1", "(self, kv_cache_config, kv_cache_raw_tensors, kernel_block_sizes)"),),
     ),
     VllmName(
         _RUNNER,
@@ -71,6 +72,7 @@ SURFACE: tuple[VllmName, ...] = (
         _MODEL_RUNNER,
         "the override binds DeepSeek-V3.2's MLA and indexer caches, which vLLM's bind_kv_cache rejects off CUDA",
         signature="(self, kv_cache_config)",
+        changes=(("0.11.1", "(self, kv_cache_config, kernel_block_sizes)"),),
     ),
     VllmName(
         _RUNNER,
@@ -169,9 +171,17 @@ SURFACE: tuple[VllmName, ...] = (
         "method",
         "overrides",
         _PLATFORM_MODULE,
-        "vLLM calls the override with these arguments to pick the attention backend",
+        "vLLM calls the override with these arguments to pick the attention backend (from 0.11.1 vLLM still calls "
+        "an override that has use_v1 the old way, plus attn_type as a tenth argument, which ours accepts)",
         signature="(selected_backend, head_size, dtype, kv_cache_dtype, block_size, use_v1, use_mla, has_sink, "
         "use_sparse)",
+        changes=(
+            (
+                "0.11.1",
+                "(selected_backend, head_size, dtype, kv_cache_dtype, block_size, use_mla, has_sink, use_sparse, "
+                "attn_type=None)",
+            ),
+        ),
     ),
     VllmName(
         _PLATFORM,
@@ -249,6 +259,8 @@ SURFACE: tuple[VllmName, ...] = (
         _MODEL_RUNNER,
         "capture_model captures the graphs of each runtime mode through it (warm-up and capture per size)",
         signature="(self, compilation_cases, cudagraph_runtime_mode, uniform_decode)",
+        # Same parameters on 0.11.1, but compilation_cases holds (num_tokens, activate_lora) pairs there (the
+        # capture passes them as such: model_runner.CAPTURE_CASES_WITH_LORA).
     ),
     VllmName(
         _RUNNER,
@@ -271,6 +283,14 @@ SURFACE: tuple[VllmName, ...] = (
         "estimate_graph_memory measures one eager forward at the largest capture size through it",
         signature="(self, num_tokens, cudagraph_runtime_mode=None, force_attention=False, uniform_decode=False, "
         "allow_microbatching=True, skip_eplb=False, is_profile=False, create_mixed_batch=False, remove_lora=True)",
+        changes=(
+            (
+                "0.11.1",
+                "(self, num_tokens, cudagraph_runtime_mode=None, force_attention=False, uniform_decode=False, "
+                "allow_microbatching=True, skip_eplb=False, is_profile=False, create_mixed_batch=False, "
+                "remove_lora=True, activate_lora=False)",
+            ),
+        ),
     ),
     VllmName(
         _RUNNER,
@@ -289,5 +309,66 @@ SURFACE: tuple[VllmName, ...] = (
         _MODEL_RUNNER,
         "the emulated profile_run pools once from its dummy forward for pooling models, as vLLM's profile_run does",
         signature="(self, hidden_states)",
+    ),
+    VllmName(
+        _PLATFORM,
+        "_enum",
+        "attribute",
+        "overrides",
+        _PLATFORM_MODULE,
+        "vLLM's is_out_of_tree() / is_cuda() and friends read it: PlatformEnum.OOT keeps every CUDA-only branch off",
+    ),
+    VllmName(
+        _RUNNER,
+        "initialize_cudagraph_capture",
+        "method",
+        "overrides",
+        _MODEL_RUNNER,
+        "vLLM 0.11.0 resolves the graph mode against the backends' graph support there; the torchair mode keeps its "
+        "mode (SFA's support is NEVER). 0.11.1 moved that into _check_and_update_cudagraph_mode",
+        signature="(self)",
+        changes=(("0.11.1", REMOVED),),
+    ),
+    VllmName(
+        _RUNNER,
+        "_check_and_update_cudagraph_mode",
+        "method",
+        "overrides",
+        _MODEL_RUNNER,
+        "vLLM 0.11.1 resolves the graph mode there, when it builds the attention backends; the torchair mode keeps "
+        "its mode",
+        signature="(self, attention_backends, kv_cache_groups)",
+        since="0.11.1",
+    ),
+    VllmName(
+        _RUNNER,
+        "sample_tokens",
+        "method",
+        "overrides",
+        _MODEL_RUNNER,
+        "vLLM 0.11.1 samples there (split out of execute_model); the override applies the grammar bitmask in _sample "
+        "and reports per-request faults on its output",
+        signature="(self, grammar_output)",
+        since="0.11.1",
+    ),
+    VllmName(
+        _RUNNER,
+        "execute_model_state",
+        "instance_attribute",
+        "reads",
+        _MODEL_RUNNER,
+        "sample_tokens reads the step's scheduler output (its scheduled draft tokens) from it, for the bitmask rows",
+        since="0.11.1",
+    ),
+    VllmName(
+        "vllm.v1.sample.rejection_sampler:RejectionSampler",
+        "_get_logprobs_tensors",
+        "method",
+        "calls",
+        ("vllm_npu.platform.sample.rejection_sampler",),
+        "vLLM 0.11.1's rejection sampler returns the accepted tokens' logprobs; NPURejectionSamplerWithSampler "
+        "computes them through it",
+        signature="(self, max_num_logprobs, metadata, logits, target_logits, bonus_logits, sampled_token_ids)",
+        since="0.11.1",
     ),
 )

@@ -47,8 +47,11 @@ sampling and logprobs, KV-cache allocation) is vLLM's own code. The overrides:
 from __future__ import annotations
 
 import gc
+import inspect
 import time
+from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
+from types import SimpleNamespace
 from typing import Any, cast
 
 import torch
@@ -76,6 +79,13 @@ logger = get_logger(__name__)
 # Smallest emulated profile run (tokens): a few prefill chunks' worth, enough to run every kernel path of a batch.
 EMULATED_PROFILE_MIN_TOKENS = 256
 
+#: vLLM 0.11.1 split sampling out of ``execute_model`` into ``sample_tokens(grammar_output)`` (read off the class).
+SPLIT_SAMPLING = hasattr(GPUModelRunner, "sample_tokens")
+#: vLLM 0.11.1 captures graphs per (num_tokens, activate_lora) case (``_dummy_run`` gained ``activate_lora`` with it).
+CAPTURE_CASES_WITH_LORA = "activate_lora" in inspect.signature(GPUModelRunner._dummy_run).parameters
+#: vLLM 0.11.1 resolves the graph mode when it builds the attention backends, no longer before capture.
+MODE_RESOLVED_AT_BACKEND_INIT = not hasattr(GPUModelRunner, "initialize_cudagraph_capture")
+
 
 class NPUModelRunner(GPUModelRunner):
     #: vLLM's process-wide ``num_cudagraph_captured`` when this runner was built (its captures are counted from here).
@@ -89,9 +99,9 @@ class NPUModelRunner(GPUModelRunner):
         with cuda_stream_api_as(self.device_backend):
             super().__init__(vllm_config, device)
         if hasattr(self, "rejection_sampler"):
-            from .sample import NPURejectionSampler
+            from .sample.rejection_sampler import make_rejection_sampler
 
-            self.rejection_sampler = NPURejectionSampler()
+            self.rejection_sampler = make_rejection_sampler(getattr(self, "sampler", None))
         if hasattr(self, "sampler"):
             from .sample import NPUTopKTopPSampler
 
@@ -176,24 +186,50 @@ class NPUModelRunner(GPUModelRunner):
         return out
 
     def execute_model(self, scheduler_output: Any, intermediate_tensors: Any | None = None) -> Any:
+        if SPLIT_SAMPLING:
+            # vLLM 0.11.1: the forward only; sampling (and the grammar bitmask) is sample_tokens' step.
+            return self._step(lambda: super(NPUModelRunner, self).execute_model(scheduler_output, intermediate_tensors))
         # The grammar bitmask is applied by _sample (sample.grammar: every logits dtype, per-request faults), so
         # vLLM's own apply_grammar_bitmask must not see it; the scheduler's object gets it back afterwards.
         bitmask, scheduler_output.grammar_bitmask = scheduler_output.grammar_bitmask, None
         self._grammar_step = (scheduler_output, bitmask) if bitmask is not None else None
-        self._request_faults: dict[str, str] = {}
         try:
-            # vLLM's execute_model makes CUDA streams/events only for async scheduling (AsyncGPUModelRunnerOutput;
-            # dual-batch overlap would too, but the platform refuses it); otherwise the shim's swap of torch.cuda's
-            # names is per-step cost for nothing (the events of __init__ were made under the shim already).
-            if self.use_async_scheduling:
-                with cuda_stream_api_as(self.device_backend):
-                    output = super().execute_model(scheduler_output, intermediate_tensors)
-            else:
-                output = super().execute_model(scheduler_output, intermediate_tensors)
+            return self._step(lambda: super(NPUModelRunner, self).execute_model(scheduler_output, intermediate_tensors))
         finally:
             scheduler_output.grammar_bitmask = bitmask
             self._grammar_step = None
-        if self._request_faults:
+
+    def sample_tokens(self, grammar_output: Any | None) -> Any:
+        """vLLM 0.11.1's sampling step (it split sampling out of ``execute_model``). Its grammar bitmask goes to
+        :meth:`_sample` as on 0.11.0 (vLLM's own ``apply_grammar_bitmask`` gets None)."""
+        state = cast(Any, self).execute_model_state  # vLLM 0.11.1: the forward's state, None if nothing ran
+        if grammar_output is not None and state is not None:
+            # The scheduler's (request -> bitmask row) order and the step's draft tokens, as 0.11.0's SchedulerOutput
+            # carried them for sample.grammar.structured_rows.
+            step = SimpleNamespace(
+                structured_output_request_ids={
+                    r: i for i, r in enumerate(grammar_output.structured_output_request_ids)
+                },
+                scheduled_spec_decode_tokens=state[0].scheduled_spec_decode_tokens,
+            )
+            self._grammar_step = (step, grammar_output.grammar_bitmask)
+        try:
+            return self._step(lambda: cast(Any, super(NPUModelRunner, self)).sample_tokens(None))
+        finally:
+            self._grammar_step = None
+
+    def _step(self, run: Callable[[], Any]) -> Any:
+        """Run one vLLM step method, reporting the requests whose own logits processing failed on its output."""
+        self._request_faults: dict[str, str] = {}
+        # vLLM's execute_model makes CUDA streams/events only for async scheduling (AsyncGPUModelRunnerOutput;
+        # dual-batch overlap would too, but the platform refuses it); otherwise the shim's swap of torch.cuda's
+        # names is per-step cost for nothing (the events of __init__ were made under the shim already).
+        if self.use_async_scheduling:
+            with cuda_stream_api_as(self.device_backend):
+                output = run()
+        else:
+            output = run()
+        if self._request_faults and output is not None:
             # AsyncGPUModelRunnerOutput hands the scheduler its inner ModelRunnerOutput (get_output()).
             inner = output._model_runner_output if isinstance(output, AsyncGPUModelRunnerOutput) else output
             report_request_faults(inner, self._request_faults)
@@ -280,22 +316,36 @@ class NPUModelRunner(GPUModelRunner):
         return max(0, backend.peak_memory_allocated(self.device) - base)
 
     def initialize_cudagraph_capture(self) -> None:
+        """vLLM 0.11.0 resolves the graph mode against the attention backends' graph support here, before capture;
+        0.11.1 does it when it builds the backends (:meth:`_check_and_update_cudagraph_mode`), so nothing is left."""
         if torchair_enabled(self.vllm_config):
-            # torchair compiles the decode forward instead of capturing it: attention stays an op called with each
-            # step's metadata, so the backends' graph support (SFA's is NEVER) must not downgrade the mode to NONE.
-            mode = self.compilation_config.cudagraph_mode
-            if mode is None:  # VllmConfig resolves it before any runner exists
-                raise RuntimeError("compilation_config.cudagraph_mode was not resolved")
-            self.cudagraph_dispatcher.initialize_cudagraph_keys(mode, self.uniform_decode_query_len)
+            self._torchair_graph_keys()
+        elif not MODE_RESOLVED_AT_BACKEND_INIT:
+            super().initialize_cudagraph_capture()
+
+    def _check_and_update_cudagraph_mode(self, attention_backends: Any, kv_cache_groups: Any) -> None:
+        """vLLM 0.11.1's resolution of the graph mode (0.11.0: in :meth:`initialize_cudagraph_capture`)."""
+        if torchair_enabled(self.vllm_config):
+            self._torchair_graph_keys()
             return
-        super().initialize_cudagraph_capture()
+        cast(Any, super())._check_and_update_cudagraph_mode(attention_backends, kv_cache_groups)
+
+    def _torchair_graph_keys(self) -> None:
+        # torchair compiles the decode forward instead of capturing it: attention stays an op called with each step's
+        # metadata, so the backends' graph support (SFA's is NEVER) must not downgrade the mode to NONE.
+        mode = self.compilation_config.cudagraph_mode
+        if mode is None:  # VllmConfig resolves it before any runner exists
+            raise RuntimeError("compilation_config.cudagraph_mode was not resolved")
+        self.cudagraph_dispatcher.initialize_cudagraph_keys(mode, self.uniform_decode_query_len)
 
     def _capture_sizes(self, sizes: list[int], runtime_mode: CUDAGraphMode, uniform_decode: bool) -> None:
         """vLLM's capture loop over ``sizes`` (each warmed up eagerly ``cudagraph_num_of_warmups`` times, runtime mode
         NONE, then captured); a capture that runs out of device streams (ACL error 0x7020023) is re-raised with the
         stream budget and the knobs that fix it."""
         try:
-            self._capture_cudagraphs(sizes, cudagraph_runtime_mode=runtime_mode, uniform_decode=uniform_decode)
+            # vLLM 0.11.1 captures (num_tokens, activate_lora) cases; LoRA runs eagerly here, so never with LoRA.
+            cases: list[Any] = [(size, False) for size in sizes] if CAPTURE_CASES_WITH_LORA else list(sizes)
+            self._capture_cudagraphs(cases, cudagraph_runtime_mode=runtime_mode, uniform_decode=uniform_decode)
         except Exception as error:
             if not is_stream_exhaustion(error):
                 raise
@@ -372,11 +422,17 @@ class NPUModelRunner(GPUModelRunner):
         n = self._num_attn_module()
         return len({extract_layer_index(name, n) for name in names}) < len(names)
 
-    def initialize_kv_cache_tensors(self, kv_cache_config: KVCacheConfig) -> dict[str, torch.Tensor]:
-        """Allocate, shape and bind the KV caches; returns layer name -> cache tensor (vLLM's contract)."""
+    def initialize_kv_cache_tensors(
+        self, kv_cache_config: KVCacheConfig, *kernel_block_sizes: list[int]
+    ) -> dict[str, torch.Tensor]:
+        """Allocate, shape and bind the KV caches; returns layer name -> cache tensor (vLLM's contract).
+
+        ``kernel_block_sizes`` (one block size per KV-cache group) is the argument vLLM 0.11.1 added to this method
+        and to ``_reshape_kv_cache_tensors``: passed through when vLLM gives it, absent on 0.11.0."""
         if not self._cache_layers_share_an_index(kv_cache_config):
-            return super().initialize_kv_cache_tensors(kv_cache_config)
-        kv_caches = self._reshape_kv_cache_tensors(kv_cache_config, self._allocate_kv_cache_tensors(kv_cache_config))
+            return super().initialize_kv_cache_tensors(kv_cache_config, *kernel_block_sizes)
+        raw = self._allocate_kv_cache_tensors(kv_cache_config)
+        kv_caches = self._reshape_kv_cache_tensors(kv_cache_config, raw, *kernel_block_sizes)
         for layer_name, target_layer_name in self.shared_kv_cache_layers.items():
             kv_caches[layer_name] = kv_caches[target_layer_name]
         n = self._num_attn_module()

@@ -86,6 +86,10 @@ class NPUPlatform(Platform):
     def __init__(self) -> None:
         # vLLM instantiates the platform when `current_platform` is first touched and does not swallow errors here:
         # `VLLM_NPU_DEVICE=npu` on a host without an NPU surfaces as this clear error, not a silent fallback.
+        # First of all, a vLLM outside the tested releases: one refusal, before any vLLM internal can fail.
+        from vllm_npu.interface import SUPPORTED_VLLM, require_tested_vllm
+
+        require_tested_vllm(SUPPORTED_VLLM)
         current_device().raise_if_unusable()
         # Validate the VLLM_NPU_* variables here too: errors raised in check_and_update_config reach the user
         # wrapped in pydantic's ValidationError of VllmConfig, this one arrives as the ConfigError itself.
@@ -252,7 +256,11 @@ class NPUPlatform(Platform):
         use_mla: bool,
         has_sink: bool,
         use_sparse: bool = False,
+        attn_type: str | None = None,
     ) -> str:
+        """The attention backend. vLLM 0.11.1 dropped ``use_v1`` from its signature but still calls an override
+        that has it positionally as 0.11.0 did, with ``attn_type`` (decoder, encoder...) appended, which the NPU
+        backends do not branch on (vLLM 0.11.0 does not pass it)."""
         from vllm_npu.interface import require
 
         require("attention", "the NPU platform runs attention through the npu-attention layer")

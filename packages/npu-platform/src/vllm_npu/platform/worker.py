@@ -38,6 +38,7 @@ from vllm_npu.interface import (
     ConfigError,
     DeviceMode,
     EnvConfig,
+    compilation_level,
     configure_kernels,
     current_mode,
     get_logger,
@@ -301,10 +302,10 @@ class NPUWorker(Worker):
 
     def npu_runtime_info(self) -> dict[str, Any]:
         """What actually runs in this worker (a ``collective_rpc`` target for tests and ``vllm-npu`` tooling)."""
-        from vllm.attention.layer import Attention
         from vllm.compilation.counter import compilation_counter
         from vllm.config import get_layers_from_vllm_config
         from vllm.distributed.parallel_state import get_tp_group
+        from vllm.model_executor.layers.attention_layer_base import AttentionLayerBase
 
         from .graphs.torchair import TORCHAIR_STATS
         from .graphs.wrapper import GRAPH_STATS
@@ -312,8 +313,14 @@ class NPUWorker(Worker):
         runner = self.model_runner
         cudagraph_mode = self.vllm_config.compilation_config.cudagraph_mode
         assert cudagraph_mode is not None, "VllmConfig.__post_init__ always sets cudagraph_mode"
-        attn_layers = get_layers_from_vllm_config(self.vllm_config, Attention)
-        backends = sorted({_class_path(layer.attn_backend) for layer in attn_layers.values()})
+        # vLLM's attention layers: Attention, and from 0.11.1 MLAAttention too (AttentionLayerBase covers both; the
+        # other subclasses, e.g. Mamba layers, have no impl).
+        attn_layers = {
+            name: layer
+            for name, layer in get_layers_from_vllm_config(self.vllm_config, AttentionLayerBase).items()  # type: ignore[type-abstract]
+            if hasattr(layer, "impl")
+        }
+        backends = sorted({_class_path(layer.get_attn_backend()) for layer in attn_layers.values()})
         impls = sorted({_class_path(type(layer.impl)) for layer in attn_layers.values()})
         context = self.compilation_config.static_forward_context
         kv_shapes = [tuple(t.shape) for t in tensors_of(runner, context, "kv_cache")][:1]
@@ -346,7 +353,7 @@ class NPUWorker(Worker):
             # that count them: the MLA backend's).
             "multi_token_decode_builds": _multi_token_decode_builds(runner),
             "rank": self.rank,
-            "compilation_level": self.vllm_config.compilation_config.level,
+            "compilation_level": compilation_level(self.vllm_config.compilation_config),
             "piecewise_graphs_seen": compilation_counter.num_piecewise_graphs_seen,
             "cudagraph_mode": cudagraph_mode.name,
             "capture_sizes": sorted(self.vllm_config.compilation_config.cudagraph_capture_sizes or []),

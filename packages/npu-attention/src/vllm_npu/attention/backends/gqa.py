@@ -87,12 +87,26 @@ def decode_lens_refresh(layer_name: str, batch: int) -> Refresh:
     return refresh
 
 
+def _backend_name() -> str:
+    """The GQA backend's name for vLLM. From 0.11.1 vLLM's ``Attention`` looks the name up in its
+    ``AttentionBackendEnum``, whose member for out-of-tree backends is ``CUSTOM`` (what vllm-ascend's GQA backend
+    returns on vLLM 0.12: v0.12.0rc1 attention_v1.py); 0.11.0 has no such lookup and the name is our own."""
+    try:
+        from vllm.attention.backends.registry import AttentionBackendEnum  # type: ignore[import-not-found, unused-ignore]
+    except ImportError:
+        return "ASCEND"
+    return "CUSTOM" if "CUSTOM" in AttentionBackendEnum.__members__ else "ASCEND"
+
+
+_BACKEND_NAME = _backend_name()
+
+
 class AscendAttentionBackend(AttentionBackend):
     accept_output_buffer: bool = True
 
     @staticmethod
     def get_name() -> str:
-        return "ASCEND"
+        return _BACKEND_NAME
 
     @staticmethod
     def get_impl_cls() -> type[AscendAttentionImpl]:

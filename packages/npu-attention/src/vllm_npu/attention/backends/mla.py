@@ -194,6 +194,7 @@ class AscendMLAMetadataBuilder(AttentionMetadataBuilder[AscendMLAMetadata]):
     # lengths are refreshed before every replay; block tables and slot mappings are views of vLLM's persistent
     # buffers. Prefill kernels take per-request host lists (query/context lengths, chunk plans) no update follows.
     cudagraph_support: ClassVar[AttentionCGSupport] = AttentionCGSupport.UNIFORM_SINGLE_TOKEN_DECODE
+    _cudagraph_support: ClassVar[AttentionCGSupport] = cudagraph_support  # vLLM 0.11.1's name for it
     reorder_batch_threshold: int = 1
 
     def __init__(self, kv_cache_spec: AttentionSpec, layer_names: list[str], vllm_config: Any, device: torch.device):

@@ -62,6 +62,7 @@ class AscendSFAMetadataBuilder(AttentionMetadataBuilder[AscendSFAMetadata]):
     # updates (compilation/acl_graph.py) cover only npu_fused_infer_attention_score and _npu_paged_attention, not
     # the custom npu_sparse_flash_attention / npu_lightning_indexer ops.
     cudagraph_support: ClassVar[AttentionCGSupport] = AttentionCGSupport.NEVER
+    _cudagraph_support: ClassVar[AttentionCGSupport] = cudagraph_support  # vLLM 0.11.1's name for it
     reorder_batch_threshold: int | None = None
 
     # Not a no-op: vLLM declares AttentionMetadataBuilder.__init__ abstract, so a builder must define its own.

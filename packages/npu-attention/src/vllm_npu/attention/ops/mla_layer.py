@@ -38,10 +38,10 @@ from typing import Any
 
 import torch
 from vllm.forward_context import get_forward_context
-from vllm.model_executor.layers.mla import MultiHeadLatentAttention
 from vllm_npu.interface import Kernel
 
 from ..backends.mla import AscendMLAImpl, AscendMLAMetadata
+from .mla_base import VllmMLALayer
 from .mla_cache import KV_RMSNORM_ROPE_CACHE, interleave_rope_reference, latent_cache_planes
 
 
@@ -63,17 +63,17 @@ INTERLEAVE_ROPE = Kernel("interleave_rope", npu=interleave_rope_npu, reference=i
 def _model_is_traced() -> bool:
     """Whether the model being built is traced by Dynamo: PIECEWISE graphs (Dynamo pieces) or the torchair mode
     (``torch.compile`` of the decode forward). FULL_DECODE_ONLY graphs capture the eager module as it runs."""
-    from vllm.config import CompilationLevel, get_current_vllm_config
-    from vllm_npu.interface import AdditionalConfig
+    from vllm.config import get_current_vllm_config
+    from vllm_npu.interface import NO_COMPILATION, AdditionalConfig, compilation_level
 
     config = get_current_vllm_config()
-    if config.compilation_config.level not in (None, CompilationLevel.NO_COMPILATION):
+    if compilation_level(config.compilation_config) not in (None, NO_COMPILATION):
         return True
     extra = config.additional_config  # the platform refused a non-object --additional-config already
     return AdditionalConfig.from_vllm(extra if isinstance(extra, Mapping) else None).graph_mode == "torchair"
 
 
-def _fusable(layer: MultiHeadLatentAttention) -> bool:
+def _fusable(layer: VllmMLALayer) -> bool:
     rope = layer.rotary_emb
     norm = layer.kv_a_layernorm
     return (
@@ -89,8 +89,9 @@ def _fusable(layer: MultiHeadLatentAttention) -> bool:
     )
 
 
-class AscendMultiHeadLatentAttention(MultiHeadLatentAttention):
-    """Registered for vLLM's ``MultiHeadLatentAttention`` (``CustomOp.register_oot``, by the attention layer's hooks)."""
+class AscendMultiHeadLatentAttention(VllmMLALayer):
+    """Registered for vLLM's MLA layer (``MultiHeadLatentAttention``, ``MultiHeadLatentAttentionWrapper`` from 0.11.1;
+    :mod:`.mla_base`) through ``CustomOp.register_oot``, by the attention layer's hooks."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

@@ -15,6 +15,13 @@ LORA_NPU_LAYERS = Patch(
     scope=Scope.WORKER,
     vllm=">=0.11.0,<0.12",
     fingerprint="3f95a3a9ddb723a549333072fa9eb3726e4b61a42b341418beb08bf41009d3e9",
+    # 0.11.1: from_layer only reformatted (its logic the same). Reviewed on 0.11.1/0.11.2.
+    changes=(
+        (
+            "0.11.1",
+            (("vllm.lora.models.from_layer", "200d4e45a9119a65ab6fc0faa0029d7dc1b52f0a3cc12218b3922251d0993edd"),),
+        ),
+    ),
     also_checks=(
         # the caller: it looks from_layer up as a global of vllm.lora.models when it builds the LoRA modules
         (

@@ -11,10 +11,16 @@ and for the logits (one row per request). A batch in which no token uses a LoRA 
 Eager only: the wrapper decides per batch in Python (whether any token uses a LoRA, how many segments), which a
 captured graph would freeze, so it refuses to be traced (:func:`_eager_only`) instead of replaying the first batch's
 decisions for every later one.
+
+vLLM 0.11.1 dropped LoRA bias (``enable_lora_bias``): its layers call ``add_lora_linear`` and ``add_expand``
+positionally without ``lora_bias_stacked``. ``PunicaWrapperNPU`` is the variant of the installed vLLM's wrapper API
+(:func:`vllm_has_lora_bias` reads it off ``PunicaWrapperBase``): :class:`PunicaWrapperNPUWithBias` for 0.11.0,
+:class:`PunicaWrapperNPUNoBias` from 0.11.1 on; both run the same kernels.
 """
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 import torch
@@ -35,7 +41,12 @@ def _eager_only() -> None:
         )
 
 
-class PunicaWrapperNPU(PunicaWrapperBase):
+def vllm_has_lora_bias() -> bool:
+    """Whether the installed vLLM's wrapper API carries LoRA bias (0.11.0) or not (0.11.1 on)."""
+    return "lora_bias_stacked" in inspect.signature(PunicaWrapperBase.add_lora_linear).parameters
+
+
+class _PunicaWrapperNPUBase(PunicaWrapperBase):
     """Multi-LoRA shrink/expand for the NPU (and, with the reference kernels, the emulated device)."""
 
     def __init__(
@@ -100,16 +111,15 @@ class PunicaWrapperNPU(PunicaWrapperBase):
             else:
                 out.zero_()
 
-    def add_expand(
+    def _expand_slices(
         self,
         y: torch.Tensor,
         x: Tensors,
         lora_b_stacked: tuple[torch.Tensor, ...],
         lora_bias_stacked: tuple[torch.Tensor, ...] | None,
         output_slices: tuple[int, ...],
-        offset_start: int = 0,
-        add_inputs: bool = True,
-        **kwargs: Any,
+        offset_start: int,
+        add_inputs: bool,
     ) -> None:
         """``y[t, slice i] += x[i][t] @ B_i[lora(t)]^T (+ bias_i[lora(t)])``, the slices laid side by side from
         ``offset_start``."""
@@ -133,7 +143,7 @@ class PunicaWrapperNPU(PunicaWrapperBase):
             return
         self._expand(y, x, lora_b_stacked, 0, min(lora_b_stacked.shape[-2], y.shape[-1]), add_inputs)
 
-    def add_lora_linear(
+    def _lora_linear(
         self,
         y: torch.Tensor,
         x: torch.Tensor,
@@ -142,9 +152,7 @@ class PunicaWrapperNPU(PunicaWrapperBase):
         lora_bias_stacked: tuple[torch.Tensor, ...] | None,
         scale: float,
         output_slices: tuple[int, ...],
-        *,
-        buffer: tuple[torch.Tensor, ...] | None = None,
-        **kwargs: Any,
+        buffer: tuple[torch.Tensor, ...] | None,
     ) -> None:
         """``y[t, slice i] += scale * x[t] @ A_i[lora(t)]^T @ B_i[lora(t)]^T (+ bias)``, in place on ``y``."""
         _eager_only()
@@ -161,7 +169,7 @@ class PunicaWrapperNPU(PunicaWrapperBase):
             # float32 like vLLM's kernels: the rank-r intermediate keeps full precision
             buffer = tuple(torch.zeros((x.size(0), r), dtype=torch.float32, device=x.device) for _ in output_slices)
         self.add_shrink(buffer, x, lora_a_stacked, scale)
-        self.add_expand(y, buffer, lora_b_stacked, lora_bias_stacked, output_slices, add_inputs=True)
+        self._expand_slices(y, buffer, lora_b_stacked, lora_bias_stacked, output_slices, 0, True)
 
     def add_lora_logits(
         self,
@@ -185,3 +193,76 @@ class PunicaWrapperNPU(PunicaWrapperBase):
             buffer = torch.zeros((x.size(0), lora_b_stacked.size(-1)), dtype=torch.float32, device=x.device)
         self._bgmv_shrink(x, lora_a_stacked, buffer, indices, scale)
         self._bgmv_expand(buffer, lora_b_stacked, y2, indices, 0, min(lora_b_stacked.shape[-2], y2.shape[-1]), True)
+
+
+class PunicaWrapperNPUWithBias(_PunicaWrapperNPUBase):
+    """vLLM 0.11.0's wrapper API: ``add_expand`` and ``add_lora_linear`` take ``lora_bias_stacked``."""
+
+    def add_expand(
+        self,
+        y: torch.Tensor,
+        x: Tensors,
+        lora_b_stacked: tuple[torch.Tensor, ...],
+        lora_bias_stacked: tuple[torch.Tensor, ...] | None,
+        output_slices: tuple[int, ...],
+        offset_start: int = 0,
+        add_inputs: bool = True,
+        **kwargs: Any,
+    ) -> None:
+        """``y[t, slice i] += x[i][t] @ B_i[lora(t)]^T (+ bias_i[lora(t)])``, the slices laid side by side from
+        ``offset_start``."""
+        self._expand_slices(y, x, lora_b_stacked, lora_bias_stacked, output_slices, offset_start, add_inputs)
+
+    def add_lora_linear(
+        self,
+        y: torch.Tensor,
+        x: torch.Tensor,
+        lora_a_stacked: tuple[torch.Tensor, ...],
+        lora_b_stacked: tuple[torch.Tensor, ...],
+        lora_bias_stacked: tuple[torch.Tensor, ...] | None,
+        scale: float,
+        output_slices: tuple[int, ...],
+        *,
+        buffer: tuple[torch.Tensor, ...] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        """``y[t, slice i] += scale * x[t] @ A_i[lora(t)]^T @ B_i[lora(t)]^T (+ bias)``, in place on ``y``."""
+        self._lora_linear(y, x, lora_a_stacked, lora_b_stacked, lora_bias_stacked, scale, output_slices, buffer)
+
+
+class PunicaWrapperNPUNoBias(_PunicaWrapperNPUBase):
+    """vLLM 0.11.1's wrapper API (LoRA bias removed). The type checker sees 0.11.0's base class, hence the ignores."""
+
+    def add_expand(  # type: ignore[override]
+        self,
+        y: torch.Tensor,
+        x: Tensors,
+        lora_b_stacked: tuple[torch.Tensor, ...],
+        output_slices: tuple[int, ...],
+        offset_start: int = 0,
+        add_inputs: bool = True,
+        **kwargs: Any,
+    ) -> None:
+        """``y[t, slice i] += x[i][t] @ B_i[lora(t)]^T``, the slices laid side by side from ``offset_start``."""
+        self._expand_slices(y, x, lora_b_stacked, None, output_slices, offset_start, add_inputs)
+
+    def add_lora_linear(  # type: ignore[override]
+        self,
+        y: torch.Tensor,
+        x: torch.Tensor,
+        lora_a_stacked: tuple[torch.Tensor, ...],
+        lora_b_stacked: tuple[torch.Tensor, ...],
+        scale: float,
+        output_slices: tuple[int, ...],
+        *,
+        buffer: tuple[torch.Tensor, ...] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        """``y[t, slice i] += scale * x[t] @ A_i[lora(t)]^T @ B_i[lora(t)]^T``, in place on ``y``."""
+        self._lora_linear(y, x, lora_a_stacked, lora_b_stacked, None, scale, output_slices, buffer)
+
+
+#: The wrapper vLLM's ``get_punica_wrapper`` names: the variant of the installed vLLM's API.
+PunicaWrapperNPU: type[_PunicaWrapperNPUBase] = (
+    PunicaWrapperNPUWithBias if vllm_has_lora_bias() else PunicaWrapperNPUNoBias
+)

@@ -41,11 +41,10 @@ import dataclasses
 import functools
 import inspect
 from collections.abc import Callable
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 from vllm.model_executor.layers.fused_moe.layer import FusedMoE, UnquantizedFusedMoEMethod, determine_expert_map
-from vllm.model_executor.layers.shared_fused_moe.shared_fused_moe import SharedFusedMoE
 from vllm_npu.interface import (
     AdditionalConfig,
     ConfigError,
@@ -65,6 +64,18 @@ from .gating import RoutingConfig
 from .mc2 import MC2Comm, mc2_candidate, mc2_tokens_capacity
 from .overlap import SideStream, device_stream_api
 from .placement import ExpertPlacement, layer_index, load_expert_map
+
+if TYPE_CHECKING:
+    from vllm.model_executor.layers.shared_fused_moe.shared_fused_moe import SharedFusedMoE
+else:
+    from vllm_npu.interface import import_moved
+
+    # vLLM 0.11.1 moved it into the fused_moe package (the type checker sees 0.11.0's location).
+    SharedFusedMoE = import_moved(
+        "SharedFusedMoE",
+        "vllm.model_executor.layers.fused_moe.shared_fused_moe",
+        "vllm.model_executor.layers.shared_fused_moe.shared_fused_moe",
+    )
 
 logger = get_logger(__name__)
 _LOGGED_REFUSALS: set[str] = set()

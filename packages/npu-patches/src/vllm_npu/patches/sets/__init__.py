@@ -1,6 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
-"""The built-in patch set for vLLM 0.11.0: pure declarations (strings only), so importing this module is cheap.
+"""The built-in patch set for the vLLM 0.11 line (written on 0.11.0; ``changes`` record the code of 0.11.1 and
+0.11.2, reviewed): pure declarations (strings only), so importing this module is cheap.
 
 Each patch states the behaviour that fails (or costs) without it, its upstream reference and its removal plan.
 Implementations live beside this file and are imported only when a patch is applied. The rendered table is
@@ -88,6 +89,19 @@ EPLB_PLATFORM_CHECK = Patch(
     scope=Scope.PLATFORM,
     vllm=">=0.11.0,<0.12",
     fingerprint="18326577a4f466c945ef4e46f387ea26cde4a399cdb15b021b444e2dcc1b4f84",
+    # 0.11.1 refuses EPLB off CUDA-alike platforms (is_cuda_alike) in the same block; the other EPLB checks moved
+    # (num_redundant_experts < 0 is EPLBConfig's now: check_eplb repeating it is harmless). Reviewed on 0.11.1/0.11.2.
+    changes=(
+        (
+            "0.11.1",
+            (
+                (
+                    "vllm.config.parallel.ParallelConfig.__post_init__",
+                    "40ef150a32ad94b81638e807e01d622dbc125b992fdcd07934480fc6ffc4222d",
+                ),
+            ),
+        ),
+    ),
     upstream="none filed yet. Fix to propose: ask the platform (a Platform.supports_eplb() hook, False by default, "
     "True for CUDA) instead of current_platform.is_cuda() in ParallelConfig.__post_init__",
     reason="vLLM refuses --enable-eplb on every platform but CUDA at config time, although EplbState and its "
@@ -106,6 +120,23 @@ SHUTDOWN_ENDS_REQUESTS = Patch(
     scope=Scope.PLATFORM,
     vllm=">=0.11.0,<0.12",
     fingerprint="39837966ac93f7633c22bb2d06d40092082483275d5ec881c6f7e5575130afd3",
+    # 0.11.1: shutdown checks output_handler for None; abort_requests releases the LoRA state through
+    # request_finished and still hands each aborted request its ABORT output. Reviewed on 0.11.1/0.11.2.
+    changes=(
+        (
+            "0.11.1",
+            (
+                (
+                    "vllm.v1.engine.async_llm.AsyncLLM.shutdown",
+                    "61774f32aa351b575ee4d1212d41f35589d79df1a6721b8ac4c6a9c67dee87a3",
+                ),
+                (
+                    "vllm.v1.engine.output_processor.OutputProcessor.abort_requests",
+                    "6c987f619069ab38b0e50e29ef30f3ae6afee3e3ea293567d39ab1aeb50a67e7",
+                ),
+            ),
+        ),
+    ),
     also_checks=(
         # the replacement relies on it handing each aborted request a final output with FinishReason.ABORT
         (
@@ -132,6 +163,23 @@ REQUEST_FAULT_ISOLATION = Patch(
     scope=Scope.PLATFORM,
     vllm=">=0.11.0,<0.12",
     fingerprint="2631ab000e5bc3a6fdc5e6f6f8f991b359f72211c826e652976c32291fa7534a",
+    # 0.11.1: update_from_output skips requests whose KV load failed and publishes KV events; finish_requests skips
+    # finished requests. The replacement wraps the original, so it still fits. Reviewed on 0.11.1/0.11.2.
+    changes=(
+        (
+            "0.11.1",
+            (
+                (
+                    "vllm.v1.core.sched.scheduler.Scheduler.update_from_output",
+                    "9644fd36a95004a46dca6e2da45635f4c39956c8fd5bfbf05faace832d027b2f",
+                ),
+                (
+                    "vllm.v1.core.sched.scheduler.Scheduler.finish_requests",
+                    "49c9ad9caa8d6305c12a914b5c31e3d6bd8e458edaf2e74d6594332a4bbba407",
+                ),
+            ),
+        ),
+    ),
     also_checks=(
         # frees, unqueues and reports (finished_req_ids) the failed requests before vLLM's loop skips them
         (

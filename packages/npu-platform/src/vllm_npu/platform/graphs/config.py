@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from vllm_npu.interface import ConfigError, get_logger
 
@@ -366,10 +366,25 @@ LAUNCH_BLOCKING = (
 )
 
 
+def set_capture_sizes(compilation: Any, sizes: list[int]) -> None:
+    """Make ``sizes`` vLLM's capture sizes, with everything vLLM derives from them (compile sizes, the padded batch
+    size of each batch size, the largest size). vLLM 0.11.0 does it in ``init_with_cudagraph_sizes`` (sizes kept in
+    descending order, ``max_capture_size``); 0.11.1 in ``post_init_cudagraph_sizes`` after the sizes (ascending) and
+    ``max_cudagraph_capture_size`` are set. Reads which one the installed vLLM has."""
+    if hasattr(compilation, "post_init_cudagraph_sizes"):
+        compilation.cudagraph_capture_sizes = sorted(set(sizes))
+        compilation.max_cudagraph_capture_size = max(sizes, default=0)
+        compilation.post_init_cudagraph_sizes()
+    else:
+        compilation.cudagraph_capture_sizes = None  # else vLLM keeps the configured list over the argument
+        compilation.init_with_cudagraph_sizes(list(sizes))
+
+
 def configure_graphs(vllm_config: VllmConfig, graph_mode: str, emulated: bool) -> GraphPlan:
     """Set vLLM's compilation config for the resolved graph mode (see the module docstring); returns the plan."""
-    from vllm.config import CompilationLevel, CUDAGraphMode
+    from vllm.config import CUDAGraphMode
     from vllm.config.compilation import CompilationConfig
+    from vllm_npu.interface import NO_COMPILATION, PIECEWISE, set_compilation_level
 
     compilation = vllm_config.compilation_config
     mode, reason = _resolve_mode(vllm_config, graph_mode, emulated)
@@ -379,11 +394,10 @@ def configure_graphs(vllm_config: VllmConfig, graph_mode: str, emulated: bool) -
     model = vllm_config.model_config
 
     if mode == "NONE":
-        compilation.level = CompilationLevel.NO_COMPILATION
+        set_compilation_level(compilation, NO_COMPILATION)
         if model is not None:
             model.enforce_eager = True
-        compilation.cudagraph_capture_sizes = []
-        compilation.init_with_cudagraph_sizes([])
+        set_capture_sizes(compilation, [])
         return GraphPlan(mode, (), reason)
 
     if graph_mode != "torchair" and os.environ.get("ASCEND_LAUNCH_BLOCKING", "0") == "1":
@@ -399,14 +413,14 @@ def configure_graphs(vllm_config: VllmConfig, graph_mode: str, emulated: bool) -
     if mode == "PIECEWISE":
         # Dynamo captures the model, split at the attention ops (their metadata changes every step, so they run
         # between the graphs); the pieces stay FX graphs (torch_npu has no supported inductor backend for vLLM).
-        compilation.level = CompilationLevel.PIECEWISE
+        set_compilation_level(compilation, PIECEWISE)
         compilation.use_inductor = False
         user_ops = list(compilation.splitting_ops or [])
         compilation.splitting_ops = user_ops + [op for op in CompilationConfig._attention_ops if op not in user_ops]
     else:
         # FULL_DECODE_ONLY: decode batches replay one graph of the whole model; every other batch runs eagerly.
         # Dynamo pieces would run those eagerly too (no inductor on the NPU), so the model is not compiled.
-        compilation.level = CompilationLevel.NO_COMPILATION
+        set_compilation_level(compilation, NO_COMPILATION)
     budget = stream_budget(vllm_config, mode)
     kept = thin_sizes(sizes, budget.max_sizes)
     hint = (
@@ -417,6 +431,5 @@ def configure_graphs(vllm_config: VllmConfig, graph_mode: str, emulated: bool) -
     logger.info("ACL graph stream budget (%s): %s%s", mode, budget.describe(), hint)
     if len(kept) < len(set(sizes)):
         logger.info("capture sizes %s -> %s (the stream budget)", sorted(set(sizes)), kept)
-    compilation.cudagraph_capture_sizes = None
-    compilation.init_with_cudagraph_sizes(kept)
+    set_capture_sizes(compilation, kept)
     return GraphPlan(mode, tuple(sorted(kept)), reason)

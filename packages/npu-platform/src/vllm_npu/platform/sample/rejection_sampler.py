@@ -30,6 +30,8 @@ upstream by vllm-project/vllm#27077, which made the marker 0). Here a request is
 
 from __future__ import annotations
 
+from typing import Any, cast
+
 import torch
 from vllm.v1.sample.metadata import SamplingMetadata
 from vllm.v1.sample.rejection_sampler import MAX_SPEC_LEN, RejectionSampler, generate_uniform_probs
@@ -68,11 +70,7 @@ class NPURejectionSampler(RejectionSampler):
         Returns:
             [batch_size, max_spec_len + 1] int32 output token ids, ``PLACEHOLDER_TOKEN_ID`` where nothing is emitted.
         """
-        if metadata.max_spec_len > MAX_SPEC_LEN:
-            raise ValueError(
-                f"NPURejectionSampler: max_spec_len {metadata.max_spec_len} exceeds vLLM's MAX_SPEC_LEN "
-                f"{MAX_SPEC_LEN}; lower speculative_config.num_speculative_tokens"
-            )
+        _check_spec_len(metadata)
         target_probs = compute_probs(target_logits, metadata.cu_num_draft_tokens, sampling_metadata)
         return rejection_sample(
             metadata.draft_token_ids,
@@ -84,6 +82,80 @@ class NPURejectionSampler(RejectionSampler):
             bonus_token_ids,
             sampling_metadata,
         )
+
+
+class NPURejectionSamplerWithSampler(RejectionSampler):
+    """vLLM 0.11.1's ``RejectionSampler`` (built with the model runner's sampler; ``forward`` samples the bonus tokens
+    itself, applies the per-request logits processors to the target logits and returns a ``SamplerOutput`` with the
+    accepted tokens' logprobs) with its Triton kernels in torch: the same steps, the verification through
+    :func:`compute_probs` and :func:`rejection_sample` of this module. The type checker sees 0.11.0's base class.
+    In the processed-logprobs mode the logprobs come from the target logits after the logits processors and the
+    temperature, before top-k/top-p (vLLM's are after top-k/top-p too)."""
+
+    def forward(  # type: ignore[override]
+        self,
+        metadata: SpecDecodeMetadata,
+        draft_probs: torch.Tensor | None,
+        logits: torch.Tensor,
+        sampling_metadata: SamplingMetadata,
+    ) -> Any:
+        """``logits`` [num_tokens + batch_size, vocab]: the target model's logits at the draft positions and the bonus
+        positions (``metadata.target_logits_indices`` / ``bonus_logits_indices``). Returns vLLM's ``SamplerOutput``:
+        [batch_size, max_spec_len + 1] int32 token ids (``PLACEHOLDER_TOKEN_ID`` where nothing is emitted)."""
+        from dataclasses import replace
+
+        from vllm.v1.outputs import SamplerOutput
+
+        _check_spec_len(metadata)
+        this = cast(Any, self)  # 0.11.1's attributes and methods, unknown to the type checker
+        bonus = this.sampler(
+            logits=logits[metadata.bonus_logits_indices],
+            sampling_metadata=replace(sampling_metadata, max_num_logprobs=-1),
+            predict_bonus_token=True,
+            logprobs_mode_override="processed_logits" if this.is_processed_logprobs_mode else "raw_logits",
+        )
+        raw_target_logits = logits[metadata.target_logits_indices].to(torch.float32)
+        target_logits = this.apply_logits_processors(raw_target_logits, sampling_metadata, metadata)
+        target_probs = compute_probs(target_logits, metadata.cu_num_draft_tokens, sampling_metadata)
+        output_token_ids = rejection_sample(
+            metadata.draft_token_ids,
+            metadata.num_draft_tokens,
+            metadata.max_spec_len,
+            metadata.cu_num_draft_tokens,
+            draft_probs,
+            target_probs,
+            bonus.sampled_token_ids,
+            sampling_metadata,
+        )
+        logprobs = None
+        if sampling_metadata.max_num_logprobs:
+            logprobs = this._get_logprobs_tensors(
+                sampling_metadata.max_num_logprobs,
+                metadata,
+                logits,
+                target_logits if this.is_processed_logprobs_mode else raw_target_logits,
+                bonus.logprobs_tensors.logprobs,
+                output_token_ids,
+            )
+        return SamplerOutput(sampled_token_ids=output_token_ids, logprobs_tensors=logprobs)
+
+
+def _check_spec_len(metadata: SpecDecodeMetadata) -> None:
+    if metadata.max_spec_len > MAX_SPEC_LEN:
+        raise ValueError(
+            f"NPURejectionSampler: max_spec_len {metadata.max_spec_len} exceeds vLLM's MAX_SPEC_LEN "
+            f"{MAX_SPEC_LEN}; lower speculative_config.num_speculative_tokens"
+        )
+
+
+def make_rejection_sampler(sampler: Any) -> RejectionSampler:
+    """The rejection sampler for the installed vLLM: 0.11.1's takes the model runner's sampler (read off vLLM's
+    constructor), 0.11.0's takes nothing."""
+    import inspect
+
+    if "sampler" in inspect.signature(RejectionSampler.__init__).parameters:
+        return cast(Any, NPURejectionSamplerWithSampler)(sampler)
+    return NPURejectionSampler()
 
 
 # --- probabilities ------------------------------------------------------------------------------------------------

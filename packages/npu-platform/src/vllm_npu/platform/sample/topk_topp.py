@@ -25,7 +25,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 import torch
-from vllm.config import LogprobsMode
+from vllm.config.model import LogprobsMode  # where 0.11.0 defines it; 0.11.1 no longer re-exports it
 from vllm.v1.sample.ops.topk_topp_sampler import TopKTopPSampler, random_sample
 from vllm_npu.interface import Kernel
 

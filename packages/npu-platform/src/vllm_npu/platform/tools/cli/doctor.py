@@ -31,11 +31,11 @@ from vllm_npu.interface import (
     SUPPORTED_VLLM,
     ConfigError,
     EnvConfig,
+    check_triple,
     decide_device,
     discover,
     distribution_version,
     find_ascend_settings,
-    in_range,
     install_command,
     probe_npu,
 )
@@ -70,18 +70,6 @@ def _torch_without_cann(torch: TorchNPUState, cann: CannInstall) -> tuple[str, s
         f"({AUTOLOAD_VAR}={os.environ.get(AUTOLOAD_VAR, '1')!r} or no torch.backends entry point), but the NPU "
         "cannot be used: source CANN's set_env.sh, or uninstall torch-npu on hosts without an NPU.",
     )
-
-
-def _torch_pair(torch: TorchNPUState) -> str | None:
-    """torch_npu X.Y.* is built for torch X.Y.*: name a mismatch."""
-    if torch.torch is None or torch.torch_npu in (None, "unknown"):
-        return None
-    if torch.torch.split("+")[0].split(".")[:2] != torch.torch_npu.split("+")[0].split(".")[:2]:
-        return (
-            f"torch-npu {torch.torch_npu} is built for torch {'.'.join(torch.torch_npu.split('.')[:2])}.* but torch "
-            f'{torch.torch} is installed: on Ascend hosts pip install "npu-platform[ascend]" installs the matching pair'
-        )
-    return None
 
 
 def _vllm_plugins(environ: Mapping[str, str], device_active: bool, components: dict[str, Any]) -> dict[str, Any]:
@@ -150,8 +138,9 @@ def _host_section(run: _Doctor) -> dict[str, Any]:
     cann = find_cann(environ)
     if vllm is None:
         run.finding("error", _VLLM_INSTALL)
-    elif not in_range(vllm, SUPPORTED_VLLM, what="supported vLLM"):
-        run.finding("error", f"vLLM {vllm} is installed but this plugin supports vLLM {SUPPORTED_VLLM}")
+    triple = check_triple(vllm, torch.torch, torch.torch_npu, SUPPORTED_VLLM)  # the (vLLM, torch, torch-npu) triple
+    run.errors += triple.errors
+    run.warnings += triple.warnings
     if vllm is not None and torch.torch is None:
         run.finding(
             "error",
@@ -160,9 +149,6 @@ def _host_section(run: _Doctor) -> dict[str, Any]:
     finding = _torch_without_cann(torch, cann)
     if finding:
         run.finding(*finding)
-    pair = _torch_pair(torch)
-    if pair:
-        run.finding("error", pair)
     for var in (*CANN_HOME_VARS, CANN_OPP_VAR):
         if environ.get(var) and not os.path.isdir(environ[var]):
             run.finding("warning", f"{var}={environ[var]!r} is not a directory")
@@ -255,7 +241,7 @@ def _component_entry(run: _Doctor, name: str, report: Any) -> dict[str, Any]:
     if report.load_error:
         run.finding("error", f"component {name!r} failed to load: {report.load_error}")
     elif report.enabled:
-        run.errors.extend(problems)
+        run.errors.extend(p for p in problems if p not in run.errors)  # an untested vLLM: once, not per layer
     elif problems:
         run.warnings.extend(f"(disabled by VLLM_PLUGINS) {p}" for p in problems)
     return {
