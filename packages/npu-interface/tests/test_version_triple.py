@@ -18,15 +18,24 @@ def _no_override(monkeypatch: pytest.MonkeyPatch) -> None:
     ("vllm", "torch", "torch_npu"),
     [
         ("0.11.0", "2.8.0", None),  # emulated device, uv.lock's pins
-        ("0.11.1", "2.9.0", None),
-        ("0.11.2", "2.9.0+cu128", None),
+        ("0.11.0+cpu", "2.8.0+cpu", None),
         ("0.11.0", "2.8.0", "2.8.0"),  # Ascend: vLLM built with VLLM_TARGET_DEVICE=empty
-        ("0.11.2", "2.8.0", "2.8.0.post2"),
+        ("0.11.0", "2.8.0", "2.8.0.post2"),
     ],
 )
 def test_tested_triples_pass(vllm: str, torch: str, torch_npu: str | None) -> None:
     report = check_triple(vllm, torch, torch_npu, SUPPORTED_VLLM)
     assert (report.errors, report.warnings) == ([], [])
+
+
+@pytest.mark.parametrize(
+    ("vllm", "torch", "torch_npu"),
+    [("0.11.1", "2.9.0", None), ("0.11.2", "2.9.0+cu128", None), ("0.11.2", "2.8.0", "2.8.0.post2")],
+)
+def test_preview_triples_are_refused_for_the_vllm_alone(vllm: str, torch: str, torch_npu: str | None) -> None:
+    """0.11.1 / 0.11.2 with their own torch pairs: only the preview refusal, which names the known gaps."""
+    (error,) = check_triple(vllm, torch, torch_npu, SUPPORTED_VLLM).errors
+    assert "is a preview of this line" in error
 
 
 def test_an_untested_vllm_is_an_error_unless_allowed(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -38,7 +47,7 @@ def test_an_untested_vllm_is_an_error_unless_allowed(monkeypatch: pytest.MonkeyP
 
 
 def test_torch_npu_for_another_torch_names_both_fixes() -> None:
-    (error,) = check_triple("0.11.2", "2.9.0", "2.8.0", SUPPORTED_VLLM).errors
+    (error,) = check_triple("0.11.0", "2.9.0", "2.8.0", SUPPORTED_VLLM).errors
     assert error == (
         'torch-npu 2.8.0 is built for torch 2.8.0 but torch 2.9.0 is installed: pip install "torch==2.8.0", or the '
         'tested pair: pip install "npu-platform[ascend]" (torch 2.8.0 + torch-npu 2.8.0)'
@@ -46,7 +55,7 @@ def test_torch_npu_for_another_torch_names_both_fixes() -> None:
 
 
 def test_an_untested_torch_npu_is_a_warning() -> None:
-    report = check_triple("0.11.2", "2.9.0", "2.9.0", SUPPORTED_VLLM)
+    report = check_triple("0.11.0", "2.9.0", "2.9.0", SUPPORTED_VLLM)
     assert report.errors == []
     (warning,) = report.warnings
     assert warning.startswith("torch-npu 2.9.0 is untested: the NPU calls are checked against torch-npu 2.8.0")

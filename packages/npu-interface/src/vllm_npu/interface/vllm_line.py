@@ -40,11 +40,19 @@ class Release:
 
 #: Every vLLM release the line is tested on (CI: the whole suite on the first, the compatibility job on the others).
 #: ``SUPPORTED_VLLM`` in :mod:`.versions` admits exactly these (tests/test_vllm_line.py checks it).
-TESTED_RELEASES: tuple[Release, ...] = (
-    Release("0.11.0", torch="2.8.0"),
+TESTED_RELEASES: tuple[Release, ...] = (Release("0.11.0", torch="2.8.0"),)
+
+#: Releases of the line every seam is adapted to but whose compatibility job does not pass yet (docs/vllm-compat.md:
+#: MLA output diverges from HF, EAGLE acceptance is low, the PD path is unverified). They stay outside
+#: ``SUPPORTED_VLLM`` (never a silent wrong answer): refused like any untested vLLM, with the known gaps named;
+#: ``VLLM_NPU_ALLOW_UNTESTED_VLLM=1`` runs them. ``scripts/compat_env.py`` builds their environments.
+PREVIEW_RELEASES: tuple[Release, ...] = (
     Release("0.11.1", torch="2.9.0"),
     Release("0.11.2", torch="2.9.0"),
 )
+
+#: What a preview release is known to get wrong (the refusal names it).
+PREVIEW_GAPS = "MLA models diverge from HF, EAGLE drafts are rarely accepted, prefill-decode is unverified"
 
 #: The release ``uv.lock`` pins (the default environment).
 PINNED_RELEASE = TESTED_RELEASES[0]
@@ -53,22 +61,29 @@ PINNED_RELEASE = TESTED_RELEASES[0]
 def release(vllm_version: str) -> Release | None:
     """The tested release ``vllm_version`` is (local versions such as ``0.11.1+cpu`` count as their release)."""
     base = vllm_version.split("+")[0]
-    return next((r for r in TESTED_RELEASES if r.vllm == base), None)
+    return next((r for r in (*TESTED_RELEASES, *PREVIEW_RELEASES) if r.vllm == base), None)
 
 
 def install_line(vllm_version: str | None = None) -> str:
     """The pip line that installs a tested vLLM (the pinned one, or the release of ``vllm_version``)."""
-    chosen = (release(vllm_version) if vllm_version else None) or TESTED_RELEASES[-1]
+    found = release(vllm_version) if vllm_version else None
+    chosen = found if found in TESTED_RELEASES else TESTED_RELEASES[-1]
     return f'pip install "vllm=={chosen.vllm}" (torch {chosen.torch} comes with it)'
 
 
 def untested_message(vllm_version: str, supported: str) -> str:
     """The one refusal every layer gives on a vLLM outside ``supported``."""
     tested = ", ".join(r.vllm for r in TESTED_RELEASES)
+    base = vllm_version.split("+")[0]
+    preview = (
+        f" (vLLM {base} is a preview of this line: {PREVIEW_GAPS}; see docs/vllm-compat.md)"
+        if any(r.vllm == base for r in PREVIEW_RELEASES)
+        else " (untested: expect failures)"
+    )
     return (
         f"vLLM {vllm_version} is installed, but this vllm-npu-plugin line is tested on vLLM {tested} only "
         f"(SUPPORTED_VLLM {supported!r}): install one of them, e.g. {install_line()}, or set "
-        f"{ENV_ALLOW_UNTESTED_VLLM}=1 to try vLLM {vllm_version} anyway (untested: expect failures)"
+        f"{ENV_ALLOW_UNTESTED_VLLM}=1 to try vLLM {vllm_version} anyway{preview}"
     )
 
 
