@@ -126,3 +126,31 @@ def test_a_moved_input_buffer_is_refused_when_compiled(captured):
     x, slots = st["x"][1], st["slots"][1]
     with pytest.raises(GraphInputMovedError, match="static graph input 0 .* moved"):
         compiled.replay((x.clone(), slots), {})
+
+
+# A custom op that writes an intermediate in place and returns it, as vLLM's vllm::moe_forward(Tensor(a0!)
+# hidden_states, ...) -> Tensor(a0!) does (MoE layers): inductor cannot functionalize it.
+_LIB = torch.library.Library("npu_twin_test", "DEF")
+_LIB.define("scale_(Tensor(a!) x, float s) -> Tensor(a!)")
+_LIB.impl("scale_", lambda x, s: x.mul_(s), "CompositeExplicitAutograd")
+
+
+def _moe_like_step(w: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    h = torch.relu(x @ w) + 1.0
+    return torch.tanh(torch.ops.npu_twin_test.scale_(h, 0.5)) * 2.0
+
+
+def test_a_custom_op_writing_an_intermediate_runs_between_compiled_pieces():
+    w = torch.linspace(0.5, 1.5, 16).reshape(4, 4)
+    x = torch.linspace(-1.0, 1.0, 8).reshape(2, 4)
+    plain = EmulatedGraph.capture(lambda t: _moe_like_step(w, t), (x,), {})
+    compiled = EmulatedGraph.capture(lambda t: _moe_like_step(w, t), (x,), {})
+    targets = {n.target for n in state_nodes(compiled.module.graph)}
+    assert torch.ops.npu_twin_test.scale_.default in targets
+    assert not {torch.ops.aten.mm.default, torch.ops.aten.relu.default, torch.ops.aten.tanh.default} & targets
+    compiled.compile()  # failed before: "Found a custom (non-ATen) operator whose output has alias annotations"
+    x.copy_(torch.linspace(1.0, -1.0, 8).reshape(2, 4))
+    torch.testing.assert_close(compiled.replay((x,), {}), plain.replay((x,), {}))
+    torch.testing.assert_close(plain.replay((x,), {}), _moe_like_step(w, x))
+    plain.reset()
+    compiled.reset()

@@ -92,9 +92,23 @@ def state_nodes(graph: torch.fx.Graph) -> set[torch.fx.Node]:
     for node in graph.nodes:
         if node.op not in ("call_function", "call_method", "call_module"):
             continue
-        if root[node] in state or any(root[n] in state for n in _nodes_in((node.args, node.kwargs))):
+        if (
+            root[node] in state
+            or any(root[n] in state for n in _nodes_in((node.args, node.kwargs)))
+            or _opaque_write(node)
+        ):
             eager.add(node)
     return eager
+
+
+def _opaque_write(node: torch.fx.Node) -> bool:
+    """A custom (non-aten) op that writes one of its arguments, e.g. vLLM's ``vllm::moe_forward(Tensor(a0!)
+    hidden_states, ...) -> Tensor(a0!)``: inductor cannot functionalize it (it has no functional form), so it runs
+    as traced, between the compiled pieces, even when what it writes is an intermediate."""
+    schema = _schema(node)
+    if schema is None or node.target.namespace in ("aten", "prims"):  # type: ignore[union-attr]
+        return False
+    return any(a.alias_info is not None and a.alias_info.is_write for a in schema.arguments)
 
 
 def _is_view(node: torch.fx.Node) -> bool:
