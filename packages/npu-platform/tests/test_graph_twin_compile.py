@@ -133,11 +133,16 @@ def test_a_moved_input_buffer_is_refused_when_compiled(captured):
 _LIB = torch.library.Library("npu_twin_test", "DEF")
 _LIB.define("scale_(Tensor(a!) x, float s) -> Tensor(a!)")
 _LIB.impl("scale_", lambda x, s: x.mul_(s), "CompositeExplicitAutograd")
+# ... and one returning a tuple, as vllm::moe_forward_shared(Tensor(a0!) hidden_states, ...) -> (Tensor, Tensor).
+_LIB.define("scale_pair(Tensor(a!) x, float s) -> (Tensor, Tensor)")
+_LIB.impl("scale_pair", lambda x, s: (x.mul_(s) + 0.0, x * 2.0), "CompositeExplicitAutograd")
 
 
 def _moe_like_step(w: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     h = torch.relu(x @ w) + 1.0
-    return torch.tanh(torch.ops.npu_twin_test.scale_(h, 0.5)) * 2.0
+    g = torch.tanh(torch.ops.npu_twin_test.scale_(h, 0.5)) * 2.0
+    shared, routed = torch.ops.npu_twin_test.scale_pair(g, 0.25)
+    return torch.sigmoid(shared + routed)
 
 
 def test_a_custom_op_writing_an_intermediate_runs_between_compiled_pieces():
@@ -146,7 +151,7 @@ def test_a_custom_op_writing_an_intermediate_runs_between_compiled_pieces():
     plain = EmulatedGraph.capture(lambda t: _moe_like_step(w, t), (x,), {})
     compiled = EmulatedGraph.capture(lambda t: _moe_like_step(w, t), (x,), {})
     targets = {n.target for n in state_nodes(compiled.module.graph)}
-    assert torch.ops.npu_twin_test.scale_.default in targets
+    assert {torch.ops.npu_twin_test.scale_.default, torch.ops.npu_twin_test.scale_pair.default} <= targets
     assert not {torch.ops.aten.mm.default, torch.ops.aten.relu.default, torch.ops.aten.tanh.default} & targets
     compiled.compile()  # failed before: "Found a custom (non-ATen) operator whose output has alias annotations"
     x.copy_(torch.linspace(1.0, -1.0, 8).reshape(2, 4))

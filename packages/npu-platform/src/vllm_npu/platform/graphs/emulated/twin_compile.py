@@ -96,6 +96,8 @@ def state_nodes(graph: torch.fx.Graph) -> set[torch.fx.Node]:
             root[node] in state
             or any(root[n] in state for n in _nodes_in((node.args, node.kwargs)))
             or _opaque_write(node)
+            # an element of such an op's tuple (vllm::moe_forward_shared returns two): pieces take tensors only
+            or (node.target is operator.getitem and node.args[0] in eager)
         ):
             eager.add(node)
     return eager
