@@ -13,7 +13,9 @@ SpecDecoding / ChunkedPrefill states.
 from __future__ import annotations
 
 import re
+import sys
 
+import cloudpickle
 import pytest
 from npu_testkit.engine import emulated_env, engine, greedy, make_prompts, tiny_config, token_prompts
 from npu_testkit.models import build_tiny_model, hf_greedy
@@ -87,6 +89,11 @@ def test_ngram_speculative_seeded_sampling_is_reproducible(llm):
     assert _counter(llm, "vllm:spec_decode_num_draft_tokens") > drafted_before
     assert first == second
     assert all(len(t) == 40 and all(0 <= x < 512 for x in t) for t in first)
+
+
+# collective_rpc pickles _use_mask for the engine core process, which cannot import this test module by name
+# (a clean checkout's engine core has no `tests` package on its path: the first call killed its input thread).
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 
 #: A constraint whose output repeats itself: the ngram proposer drafts the repeats, so verification steps carry
