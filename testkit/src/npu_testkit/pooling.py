@@ -83,7 +83,7 @@ def tokenizer(kind: str) -> Any:
     ``</s>`` 2, ``<unk>`` 3 and RoBERTa's ``<s> A </s></s> B </s>`` pairs, no ``token_type_ids``."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
     from transformers import PreTrainedTokenizerFast
-    from vllm_npu.platform.demo.checkpoint import CHAT_TEMPLATE, SPECIAL_TOKENS, corpus
+    from vllm_npu.platform.tools.demo.checkpoint import CHAT_TEMPLATE, SPECIAL_TOKENS, corpus
 
     xlmr = kind.startswith("xlmr")
     specials = ["<s>", "<pad>", "</s>", "<unk>"] if xlmr else list(SPECIAL_TOKENS)
