@@ -141,8 +141,14 @@ def make_llm(model_dir: str | os.PathLike[str], **kwargs: Any):
     """``vllm.LLM`` for ``model_dir`` with :data:`LLM_DEFAULTS` (overridden by ``kwargs``). The environment must
     already be set (see :func:`engine`)."""
     check_platform_resolution()
+    import torch
     from vllm import LLM
 
+    # An in-process engine (the emulated device's default) shares Dynamo's state with the engines earlier test
+    # modules built in this pytest worker. Dynamo's automatic dynamic then marks what differed between those models
+    # as dynamic (e.g. a LayerNorm's eps: XLM-R 1e-5, then BERT 1e-12), and the emulated twin's trace of the piece
+    # fails on the resulting .item(). A served model has its process to itself: start from the same clean state.
+    torch._dynamo.reset()
     args = {**LLM_DEFAULTS, **kwargs}
     return LLM(model=str(model_dir), **args)
 
