@@ -8,9 +8,10 @@
   (``npu_moe_finalize_routing``'s). Greedy output equals HF's.
 - ``w8a8``: the tiny Qwen2 quantized to static W8A8 by ``vllm-npu quantize``; its quantized linear layers run in the
   compiled graph. Greedy output equals the independent simulation's (:mod:`vllm_npu.quant.tools.simulate`).
-- ``moe_w8a8_dynamic`` / ``moe_w8a8``: the tiny Qwen3-MoE quantized to W8A8_DYNAMIC / static W8A8 (experts through
-  npu-quant's MoE method): its quantized MoE layers are traced into the graph too (no opaque MoE node). Greedy output
-  equals the simulation's.
+- ``moe_w8a8_dynamic`` / ``moe_w8a8`` / ``moe_w4a8_dynamic``: the tiny Qwen3-MoE quantized to W8A8_DYNAMIC / static
+  W8A8 / W4A8_DYNAMIC (experts through npu-quant's MoE method; W4A8 as vllm-ascend runs it on hardware, int8 rows x
+  int4 weights): its quantized MoE layers are traced into the graph too (no opaque MoE node). Greedy output equals
+  the simulation's.
 
 All for batches of 1..5 (3 pads to 4, 5 is eager, so the eager paths run in the same engine), with no compile after
 start-up.
@@ -38,6 +39,13 @@ QUANT = {
         moe_methods("AscendW8A8DynamicFusedMoEMethod", "W8A8DynamicScheme"),
     ),
     "moe_w8a8": QuantCase("moe_w8a8", "W8A8", "qwen3_moe", 0.05, moe_methods("AscendW8A8FusedMoEMethod", "W8A8Scheme")),
+    "moe_w4a8_dynamic": QuantCase(
+        "moe_w4a8_dynamic",
+        "W4A8_DYNAMIC",
+        "qwen3_moe",
+        0.5,
+        moe_methods("AscendW4A8DynamicFusedMoEMethod", "W4A8DynamicScheme"),
+    ),
 }
 
 
@@ -47,7 +55,7 @@ def _stats():
     return TORCHAIR_STATS.snapshot()
 
 
-@pytest.fixture(scope="module", params=["moe", "w8a8", "moe_w8a8_dynamic", "moe_w8a8"])
+@pytest.fixture(scope="module", params=["moe", "w8a8", "moe_w8a8_dynamic", "moe_w8a8", "moe_w4a8_dynamic"])
 def case(request):
     return request.param
 
