@@ -209,3 +209,14 @@ def test_simulation_runs_experts_int8_and_dense_layers_weight_only() -> None:
     want = s * (torch.round(x / s) @ w_deq.t())  # the bias cancels the offset up to the float16 rounding of scales
     assert float((expert - want).abs().max()) <= 2e-3 * float(want.abs().max())
     assert not torch.allclose(expert, dense, atol=1e-6)  # the int8 activations are simulated
+
+
+def test_scales_outside_float16_are_refused_at_load(vllm_ctx: object, tp1_group: None) -> None:
+    """The kernel's scales are float16-rounded (as vllm-ascend's): a product that underflows to 0 would zero its
+    weights on the NPU, so it is refused, naming both tensors."""
+    weights = float_experts(seed=3)
+    v0 = {k: quantize_w4a8(w, G, "0", False, torch.float32) for k, w in weights.items()}
+    v0[(1, "gate_proj")]["weight_scale"] = v0[(1, "gate_proj")]["weight_scale"] * 1e-8
+    layer = build("W4A8_DYNAMIC", v0)
+    with pytest.raises(QuantLoadError, match=rf"{PREFIX}\.w13_weight_scale \* w13_weight_scale_second leaves float16"):
+        layer.quant_method.process_weights_after_loading(layer)

@@ -322,6 +322,16 @@ class AscendW4A8DynamicFusedMoEMethod(AscendW8A8DynamicFusedMoEMethod):
                 scale_bias = getattr(layer, f"{w}_scale_bias").data
                 self._check_scale_bias(f"{w}_scale_bias", scale_bias, a8w4_bias(weight, s1, s2))
             packed, scale, bias = process_a8w4_expert_weight(weight, s1, s2, scale_bias)
+            # the kernel's scales are float16-rounded (as vllm-ascend's): one that underflows to 0 or overflows would
+            # zero or blow up its weights' group
+            rounded = kernels.decode_scale(scale)
+            if not bool(torch.isfinite(rounded).all()) or not bool((rounded > 0).all()):
+                raise QuantLoadError(
+                    f"{self.prefix}.{w}_weight_scale * {w}_weight_scale_second leaves float16's range (min "
+                    f"{float((s1.float() * s2.float()).min()):g}, max {float((s1.float() * s2.float()).max()):g}): "
+                    "the int8 x int4 expert kernel takes these scales as float16; re-export the checkpoint with scales "
+                    "in [6e-8, 65504]"
+                )
             replace_param(layer, f"{w}_weight", packed)
             replace_param(layer, f"{w}_weight_scale", scale)
             replace_param(layer, f"{w}_scale_bias", bias)
