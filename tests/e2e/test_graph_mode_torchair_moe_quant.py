@@ -11,6 +11,9 @@
 - ``moe_w8a8_dynamic`` / ``moe_w8a8``: the tiny Qwen3-MoE quantized to W8A8_DYNAMIC / static W8A8 (experts through
   npu-quant's MoE method): its quantized MoE layers are traced into the graph too (no opaque MoE node). Greedy output
   equals the simulation's.
+- ``deepseek_w4a8_dynamic``: the tiny DeepSeek-V3 (MLA, KV block 128, a shared expert) quantized to W4A8_DYNAMIC:
+  routed experts int8 rows x int4 weights (as vllm-ascend v0.11.0 runs them on hardware), the other linears
+  weight-only; traced into the graph likewise. Greedy output equals the simulation's, compiled and eager.
 
 All for batches of 1..5 (3 pads to 4, 5 is eager, so the eager paths run in the same engine), with no compile after
 start-up.
@@ -38,6 +41,25 @@ QUANT = {
         moe_methods("AscendW8A8DynamicFusedMoEMethod", "W8A8DynamicScheme"),
     ),
     "moe_w8a8": QuantCase("moe_w8a8", "W8A8", "qwen3_moe", 0.05, moe_methods("AscendW8A8FusedMoEMethod", "W8A8Scheme")),
+    # DeepSeek-V3 (MLA, shared experts, noaux_tc routing): routed experts int8 x int4 as vllm-ascend runs them on
+    # hardware; the attention and shared-expert linears W4A8 weight-only (group 16: the tiny model's input sizes)
+    "deepseek_w4a8_dynamic": QuantCase(
+        "deepseek_w4a8_dynamic",
+        "W4A8_DYNAMIC",
+        "deepseek_v3",
+        0.5,
+        [
+            ("down_proj", "AscendLinearMethod", "W4A8DynamicScheme"),
+            ("experts", "AscendW4A8DynamicFusedMoEMethod", "NoneType"),
+            ("fused_qkv_a_proj", "AscendLinearMethod", "W4A8DynamicScheme"),
+            ("gate", "float", "NoneType"),
+            ("gate_up_proj", "AscendLinearMethod", "W4A8DynamicScheme"),
+            ("kv_b_proj", "AscendLinearMethod", "W4A8DynamicScheme"),
+            ("o_proj", "AscendLinearMethod", "W4A8DynamicScheme"),
+            ("q_b_proj", "AscendLinearMethod", "W4A8DynamicScheme"),
+        ],
+        quantize_args=("--group-size", "16"),
+    ),
 }
 
 
@@ -47,7 +69,7 @@ def _stats():
     return TORCHAIR_STATS.snapshot()
 
 
-@pytest.fixture(scope="module", params=["moe", "w8a8", "moe_w8a8_dynamic", "moe_w8a8"])
+@pytest.fixture(scope="module", params=["moe", "w8a8", "moe_w8a8_dynamic", "moe_w8a8", "deepseek_w4a8_dynamic"])
 def case(request):
     return request.param
 
@@ -63,7 +85,8 @@ def checkpoint(case, tmp_path_factory):
 def llm(checkpoint, case, tmp_path_factory):
     npu = {"graph_mode": "torchair", "torchair_cache": False}
     env = emulated_env(tmp_path_factory.mktemp(f"torchair_{case}"))
-    kwargs = {"compilation_config": {"cudagraph_capture_sizes": SIZES}, "block_size": 16}
+    mla = case in QUANT and QUANT[case].model == "deepseek_v3"
+    kwargs = {"compilation_config": {"cudagraph_capture_sizes": SIZES}, "block_size": 128 if mla else 16}
     with engine(checkpoint, env, additional_config={"npu": npu}, **kwargs) as llm:
         yield llm
 

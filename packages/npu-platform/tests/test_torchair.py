@@ -113,10 +113,6 @@ def test_attention_is_in_the_graph_for_every_model_but_sparse_attention(model, i
     [
         ({"sparse": True}, r"DeepSeek-V3.2's sparse attention \(SFA\): .*opaque op.*npu_sparse_flash_attention"),
         (
-            {"experts": 8, **ASCEND, "quant_cfg": _description("W8A8_DYNAMIC", experts="W4A8_DYNAMIC")},
-            r"W4A8_DYNAMIC MoE experts: .*per-group antiquant mode.*never calls",
-        ),
-        (
             {"experts": 8, "quantization": "ascend"},  # "ascend" without a readable description
             r"quantized MoE models whose routed experts' quant types cannot be read",
         ),
@@ -157,7 +153,13 @@ def test_torchair_on_an_npu_refuses_what_is_not_converted_with_the_reason(model,
         {"use_mla": True, "experts": 8, "dp": 2, "ep": True},  # DeepSeek with DP + EP
         *({**ASCEND, "quant_cfg": _description(t)} for t in ("W8A8", "W8A8_DYNAMIC", "W4A8_DYNAMIC")),
         # quantized MoE: W8A8_DYNAMIC or static W8A8 experts (DeepSeek's mix: static W8A8 attention, dynamic experts)
-        *({"experts": 8, **ASCEND, "quant_cfg": _description("W8A8", experts=t)} for t in ("W8A8_DYNAMIC", "W8A8")),
+        *(
+            {"experts": 8, **ASCEND, "quant_cfg": _description("W8A8", experts=t)}
+            for t in ("W8A8_DYNAMIC", "W8A8", "W4A8_DYNAMIC")
+        ),
+        # W4A8_DYNAMIC experts run vllm-ascend v0.11.0's int8 x int4 grouped matmul (converter: int32 -> int4, int64
+        # scale -> uint64), no longer refused
+        {"experts": 8, **ASCEND, "quant_cfg": _description("W8A8_DYNAMIC", experts="W4A8_DYNAMIC")},
         {"experts": 8, "use_mla": True, **ASCEND, "quant_cfg": _description("W8A8", experts="W8A8_DYNAMIC")},
         {**ASCEND, "quant_cfg": _description("W4A4_FLATQUANT_DYNAMIC", "FLOAT"), "dtype": torch.float16},
     ],

@@ -15,8 +15,7 @@ compiled:
   (read from the wheel); the ``torch_npu`` ops in it are exactly the scheme's. With and without expert parallelism
   over replicated tokens (every row reaches the grouped matmuls; the rows past the counts are NaN and dropped).
 - Reference strategy (the emulated device's stand-in, ``dynamic=False``): equal to eager, one compile, the counts read
-  only inside the registered grouped-matmul ops (``torch.ops.vllm_npu.quant_grouped_matmul_int8`` /
-  ``_w4_antiquant``).
+  only inside the registered grouped-matmul ops (``torch.ops.vllm_npu.quant_grouped_matmul_int8`` / ``_a8w4``).
 """
 
 from __future__ import annotations
@@ -43,7 +42,7 @@ GEMM = {"npu.npu_grouped_matmul.default", "npu.npu_swiglu.default"}
 SCHEMES = {  # the scheme's torch_npu ops in the graph, besides routing, grouped matmuls and the combine
     "W8A8_DYNAMIC": ({"npu.npu_dynamic_quant.default"}, "vllm_npu.quant_grouped_matmul_int8.default"),
     "W8A8": ({"npu.npu_quantize.default"}, "vllm_npu.quant_grouped_matmul_int8.default"),
-    "W4A8_DYNAMIC": (set(), "vllm_npu.quant_grouped_matmul_w4_antiquant.default"),
+    "W4A8_DYNAMIC": ({"npu.npu_dynamic_quant.default"}, "vllm_npu.quant_grouped_matmul_a8w4.default"),
 }
 
 

@@ -156,8 +156,13 @@ def _grouped_matmul_modes(
 ) -> torch.Tensor:
     """The documented modes of ``npu_grouped_matmul`` with one x, one 3-D weight and counts (rows past: NaN)."""
     from vllm_npu.quant import moe_experts as qe
+    from vllm_npu.quant import moe_w4a8
 
-    if x.dtype == torch.int8:  # int8 x int8, dequantized per channel (+ int32 bias) or per channel and token
+    if x.dtype == torch.int8 and w.dtype == torch.int32:  # int8 x int4 (A8W4): int64 scale, float32 bias, per token
+        assert scale is not None and bias is not None and per_token_scale is not None and antiquant_scale is None
+        rules.grouped_matmul_a8w4(w, scale[0], bias[0], per_token_scale[0], output_dtype)
+        out = moe_w4a8._grouped_a8w4_loop(x, w, scale[0], bias[0], per_token_scale[0], group_list, output_dtype)
+    elif x.dtype == torch.int8:  # int8 x int8, dequantized per channel (+ int32 bias) or per channel and token
         assert scale is not None and output_dtype is not None and antiquant_scale is None
         rules.grouped_matmul_quant_dtypes(
             scale[0], None if per_token_scale is None else per_token_scale[0], output_dtype, bias and bias[0]
@@ -165,10 +170,6 @@ def _grouped_matmul_modes(
         pertoken = None if per_token_scale is None else per_token_scale[0]
         assert (pertoken is None) != (bias is None)  # our two int8 modes
         out = qe._grouped_int8_loop(x, w, scale[0], pertoken, bias and bias[0], group_list, output_dtype)
-    elif w.dtype == torch.int32:  # float x, int4 weight packed 8 per int32, per-group antiquant scale
-        assert antiquant_scale is not None and scale is None and bias is None and per_token_scale is None
-        assert antiquant_scale[0].dtype == x.dtype and output_dtype is None
-        out = qe._grouped_w4_loop(x, w, antiquant_scale[0], group_list)
     else:  # float
         assert bias is None and scale is None and antiquant_scale is None and per_token_scale is None
         out, start = torch.empty(x.shape[0], w.shape[-1], dtype=x.dtype), 0

@@ -311,6 +311,43 @@ def grouped_matmul_quant_dtypes(
     _require(bias is None or bias.dtype == torch.int32, "npu_grouped_matmul: quantized bias must be int32", _GMM_TABLE)
 
 
+#: the int8 x int4 mode is outside the docs' table: the call that has run (vllm-ascend) and torchair's converter
+_GMM_A8W4 = (
+    "vllm-ascend v0.11.0 ops/moe/moe_mlp.py:138-187 and torchair "
+    "_ge_concrete_graph/ge_converter/custom/grouped_matmul.py:27-52,96-135"
+)
+
+
+def grouped_matmul_a8w4(
+    weight: torch.Tensor,
+    scale: torch.Tensor,
+    bias: torch.Tensor,
+    per_token_scale: torch.Tensor,
+    output_dtype: torch.dtype | None,
+) -> None:
+    """``npu_grouped_matmul`` with int8 x and int4 weights, as vllm-ascend v0.11.0 calls it
+    (``ops/moe/moe_mlp.py:160-187``): int32-packed weight ``[E, K, N/8]``, int64 scale ``[E, K/g, N]`` (the GE
+    converter casts it to uint64), float32 bias ``[E, N]``, float32 per-token scale, bfloat16 (or float16) output
+    (the converter's ``convert_ydtype_in_a8``)."""
+    e, _, n8 = weight.shape
+    _require(
+        scale.dtype == torch.int64 and scale.dim() == 3 and tuple(scale.shape[::2]) == (e, n8 * 8),
+        f"npu_grouped_matmul (int8 x int4): scale must be int64 [E, K/g, N], got {scale.dtype} {tuple(scale.shape)}",
+        _GMM_A8W4,
+    )
+    _require(
+        bias.dtype == torch.float32 and tuple(bias.shape) == (e, n8 * 8),
+        f"npu_grouped_matmul (int8 x int4): bias must be float32 [E, N], got {bias.dtype} {tuple(bias.shape)}",
+        _GMM_A8W4,
+    )
+    _require(per_token_scale.dtype == torch.float32, "npu_grouped_matmul: per_token_scale must be float32", _GMM_A8W4)
+    _require(
+        output_dtype in (torch.bfloat16, torch.float16),
+        f"npu_grouped_matmul (int8 x int4): output bfloat16 or float16, got {output_dtype}",
+        _GMM_A8W4,
+    )
+
+
 # --- paged cache load ---------------------------------------------------------------------------------------------
 
 

@@ -54,10 +54,11 @@ def moe_methods(moe_method: str, scheme_cls: str) -> list[tuple[str, str, str]]:
 
 
 def tiny_float_model(kind: str) -> Path:
-    """The tiny float checkpoint of ``kind``: "qwen2" (dense) or "qwen3_moe" (:func:`npu_testkit.engine.tiny_config`)."""
+    """The tiny float checkpoint of ``kind``: "qwen2" (dense), "qwen3_moe" or "deepseek_v3" (MLA + MoE)
+    (:func:`npu_testkit.engine.tiny_config`)."""
     from npu_testkit.models import build_tiny_model
 
-    if kind not in ("qwen2", "qwen3_moe"):
+    if kind not in ("qwen2", "qwen3_moe", "deepseek_v3"):
         raise ValueError(f"unknown tiny model {kind!r}")
     return build_tiny_model(tiny_config(kind))
 

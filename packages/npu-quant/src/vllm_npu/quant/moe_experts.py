@@ -12,14 +12,13 @@ expert e:
     xq, s  = dq(x);   h = (xq @ W13[e]ᵀ) * s13[e] * s           (int8 grouped matmul, per-token dequant)
     hq, s' = dq(silu(h_gate) * h_up);   y = (hq @ W2[e]ᵀ) * s2[e] * s'
 
-- W4A8_DYNAMIC: weight-only, like the W4A8 linear path: ``npu_grouped_matmul`` in its documented per-group antiquant
-  mode (float rows, int4 weights packed 8 per int32, ``antiquant_scale [E, K/g, N]``);
+- W4A8_DYNAMIC: int8 rows x int4 weights as vllm-ascend runs them on hardware, in :mod:`vllm_npu.quant.moe_w4a8`;
 - static W8A8: per-row (the row's expert's) static int8 input quant, int8 grouped matmul with int32 quant bias and
   per-channel dequant scale (see :class:`vllm_npu.quant.moe_method.AscendW8A8FusedMoEMethod`).
 
 All of it can be traced into a compiled decode graph (the torchair mode): the experts read nothing on the host, the
 NPU twins call ops with GE converters, and each grouped-matmul reference twin (a loop over the experts that reads the
-counts) runs inside a registered op (``torch.ops.vllm_npu.quant_grouped_matmul_int8`` / ``_w4_antiquant``), one
+counts) runs inside a registered op (``torch.ops.vllm_npu.quant_grouped_matmul_int8``, and ``_a8w4`` for W4A8), one
 opaque node as the NPU kernel is. The grouped matmuls accept more rows than the counts cover (the expert-parallel
 graph path hands every row over): rows past the counts are zeros in the twins, undefined on the NPU, and dropped by
 the combine.
@@ -195,69 +194,6 @@ class W8A8DynamicExperts:
         h = self._gqmm(xq, param(layer, "w13_weight"), self._scale("w13_weight_scale", dt), scales, group_counts, dt)
         hq, s2 = self._dq(self.activation(h))
         return self._gqmm(hq, param(layer, "w2_weight"), self._scale("w2_weight_scale", dt), s2, group_counts, dt)
-
-
-def _grouped_w4_npu(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
-    import torch_npu
-
-    return torch_npu.npu_grouped_matmul(
-        [x],
-        [weight],
-        antiquant_scale=[scale],
-        group_list=counts.to(torch.int64),
-        split_item=2,
-        group_type=0,
-        group_list_type=1,
-    )[0]
-
-
-def _grouped_w4_loop(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
-    group = weight.shape[1] // scale.shape[1]
-    out = torch.zeros(x.shape[0], weight.shape[-1] * 8, dtype=x.dtype, device=x.device)
-    for g, rows in _group_rows(counts, x.shape[0], weight.shape[0]):
-        w = kernels.unpack_int4(weight[g]).to(torch.float32) * scale[g].to(torch.float32).repeat_interleave(group, 0)
-        out[rows] = (x[rows].to(torch.float32) @ w).to(x.dtype)
-    return out
-
-
-_GROUPED_W4_OP = opaque_reference_op(
-    "quant_grouped_matmul_w4_antiquant",
-    _grouped_w4_loop,
-    lambda x, weight, scale, counts: x.new_empty(x.shape[0], weight.shape[-1] * 8),
-)
-
-
-def _grouped_w4_ref(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
-    """x ``[N, K]`` float (rows sorted by group), weight int32 ``[G, K, M/8]`` (int4), scale ``[G, K/g, M]`` in x's
-    dtype, counts ``[G]`` (sum <= N) -> ``[N, M]``: ``x_g @ (W4[g] * scale[g][k // group])`` (rows past the counts:
-    zeros). Runs as the registered op ``torch.ops.vllm_npu.quant_grouped_matmul_w4_antiquant``."""
-    return cast(torch.Tensor, _GROUPED_W4_OP(x, weight, scale, counts))
-
-
-grouped_w4_matmul = Kernel(
-    "npu_grouped_matmul[int4 antiquant,per-group]", npu=_grouped_w4_npu, reference=_grouped_w4_ref
-)
-
-
-class W4A8DynamicExperts:
-    """Weight-only int4 experts over processed weights (w13 [E, H, 2I/8], w2 [E, I, H/8] int32)."""
-
-    def __init__(self, layer: torch.nn.Module, activation: Callable[[torch.Tensor], torch.Tensor]) -> None:
-        self.layer = layer
-        self.activation = activation
-        self._gmm = grouped_w4_matmul.select()
-
-    def __call__(self, rows: torch.Tensor, group_counts: torch.Tensor) -> torch.Tensor:
-        layer = self.layer
-        h = self._gmm(
-            rows, param(layer, "w13_weight"), param(layer, "w13_antiquant_scale").to(rows.dtype), group_counts
-        )
-        return self._gmm(
-            self.activation(h),
-            param(layer, "w2_weight"),
-            param(layer, "w2_antiquant_scale").to(rows.dtype),
-            group_counts,
-        )
 
 
 # --------------------------------------------------------------------------------------------------------------

@@ -11,8 +11,9 @@ Checkpoint tensors (vLLM's FusedMoE layout, loaded by ``FusedMoE.weight_loader``
 
 W4A8_DYNAMIC experts (disk format "0": int4 values in int8, ``*_weight_scale [E, N, 1]`` and per-group
 ``*_weight_scale_second [E, N, K/g]``; format "1.0.0": two int4 per int8 along N, ``w13_weight [E, I, H]``,
-``w2_weight [E, H/2, I]``, plus ``w13_scale_bias [E, 2I, 1]`` / ``w2_scale_bias [E, H, 16/tp]``, unpacked at load
-into the format-0 layout) run weight-only.
+``w2_weight [E, H/2, I]``, plus ``w13_scale_bias [E, 2I, 1]`` / ``w2_scale_bias [E, H, 16/tp]``) run as vllm-ascend
+v0.11.0 runs them on hardware: int8 rows x int4 weights with int64-packed per-group scales and a float32 scale bias
+(:mod:`vllm_npu.quant.moe_w4a8`).
 
 Gating, token permutation and expert-parallel dispatch are npu-ops' (:func:`vllm_npu.ops.moe.moe_forward`);
 this module checks and processes the expert tensors and supplies the quantized ``experts`` function of
@@ -37,7 +38,8 @@ from vllm.model_executor.layers.fused_moe.layer import FusedMoE, FusedMoEMethodB
 from vllm_npu.interface import require
 
 from . import kernels
-from .moe_experts import W4A8DynamicExperts, W8A8DynamicExperts, W8A8StaticExperts
+from .moe_experts import W8A8DynamicExperts, W8A8StaticExperts
+from .moe_w4a8 import W4A8DynamicExperts, a8w4_bias, process_a8w4_expert_weight
 from .params import FLOATS, QuantLoadError, param, replace_param
 from .schemes.base import require_int_range, require_positive, require_zero_if_loaded
 
@@ -238,8 +240,8 @@ class AscendW8A8DynamicFusedMoEMethod(FusedMoEMethodBase):
 
 
 class AscendW4A8DynamicFusedMoEMethod(AscendW8A8DynamicFusedMoEMethod):
-    """W4A8_DYNAMIC experts (disk formats "0" and "1.0.0"), run weight-only through the per-group int4 grouped
-    matmul."""
+    """W4A8_DYNAMIC experts (disk formats "0" and "1.0.0") as vllm-ascend v0.11.0 runs them: int8 rows x int4
+    weights (:mod:`vllm_npu.quant.moe_w4a8`)."""
 
     _required = (
         "w13_weight",
@@ -286,7 +288,7 @@ class AscendW4A8DynamicFusedMoEMethod(AscendW8A8DynamicFusedMoEMethod):
         if not self.packed:
             return specs
         # version 1.0.0: two int4 values per int8 along the output dim (w13 [E, I, H] = 2I outputs, w2 [E, H/2, I]),
-        # plus the scale_bias tensors (used by asymmetric-activation kernels; validated, not needed weight-only)
+        # plus the scale_bias tensors: the kernel's bias (8 * sum_k W4 * scale, partial sums over 16 chunks of K for w2)
         packed: dict[str, _Spec] = {
             "w13_weight": ("w13_weight", (e, i, h), torch.int8, (torch.int8,), {}),
             "w2_weight": ("w2_weight", (e, h // 2, i), torch.int8, (torch.int8,), {}),
@@ -297,38 +299,60 @@ class AscendW4A8DynamicFusedMoEMethod(AscendW8A8DynamicFusedMoEMethod):
         ]
 
     def process_weights_after_loading(self, layer: torch.nn.Module) -> None:
+        """vllm-ascend v0.11.0's processing (``quantization/w4a8_dynamic.py:399-490``): int4 weights packed 8 per
+        int32 along N (``[E, K, N/8]``), ``*_weight_scale`` int64 ``[E, K/g, N]`` (float16-rounded ``s1 * s2``),
+        ``*_scale_bias`` float32 ``[E, N]`` (computed for version "0", the checkpoint's summed for "1.0.0")."""
         self._check_complete()
         self._drop_zero_offsets(
             layer, ("w13_weight_offset", "w2_weight_offset", "w13_weight_offset_second", "w2_weight_offset_second")
         )
-        if self.packed:
-            for w in ("w13", "w2"):
-                sb = f"{w}_scale_bias"
-                if sb in self._loads and not bool(torch.isfinite(getattr(layer, sb).data).all()):
-                    raise QuantLoadError(f"{self.prefix}.{sb} must be finite")
-                del layer._parameters[sb]
-                # [E, N/2, K] two int4 per byte (row 2j low nibble) -> [E, N, K] one per int8; flattening E into the
-                # row dim keeps the pairs, as every expert's N/2 packed rows are whole pairs
-                packed = getattr(layer, f"{w}_weight").data
-                e, half, k = packed.shape
-                unpacked = kernels.unpack_int4_pairs_dim0(packed.reshape(e * half, k)).reshape(e, 2 * half, k)
-                replace_param(layer, f"{w}_weight", unpacked)
-        pack = kernels.int4pack.select()
         for w in ("w13", "w2"):
             weight = getattr(layer, f"{w}_weight").data
-            require_int_range(weight, -8, 7, f"{self.prefix}.{w}_weight (int4 values)")
-            s1, s2 = (
-                getattr(layer, f"{w}_weight_scale").data.float(),
-                getattr(layer, f"{w}_weight_scale_second").data.float(),
-            )
-            require_positive(s1 * s2, f"{self.prefix}.{w}_weight_scale / _second")
-            # [E, N, K] int4 -> [E, K, N/8] int32 (the int4pack op is 2-D: one expert at a time)
-            packed = torch.stack([pack(weight[e].t().contiguous().to(torch.int32)) for e in range(weight.shape[0])])
+            if self.packed:
+                # [E, N/2, K] two int4 per byte (row 2j low nibble) -> [E, N, K] one per int8; flattening E into the
+                # row dim keeps the pairs, as every expert's N/2 packed rows are whole pairs
+                e, half, k = weight.shape
+                weight = kernels.unpack_int4_pairs_dim0(weight.reshape(e * half, k)).reshape(e, 2 * half, k)
+            else:
+                require_int_range(weight, -8, 7, f"{self.prefix}.{w}_weight (int4 values)")
+            s1, s2 = getattr(layer, f"{w}_weight_scale").data, getattr(layer, f"{w}_weight_scale_second").data
+            require_positive(s1.float() * s2.float(), f"{self.prefix}.{w}_weight_scale / _second")
+            scale_bias = None
+            if self.packed and f"{w}_scale_bias" in self._loads:
+                scale_bias = getattr(layer, f"{w}_scale_bias").data
+                self._check_scale_bias(f"{w}_scale_bias", scale_bias, a8w4_bias(weight, s1, s2))
+            packed, scale, bias = process_a8w4_expert_weight(weight, s1, s2, scale_bias)
+            # the kernel's scales are float16-rounded (as vllm-ascend's): one that underflows to 0 or overflows would
+            # zero or blow up its weights' group
+            rounded = kernels.decode_scale(scale)
+            if not bool(torch.isfinite(rounded).all()) or not bool((rounded > 0).all()):
+                raise QuantLoadError(
+                    f"{self.prefix}.{w}_weight_scale * {w}_weight_scale_second leaves float16's range (min "
+                    f"{float((s1.float() * s2.float()).min()):g}, max {float((s1.float() * s2.float()).max()):g}): "
+                    "the int8 x int4 expert kernel takes these scales as float16; re-export the checkpoint with scales "
+                    "in [6e-8, 65504]"
+                )
             replace_param(layer, f"{w}_weight", packed)
-            replace_param(layer, f"{w}_antiquant_scale", (s1 * s2).transpose(1, 2).contiguous())  # [E, K/g, N]
-            for name in (f"{w}_weight_scale", f"{w}_weight_scale_second"):
-                del layer._parameters[name]
+            replace_param(layer, f"{w}_weight_scale", scale)
+            replace_param(layer, f"{w}_scale_bias", bias)
+            del layer._parameters[f"{w}_weight_scale_second"]
         self._build(layer)
+
+    def _check_scale_bias(self, name: str, loaded: torch.Tensor, expected: torch.Tensor) -> None:
+        """A version "1.0.0" scale bias goes to the kernel as is (vllm-ascend reads it unchecked); one far from
+        ``8 * sum_k W4 * scale`` (what gives back the kernel's int4-split offset, :mod:`.moe_w4a8`) would shift every
+        output, so it is refused, naming the fix. The 5% slack admits a bias computed from other roundings of the
+        same scales. (A missing one is computed, as for version "0".)"""
+        got = loaded.float().sum(-1)
+        if not bool(torch.isfinite(got).all()):
+            raise QuantLoadError(f"{self.prefix}.{name} must be finite")
+        diff = float((got - expected).abs().max()) if got.numel() else 0.0
+        if diff > 0.05 * float(expected.abs().max()) + 1e-6:
+            raise QuantLoadError(
+                f"{self.prefix}.{name} is not 8 * sum_k(weight * weight_scale * weight_scale_second), the bias the "
+                f"int8 x int4 expert kernel needs (max difference {diff:.3g}); re-export the checkpoint with "
+                "msModelSlim or `vllm-npu quantize`"
+            )
 
     def _make_experts(self, layer: torch.nn.Module, activation: Callable[[torch.Tensor], torch.Tensor]) -> Any:
         return W4A8DynamicExperts(layer, activation)

@@ -13,14 +13,14 @@ A case's note ``audit #n`` points at the call marked ``#n`` in the status column
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import torch
 from vllm_npu.interface import KernelCall, KernelCase, randn
 
 from . import kernels
-from .moe_experts import grouped_quant_matmul, grouped_static_matmul, grouped_w4_matmul, quantize_rows
+from .moe_experts import grouped_quant_matmul, grouped_static_matmul, quantize_rows
+from .moe_w4a8 import grouped_a8w4_matmul
 
 HALVES = ("bfloat16", "float16")
 COUNTS = [3, 0, 6, 2]  # rows per expert, one expert without rows
@@ -204,12 +204,22 @@ def _grouped_cases() -> list[KernelCase]:
             )
             return KernelCall(args, {})
 
-        def w4(device: Any, dt: str = dtype) -> KernelCall:
+        def a8w4(device: Any, dt: str = dtype) -> KernelCall:
+            # vllm-ascend v0.11.0's W4A8 expert call: int8 rows x int4 weights, int64 scale, float32 bias
             group = 128
-            w = torch.stack([kernels.pack_int4(_ints(134 + e, k, n, low=-8, high=7, device="cpu")) for e in range(g)])
-            scale = _scale(140, g, k // group, n, device=device, dtype=_dt(dt))
-            x = randn(141, rows, k, dtype=_dt(dt), device=device, scale=1 / math.sqrt(k))
-            return KernelCall((x, w.to(device), scale, counts.to(device)), {})
+            w4 = torch.stack([_ints(134 + e, k, n, low=-8, high=7, device="cpu") for e in range(g)])  # [E, K, N]
+            s = _scale(140, g, k // group, n, device="cpu").to(torch.float16).to(torch.float32)
+            bias = 8 * (w4.float().reshape(g, k // group, group, n).sum(2) * s).sum(1)  # the exact offset
+            args = (
+                _int8(141, rows, k, device=device),
+                kernels.pack_int4(w4).to(device),
+                kernels.encode_scale(s).to(device),
+                bias.to(device),
+                _scale(142, rows, device=device),
+                counts.to(device),
+                _dt(dt),
+            )
+            return KernelCall(args, {})
 
         def static(device: Any, dt: str = dtype, sd: torch.dtype = scale_dtype) -> KernelCall:
             w = _int8(142, g, n, k, device=device).transpose(1, 2)
@@ -234,7 +244,11 @@ def _grouped_cases() -> list[KernelCase]:
                 note="audit #42",
             ),
             KernelCase(
-                grouped_w4_matmul, f"x [{rows}, {k}] W int4 [{g}, {k}, {n}/8] group 128", dtype, w4, note="audit #43"
+                grouped_a8w4_matmul,
+                f"xq [{rows}, {k}] W int4 [{g}, {k}, {n}/8] group 128, int64 scale, float32 bias",
+                dtype,
+                a8w4,
+                note="audit #43",
             ),
             KernelCase(
                 grouped_static_matmul,

@@ -27,8 +27,8 @@ slow every engine start of the test suite; everything else is the same code path
 explicit, different ``cudagraph_mode`` is a conflict). ``--enforce-eager`` with a graph mode is a conflict.
 ``torchair`` uses FULL_DECODE_ONLY's dispatch and compiles each decode size instead of capturing it
 (:mod:`.torchair`). On an NPU it runs GQA and MLA (DeepSeek-V2/V3) decoder models, attention inside the compiled
-graph, MoE layers without cross-rank exchanges (unquantized, W8A8_DYNAMIC or static W8A8 experts) and npu-quant's
-dense schemes; DeepSeek-V3.2's sparse attention, W4A8_DYNAMIC experts and the MoE and quant configurations of
+graph, MoE layers without cross-rank exchanges (unquantized, W8A8_DYNAMIC, static W8A8 or W4A8_DYNAMIC experts) and
+npu-quant's dense schemes; DeepSeek-V3.2's sparse attention and the MoE and quant configurations of
 :data:`TORCHAIR_NPU_REFUSALS` are refused there with the reason. With attention in the graph (every model but V3.2's, either device) speculative decoding and
 KV connectors are refused (:data:`TORCHAIR_SPEC_DECODE`, :data:`TORCHAIR_KV_TRANSFER`).
 """
@@ -69,8 +69,9 @@ GRAPH_MODES: dict[str, str | None] = {
 #: npu_swiglu), MoE layers (npu-ops traces them: npu_moe_gating_top_k(_softmax), npu_moe_init_routing_v2,
 #: npu_grouped_matmul, npu_swiglu, npu_moe_finalize_routing; with MC2 npu_moe_distribute_dispatch_v2 / combine_v2,
 #: sized by the MC2 capacity and chosen once per compiled size), unquantized or with npu-quant's W8A8_DYNAMIC experts
-#: (npu_dynamic_quant + npu_grouped_matmul with per-token scales, as vllm-ascend v0.11.0's torchair MoE) or static
-#: W8A8 experts (npu_quantize per row + npu_grouped_matmul with an int32 bias), and the linear layers of npu-quant's
+#: (npu_dynamic_quant + npu_grouped_matmul with per-token scales, as vllm-ascend v0.11.0's torchair MoE), static
+#: W8A8 experts (npu_quantize per row + npu_grouped_matmul with an int32 bias) or W4A8_DYNAMIC experts (int8 rows x
+#: int4 weights with int64 scales and a float32 bias, as v0.11.0's torchair_apply_mlp), and the linear layers of npu-quant's
 #: W8A8, W8A8_DYNAMIC, W4A8_DYNAMIC and W4A4_FLATQUANT_DYNAMIC schemes (npu_quantize, npu_dynamic_quant,
 #: npu_quant_matmul, npu_weight_quant_batchmatmul, npu_kronecker_quant). Each entry: what is refused -> why.
 TORCHAIR_NPU_REFUSALS: dict[str, str] = {
@@ -82,16 +83,10 @@ TORCHAIR_NPU_REFUSALS: dict[str, str] = {
         "package) have no GE converter in torch_npu 2.8.0's torchair, so a graph decode path could not be "
         "compiled either"
     ),
-    "moe_w4a8": (
-        "W4A8_DYNAMIC MoE experts: npu-quant runs them weight-only, npu_grouped_matmul in its per-group antiquant mode "
-        "(bf16/fp16 rows x int4 weights packed in int32), which vllm-ascend v0.11.0's torchair MoE never calls (its "
-        "W4A8 experts run int8 rows x int4 weights with int64-packed scales and a scale bias) and which torchair's "
-        "GroupedMatmul converter passes on unchecked; the W8A8_DYNAMIC and static W8A8 experts compile"
-    ),
     "moe_quantized": (
         "quantized MoE models whose routed experts' quant types cannot be read from the checkpoint's description "
-        "(quant_model_description.json or config.json's quantization_config): only W8A8_DYNAMIC and static W8A8 "
-        "experts were checked against torchair's converters"
+        "(quant_model_description.json or config.json's quantization_config): only W8A8_DYNAMIC, static W8A8 "
+        "and W4A8_DYNAMIC experts were checked against torchair's converters"
     ),
     "moe_data_parallel": (
         "MoE models with data parallel > 1 without expert parallelism or with tensor parallel > 1: in the torchair "
@@ -169,7 +164,7 @@ def _quant_refusal(vllm_config: VllmConfig, moe: bool) -> str | None:
     experts = expert_quant_types(getattr(model, "model", None), getattr(hf_config, "quantization_config", None))
     if experts is None:
         return "moe_quantized"
-    return "moe_w4a8" if "W4A8_DYNAMIC" in experts else None
+    return None
 
 
 def _moe_refusal(vllm_config: VllmConfig) -> str | None:

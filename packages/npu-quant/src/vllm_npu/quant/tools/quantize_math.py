@@ -90,7 +90,15 @@ def quantize_w4a8(
     w4 = w4.to(torch.int8)
     if version == "1.0.0":
         out["weight"] = pack_int4_pairs_dim0(w4)
-        out["scale_bias"] = torch.zeros(n, 16 if row_parallel else 1, dtype=torch.float32)
+        # the int8 x int4 expert kernel's bias, 8 * sum_k W4 * scale (what vllm-ascend computes for version 0), as
+        # partial sums over 16 chunks of K for row-parallel layers (so tensor-parallel ranks dividing 16 each get
+        # theirs) and the whole sum otherwise; the dense W4A8 path (weight-only) does not read it
+        scale = out["weight_scale"].float()
+        if group_size:
+            scale = scale * out["weight_scale_second"].float().repeat_interleave(group_size, dim=1)
+        terms = 8 * w4.float() * scale  # [N, K]
+        chunks = terms.tensor_split(16 if row_parallel else 1, dim=1)
+        out["scale_bias"] = torch.stack([c.sum(1) for c in chunks], dim=1).to(torch.float32)
     else:
         out["weight"] = w4
     return out

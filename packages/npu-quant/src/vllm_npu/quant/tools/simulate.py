@@ -8,7 +8,10 @@ maths straight from the checkpoint tensors, written out here independently of th
 
 - W8A8:          ``y = (round_clamp(x / s_x + o_x) @ W_qᵀ + quant_bias) * deq_scale``
 - W8A8_DYNAMIC:  ``y = (round(x / s_t) @ W_qᵀ) * s_w * s_t + b``, ``s_t = max|x_t| / 127``
-- W4A8_DYNAMIC:  ``y = x @ (W4 * s1 * s2[group])ᵀ + b``
+- W4A8_DYNAMIC:  ``y = x @ (W4 * s1 * s2[group])ᵀ + b`` (dense layers: weight-only);
+  MoE experts (int8 activations, as the hardware kernel): ``y = s_t * ((round(x / s_t) - 8) @ (W4 * S)ᵀ + B)``,
+  ``S = fp16(s1 * s2[group])``, ``B`` the checkpoint's ``scale_bias`` summed (version 1.0.0) or
+  ``8 * sum_k W4 * s1 * s2`` (version 0)
 - W4A4_FLATQUANT: ``x' = x (L ⊗ R)``; ``y = (round_clamp(x' / s_t, ±8) @ W4ᵀ) * s_w * s_t + b``,
   ``s_t = clip * max|x'_t| / 7``
 
@@ -18,12 +21,16 @@ Useful to check accuracy offline (HF greedy/logits of exactly the quantized math
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from ..description import DESCRIPTION_FILENAME, QuantDescription
+
+#: a routed expert's linear (``...mlp.experts.<e>.gate_proj``); shared experts run the dense linear schemes
+_EXPERT = re.compile(r"\.experts\.\d+\.")
 
 
 def _dequant_scale(t: torch.Tensor) -> torch.Tensor:
@@ -43,10 +50,16 @@ class SimulatedQuantLinear(torch.nn.Module):
     """A linear layer computing one msModelSlim scheme from checkpoint tensors (float32 maths)."""
 
     def __init__(
-        self, qtype: str, tensors: dict[str, torch.Tensor], bias: torch.Tensor | None, settings: dict[str, Any]
+        self,
+        qtype: str,
+        tensors: dict[str, torch.Tensor],
+        bias: torch.Tensor | None,
+        settings: dict[str, Any],
+        expert: bool = False,
     ):
         super().__init__()
         self.qtype = qtype
+        self.expert = expert
         self.t = {k: v.clone() for k, v in tensors.items()}
         self.bias = bias
         self.settings = settings
@@ -57,6 +70,10 @@ class SimulatedQuantLinear(torch.nn.Module):
             g = int(settings.get("group_size", 256))
             s = s1 * self.t["weight_scale_second"].float().repeat_interleave(g, dim=1) if g else s1
             self.w_deq = w4.float() * s
+            if expert:  # the int8 x int4 expert kernel: float16-rounded scales, activations offset by 8, bias B
+                self.w_a8w4 = w4.float() * s.half().float()
+                sb = self.t.get("scale_bias")
+                self.b_a8w4 = sb.float().sum(-1) if sb is not None else 8 * self.w_deq.sum(1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         t, xf = self.t, x.float()
@@ -70,6 +87,10 @@ class SimulatedQuantLinear(torch.nn.Module):
             xq = torch.round(xf / s_t.clamp_min(1e-30))
             y = (xq @ t["weight"].float().t()) * t["weight_scale"].float().reshape(-1) * s_t
             y = y + (self.bias.float() if self.bias is not None else 0)
+        elif self.qtype == "W4A8_DYNAMIC" and self.expert:
+            s_t = xf.abs().amax(-1, keepdim=True) / 127
+            xq = torch.round(xf / s_t.clamp_min(1e-30))
+            y = s_t * ((xq - 8) @ self.w_a8w4.t() + self.b_a8w4)
         elif self.qtype == "W4A8_DYNAMIC":
             y = xf @ self.w_deq.t() + (self.bias.float() if self.bias is not None else 0)
         elif self.qtype == "W4A4_FLATQUANT_DYNAMIC":
@@ -114,7 +135,7 @@ def simulated_hf_model(quant_dir: str | Path, dtype: torch.dtype = torch.float32
         setattr(
             modules[parent_name] if parent_name else model,
             child,
-            SimulatedQuantLinear(qtype, tensors, bias, desc.settings),
+            SimulatedQuantLinear(qtype, tensors, bias, desc.settings, expert=_EXPERT.search(name) is not None),
         )
         for k in tensors:
             replaced.add(f"{name}.{k}")
