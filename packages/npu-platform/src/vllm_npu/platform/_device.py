@@ -254,7 +254,9 @@ class DeviceBackend:
 
     @staticmethod
     def soc() -> str:
-        """The chip family: "A2" (Atlas A2, 910B), "A3" (Atlas A3, 910_93), or "" (other, or not an NPU)."""
+        """The chip family: "A2" (Atlas A2, 910B), "A3" (Atlas A3, 910_93), "310P" (Atlas 300I, Ascend 310P), or ""
+        (other, or not an NPU). On the NPU this initialises the runtime (``get_soc_version``): workers only; the
+        front-end asks :func:`vllm_npu.interface.current_chip`, which does not."""
         return ""
 
     # Static graphs (see :mod:`.graphs`).
@@ -328,10 +330,12 @@ class NPUDevice(DeviceBackend):
 
     @staticmethod
     def soc() -> str:
-        # torch_npu.npu.get_soc_version() codes, as vllm-ascend v0.11.0 (utils.py) reads them: 220-225 are the
-        # Ascend 910B family (A2), 250-255 the 910_93 family (A3).
-        version = int(_torch_npu().get_soc_version())
-        return "A2" if 220 <= version <= 225 else "A3" if 250 <= version <= 255 else ""
+        # torch_npu.npu.get_soc_version() codes (the wheel's NpuVariables.h SocVersion): 200-205 the Ascend 310P
+        # family, 220-225 the 910B family (A2), 250-255 the 910_93 family (A3; A2/A3 as vllm-ascend v0.11.0's
+        # utils.py:631-639 reads them).
+        from vllm_npu.interface import chip_of_soc_version
+
+        return chip_of_soc_version(int(_torch_npu().get_soc_version()))
 
     @staticmethod
     def stream_api() -> dict[str, Any]:
@@ -457,7 +461,17 @@ class EmulatedDevice(DeviceBackend):
 
     @staticmethod
     def device_name(device_id: int = 0) -> str:
-        return "emulated NPU (CPU)"
+        from vllm_npu.interface import current_chip
+
+        chip = current_chip()
+        return f"emulated NPU (CPU, as Ascend {chip})" if chip else "emulated NPU (CPU)"
+
+    @staticmethod
+    def soc() -> str:
+        """``VLLM_NPU_EMULATED_SOC``'s chip ("" when unset): the emulated device takes that chip's paths."""
+        from vllm_npu.interface import current_chip
+
+        return current_chip()
 
     @staticmethod
     def stream_api() -> dict[str, Any]:
