@@ -79,8 +79,9 @@ def check_310p_config(vllm_config: VllmConfig, npu_config: AdditionalConfig) -> 
         return
     model = vllm_config.model_config
     if model is not None:
-        if model.dtype not in MODEL_DTYPES_310P:
-            raise ConfigError(dtype_refusal(model.dtype))
+        dtype = model.dtype  # resolved to a torch.dtype by ModelConfig (its annotation also admits the CLI strings)
+        if isinstance(dtype, torch.dtype) and dtype not in MODEL_DTYPES_310P:
+            raise ConfigError(dtype_refusal(dtype))
         if model.use_mla:
             raise ConfigError(
                 f"multi-head latent attention (MLA/SFA: DeepSeek-V2/V3/V3.2, Kimi-K2) is not supported on {CHIP}: "
@@ -88,7 +89,7 @@ def check_310p_config(vllm_config: VllmConfig, npu_config: AdditionalConfig) -> 
                 "A2/A3 only; serve a GQA model"
             )
         hf_quant = getattr(model.hf_config, "quantization_config", None)
-        types = quant_types(model.model, hf_quant) if model.quantization == "ascend" or hf_quant else None
+        types = quant_types(model.model, hf_quant) if str(model.quantization) == "ascend" or hf_quant else None
         for qtype in sorted(types or ()):
             if qtype in QUANT_REFUSALS:
                 raise ConfigError(

@@ -49,8 +49,13 @@ def _torch_npu() -> Any:
     # twin and test fake models ND — so a private format could only appear by accident, where a later .view/.T of it
     # (vLLM's MLA kv_b_proj split) would read blocked storage as row-major. vllm-ascend sets True because it casts
     # quantized and MoE weights to NZ for speed; this plugin does not (an NZ cast would be a no-op here).
+    # The Ascend 310P is the exception: its attention kernels take FRACTAL_NZ masks, which npu_format_cast(..., 29)
+    # tags only with internal formats allowed (vllm-ascend v0.11.0 allows them on every chip, and on 310P casts the
+    # masks, attention/attention_v1.py:347-357); nothing else casts to NZ there (ops/attention_310p.py).
+    from vllm_npu.interface import is_310p
+
     npu: Any = torch.npu  # type: ignore[attr-defined]  # registered at runtime by torch_npu
-    npu.config.allow_internal_format = False
+    npu.config.allow_internal_format = is_310p()
     return npu
 
 
