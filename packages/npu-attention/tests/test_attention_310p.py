@@ -150,3 +150,29 @@ def test_310p_builder_masks_are_nz_of_the_longest_sequence():
 def test_sliding_window_layers_are_refused_on_310p():
     with pytest.raises(ConfigError, match=r"sliding-window attention \(window 64\) is not supported on the Atlas 300I"):
         AscendAttentionImpl(4, 64, 0.125, 2, None, 64)
+
+
+def test_selftest_on_a_310p_runs_the_310p_pairs_and_their_cases_agree_with_the_nd_kernels():
+    import inspect
+
+    from vllm_npu.attention.ops.paged_attention import PAGED_DECODE
+    from vllm_npu.attention.selftest import selftest_cases
+
+    cases = selftest_cases()
+    names = {c.kernel.name for c in cases}
+    assert names == {"reshape_and_cache_nz", "prefill_310p", "paged_decode_310p", "paged_splitfuse_310p"}
+    assert {c.dtype for c in cases} == {"float16"}
+    for case in cases:
+        npu, ref = inspect.signature(case.kernel.npu), inspect.signature(case.kernel.reference)
+        assert list(npu.parameters) == list(ref.parameters)
+        call = case.build("cpu")
+        outs = call.outputs(case.kernel.reference(*call.args, **call.kwargs), call.args, call.kwargs)
+        assert all(torch.isfinite(t.float()).all() for t in outs.values()), case.shape
+        if case.kernel.name == "paged_decode_310p":  # the same tokens in ND through the A2/A3 twin
+            q, kc, vc, table, lens = call.args
+            nkv = call.kwargs["num_kv_heads"]
+            nd = [c.permute(0, 2, 1, 3).reshape(c.shape[0], c.shape[2], nkv, -1) for c in (kc, vc)]
+            want = torch.zeros_like(q)
+            kw = {k: v for k, v in call.kwargs.items() if k != "out"}
+            PAGED_DECODE.reference(q, *nd, table, lens.tolist(), out=want, **kw)
+            torch.testing.assert_close(outs["out"], want, **TOLERANCES[torch.float16])
