@@ -36,7 +36,16 @@ def soc_310p(monkeypatch):
     reset_chip()
 
 
-def config_310p(*, dtype=torch.float16, use_mla=False, additional_config=None, cache_dtype="auto", model="m", **comp):
+def config_310p(
+    *,
+    dtype=torch.float16,
+    use_mla=False,
+    additional_config=None,
+    cache_dtype="auto",
+    model="m",
+    kv_transfer=False,
+    **comp,
+):
     """The parts of VllmConfig the platform hook reads on a 310P (real CompilationConfig)."""
     return SimpleNamespace(
         parallel_config=SimpleNamespace(worker_cls="auto", disable_custom_all_reduce=False),
@@ -52,7 +61,7 @@ def config_310p(*, dtype=torch.float16, use_mla=False, additional_config=None, c
         ),
         compilation_config=CompilationConfig(**comp),
         additional_config=additional_config or {},
-        kv_transfer_config=None,
+        kv_transfer_config=SimpleNamespace(kv_connector="MooncakeConnectorV1") if kv_transfer else None,
     )
 
 
@@ -122,8 +131,9 @@ def test_310p_config_is_float16_and_eager(soc_310p):
             r"npu.moe_mc2='on' is not supported on the Atlas 300I .*set npu.moe_mc2 to 'auto' or 'off'",
         ),
         (config_310p(cache_dtype="int8"), r"kv_cache_dtype='int8' is not supported on the Atlas 300I"),
+        (config_310p(kv_transfer=True), r"KV transfer \(--kv-transfer-config.* is not supported on the Atlas 300I"),
     ],
-    ids=["bf16", "fp32", "piecewise", "torchair", "cudagraph_mode", "mla", "mc2", "kv_int8"],
+    ids=["bf16", "fp32", "piecewise", "torchair", "cudagraph_mode", "mla", "mc2", "kv_int8", "kv_connector"],
 )
 def test_310p_refusals_name_the_feature_and_the_fix(soc_310p, cfg, message):
     with pytest.raises(ConfigError, match=message):

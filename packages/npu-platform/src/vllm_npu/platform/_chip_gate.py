@@ -24,6 +24,8 @@ The readings behind each refusal:
   310P branches only in ``quantization/w8a8.py`` (static W8A8). The plugin's 310P W8A8 path (vllm-ascend's
   ``transpose_weight = not is_310p()`` and ``fused_experts_310p``) is not built yet, so W8A8 is refused too, by
   name, rather than run through the A2 layout. C8 (int8 KV cache) has no 310P NZ layout here.
+- **No KV connectors**: npu-kv's connectors (and vLLM's offloading) move pages in the ND layout; the 310P cache is
+  NZ-tiled (``vllm_npu.attention.ops.nz``).
 """
 
 from __future__ import annotations
@@ -101,6 +103,11 @@ def check_310p_config(vllm_config: VllmConfig, npu_config: AdditionalConfig) -> 
         raise ConfigError(
             f"kv_cache_dtype={cache.cache_dtype!r} is not supported on {CHIP}: its KV cache is float16 in the NZ "
             "layout; use --kv-cache-dtype auto"
+        )
+    if getattr(vllm_config, "kv_transfer_config", None) is not None:
+        raise ConfigError(
+            f"KV transfer (--kv-transfer-config: prefill-decode disaggregation, KV pools, offloading) is not supported "
+            f"on {CHIP}: the connectors move ND pages and the 310P KV cache is NZ-tiled; serve without a KV connector"
         )
     if npu_config.moe_mc2 == "on":
         raise ConfigError(
