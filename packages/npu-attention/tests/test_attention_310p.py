@@ -99,7 +99,7 @@ def test_310p_impl_over_the_nz_cache_matches_the_dense_reference(case, block_siz
         batch.common.slot_mapping[: batch.num_tokens],
     )
     batch.kv_cache = to_nz_cache(batch.kv_cache)
-    out, md = run_impl(batch, **dims)
+    out, md = run_impl(batch, block_size=block_size, **dims)
     assert md.attn_state is state and (md.nz_mask is None) == (state is S.DecodeOnly)
     want = dense_reference(batch, **dims)
     torch.testing.assert_close(out[: batch.num_tokens].double(), want, **TOLERANCES[torch.float16])
@@ -113,7 +113,7 @@ def test_an_nd_cache_given_the_nz_shape_gives_another_answer():
     want = dense_reference(batch, **dims)
     two, nb, bs, nkv, d = batch.kv_cache.shape
     batch.kv_cache = batch.kv_cache.reshape(two, nb, nkv * d // 16, bs, 16)  # ND bytes, NZ shape: a layout bug
-    out, _ = run_impl(batch, **dims)
+    out, _ = run_impl(batch, block_size=bs, **dims)
     assert not torch.allclose(out[: batch.num_tokens].double(), want, atol=0.05)
 
 
@@ -122,7 +122,7 @@ def test_a_mask_in_the_wrong_tiling_gives_another_answer():
     q_lens, ctx_lens = [1, 20], [9, 5]
     batch = make_batch(q_lens, ctx_lens, block_size=16, dtype=torch.float16, **dims)
     batch.kv_cache = to_nz_cache(batch.kv_cache)
-    out, md = run_impl(batch, **dims)
+    out, md = run_impl(batch, block_size=16, **dims)
     key_cache, value_cache = batch.kv_cache.unbind(0)
     kw = {"num_heads": 2, "num_kv_heads": 2, "scale": 16**-0.5}
     good, bad = torch.zeros_like(out[:21]), torch.zeros_like(out[:21])
