@@ -140,13 +140,27 @@ def test_310p_refusals_name_the_feature_and_the_fix(soc_310p, cfg, message):
         EmulatedNPUPlatform.check_and_update_config(cfg)
 
 
-@pytest.mark.parametrize("qtype", ["W8A8", "W8A8_DYNAMIC", "W4A8_DYNAMIC"])
-def test_310p_refuses_quantized_checkpoints_by_scheme(soc_310p, tmp_path, qtype):
-    description = {"model_quant_type": qtype, "model.layers.0.mlp.down_proj.weight": qtype}
+def _quantized(tmp_path, description):
     (tmp_path / "quant_model_description.json").write_text(json.dumps(description))
     cfg = config_310p(model=str(tmp_path))
     cfg.model_config.quantization = "ascend"
+    return cfg
+
+
+@pytest.mark.parametrize("qtype", ["W8A8_DYNAMIC", "W4A8_DYNAMIC"])
+def test_310p_refuses_dynamic_quant_checkpoints_by_scheme(soc_310p, tmp_path, qtype):
+    cfg = _quantized(tmp_path, {"model_quant_type": qtype, "model.layers.0.mlp.down_proj.weight": qtype})
     with pytest.raises(ConfigError, match=rf"uses {qtype}, which is not supported on the Atlas 300I"):
+        EmulatedNPUPlatform.check_and_update_config(cfg)
+
+
+def test_310p_takes_static_w8a8_linears_and_refuses_w8a8_experts(soc_310p, tmp_path):
+    dense = _quantized(tmp_path, {"model_quant_type": "W8A8", "model.layers.0.mlp.down_proj.weight": "W8A8"})
+    EmulatedNPUPlatform.check_and_update_config(dense)
+    moe = tmp_path / "moe"
+    moe.mkdir()
+    cfg = _quantized(moe, {"model_quant_type": "W8A8", "model.layers.0.mlp.experts.0.down_proj.weight": "W8A8"})
+    with pytest.raises(ConfigError, match=r"has W8A8 MoE experts, which are not supported on the Atlas 300I"):
         EmulatedNPUPlatform.check_and_update_config(cfg)
 
 

@@ -21,9 +21,9 @@ The readings behind each refusal:
   ``_select_moe_comm_method``; any other chip raises "Unsupported soc_version").
 - **msModelSlim quantized checkpoints**: W8A8_DYNAMIC / W4A8_DYNAMIC / W4A4_FLATQUANT_DYNAMIC need per-token dynamic
   quantization (``npu_dynamic_quant``), which torch_npu 2.8.0 documents for A2/A3 only, and vllm-ascend v0.11.0 has
-  310P branches only in ``quantization/w8a8.py`` (static W8A8). The plugin's 310P W8A8 path (vllm-ascend's
-  ``transpose_weight = not is_310p()`` and ``fused_experts_310p``) is not built yet, so W8A8 is refused too, by
-  name, rather than run through the A2 layout. C8 (int8 KV cache) has no 310P NZ layout here.
+  310P branches only in ``quantization/w8a8.py`` (static W8A8). Static W8A8 linear layers run (npu-quant's 310P
+  layout); W8A8 MoE experts (vllm-ascend's ``fused_experts_310p``) are not built yet and are refused by name.
+  C8 (int8 KV cache) has no 310P NZ layout here.
 - **No KV connectors**: npu-kv's connectors (and vLLM's offloading) move pages in the ND layout; the 310P cache is
   NZ-tiled (``vllm_npu.attention.ops.nz``).
 """
@@ -33,7 +33,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 import torch
-from vllm_npu.interface import AdditionalConfig, ConfigError, is_310p, quant_types
+from vllm_npu.interface import AdditionalConfig, ConfigError, expert_quant_types, is_310p, quant_types
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -45,7 +45,6 @@ SOURCE = "vllm-ascend v0.11.0's 310P tutorial: 'the 310I series only supports ea
 MODEL_DTYPES_310P = (torch.float16,)
 #: msModelSlim quant types and why a 310P cannot run them here.
 QUANT_REFUSALS = {
-    "W8A8": "the 310P W8A8 path (untransposed int8 weights, fused_experts_310p) is not built in this plugin yet",
     "W8A8_DYNAMIC": "per-token dynamic quantization (npu_dynamic_quant) is documented for A2/A3 only",
     "W4A8_DYNAMIC": "per-token dynamic quantization and int4 grouped matmuls are documented for A2/A3 only",
     "W4A4_FLATQUANT_DYNAMIC": "per-token dynamic quantization and int4 matmuls are documented for A2/A3 only",
@@ -98,6 +97,13 @@ def check_310p_config(vllm_config: VllmConfig, npu_config: AdditionalConfig) -> 
                     f"the checkpoint {model.model!r} uses {qtype}, which is not supported on {CHIP}: "
                     f"{QUANT_REFUSALS[qtype]}; serve the float16 checkpoint"
                 )
+        experts = expert_quant_types(model.model, hf_quant) if types else None
+        if experts:
+            raise ConfigError(
+                f"the checkpoint {model.model!r} has {', '.join(sorted(experts))} MoE experts, which are not supported "
+                f"on {CHIP}: the 310P quantized expert path (vllm-ascend's fused_experts_310p, "
+                "npu_quant_grouped_matmul_dequant) is not built in this plugin yet; serve the float16 checkpoint"
+            )
     cache = vllm_config.cache_config
     if cache is not None and str(cache.cache_dtype) != "auto":
         raise ConfigError(
