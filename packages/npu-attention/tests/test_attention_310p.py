@@ -152,6 +152,25 @@ def test_sliding_window_layers_are_refused_on_310p():
         AscendAttentionImpl(4, 64, 0.125, 2, None, 64)
 
 
+def test_selftest_elsewhere_keeps_the_310p_rows_and_skips_them_on_an_a2_npu(monkeypatch):
+    from vllm_npu.attention.selftest import selftest_cases
+    from vllm_npu.interface import MissingComponentError
+
+    monkeypatch.setenv("VLLM_NPU_EMULATED_SOC", "none")
+    reset_chip()
+    cases = [c for c in selftest_cases() if c.kernel.name.endswith(("_310p", "_nz"))]
+    assert {c.kernel.name for c in cases} == {
+        "reshape_and_cache_nz",
+        "prefill_310p",
+        "paged_decode_310p",
+        "paged_splitfuse_310p",
+    }
+    for case in cases:
+        case.build("cpu")  # the emulated device runs them
+        with pytest.raises(MissingComponentError, match="run vllm-npu selftest on an Atlas 300I"):
+            case.build("meta")  # any device but the CPU stands for an NPU here
+
+
 def test_selftest_on_a_310p_runs_the_310p_pairs_and_their_cases_agree_with_the_nd_kernels():
     import inspect
 

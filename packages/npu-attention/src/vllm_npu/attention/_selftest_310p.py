@@ -15,7 +15,7 @@ from functools import partial
 from typing import Any
 
 import torch
-from vllm_npu.interface import KernelCall, KernelCase, randn
+from vllm_npu.interface import KernelCall, KernelCase, MissingComponentError, is_310p, randn
 
 from . import _selftest_kit as kit
 from .masks import AttentionMaskBuilder
@@ -32,7 +32,18 @@ def _nz(cache: torch.Tensor) -> torch.Tensor:
     return cache.reshape(nb, bs, nkv * d // 16, 16).permute(0, 2, 1, 3).contiguous()
 
 
+def _on_this_chip(device: Any) -> None:
+    """The 310P calls only mean something on a 310P (or the emulated device): an A2/A3 NPU skips the row."""
+    if torch.device(device).type != "cpu" and not is_310p():
+        raise MissingComponentError(
+            "attention",
+            "a 310P kernel row (NZ KV cache) on an A2/A3 NPU",
+            fix="run vllm-npu selftest on an Atlas 300I (Ascend 310P) host to confirm this row",
+        )
+
+
 def _cache_write(device: Any, *, nkv: int, d: int, bs: int) -> KernelCall:
+    _on_this_chip(device)
     seq_lens = [5, 130, 1]
     table, nb = kit.block_table(30, seq_lens, bs, device)
     slots = kit.slots(table, kit.new_token_positions([3, 2, 1], seq_lens), bs).to(torch.int32).to(device)
@@ -47,6 +58,7 @@ def _caches_out(result: Any, args: tuple, kwargs: dict) -> dict[str, torch.Tenso
 
 
 def _prefill(device: Any, *, n: int, nkv: int, d: int) -> KernelCall:
+    _on_this_chip(device)
     seq_lens = [3, 17, 40]
     t = sum(seq_lens)
     q, k, v = (
@@ -62,6 +74,7 @@ def _real_rows(t: int, result: Any, args: tuple, kwargs: dict) -> dict[str, torc
 
 
 def _decode(device: Any, *, n: int, nkv: int, d: int, bs: int) -> KernelCall:
+    _on_this_chip(device)
     context = [1, 37, 300, 129]
     table, kc, vc, q = kit.paged_inputs(
         (41, 42, 43, 44), context, len(context), n=n, nkv=nkv, d=d, bs=bs, dtype=torch.float16, device=device
@@ -72,6 +85,7 @@ def _decode(device: Any, *, n: int, nkv: int, d: int, bs: int) -> KernelCall:
 
 
 def _splitfuse(device: Any, *, n: int, nkv: int, d: int, bs: int) -> KernelCall:
+    _on_this_chip(device)
     q_lens, seq_lens = [1, 1, 7, 20], [37, 300, 7, 150]  # two decodes, a first prefill, a chunk after 130 cached
     table, kc, vc, q = kit.paged_inputs(
         (45, 46, 47, 48), seq_lens, sum(q_lens), n=n, nkv=nkv, d=d, bs=bs, dtype=torch.float16, device=device
