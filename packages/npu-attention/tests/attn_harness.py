@@ -130,10 +130,13 @@ def run_impl(
     encoder_only: bool = False,
     num_speculative_tokens: int = 0,
     scale: float | None = None,
+    block_size: int | None = None,
 ):
-    """Build the metadata with the real builder and run the impl; returns (output, metadata)."""
+    """Build the metadata with the real builder and run the impl; returns (output, metadata). ``block_size``
+    defaults to the ND cache's (``kv_cache.shape[2]``); an NZ (310P) cache must name it."""
     scale = head_size**-0.5 if scale is None else scale
-    builder = make_builder(batch.kv_cache.shape[2], num_kv_heads, head_size, batch.query.dtype, num_speculative_tokens)
+    block_size = batch.kv_cache.shape[2] if block_size is None else block_size
+    builder = make_builder(block_size, num_kv_heads, head_size, batch.query.dtype, num_speculative_tokens)
     md = builder.build(0, batch.common)
     impl = AscendAttentionImpl(
         num_heads,

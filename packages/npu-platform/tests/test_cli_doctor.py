@@ -137,6 +137,17 @@ def test_emulated_device_is_reported() -> None:
     assert "reference kernels" in report["device"]["reason"]
 
 
+def test_emulated_310p_chip_is_reported() -> None:
+    rc, report = doctor_json(extra_env={"VLLM_NPU_DEVICE": "emulated", "VLLM_NPU_EMULATED_SOC": "310p"})
+    assert rc == 0 and report["device"]["chip"] == "emulated Ascend 310P (VLLM_NPU_EMULATED_SOC=310P)"
+    rc, out, _ = doctor(extra_env={"VLLM_NPU_DEVICE": "emulated", "VLLM_NPU_EMULATED_SOC": "310P"})
+    assert rc == 0 and "  chip: emulated Ascend 310P" in out
+    rc, report = doctor_json(extra_env={"VLLM_NPU_DEVICE": "emulated"})
+    assert report["device"]["chip"] == "none emulated"
+    rc, out, _ = doctor(extra_env={"VLLM_NPU_DEVICE": "emulated", "VLLM_NPU_EMULATED_SOC": "910"})
+    assert rc == 1 and "VLLM_NPU_EMULATED_SOC='910' is invalid; allowed: 'none', '310P'" in out
+
+
 def test_bad_device_value_is_an_error() -> None:
     rc, out, _ = doctor(extra_env={"VLLM_NPU_DEVICE": "gpu"})
     assert rc == 1 and "Result: BROKEN" in out

@@ -11,6 +11,9 @@ Three kinds (the NPU kernels read them; the reference kernels compute masks from
   attend and the dtype's masked value elsewhere (``-inf`` for fp16/fp32; ``1`` for bf16, which the ATB flash kernel
   takes as a mask flag and scales itself). Cached and grown on demand to the longest sequence seen; callers get a
   ``[:S, :S]`` view.
+- the **Ascend 310P masks** (NZ tiles of 16, :mod:`.ops.nz`): the first-prefill causal mask of the batch's longest
+  sequence, and the chunked-prefill mask (row ``t``: the causal row at token ``t``'s position). Built on both
+  backends on a 310P: the NPU kernels take them, the reference twins read them back through their NZ layout.
 - the **pooling mask**: ``bool [2048, 2048]`` ``triu(diagonal=1)`` for ``npu_fusion_attention`` band mode used by
   encoder-only (bidirectional) attention; the band width passed with it decides what is attended.
 """
@@ -18,6 +21,8 @@ Three kinds (the NPU kernels read them; the reference kernels compute masks from
 from __future__ import annotations
 
 import torch
+
+from .ops.nz import nd_to_nz
 
 COMPRESSED_MASK_SIZE = 2048
 
@@ -70,3 +75,18 @@ class AttentionMaskBuilder:
             mask.masked_fill_(~allowed, masked_value(dtype))
             self._causal[dtype] = cached = mask
         return cached[:seq_len, :seq_len]
+
+    def prefill_mask_nz(self, seq_lens: list[int], dtype: torch.dtype) -> torch.Tensor:
+        """310P first prefill: the ``[S, S]`` causal mask (S = ``max(seq_lens)``) in NZ, ``[1, S16 / 16, S16, 16]``
+        (vllm-ascend v0.11.0 ``attention/attention_v1.py:253-256``: ``nd_to_nz_2d`` of the runner's mask of the
+        longest sequence, ``worker/model_runner_v1.py:910-913``)."""
+        return nd_to_nz(self.causal_mask(max(seq_lens), dtype))
+
+    def splitfuse_mask_nz(self, query_lens: list[int], seq_lens: list[int], dtype: torch.dtype) -> torch.Tensor:
+        """310P chunked prefill: row ``t`` is the causal mask's row at new token ``t``'s position (request ``b``'s
+        new tokens sit at ``seq_lens[b] - query_lens[b]`` onwards), columns up to ``S = max(seq_lens)``, in NZ:
+        ``[1, S16 / 16, T16, 16]`` (vllm-ascend v0.10.0rc1 ``attention/attention_mask.py``
+        ``get_splitfuse_attn_mask`` + ``utils.py`` ``nd_to_nz_spec``)."""
+        causal = self.causal_mask(max(seq_lens), dtype)
+        positions = torch.cat([torch.arange(n - q, n, device=self.device) for q, n in zip(query_lens, seq_lens)])
+        return nd_to_nz(causal[positions])

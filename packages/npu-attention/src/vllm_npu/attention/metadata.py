@@ -20,7 +20,7 @@ from vllm.v1.attention.backends.utils import (
     CommonAttentionMetadata,
     split_decodes_and_prefills,
 )
-from vllm_npu.interface import ConfigError, kernel_backend
+from vllm_npu.interface import ConfigError, is_310p, kernel_backend
 
 from .masks import AttentionMaskBuilder
 from .ops.paged_attention import DecodePlan
@@ -150,6 +150,9 @@ class AscendMetadata:
     splitfuse_mask: torch.Tensor | None = None
     # Reference backend, DecodeOnly steps: the decode twins' per-step lengths/mask/pages, built once for all layers.
     decode_plan: DecodePlan | None = None
+    # Ascend 310P, every causal state but DecodeOnly, both backends: the state's mask in NZ tiles (masks.py), which
+    # the 310P NPU kernels take and their twins read back through the layout.
+    nz_mask: torch.Tensor | None = None
 
     def graph_inputs(self, batch_size: int) -> GraphDecodeInputs:
         """This DecodeOnly step laid out as the inputs of a compiled decode graph of ``batch_size`` requests
@@ -204,6 +207,7 @@ class AscendAttentionMetadataBuilder(AttentionMetadataBuilder[AscendMetadata]):
                 f"use --block-size {NPU_BLOCK_SIZE}"
             )
         self.masks = AttentionMaskBuilder(device)
+        self.nz_masks: bool = is_310p()  # the 310P kernels (both backends) take NZ masks (backends/gqa_310p.py)
         # Reference backend only: a persistent int64 buffer for the padding-free slot mapping (persistent, so a
         # captured graph that read it at capture sees every later step's slots).
         self._slots: torch.Tensor | None = None
@@ -255,10 +259,21 @@ class AscendAttentionMetadataBuilder(AttentionMetadataBuilder[AscendMetadata]):
             splitfuse_mask=self.masks.splitfuse_mask() if self.npu_masks else None,
             decode_plan=(
                 DecodePlan.build(seq_lens_list, self.block_size, self.device)
-                if not self.npu_masks and state is AscendAttentionState.DecodeOnly and num_reqs
+                if not self.npu_masks and not self.nz_masks and state is AscendAttentionState.DecodeOnly and num_reqs
                 else None
             ),
+            nz_mask=self._nz_mask_for(state, cm.causal, qsl_cpu, seq_lens_list) if self.nz_masks else None,
         )
+
+    def _nz_mask_for(
+        self, state: AscendAttentionState, causal: bool, qsl_cpu: torch.Tensor, seq_lens: list[int]
+    ) -> torch.Tensor | None:
+        """The 310P mask of a step (None for decode-only steps, non-causal layers and empty batches)."""
+        if not causal or not seq_lens or state is AscendAttentionState.DecodeOnly:
+            return None
+        if state is AscendAttentionState.PrefillNoCache:
+            return self.masks.prefill_mask_nz(seq_lens, self.dtype)
+        return self.masks.splitfuse_mask_nz((qsl_cpu[1:] - qsl_cpu[:-1]).tolist(), seq_lens, self.dtype)
 
     def _null_padded_slots(self, slot_mapping: torch.Tensor) -> torch.Tensor:
         """``slot_mapping`` with every negative (padding) slot replaced by 0, in the builder's persistent buffer.

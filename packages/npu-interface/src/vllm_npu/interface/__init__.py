@@ -18,6 +18,13 @@ _EXPORTS = {
     "check_ascend_settings": ".ascend_migration:check_ascend_settings",
     "find_ascend_settings": ".ascend_migration:find_ascend_settings",
     "CANN_DEFAULT_HOMES": ".cann:CANN_DEFAULT_HOMES",
+    "CHIP_310P": ".chip:CHIP_310P",
+    "ChipFamily": ".chip:ChipFamily",
+    "chip_of_device_name": ".chip:chip_of_device_name",
+    "chip_of_soc_version": ".chip:chip_of_soc_version",
+    "current_chip": ".chip:current_chip",
+    "is_310p": ".chip:is_310p",
+    "reset_chip": ".chip:reset_chip",
     "CANN_HOME_VARS": ".cann:CANN_HOME_VARS",
     "CANN_OPP_VAR": ".cann:CANN_OPP_VAR",
     "find_cann_home": ".cann:find_cann_home",
@@ -102,6 +109,7 @@ _EXPORTS = {
     "Setting": ".settings:Setting",
     "markdown_rows": ".settings:markdown_rows",
     "read_device_setting": ".settings:read_device_setting",
+    "read_emulated_soc": ".settings:read_emulated_soc",
     "is_empty_dir": ".staging:is_empty_dir",
     "staged_directory": ".staging:staged_directory",
     "import_target": ".targets:import_target",
@@ -127,6 +135,15 @@ _EXPORTS = {
 if TYPE_CHECKING:
     from .ascend_migration import check_ascend_settings, find_ascend_settings
     from .cann import CANN_DEFAULT_HOMES, CANN_HOME_VARS, CANN_OPP_VAR, find_cann_home
+    from .chip import (
+        CHIP_310P,
+        ChipFamily,
+        chip_of_device_name,
+        chip_of_soc_version,
+        current_chip,
+        is_310p,
+        reset_chip,
+    )
     from .compilation import NO_COMPILATION, PIECEWISE, compilation_level, set_compilation_level
     from .component import Component, HookContext, Scope
     from .config import AdditionalConfig, EnvConfig
@@ -216,6 +233,7 @@ if TYPE_CHECKING:
         Setting,
         markdown_rows,
         read_device_setting,
+        read_emulated_soc,
     )
     from .staging import is_empty_dir, staged_directory
     from .targets import import_target
@@ -234,6 +252,7 @@ __all__ = [
     "CANN_DEFAULT_HOMES",
     "CANN_HOME_VARS",
     "CANN_OPP_VAR",
+    "CHIP_310P",
     "COMPILED_STEP",
     "DESCRIPTION_FILENAME",
     "DEVICE_SETTINGS",
@@ -250,6 +269,7 @@ __all__ = [
     "REMOVED",
     "SUPPORTED_VLLM",
     "AdditionalConfig",
+    "ChipFamily",
     "Component",
     "ComponentReport",
     "ComponentSkewError",
@@ -284,10 +304,13 @@ __all__ = [
     "check_surface",
     "check_task_result",
     "check_triple",
+    "chip_of_device_name",
+    "chip_of_soc_version",
     "compatibility_problems",
     "compilation_level",
     "compiled_step_inputs",
     "configure_kernels",
+    "current_chip",
     "current_device",
     "current_mode",
     "decide_device",
@@ -306,6 +329,7 @@ __all__ = [
     "init_worker",
     "install_command",
     "installed_surface",
+    "is_310p",
     "is_available",
     "is_empty_dir",
     "is_msmodelslim_quant_config",
@@ -323,6 +347,7 @@ __all__ = [
     "randn",
     "randperm",
     "read_device_setting",
+    "read_emulated_soc",
     "read_scheme",
     "recording",
     "register_custom_ops",
@@ -331,6 +356,7 @@ __all__ = [
     "request_faults_of",
     "require",
     "require_tested_vllm",
+    "reset_chip",
     "reset_device_selection",
     "resolve_hook",
     "runs_layer_moe_plan",

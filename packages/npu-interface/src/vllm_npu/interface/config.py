@@ -23,14 +23,17 @@ from .settings import (
     ENV_CACHE_DIR,
     ENV_DEVICE,
     ENV_EMULATED_KV_CACHE_GB,
+    ENV_EMULATED_SOC,
     ENV_PATCHES,
     ENV_PREFIX,
     DeviceSetting,
     EmulatedCompile,
+    EmulatedSoc,
     GraphMode,
     KernelSetting,
     MoEMC2Setting,
     read_device_setting,
+    read_emulated_soc,
     setting,
 )
 
@@ -74,6 +77,7 @@ class EnvConfig(BaseModel):
 
     DEVICE: DeviceSetting = _field(ENV_DEVICE)
     EMULATED_KV_CACHE_GB: float = _field(ENV_EMULATED_KV_CACHE_GB, gt=0, le=1024)
+    EMULATED_SOC: EmulatedSoc = _field(ENV_EMULATED_SOC)
     PATCHES: str = _field(ENV_PATCHES)
     CACHE_DIR: str | None = _field(ENV_CACHE_DIR)
     ALLOW_UNTESTED_VLLM: Literal["0", "1"] = _field(ENV_ALLOW_UNTESTED_VLLM)
@@ -106,6 +110,8 @@ class EnvConfig(BaseModel):
         raw = {k[len(ENV_PREFIX) :]: v for k, v in environ.items() if k.startswith(ENV_PREFIX)}
         if "DEVICE" in raw:
             raw["DEVICE"] = read_device_setting(environ)
+        if "EMULATED_SOC" in raw:
+            raw["EMULATED_SOC"] = read_emulated_soc(environ)
         try:
             return cls.model_validate(raw)
         except ValidationError as exc:

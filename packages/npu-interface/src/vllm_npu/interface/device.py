@@ -182,5 +182,8 @@ def kernel_backend() -> KernelBackend:
 
 def reset_device_selection() -> None:
     """Forget the process's device decision and kernel backend. For tests that change ``VLLM_NPU_DEVICE``."""
+    from .chip import reset_chip
+
     current_device.cache_clear()
     _kernel_backend.clear()
+    reset_chip()

@@ -23,17 +23,20 @@ ENV_EMULATED_KV_CACHE_GB = "VLLM_NPU_EMULATED_KV_CACHE_GB"
 ENV_PATCHES = "VLLM_NPU_PATCHES"
 ENV_CACHE_DIR = "VLLM_NPU_CACHE_DIR"
 ENV_ALLOW_UNTESTED_VLLM = "VLLM_NPU_ALLOW_UNTESTED_VLLM"
+ENV_EMULATED_SOC = "VLLM_NPU_EMULATED_SOC"
 
 DeviceSetting = Literal["auto", "npu", "emulated", "off"]
 GraphMode = Literal["auto", "eager", "piecewise", "full_decode_only", "torchair"]
 KernelSetting = Literal["auto", "npu", "reference"]
 EmulatedCompile = Literal["none", "inductor"]
 MoEMC2Setting = Literal["auto", "on", "off"]
+EmulatedSoc = Literal["none", "310P"]
 DEVICE_SETTINGS: tuple[str, ...] = get_args(DeviceSetting)
 GRAPH_MODES: tuple[str, ...] = get_args(GraphMode)
 KERNEL_SETTINGS: tuple[str, ...] = get_args(KernelSetting)
 EMULATED_COMPILE_MODES: tuple[str, ...] = get_args(EmulatedCompile)
 MOE_MC2_SETTINGS: tuple[str, ...] = get_args(MoEMC2Setting)
+EMULATED_SOCS: tuple[str, ...] = get_args(EmulatedSoc)
 
 #: The key of the plugin's section inside vLLM's ``--additional-config``.
 ADDITIONAL_CONFIG_KEY = "npu"
@@ -78,6 +81,13 @@ ENV_SETTINGS: tuple[Setting, ...] = (
         0.5,
         "KV-cache budget of the emulated device, in GiB",
         values="a float in (0, 1024]",
+    ),
+    _env(
+        ENV_EMULATED_SOC,
+        "none",
+        "the chip the emulated device stands for: `310P` takes the Atlas 300I (Ascend 310P) paths and refusals "
+        "(fp16 only, eager only, the NZ KV-cache layout; docs/310p.md); ignored on an NPU",
+        choices=EMULATED_SOCS,
     ),
     _env(
         ENV_PATCHES,
@@ -200,3 +210,16 @@ def read_device_setting(environ: Mapping[str, str] | None = None) -> str:
             + ", ".join(repr(v) for v in DEVICE_SETTINGS)
         )
     return value
+
+
+def read_emulated_soc(environ: Mapping[str, str] | None = None) -> EmulatedSoc:
+    """``VLLM_NPU_EMULATED_SOC``, validated (case-insensitive; unset or empty: ``none``)."""
+    environ = os.environ if environ is None else environ
+    raw = environ.get(ENV_EMULATED_SOC, "")
+    value = raw.strip().upper() or "NONE"
+    for soc in EMULATED_SOCS:
+        if soc.upper() == value:
+            return soc  # type: ignore[return-value]  # one of EmulatedSoc's members
+    raise ConfigError(
+        f"bad environment: {ENV_EMULATED_SOC}={raw!r} is invalid; allowed: " + ", ".join(map(repr, EMULATED_SOCS))
+    )

@@ -38,7 +38,9 @@ class NPUSiluAndMul(SiluAndMul):
 
     def __init__(self) -> None:
         super().__init__()
-        self._kernel = SWIGLU.select()
+        from .chip_310p import swiglu_kernel  # the chip's pair (310P: npu_swiglu in float32)
+
+        self._kernel = swiglu_kernel().select()
 
     def forward_oot(self, x: torch.Tensor) -> torch.Tensor:
         return self._kernel(x)  # the kernel rejects an odd last dimension

@@ -93,8 +93,10 @@ class NPURMSNorm(RMSNorm):
         dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__(hidden_size, eps, var_hidden_size, has_weight, dtype)
+        from .chip_310p import add_rms_norm_kernel  # the chip's pair (310P: unfused add, then npu_rms_norm)
+
         self._norm = RMS_NORM.select()
-        self._add_norm = ADD_RMS_NORM.select()
+        self._add_norm = add_rms_norm_kernel().select()
         if self.variance_size_override is not None or not self.has_weight:
             self._forward_method = self.forward_native
 

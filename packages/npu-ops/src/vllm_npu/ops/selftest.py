@@ -332,9 +332,27 @@ def _lora_cases() -> list[KernelCase]:
     return cases
 
 
+def _cases_310p() -> list[KernelCase]:
+    """The Ascend 310P's own sequences (:mod:`.chip_310p`), in its dtype; they run on any chip."""
+    from .chip_310p import ADD_RMS_NORM_310P, SWIGLU_310P
+
+    def add_norm(device: Any) -> KernelCall:
+        x1, x2 = (randn(10 + i, 7, 1024, dtype=torch.float16, device=device) for i in range(2))
+        return KernelCall((x1, x2, randn(12, 1024, dtype=torch.float16, device=device, scale=0.2) + 1, _EPS), {})
+
+    def swiglu(device: Any) -> KernelCall:
+        return KernelCall((randn(13, 16, 2816, dtype=torch.float16, device=device),), {})
+
+    return [
+        KernelCase(ADD_RMS_NORM_310P, "x [7, 1024]", "float16", add_norm, note="310P: add, then npu_rms_norm"),
+        KernelCase(SWIGLU_310P, "x [16, 2816]", "float16", swiglu, note="310P: npu_swiglu in float32"),
+    ]
+
+
 def selftest_cases() -> list[KernelCase]:
     """Every ops kernel pair over its grid of shapes and dtypes."""
     return [
+        *_cases_310p(),
         *_norm_cases(),
         *_activation_cases(),
         *_rope_cases(),

@@ -49,8 +49,13 @@ def _torch_npu() -> Any:
     # twin and test fake models ND — so a private format could only appear by accident, where a later .view/.T of it
     # (vLLM's MLA kv_b_proj split) would read blocked storage as row-major. vllm-ascend sets True because it casts
     # quantized and MoE weights to NZ for speed; this plugin does not (an NZ cast would be a no-op here).
+    # The Ascend 310P is the exception: its attention kernels take FRACTAL_NZ masks, which npu_format_cast(..., 29)
+    # tags only with internal formats allowed (vllm-ascend v0.11.0 allows them on every chip, and on 310P casts the
+    # masks, attention/attention_v1.py:347-357); nothing else casts to NZ there (ops/attention_310p.py).
+    from vllm_npu.interface import is_310p
+
     npu: Any = torch.npu  # type: ignore[attr-defined]  # registered at runtime by torch_npu
-    npu.config.allow_internal_format = False
+    npu.config.allow_internal_format = is_310p()
     return npu
 
 
@@ -254,7 +259,9 @@ class DeviceBackend:
 
     @staticmethod
     def soc() -> str:
-        """The chip family: "A2" (Atlas A2, 910B), "A3" (Atlas A3, 910_93), or "" (other, or not an NPU)."""
+        """The chip family: "A2" (Atlas A2, 910B), "A3" (Atlas A3, 910_93), "310P" (Atlas 300I, Ascend 310P), or ""
+        (other, or not an NPU). On the NPU this initialises the runtime (``get_soc_version``): workers only; the
+        front-end asks :func:`vllm_npu.interface.current_chip`, which does not."""
         return ""
 
     # Static graphs (see :mod:`.graphs`).
@@ -328,10 +335,12 @@ class NPUDevice(DeviceBackend):
 
     @staticmethod
     def soc() -> str:
-        # torch_npu.npu.get_soc_version() codes, as vllm-ascend v0.11.0 (utils.py) reads them: 220-225 are the
-        # Ascend 910B family (A2), 250-255 the 910_93 family (A3).
-        version = int(_torch_npu().get_soc_version())
-        return "A2" if 220 <= version <= 225 else "A3" if 250 <= version <= 255 else ""
+        # torch_npu.npu.get_soc_version() codes (the wheel's NpuVariables.h SocVersion): 200-205 the Ascend 310P
+        # family, 220-225 the 910B family (A2), 250-255 the 910_93 family (A3; A2/A3 as vllm-ascend v0.11.0's
+        # utils.py:631-639 reads them).
+        from vllm_npu.interface import chip_of_soc_version
+
+        return chip_of_soc_version(int(_torch_npu().get_soc_version()))
 
     @staticmethod
     def stream_api() -> dict[str, Any]:
@@ -457,7 +466,17 @@ class EmulatedDevice(DeviceBackend):
 
     @staticmethod
     def device_name(device_id: int = 0) -> str:
-        return "emulated NPU (CPU)"
+        from vllm_npu.interface import current_chip
+
+        chip = current_chip()
+        return f"emulated NPU (CPU, as Ascend {chip})" if chip else "emulated NPU (CPU)"
+
+    @staticmethod
+    def soc() -> str:
+        """``VLLM_NPU_EMULATED_SOC``'s chip ("" when unset): the emulated device takes that chip's paths."""
+        from vllm_npu.interface import current_chip
+
+        return current_chip()
 
     @staticmethod
     def stream_api() -> dict[str, Any]:

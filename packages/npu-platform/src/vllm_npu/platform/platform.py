@@ -134,6 +134,9 @@ class NPUPlatform(Platform):
         check_ascend_settings(extra, os.environ, warn=logger.warning)
         check_installed_set()
         cls._claim_quantized_checkpoint(vllm_config)
+        from ._chip_gate import check_310p_config
+
+        check_310p_config(vllm_config, npu_config)  # what an Ascend 310P cannot run, refused by name
 
         parallel = vllm_config.parallel_config
         if parallel.worker_cls == "auto":
@@ -360,10 +363,24 @@ class NPUPlatform(Platform):
 
     @property
     def supported_dtypes(self) -> list[torch.dtype]:
+        from vllm_npu.interface import is_310p
+
+        if is_310p():  # float16 only: --dtype auto of a bf16 checkpoint becomes float16 (vLLM warns)
+            from ._chip_gate import MODEL_DTYPES_310P
+
+            return list(MODEL_DTYPES_310P)
         return list(MODEL_DTYPES)
 
     @classmethod
     def check_if_supports_dtype(cls, torch_dtype: torch.dtype) -> None:
+        from vllm_npu.interface import is_310p
+
+        if is_310p():
+            from ._chip_gate import MODEL_DTYPES_310P, dtype_refusal
+
+            if torch_dtype not in MODEL_DTYPES_310P:
+                raise ValueError(dtype_refusal(torch_dtype))
+            return
         if torch_dtype not in MODEL_DTYPES:
             raise ValueError(
                 f"{cls.__name__} runs models in bfloat16, float16 or float32, not {torch_dtype}; pass --dtype "

@@ -336,6 +336,8 @@ class NPUWorker(Worker):
             "attention_impls": impls,
             "device": str(self.device),
             "device_mode": self.device_mode.value,
+            # get_soc_version()'s family on an NPU (the runtime is initialised here), VLLM_NPU_EMULATED_SOC's else
+            "chip": device_backend().soc(),
             "kernel_backend": self.kernel_backend,
             "components": list(self.components),
             # Modules of the loaded model whose class comes from our layers (CustomOp overrides, model overrides).

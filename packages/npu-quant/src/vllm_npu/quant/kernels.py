@@ -110,6 +110,25 @@ trans_quant_param = Kernel("trans_quant_param", npu=_trans_quant_param_npu, refe
 
 
 # --------------------------------------------------------------------------------------------------------------
+# npu_format_cast to FRACTAL_NZ (Ascend 310P int8 weights)
+
+
+def _weight_to_nz_npu(weight: torch.Tensor) -> torch.Tensor:
+    import torch_npu
+
+    return torch_npu.npu_format_cast(weight, 29)  # ACL_FORMAT_FRACTAL_NZ
+
+
+def _weight_to_nz_ref(weight: torch.Tensor) -> torch.Tensor:
+    """The same logical tensor: FRACTAL_NZ is a storage format of the NPU tensor; shape, indexing and every op's
+    result are those of the ND tensor (torch_npu converts inside the kernels), so the twin is the identity."""
+    return weight
+
+
+weight_to_nz = Kernel("weight_to_nz", npu=_weight_to_nz_npu, reference=_weight_to_nz_ref)
+
+
+# --------------------------------------------------------------------------------------------------------------
 # npu_quantize (static per-tensor activation quant, multiply mode)
 
 

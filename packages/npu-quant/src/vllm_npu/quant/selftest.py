@@ -59,6 +59,14 @@ def _scalar_cases() -> list[KernelCase]:
         return KernelCall((_scale(100, 4096, device=device),), {})
 
     cases.append(KernelCase(kernels.trans_quant_param, "scale [4096] -> int64", "float32", trans, note="audit #34"))
+
+    def to_nz(device: Any) -> KernelCall:
+        gen = torch.Generator().manual_seed(101)
+        return KernelCall((torch.randint(-128, 128, (1024, 512), generator=gen, dtype=torch.int8).to(device),), {})
+
+    cases.append(
+        KernelCase(kernels.weight_to_nz, "int8 weight [1024, 512] -> FRACTAL_NZ", "int8", to_nz, note="310P W8A8")
+    )
     for dtype in HALVES:
 
         def quantize(device: Any, dt: str = dtype) -> KernelCall:

@@ -30,12 +30,21 @@ from typing import Any, ClassVar, TypedDict, cast
 
 import torch
 from vllm.attention.backends.abstract import AttentionBackend, AttentionImpl, AttentionLayer, AttentionType
-from vllm_npu.interface import ConfigError, Refresh, active_recorder, compiled_step_inputs, kernel_backend, launch
+from vllm_npu.interface import (
+    ConfigError,
+    Refresh,
+    active_recorder,
+    compiled_step_inputs,
+    is_310p,
+    kernel_backend,
+    launch,
+)
 
 from ..metadata import AscendAttentionMetadataBuilder, AscendAttentionState, AscendMetadata, GraphDecodeInputs
 from ..ops.flash_attention import ENCODER_ATTENTION, PREFILL_NO_CACHE
 from ..ops.graph_decode import GRAPH_DECODE, GRAPH_KV_WRITE
 from ..ops.kv_cache import RESHAPE_AND_CACHE
+from ..ops.nz import nz_kv_cache_shape
 from ..ops.paged_attention import (
     PAGED_DECODE,
     PAGED_DECODE_WINDOW,
@@ -44,6 +53,7 @@ from ..ops.paged_attention import (
     paged_decode_workspace_npu,
 )
 from ..ops.window_decode_npu import paged_decode_window_scratch_npu
+from .gqa_310p import Kernels310P, forward_310p
 
 # torch_npu paged attention v2 takes head sizes up to 256, fused infer attention needs multiples of 16.
 NPU_MAX_HEAD_SIZE = 256
@@ -129,9 +139,13 @@ class AscendAttentionBackend(AttentionBackend):
         head_size: int,
         cache_dtype_str: str = "auto",
     ) -> tuple[int, ...]:
-        """``(2, num_blocks, block_size, num_kv_heads, head_size)``: K and V pages, token-major inside a block."""
+        """``(2, num_blocks, block_size, num_kv_heads, head_size)``: K and V pages, token-major inside a block; on an
+        Ascend 310P ``(2, num_blocks, num_kv_heads * head_size / 16, block_size, 16)``, each block's
+        ``[block_size, Nkv * D]`` page in NZ tiles of 16 (:mod:`..ops.nz`)."""
         if block_size % 16:
             raise ValueError(f"block_size={block_size} must be a multiple of 16 for the Ascend attention backend")
+        if is_310p():
+            return nz_kv_cache_shape(num_blocks, block_size, num_kv_heads, head_size)
         return (2, num_blocks, block_size, num_kv_heads, head_size)
 
     @staticmethod
@@ -216,6 +230,8 @@ class AscendAttentionImpl(AttentionImpl[AscendMetadata]):  # type: ignore[type-v
         self.encoder_attention = ENCODER_ATTENTION.select(backend)
         self.graph_kv_write = GRAPH_KV_WRITE.select(backend)
         self.graph_decode = GRAPH_DECODE.select(backend)
+        # Ascend 310P decoder layers: the NZ-cache kernels (backends/gqa_310p.py) instead of the A2/A3 ones.
+        self.kernels_310p = Kernels310P(sliding_window) if is_310p() and attn_type == AttentionType.DECODER else None
 
     def _check_npu_support(self) -> None:
         if self.logits_soft_cap is not None:
@@ -279,6 +295,11 @@ class AscendAttentionImpl(AttentionImpl[AscendMetadata]):  # type: ignore[type-v
             )
             return output
 
+        if self.kernels_310p is not None:
+            write_kv = self.kv_sharing_target_layer_name is None
+            k, v = (key[:n], value[:n]) if key is not None and value is not None else (None, None)
+            forward_310p(self.kernels_310p, md, q, k, v, kv_cache, out, dict(heads), write_kv)
+            return output
         key_cache, value_cache = kv_cache.unbind(0)
         fresh_kv = key is not None and value is not None
         if self.kv_sharing_target_layer_name is None and fresh_kv:

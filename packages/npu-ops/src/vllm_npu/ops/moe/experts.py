@@ -85,7 +85,9 @@ def gelu_and_mul(x: torch.Tensor) -> torch.Tensor:
 
 def build_activation(activation: str, backend: KernelBackend | None = None) -> Callable[[torch.Tensor], torch.Tensor]:
     if activation == "silu":
-        return SWIGLU.select(backend)
+        from ..chip_310p import swiglu_kernel  # the chip's pair (310P: npu_swiglu in float32)
+
+        return swiglu_kernel().select(backend)
     if activation == "gelu":
         return gelu_and_mul
     raise ConfigError(f"MoE activation {activation!r} is not supported by npu-ops; supported: 'silu', 'gelu'")

@@ -39,7 +39,7 @@ import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from vllm_npu.interface import ConfigError, get_logger
+from vllm_npu.interface import ConfigError, get_logger, is_310p
 
 from .sizes import StreamBudget, thin_sizes
 
@@ -228,6 +228,10 @@ def _resolve_mode(vllm_config: VllmConfig, graph_mode: str, emulated: bool) -> t
     # None only when vLLM did not resolve a default (configs built outside VllmConfig): treat it like vLLM's default.
     vllm_mode = compilation.cudagraph_mode or CUDAGraphMode.FULL_AND_PIECEWISE
     requested = GRAPH_MODES[graph_mode]
+    if is_310p():  # eager only (npu.graph_mode itself was checked by .._chip_gate)
+        from .._chip_gate import eager_only_310p
+
+        return eager_only_310p(vllm_mode, enforce_eager)
     if graph_mode == "torchair":
         refusal = None if emulated else torchair_npu_refusal(vllm_config)
         if refusal is not None:

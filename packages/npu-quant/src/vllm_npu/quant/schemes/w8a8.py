@@ -13,11 +13,16 @@ so the layer's float ``bias`` is already inside ``quant_bias`` and is not added 
 row-parallel layers only TP rank 0 adds ``quant_bias`` (the partial sums are all-reduced).
 ``deq_scale`` is float32 for bf16/fp32 models; fp16 checkpoints store it as int64 (``npu_trans_quant_param`` form),
 which is decoded at load and re-packed for the NPU kernel.
+
+On an Ascend 310P the weight keeps its ``[N, K]`` layout, cast to FRACTAL_NZ at load, and ``npu_quant_matmul`` takes
+its transposed view (vllm-ascend v0.11.0 ``quantization/w8a8.py:48`` ``transpose_weight = not is_310p()``,
+``:132-140`` the transposed call, ``:168-170`` the NZ cast of int8 weights under its default ``VLLM_ASCEND_ENABLE_NZ``).
 """
 
 from __future__ import annotations
 
 import torch
+from vllm_npu.interface import is_310p
 
 from .. import kernels
 from ..kernels import decode_scale
@@ -32,6 +37,8 @@ class W8A8Scheme(LinearScheme):
         self._quantize = kernels.quantize_per_tensor.select()
         self._qmm = kernels.quant_matmul.select()
         self._trans = kernels.trans_quant_param.select()
+        self._chip_310p = is_310p()  # [N, K] weights in NZ, the matmul takes their transpose (module docstring)
+        self._to_nz = kernels.weight_to_nz.select()
 
     def specs(self, shape: LinearShape) -> list[TensorSpec]:
         n, k, dt = shape.n, shape.k, shape.params_dtype
@@ -59,7 +66,9 @@ class W8A8Scheme(LinearScheme):
             layer, "aclnn_input_scale_reciprocal", (1.0 / param(layer, "input_scale").data.float()).repeat(k).to(dt)
         )
         replace_param(layer, "aclnn_input_offset", param(layer, "input_offset").data.float().repeat(k).to(dt))
-        replace_param(layer, "weight", param(layer, "weight").data.t().contiguous())  # [K, N] for npu_quant_matmul
+        weight = param(layer, "weight").data
+        # [K, N] for npu_quant_matmul; on a 310P [N, K] in NZ, transposed at each call
+        replace_param(layer, "weight", self._to_nz(weight) if self._chip_310p else weight.t().contiguous())
         deq = param(layer, "deq_scale").data.float()
         # fp16 output takes the int64 (FP19) scale form; bf16/fp32 outputs take float32 directly.
         replace_param(layer, "deq_scale", self._trans(deq) if dt == torch.float16 else deq)
@@ -78,5 +87,7 @@ class W8A8Scheme(LinearScheme):
             else self._quantize(x2, param(layer, "aclnn_input_scale_reciprocal"), param(layer, "aclnn_input_offset"))
         )
         qbias = param(layer, "quant_bias") if self._rank_adds_bias else None
-        out = self._qmm(xq, param(layer, "weight"), param(layer, "deq_scale"), None, qbias, out_dtype)
+        weight = param(layer, "weight")
+        w = weight.transpose(1, 0) if self._chip_310p else weight
+        out = self._qmm(xq, w, param(layer, "deq_scale"), None, qbias, out_dtype)
         return out.reshape(*lead, out.shape[-1])

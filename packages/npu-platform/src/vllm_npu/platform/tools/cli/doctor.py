@@ -30,6 +30,7 @@ from vllm_npu.interface import (
     LAYER_DISTRIBUTIONS,
     SUPPORTED_VLLM,
     ConfigError,
+    DeviceMode,
     EnvConfig,
     check_triple,
     decide_device,
@@ -38,6 +39,7 @@ from vllm_npu.interface import (
     find_ascend_settings,
     install_command,
     probe_npu,
+    read_emulated_soc,
 )
 
 from ..._cann import CannInstall, find_cann
@@ -228,8 +230,26 @@ def _device_section(run: _Doctor) -> dict[str, Any]:
         "mode": decision.mode.value if decision.mode else None,
         "reason": decision.reason,
         "error": decision.error,
+        "chip": _chip(run, decision.mode),
     }
     return {"device": {**device, "probe": probe_facts}}
+
+
+def _chip(run: _Doctor, mode: DeviceMode | None) -> str:
+    """The chip family the stack will take the paths of. The emulated device's is ``VLLM_NPU_EMULATED_SOC``; an
+    NPU's is asked at run time (``torch.npu.get_device_name()``, in ``vllm-npu selftest`` and the worker's
+    ``npu_runtime_info``): the doctor never imports torch_npu."""
+    try:
+        soc = read_emulated_soc(run.environ)
+    except ConfigError as exc:
+        if str(exc) not in " ".join(run.errors):
+            run.finding("error", str(exc))
+        return "unknown"
+    if mode is DeviceMode.EMULATED:
+        return "emulated Ascend 310P (VLLM_NPU_EMULATED_SOC=310P)" if soc == "310P" else "none emulated"
+    if soc != "none":
+        run.finding("warning", f"VLLM_NPU_EMULATED_SOC={soc} is ignored: the device is not the emulated one")
+    return "asked at run time (torch.npu.get_device_name)" if mode is DeviceMode.NPU else "none"
 
 
 def _component_entry(run: _Doctor, name: str, report: Any) -> dict[str, Any]:
@@ -349,6 +369,7 @@ def _render_device(report: dict[str, Any]) -> list[str]:
         "Device",
         f"  VLLM_NPU_DEVICE={dev['requested'] or 'auto'} -> {dev['mode'] or 'not activated'}",
         f"  why: {dev['reason']}",
+        f"  chip: {dev.get('chip', 'unknown')}",
         f"  probe: torch_npu {'found' if probe['torch_npu_installed'] else 'absent'}, "
         f"CANN {'found' if probe['cann_found'] else 'absent'}, device nodes: {nodes}",
     ]
