@@ -1,0 +1,193 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
+"""Tiny multimodal checkpoints of the families beyond Qwen-VL, built on the fly with their real transformers
+processors (no hub downloads): Gemma-3 (SigLIP tower, sliding-window + global text layers) and Qwen2-Audio
+(Whisper-style audio encoder); plus the HF greedy reference for them.
+
+Tokenizers are the demo byte-level BPE one (:func:`npu_testkit.models.build_tokenizer`) with each family's special
+tokens named for its processor through ``extra_special_tokens``. Builds are cached by content like
+:func:`npu_testkit.models.build_tiny_model`.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from .models import _fingerprint, _save_random_checkpoint, build_tokenizer
+
+# --- Gemma-3 ----------------------------------------------------------------------------------------------------
+
+#: Gemma-3's image tokens (processor attribute -> token).
+GEMMA3_TOKENS = {"boi_token": "<start_of_image>", "eoi_token": "<end_of_image>", "image_token": "<image_soft_token>"}
+#: Newline runs Gemma's SentencePiece vocabulary has as single tokens; vLLM's Gemma-3 processor looks them up by their
+#: literal text (``vocab["\n\n"]``), which a byte-level vocabulary spells differently: added as tokens of their own.
+NEWLINES = ("\n", "\n\n", "\n\n\n", "\n\n\n\n")
+#: Gemma's turn markers (special tokens of their own in its vocabulary).
+GEMMA3_TURNS = ("<start_of_turn>", "<end_of_turn>")
+GEMMA3_CHAT_TEMPLATE = (
+    "{{ bos_token }}{% for message in messages %}<start_of_turn>{{ message['role'] }}\n"
+    "{% if message['content'] is string %}{{ message['content'] }}{% else %}"
+    "{% for part in message['content'] %}"
+    "{% if part['type'] == 'image' or part['type'] == 'image_url' %}<start_of_image>"
+    "{% elif part['type'] == 'text' %}{{ part['text'] }}{% endif %}"
+    "{% endfor %}{% endif %}<end_of_turn>\n"
+    "{% endfor %}{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}"
+)
+#: Image side in pixels and tokens per image: a 56x56 SigLIP input (4x4 patches of 14) pooled to 2x2 = 4 tokens.
+GEMMA3_IMAGE_SIZE, GEMMA3_IMAGE_TOKENS = 56, 4
+
+
+def tiny_gemma3_config(**text_overrides: Any) -> Any:
+    """A tiny ``Gemma3Config``: text hidden 64, 2 layers (sliding window 24, then global), GQA 4/2 heads of dim 16;
+    SigLIP width 32, 2 layers, 2 heads; 4 tokens per image. Token ids are filled in by :func:`build_tiny_gemma3_model`."""
+    import transformers
+
+    text = {
+        "vocab_size": 512,
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 16,
+        "query_pre_attn_scalar": 16,
+        "sliding_window": 24,
+        "layer_types": ["sliding_attention", "full_attention"],
+        "max_position_embeddings": 1024,
+        "rope_theta": 1_000_000.0,
+        "rope_local_base_freq": 10_000.0,
+        "rms_norm_eps": 1e-6,
+        **text_overrides,
+    }
+    vision = {
+        "hidden_size": 32,
+        "intermediate_size": 64,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 2,
+        "image_size": GEMMA3_IMAGE_SIZE,
+        "patch_size": 14,
+        "vision_use_head": False,
+    }
+    config = transformers.Gemma3Config(text_config=text, vision_config=vision, mm_tokens_per_image=GEMMA3_IMAGE_TOKENS)
+    config.architectures = ["Gemma3ForConditionalGeneration"]
+    return config
+
+
+def _family_tokenizer(
+    cls_name: str, names: dict[str, str], template: str, extra: tuple[str, ...] = (), specials: tuple[str, ...] = ()
+) -> Any:
+    import transformers
+    from tokenizers import AddedToken
+
+    base = build_tokenizer(vocab_size=512)
+    tok = getattr(transformers, cls_name)(
+        tokenizer_object=base.backend_tokenizer,
+        bos_token=base.bos_token,
+        eos_token=base.eos_token,
+        pad_token=base.pad_token,
+        unk_token=None,
+        extra_special_tokens=dict(names),
+    )
+    tok.add_special_tokens({"additional_special_tokens": [*names.values(), *specials]})
+    if extra:
+        tok.add_tokens([AddedToken(t, normalized=False, special=False) for t in extra])
+    tok.chat_template = template
+    return tok
+
+
+def build_tiny_gemma3_model(
+    config: Any = None, path: str | os.PathLike[str] | None = None, *, seed: int = 0, std: float = 0.2
+) -> Path:
+    """Save random weights for a tiny Gemma-3 (default :func:`tiny_gemma3_config`) and its ``Gemma3Processor``
+    (``Gemma3ImageProcessor`` at 56x56, pan-and-scan off); returns the dir."""
+    import transformers
+
+    config = config or tiny_gemma3_config()
+    tok = _family_tokenizer("GemmaTokenizerFast", GEMMA3_TOKENS, GEMMA3_CHAT_TEMPLATE, NEWLINES, GEMMA3_TURNS)
+    config.text_config.vocab_size = max(config.text_config.vocab_size, len(tok))
+    config.boi_token_index = tok.convert_tokens_to_ids(GEMMA3_TOKENS["boi_token"])
+    config.eoi_token_index = tok.convert_tokens_to_ids(GEMMA3_TOKENS["eoi_token"])
+    config.image_token_index = tok.convert_tokens_to_ids(GEMMA3_TOKENS["image_token"])
+    for cfg in (config, config.text_config):
+        cfg.bos_token_id, cfg.eos_token_id, cfg.pad_token_id = tok.bos_token_id, tok.eos_token_id, tok.pad_token_id
+        cfg.torch_dtype = "float32"
+
+    def processor() -> Any:
+        image = transformers.Gemma3ImageProcessor(
+            size={"height": GEMMA3_IMAGE_SIZE, "width": GEMMA3_IMAGE_SIZE}, do_pan_and_scan=False
+        )
+        return transformers.Gemma3Processor(
+            image_processor=image,
+            tokenizer=tok,
+            chat_template=GEMMA3_CHAT_TEMPLATE,
+            image_seq_length=GEMMA3_IMAGE_TOKENS,
+        )
+
+    key = _fingerprint(config.to_dict(), seed, std, f"gemma3:{GEMMA3_TOKENS}:{NEWLINES}:{GEMMA3_CHAT_TEMPLATE}")
+    return _save_random_checkpoint(
+        config,
+        key,
+        path,
+        transformers.AutoModelForImageTextToText,
+        processor,
+        seed=seed,
+        std=std,
+        dtype="float32",
+    )
+
+
+def gemma3_prompt(*parts: str) -> str:
+    """One user turn plus the model header as :data:`GEMMA3_CHAT_TEMPLATE` renders it, without the bos token (the
+    tokenizer adds it); "image" parts become the image's begin token, which the processor expands."""
+    body = "".join(GEMMA3_TOKENS["boi_token"] if p == "image" else p for p in parts)
+    return f"<start_of_turn>user\n{body}<end_of_turn>\n<start_of_turn>model\n"
+
+
+# --- the HF reference -------------------------------------------------------------------------------------------
+
+
+def special_ids(model_dir: str | os.PathLike[str]) -> set[int]:
+    """The ids of the tokenizer's additional special tokens (never generated in the tests)."""
+    import transformers
+
+    tok = transformers.AutoTokenizer.from_pretrained(model_dir)
+    return {tok.convert_tokens_to_ids(t) for t in tok.additional_special_tokens}
+
+
+def hf_mm_greedy(
+    model: Any,
+    processor: Any,
+    requests: list[dict[str, Any]],
+    max_new_tokens: int,
+    banned: set[int],
+    drop: tuple[str, ...] = (),
+) -> list[tuple[list[int], list[int]]]:
+    """Greedy continuations of an HF multimodal ``model`` float32, one request at a time, a full forward per step
+    (no KV cache); ``banned`` ids masked. ``requests`` in vLLM's shape (``multi_modal_data`` "image" / "audio",
+    single or lists); ``drop`` names processor outputs not passed to the model. Returns ``(prompt_ids, generated)``."""
+    import torch
+
+    outputs = []
+    with torch.no_grad():
+        for req in requests:
+            media = req.get("multi_modal_data") or {}
+            kwargs: dict[str, Any] = {}
+            for key, arg in (("image", "images"), ("audio", "audio")):
+                items = media.get(key)
+                if items is not None:
+                    kwargs[arg] = items if isinstance(items, list) else [items]
+            inputs = dict(processor(text=[req["prompt"]], return_tensors="pt", **kwargs))
+            prompt = inputs.pop("input_ids")
+            inputs.pop("attention_mask", None)
+            for name in drop:
+                inputs.pop(name, None)
+            ids = prompt
+            for _ in range(max_new_tokens):
+                logits = model(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=False, **inputs).logits
+                last = logits[:, -1].clone()
+                last[:, sorted(banned)] = float("-inf")
+                ids = torch.cat([ids, last.argmax(-1, keepdim=True)], dim=1)
+            outputs.append((prompt[0].tolist(), ids[0, prompt.shape[1] :].tolist()))
+    return outputs
