@@ -163,10 +163,12 @@ def hf_mm_greedy(
     max_new_tokens: int,
     banned: set[int],
     drop: tuple[str, ...] = (),
+    audio_arg: str = "audio",
 ) -> list[tuple[list[int], list[int]]]:
     """Greedy continuations of an HF multimodal ``model`` float32, one request at a time, a full forward per step
     (no KV cache); ``banned`` ids masked. ``requests`` in vLLM's shape (``multi_modal_data`` "image" / "audio",
-    single or lists); ``drop`` names processor outputs not passed to the model. Returns ``(prompt_ids, generated)``."""
+    single or lists; audio goes to the processor's ``audio_arg``); ``drop`` names processor outputs not passed to the
+    model. Returns ``(prompt_ids, generated)``."""
     import torch
 
     outputs = []
@@ -174,10 +176,12 @@ def hf_mm_greedy(
         for req in requests:
             media = req.get("multi_modal_data") or {}
             kwargs: dict[str, Any] = {}
-            for key, arg in (("image", "images"), ("audio", "audio")):
+            for key, arg in (("image", "images"), ("audio", audio_arg)):
                 items = media.get(key)
                 if items is not None:
                     kwargs[arg] = items if isinstance(items, list) else [items]
+                    if key == "audio":
+                        kwargs["sampling_rate"] = SAMPLING_RATE
             inputs = dict(processor(text=[req["prompt"]], return_tensors="pt", **kwargs))
             prompt = inputs.pop("input_ids")
             inputs.pop("attention_mask", None)
@@ -191,3 +195,109 @@ def hf_mm_greedy(
                 ids = torch.cat([ids, last.argmax(-1, keepdim=True)], dim=1)
             outputs.append((prompt[0].tolist(), ids[0, prompt.shape[1] :].tolist()))
     return outputs
+
+
+# --- Qwen2-Audio ------------------------------------------------------------------------------------------------
+
+#: Qwen2-Audio's audio tokens (processor attribute -> token).
+QWEN2_AUDIO_TOKENS = {
+    "audio_bos_token": "<|audio_bos|>",
+    "audio_eos_token": "<|audio_eos|>",
+    "audio_token": "<|AUDIO|>",
+}
+QWEN2_AUDIO_CHAT_TEMPLATE = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n"
+    "{% if message['content'] is string %}{{ message['content'] }}{% else %}"
+    "{% for part in message['content'] %}"
+    "{% if part['type'] == 'audio' or part['type'] == 'input_audio' or part['type'] == 'audio_url' %}"
+    "<|audio_bos|><|AUDIO|><|audio_eos|>"
+    "{% elif part['type'] == 'text' %}{{ part['text'] }}{% endif %}"
+    "{% endfor %}{% endif %}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+#: 16 mel bins, Whisper's 30-second window (3000 frames, the encoder's 1500 positions after its stride-2 conv): vLLM
+#: 0.11's ``Qwen2AudioInputs`` schema fixes the features at 3000 frames.
+AUDIO_MEL_BINS, AUDIO_SECONDS, SAMPLING_RATE = 16, 30, 16000
+
+
+def tiny_qwen2_audio_config() -> Any:
+    """A tiny ``Qwen2AudioConfig``: Qwen2 text hidden 64, 2 layers, GQA 4/2; audio encoder width 32, 2 layers, 2
+    heads, 16 mel bins, 1500 positions. The audio token id is filled in by :func:`build_tiny_qwen2_audio_model`."""
+    import transformers
+
+    text = {
+        "model_type": "qwen2",
+        "vocab_size": 512,
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "max_position_embeddings": 1024,
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 10000.0,
+        "tie_word_embeddings": False,
+    }
+    audio = {
+        "num_mel_bins": AUDIO_MEL_BINS,
+        "encoder_layers": 2,
+        "encoder_attention_heads": 2,
+        "encoder_ffn_dim": 64,
+        "d_model": 32,
+        "max_source_positions": AUDIO_SECONDS * 50,
+    }
+    config = transformers.Qwen2AudioConfig(audio_config=audio, text_config=text)
+    config.architectures = ["Qwen2AudioForConditionalGeneration"]
+    return config
+
+
+class _Qwen2AudioFactory:
+    """``from_config`` for :func:`npu_testkit.models.write_random_checkpoint` (no Auto class builds Qwen2-Audio)."""
+
+    @staticmethod
+    def from_config(config: Any, dtype: Any) -> Any:
+        import transformers
+
+        return transformers.Qwen2AudioForConditionalGeneration._from_config(config, dtype=dtype)
+
+
+def build_tiny_qwen2_audio_model(
+    path: str | os.PathLike[str] | None = None, *, seed: int = 0, std: float = 0.2
+) -> Path:
+    """Save random weights for :func:`tiny_qwen2_audio_config` and its ``Qwen2AudioProcessor`` (Whisper feature
+    extractor at 16 mel bins, 30-second windows); returns the dir."""
+    import transformers
+
+    config = tiny_qwen2_audio_config()
+    tok = _family_tokenizer("Qwen2TokenizerFast", QWEN2_AUDIO_TOKENS, QWEN2_AUDIO_CHAT_TEMPLATE)
+    config.text_config.vocab_size = max(config.text_config.vocab_size, len(tok))
+    config.audio_token_index = tok.convert_tokens_to_ids(QWEN2_AUDIO_TOKENS["audio_token"])
+    for cfg in (config, config.text_config):
+        cfg.bos_token_id, cfg.eos_token_id, cfg.pad_token_id = tok.bos_token_id, tok.eos_token_id, tok.pad_token_id
+        cfg.torch_dtype = "float32"
+
+    def processor() -> Any:
+        features = transformers.WhisperFeatureExtractor(
+            feature_size=AUDIO_MEL_BINS, sampling_rate=SAMPLING_RATE, chunk_length=AUDIO_SECONDS
+        )
+        return transformers.Qwen2AudioProcessor(
+            feature_extractor=features, tokenizer=tok, chat_template=QWEN2_AUDIO_CHAT_TEMPLATE
+        )
+
+    key = _fingerprint(config.to_dict(), seed, std, f"qwen2_audio:{QWEN2_AUDIO_TOKENS}:{QWEN2_AUDIO_CHAT_TEMPLATE}")
+    return _save_random_checkpoint(
+        config, key, path, _Qwen2AudioFactory, processor, seed=seed, std=std, dtype="float32"
+    )
+
+
+def qwen2_audio_prompt(*parts: str, brackets: bool = True) -> str:
+    """One user turn plus the assistant header as :data:`QWEN2_AUDIO_CHAT_TEMPLATE` renders it ("audio" parts
+    become the item's placeholder).
+
+    ``brackets=False`` writes the bare ``<|AUDIO|>`` instead: vLLM 0.11's Qwen2-Audio prompt update replaces that
+    token by ``<|audio_bos|>`` + the audio's tokens + ``<|audio_eos|>`` whenever it applies the update itself (its
+    processor-cache path, the default), so a bracketed prompt gets the brackets twice there; HF's processor expands
+    only the ``<|AUDIO|>`` of a bracketed prompt. Both give the same token ids."""
+    audio = "<|audio_bos|><|AUDIO|><|audio_eos|>" if brackets else "<|AUDIO|>"
+    body = "".join(audio if p == "audio" else p for p in parts)
+    return f"<|im_start|>user\n{body}<|im_end|>\n<|im_start|>assistant\n"
