@@ -301,3 +301,106 @@ def qwen2_audio_prompt(*parts: str, brackets: bool = True) -> str:
     audio = "<|audio_bos|><|AUDIO|><|audio_eos|>" if brackets else "<|AUDIO|>"
     body = "".join(audio if p == "audio" else p for p in parts)
     return f"<|im_start|>user\n{body}<|im_end|>\n<|im_start|>assistant\n"
+
+
+# --- InternVL (transformers format) -------------------------------------------------------------------------------
+
+#: InternVL's image tokens (tokenizer attribute -> token); prompts carry one ``<IMG_CONTEXT>`` per image, which the
+#: processor expands to ``<img>`` + the image's tiles' tokens + ``</img>``.
+INTERNVL_TOKENS = {
+    "start_image_token": "<img>",
+    "end_image_token": "</img>",
+    "context_image_token": "<IMG_CONTEXT>",
+    "video_token": "<video>",
+}
+INTERNVL_CHAT_TEMPLATE = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n"
+    "{% if message['content'] is string %}{{ message['content'] }}{% else %}"
+    "{% for part in message['content'] %}"
+    "{% if part['type'] == 'image' or part['type'] == 'image_url' %}<IMG_CONTEXT>\n"
+    "{% elif part['type'] == 'text' %}{{ part['text'] }}{% endif %}"
+    "{% endfor %}{% endif %}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+#: Tile side (pixels) and tokens per tile: 56x56 tiles, 4x4 patches of 14, pixel-shuffled by 0.5 to 2x2 = 4 tokens.
+#: Images are cut into up to 4 tiles (plus a thumbnail when more than one), so two sizes give different counts.
+INTERNVL_TILE, INTERNVL_TILE_TOKENS, INTERNVL_MAX_TILES = 56, 4, 4
+
+
+def tiny_internvl_config() -> Any:
+    """A tiny ``InternVLConfig`` (transformers format, ``InternVLForConditionalGeneration``): InternViT width 32,
+    2 layers, 2 heads, 56-pixel tiles; Qwen2 text hidden 64, 2 layers, GQA 4/2; pixel shuffle 0.5."""
+    import transformers
+
+    text = {
+        "model_type": "qwen2",
+        "vocab_size": 512,
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "max_position_embeddings": 1024,
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 10000.0,
+        "tie_word_embeddings": False,
+    }
+    vision = {
+        "hidden_size": 32,
+        "intermediate_size": 64,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 2,
+        "image_size": [INTERNVL_TILE, INTERNVL_TILE],
+        "patch_size": [14, 14],
+    }
+    config = transformers.InternVLConfig(vision_config=vision, text_config=text, downsample_ratio=0.5)
+    config.architectures = ["InternVLForConditionalGeneration"]
+    config.text_config.architectures = ["Qwen2ForCausalLM"]  # vLLM builds the language model by this name
+    return config
+
+
+def build_tiny_internvl_model(path: str | os.PathLike[str] | None = None, *, seed: int = 0, std: float = 0.2) -> Path:
+    """Save random weights for :func:`tiny_internvl_config` and its ``InternVLProcessor`` (GOT-OCR2 image processor
+    tiling into up to 4 tiles of 56 pixels); returns the dir."""
+    import transformers
+
+    config = tiny_internvl_config()
+    tok = _family_tokenizer("Qwen2TokenizerFast", INTERNVL_TOKENS, INTERNVL_CHAT_TEMPLATE)
+    config.text_config.vocab_size = max(config.text_config.vocab_size, len(tok))
+    config.image_token_id = tok.convert_tokens_to_ids(INTERNVL_TOKENS["context_image_token"])
+    for cfg in (config, config.text_config):
+        cfg.bos_token_id, cfg.eos_token_id, cfg.pad_token_id = tok.bos_token_id, tok.eos_token_id, tok.pad_token_id
+        cfg.torch_dtype = "float32"
+
+    def processor() -> Any:
+        size = {"height": INTERNVL_TILE, "width": INTERNVL_TILE}
+        image = transformers.GotOcr2ImageProcessorFast(
+            size=size, crop_to_patches=True, min_patches=1, max_patches=INTERNVL_MAX_TILES
+        )
+        video = transformers.InternVLVideoProcessor(size=size)
+        return transformers.InternVLProcessor(
+            image_processor=image,
+            tokenizer=tok,
+            video_processor=video,
+            image_seq_length=INTERNVL_TILE_TOKENS,
+            chat_template=INTERNVL_CHAT_TEMPLATE,
+        )
+
+    key = _fingerprint(config.to_dict(), seed, std, f"internvl:{INTERNVL_TOKENS}:{INTERNVL_CHAT_TEMPLATE}")
+    return _save_random_checkpoint(
+        config,
+        key,
+        path,
+        transformers.AutoModelForImageTextToText,
+        processor,
+        seed=seed,
+        std=std,
+        dtype="float32",
+    )
+
+
+def internvl_prompt(*parts: str) -> str:
+    """One user turn plus the assistant header as :data:`INTERNVL_CHAT_TEMPLATE` renders it ("image" parts become
+    ``<IMG_CONTEXT>`` and a newline)."""
+    body = "".join("<IMG_CONTEXT>\n" if p == "image" else p for p in parts)
+    return f"<|im_start|>user\n{body}<|im_end|>\n<|im_start|>assistant\n"
