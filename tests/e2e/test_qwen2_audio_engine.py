@@ -4,12 +4,16 @@
 override (``vllm_npu.models.multimodal``: transformers' ``Qwen2AudioEncoder`` with its attention on the shared
 encoder seam, reference twin), float32, with the real ``Qwen2AudioProcessor`` (Whisper feature extractor): text +
 audio at two lengths, two audios of different lengths in one prompt (the encoder's key-padding mask read back as
-lengths), and text only, in one batch. Prompt ids == HF's processor, greedy == HF (full forward per step)."""
+lengths), and text only, in one batch. Prompt ids == HF's processor, greedy == HF (full forward per step).
+
+The engine runs in a graph mode: ``cudagraph_mode=PIECEWISE`` (sizes 1/2/4/8): the language model is compiled and
+its pieces captured and replayed on the static-graph twin, while the audio encoder runs eagerly (vLLM compiles only
+the decoder) and its outputs reach the captured pieces through the encoder cache and the merged embeddings."""
 
 from __future__ import annotations
 
 import pytest
-from npu_testkit.engine import emulated_env, engine
+from npu_testkit.graph_e2e import CAPTURE_SIZES, graph_engine, replays, runtime_info
 from npu_testkit.mm_models import build_tiny_qwen2_audio_model, hf_mm_greedy, qwen2_audio_prompt, special_ids
 from npu_testkit.omni_models import synthetic_audio
 
@@ -25,8 +29,8 @@ def audio_model():
 
 @pytest.fixture(scope="module")
 def llm(audio_model, tmp_path_factory):
-    env = emulated_env(tmp_path_factory.mktemp("qwen2_audio"))
-    with engine(audio_model, env, max_num_batched_tokens=32, limit_mm_per_prompt={"audio": 2}) as llm:
+    args = {"max_num_batched_tokens": 32, "limit_mm_per_prompt": {"audio": 2}}
+    with graph_engine(audio_model, tmp_path_factory, "qwen2_audio", "PIECEWISE", block_size=16, **args) as llm:
         yield llm
 
 
@@ -63,6 +67,9 @@ def test_audio_of_two_lengths_and_text_match_hf(llm, audio_model):
     (model,) = llm.collective_rpc(_model)
     assert model == ("vllm_npu.models.multimodal.AscendQwen2AudioForConditionalGeneration", "npu_encoder")
     llm.collective_rpc(_seam_calls)  # install the spy
+    info = runtime_info(llm)
+    assert info["cudagraph_mode"] == "PIECEWISE" and info["capture_sizes"] == CAPTURE_SIZES, info
+    before = replays(llm, "PIECEWISE")
 
     # Waveforms at 16 kHz without a rate (vLLM resamples rate-tagged audio through librosa, not installed here).
     long, short = synthetic_audio(1.0, seed=1), synthetic_audio(0.5, seed=2)
@@ -87,6 +94,7 @@ def test_audio_of_two_lengths_and_text_match_hf(llm, audio_model):
     outputs = llm.generate(vllm_requests, params, use_tqdm=False)
     assert [list(o.prompt_token_ids) for o in outputs] == [p for p, _ in expected]
     assert [list(o.outputs[0].token_ids) for o in outputs] == [g for _, g in expected]
+    assert replays(llm, "PIECEWISE") > before  # the decode steps replayed the captured pieces
     (calls,) = llm.collective_rpc(_seam_calls)
     # The encoder layers ran on the kernel with the audios' own lengths read back from vLLM's padding mask (100 mel
     # frames per second, halved by the stride-2 conv: 50 for 1 s, 25 for 0.5 s), alone or batched.
