@@ -4,7 +4,8 @@
 (``vllm_npu.models.multimodal``: the SigLIP tower's attention on the shared encoder seam, reference twin), float32,
 with the real ``Gemma3Processor``: text + image at two sizes (each resized to the tower's 56x56, 4 tokens), two
 images in one prompt, and text only, in one batch; the text model alternates a sliding-window layer (window 24,
-shorter than the prompts) and a global one. Prompt ids == HF's processor, greedy == HF.
+shorter than the prompts) and a global one. Prompt ids == HF's processor, greedy == HF; the multimodal embedding
+merge runs npu-patches' ``multimodal-merge-index-put``.
 
 The reference runs HF without ``token_type_ids``, i.e. image tokens attend causally: vLLM 0.11's V1 engine builds the
 inputs embeddings in the model runner, so ``Gemma3ForConditionalGeneration.forward`` never builds the bidirectional
@@ -43,6 +44,13 @@ def _encoder(worker) -> dict[str, object]:
     }
 
 
+def _merge_is_patched(worker) -> bool:
+    """npu-patches' multimodal-merge-index-put is live in the worker (its replacement wraps vLLM's merge)."""
+    from vllm.model_executor.models import utils
+
+    return hasattr(utils._merge_multimodal_embeddings, "__wrapped__")
+
+
 def test_images_of_two_sizes_and_text_match_hf(llm, gemma3_model):
     import torch
     import transformers
@@ -52,6 +60,7 @@ def test_images_of_two_sizes_and_text_match_hf(llm, gemma3_model):
     assert before["model"] == "vllm_npu.models.multimodal.AscendGemma3ForConditionalGeneration"
     assert [c for c, _ in before["attention"]] == ["AscendMultiHeadAttention"] * 2
     assert llm.llm_engine.model_config.hf_text_config.sliding_window == 24
+    assert llm.collective_rpc(_merge_is_patched) == [True]  # the merge below runs as index_put_
 
     small, large = synthetic_image(84, 56, seed=1), synthetic_image(200, 150, seed=2)
     requests = [
