@@ -131,7 +131,7 @@ def _spy_kernel(monkeypatch) -> list[list[int]]:
 def test_qwen2_audio_encoder_with_padding_mask_matches_sdpa(monkeypatch) -> None:
     import transformers
     from transformers.models.qwen2_audio.modeling_qwen2_audio import Qwen2AudioEncoder
-    from vllm_npu.models.encoder_attention import HF_ATTENTION, adopt_encoder_attention
+    from vllm_npu.models.encoder_attention import HF_ATTENTION, SEQ_LENS_MEMO, adopt_encoder_attention
 
     cfg = transformers.Qwen2AudioEncoderConfig(
         num_mel_bins=16,
@@ -148,6 +148,7 @@ def test_qwen2_audio_encoder_with_padding_mask_matches_sdpa(monkeypatch) -> None
     holder.audio_tower = tower
     feats = torch.randn(2, 16, 40, generator=torch.Generator().manual_seed(2))
     calls = _spy_kernel(monkeypatch)
+    memo_before = SEQ_LENS_MEMO.computed
     lens = torch.tensor([20, 13])  # after the stride-2 conv: the second audio is padded
     # vLLM's qwen2_audio mask: -inf on keys from each audio's length on, for every query row.
     pad = torch.arange(20)[None, :] >= lens[:, None]
@@ -164,12 +165,13 @@ def test_qwen2_audio_encoder_with_padding_mask_matches_sdpa(monkeypatch) -> None
     torch.testing.assert_close(got[0], want[0], rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(got[1, :6], want[1, :6], rtol=1e-5, atol=1e-5)
     assert calls == [[20, 13]] * 2  # each layer: the two audios' valid lengths, read back from the mask
+    assert SEQ_LENS_MEMO.computed - memo_before == 1  # once per forward (both layers get the same mask tensor)
 
 
 def test_qwen2_5_omni_audio_encoder_chunks_match_sdpa(monkeypatch) -> None:
     from transformers.models.qwen2_5_omni.configuration_qwen2_5_omni import Qwen2_5OmniAudioEncoderConfig
     from transformers.models.qwen2_5_omni.modeling_qwen2_5_omni import Qwen2_5OmniAudioEncoder
-    from vllm_npu.models.encoder_attention import adopt_encoder_attention
+    from vllm_npu.models.encoder_attention import SEQ_LENS_MEMO, adopt_encoder_attention
 
     cfg = Qwen2_5OmniAudioEncoderConfig(
         num_mel_bins=16,
@@ -190,13 +192,15 @@ def test_qwen2_5_omni_audio_encoder_chunks_match_sdpa(monkeypatch) -> None:
     feats = torch.randn(16, int(feature_lens.sum()), generator=torch.Generator().manual_seed(2))
     after_cnn, _ = tower._get_feat_extract_output_lengths(feature_lens)
     calls = _spy_kernel(monkeypatch)
+    memo_before = SEQ_LENS_MEMO.computed
     with torch.no_grad():
         want = tower(feats, feature_lens=feature_lens, aftercnn_lens=after_cnn).last_hidden_state
         adopt_encoder_attention(holder, hf_towers=("audio_tower",))
         got = tower(feats, feature_lens=feature_lens, aftercnn_lens=after_cnn).last_hidden_state
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
-    # Each layer sees the packed chunks of both audios.
+    # Each layer sees the packed chunks of both audios; their lengths were read from the device once.
     assert len(calls) == 2 and calls[0] == calls[1] and sum(calls[0]) == int(after_cnn.sum()), calls
+    assert SEQ_LENS_MEMO.computed - memo_before == 1
 
 
 def test_an_arbitrary_mask_falls_back_to_sdpa() -> None:

@@ -34,10 +34,16 @@ from vllm.attention.layer import MultiHeadAttention
 from vllm_npu.attention import VISION_ATTENTION
 from vllm_npu.interface import get_logger, once
 
+from .vision import TensorMemo
+
 logger = get_logger(__name__)
 
 #: The name :func:`npu_encoder_attention` is registered under in transformers' ``AttentionInterface``.
 HF_ATTENTION = "npu_encoder"
+
+#: Host-side sequence lengths per ``cu_seq_lens_q`` / mask tensor: every layer of an encoder forward gets the very
+#: same tensor, so the device read happens once per forward, not once per layer.
+SEQ_LENS_MEMO = TensorMemo(slots=2)
 
 
 def _kernel() -> Callable[..., None]:
@@ -122,11 +128,11 @@ def npu_encoder_attention(
     cu_seqlens = kwargs.get("cu_seq_lens_q")
     lens: list[int] | None
     if cu_seqlens is not None and bsz == 1:
-        lens = [int(x) for x in cu_seqlens.diff().tolist()]
+        lens = SEQ_LENS_MEMO.get(cu_seqlens, lambda t: [int(x) for x in t.diff().tolist()])
     elif attention_mask is None:
         lens = [length] * bsz
     else:
-        lens = _padding_lengths(attention_mask, bsz, length)
+        lens = SEQ_LENS_MEMO.get(attention_mask, lambda m: _padding_lengths(m, bsz, length))
         if lens is None:
             from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
