@@ -19,8 +19,11 @@ from vllm_npu.models._hooks import MODEL_OVERRIDES
 
 REPO = Path(__file__).resolve().parent.parent
 PACKAGE = REPO / "packages" / "npu-models"
-# HF architecture names as vLLM's ModelRegistry keys them (`DeepseekV32ForCausalLM`, `Qwen2VLForConditionalGeneration`).
-ARCHITECTURE = re.compile(r"\b[A-Z][A-Za-z0-9_]*For(?:CausalLM|ConditionalGeneration)\b")
+# HF architecture names as vLLM's ModelRegistry keys them (`DeepseekV32ForCausalLM`, `Qwen2VLForConditionalGeneration`),
+# and the few multimodal ones named otherwise (`InternVLChatModel`, `Qwen2_5OmniModel`, `MiniCPMV`).
+ARCHITECTURE = re.compile(
+    r"\b(?:[A-Z][A-Za-z0-9_]*For(?:CausalLM|ConditionalGeneration)|InternVLChatModel|Qwen2_5OmniModel|MiniCPMV)\b"
+)
 
 
 # Our override classes look like architectures too (`AscendDeepseekV32ForCausalLM`); they are not claims.

@@ -45,6 +45,8 @@ OTHER_LIBRARIES = {
     "_ExperimentalConfig": "torch_npu.profiler (the NPU worker's profiler, as vllm-ascend v0.11.0)",
     "_base": "torch.Tensor (a view's base: the graph runtime records the storage owner a captured view reads)",
     "_dynamo_static_input_type": "torch._dynamo (the mark on static-address inputs torchair freezes)",
+    "_attn_implementation": "transformers.PretrainedConfig (the attention function a transformers-built audio "
+    "encoder calls: npu-models points it at the NPU encoder attention)",
 }
 
 

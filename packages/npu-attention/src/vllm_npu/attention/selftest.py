@@ -141,7 +141,9 @@ def _paged_prefill(device: Any, *, n: int, nkv: int, d: int, w: int | None, batc
 # The parameter tables: one row per shape (the builder's keywords), each crossed with HALVES.
 _CACHE_WRITE_SHAPES = ({"nkv": 8, "d": 128, "bs": 128}, {"nkv": 2, "d": 64, "bs": 16})
 _PACKED_SHAPES = ({"n": 32, "nkv": 8, "d": 128}, {"n": 8, "nkv": 2, "d": 64})
-_VISION_SHAPES = ({"n": 16, "d": 80}, {"n": 16, "d": 72})  # Qwen2.5-VL's 16 heads of 80, Qwen3-VL's 16 of 72
+# Qwen2.5-VL's 16 heads of 80; Qwen3-VL's (and SigLIP so400m's: Gemma-3, MiniCPM-V) 16 of 72; the Whisper-large
+# audio encoders' 20 of 64 (Qwen2-Audio, Qwen2.5-Omni; npu-models' encoder seam)
+_VISION_SHAPES = ({"n": 16, "d": 80}, {"n": 16, "d": 72}, {"n": 20, "d": 64})
 _DECODE_SHAPES = ({"n": 32, "nkv": 8, "d": 128, "bs": 128}, {"n": 8, "nkv": 1, "d": 64, "bs": 16})
 _WINDOW_SHAPES = ({"n": 32, "nkv": 8, "w": 16}, {"n": 16, "nkv": 2, "w": 100})
 _GRAPH_SHAPES = (((32, 8, 128), None), ((16, 2, 128), 16))  # ((N, Nkv, D), window)

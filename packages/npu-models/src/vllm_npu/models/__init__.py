@@ -19,6 +19,15 @@ _EXPORTS: dict[str, str] = {
     "MODEL_OVERRIDES": "._hooks:MODEL_OVERRIDES",
     "register_configs": "._hooks:register_configs",
     "register_models": "._hooks:register_models",
+    "AscendMultiHeadAttention": ".encoder_attention:AscendMultiHeadAttention",
+    "adopt_encoder_attention": ".encoder_attention:adopt_encoder_attention",
+    "npu_encoder_attention": ".encoder_attention:npu_encoder_attention",
+    "AscendGemma3ForConditionalGeneration": ".multimodal:AscendGemma3ForConditionalGeneration",
+    "AscendInternS1ForConditionalGeneration": ".multimodal:AscendInternS1ForConditionalGeneration",
+    "AscendInternVLChatModel": ".multimodal:AscendInternVLChatModel",
+    "AscendMiniCPMV": ".multimodal:AscendMiniCPMV",
+    "AscendQwen2AudioForConditionalGeneration": ".multimodal:AscendQwen2AudioForConditionalGeneration",
+    "AscendQwen2_5OmniThinkerForConditionalGeneration": ".multimodal:AscendQwen2_5OmniThinkerForConditionalGeneration",
     "AscendDeepseekV32ForCausalLM": ".deepseek_v32:AscendDeepseekV32ForCausalLM",
     "AscendIndexer": ".deepseek_v32:AscendIndexer",
     "AscendIndexerKeyCache": ".deepseek_v32:AscendIndexerKeyCache",
@@ -38,6 +47,15 @@ _EXPORTS: dict[str, str] = {
 if TYPE_CHECKING:
     from ._hooks import MODEL_CONFIGS, MODEL_OVERRIDES, register_configs, register_models
     from .deepseek_v32 import AscendDeepseekV32ForCausalLM, AscendIndexer, AscendIndexerKeyCache
+    from .encoder_attention import AscendMultiHeadAttention, adopt_encoder_attention, npu_encoder_attention
+    from .multimodal import (
+        AscendGemma3ForConditionalGeneration,
+        AscendInternS1ForConditionalGeneration,
+        AscendInternVLChatModel,
+        AscendMiniCPMV,
+        AscendQwen2_5OmniThinkerForConditionalGeneration,
+        AscendQwen2AudioForConditionalGeneration,
+    )
     from .pangu_config import PanguProMoEConfig
     from .pangu_moe import AscendPanguProMoEForCausalLM, moge_select_experts
     from .qwen_vl import (
@@ -61,19 +79,28 @@ __all__ = [
     "MODEL_CONFIGS",
     "MODEL_OVERRIDES",
     "AscendDeepseekV32ForCausalLM",
+    "AscendGemma3ForConditionalGeneration",
     "AscendIndexer",
     "AscendIndexerKeyCache",
+    "AscendInternS1ForConditionalGeneration",
+    "AscendInternVLChatModel",
+    "AscendMiniCPMV",
+    "AscendMultiHeadAttention",
     "AscendPanguProMoEForCausalLM",
+    "AscendQwen2AudioForConditionalGeneration",
     "AscendQwen2VLForConditionalGeneration",
     "AscendQwen2VisionAttention",
+    "AscendQwen2_5OmniThinkerForConditionalGeneration",
     "AscendQwen2_5_VLForConditionalGeneration",
     "AscendQwen2_5_VisionAttention",
     "AscendQwen3VLForConditionalGeneration",
     "AscendQwen3VLMoeForConditionalGeneration",
     "PanguProMoEConfig",
     "__version__",
+    "adopt_encoder_attention",
     "adopt_vision_attention",
     "moge_select_experts",
+    "npu_encoder_attention",
     "pad_vision_heads",
     "register_configs",
     "register_models",

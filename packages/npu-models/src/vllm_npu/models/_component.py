@@ -16,7 +16,10 @@ COMPONENT = Component(
         "model classes: DeepSeek-V3.2 (DeepseekV32ForCausalLM), Pangu Pro MoE (PanguProMoEForCausalLM); "
         "Qwen2-VL (Qwen2VLForConditionalGeneration), Qwen2.5-VL (Qwen2_5_VLForConditionalGeneration), "
         "Qwen3-VL (Qwen3VLForConditionalGeneration), Qwen3-VL-MoE (Qwen3VLMoeForConditionalGeneration): NPU "
-        "vision attention"
+        "vision attention; Qwen2.5-Omni thinker (Qwen2_5OmniModel, Qwen2_5OmniForConditionalGeneration), Gemma-3 "
+        "(Gemma3ForConditionalGeneration), InternVL (InternVLChatModel, InternVLForConditionalGeneration, "
+        "InternS1ForConditionalGeneration), MiniCPM-V (MiniCPMV), Qwen2-Audio (Qwen2AudioForConditionalGeneration): "
+        "NPU encoder attention"
     ),
     on_load="vllm_npu.models._hooks:on_load",
 )

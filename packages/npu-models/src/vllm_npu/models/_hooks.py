@@ -26,6 +26,16 @@ MODEL_OVERRIDES: dict[str, str] = {
     "Qwen2_5_VLForConditionalGeneration": "vllm_npu.models.qwen_vl:AscendQwen2_5_VLForConditionalGeneration",
     "Qwen3VLForConditionalGeneration": "vllm_npu.models.qwen_vl:AscendQwen3VLForConditionalGeneration",
     "Qwen3VLMoeForConditionalGeneration": "vllm_npu.models.qwen_vl:AscendQwen3VLMoeForConditionalGeneration",
+    # Multimodal families beyond Qwen-VL: vLLM's classes with their encoders on the NPU kernel
+    # (vllm_npu.models.multimodal, through the shared seam vllm_npu.models.encoder_attention).
+    "Gemma3ForConditionalGeneration": "vllm_npu.models.multimodal:AscendGemma3ForConditionalGeneration",
+    "InternVLChatModel": "vllm_npu.models.multimodal:AscendInternVLChatModel",
+    "InternVLForConditionalGeneration": "vllm_npu.models.multimodal:AscendInternS1ForConditionalGeneration",
+    "InternS1ForConditionalGeneration": "vllm_npu.models.multimodal:AscendInternS1ForConditionalGeneration",
+    "MiniCPMV": "vllm_npu.models.multimodal:AscendMiniCPMV",
+    "Qwen2AudioForConditionalGeneration": "vllm_npu.models.multimodal:AscendQwen2AudioForConditionalGeneration",
+    "Qwen2_5OmniModel": "vllm_npu.models.multimodal:AscendQwen2_5OmniThinkerForConditionalGeneration",
+    "Qwen2_5OmniForConditionalGeneration": "vllm_npu.models.multimodal:AscendQwen2_5OmniThinkerForConditionalGeneration",
 }
 
 #: HF ``model_type`` -> ``"module:Class"`` of its ``PretrainedConfig``, for model types transformers (< 5) lacks.

@@ -281,6 +281,33 @@ UNSUPPORTED_API_STATUS = Patch(
     "ends before 0.12, whose routes (moved to entrypoints/*/api_router.py) must be checked again",
 )
 
+MULTIMODAL_MERGE_INDEX_PUT = Patch(
+    id="multimodal-merge-index-put",
+    target="vllm.model_executor.models.utils._merge_multimodal_embeddings",
+    replacement="vllm_npu.patches.sets.multimodal_merge:make_replacement",
+    scope=Scope.WORKER,
+    vllm=">=0.11.0,<0.11.1",
+    fingerprint="814443abf0c47b5a525a7e7bb38b55afa65a013fbb0235c3d078b8642d146d15",
+    also_checks=(
+        # every model's merge: looks the target up in utils' globals at call time
+        (
+            "vllm.model_executor.models.utils.merge_multimodal_embeddings",
+            "fdba03f1082eebb9e9d294229c8fd49465eff2933e2089513f0851ba5051c8b3",
+        ),
+    ),
+    upstream="none filed (vllm-ascend carries it as an Ascend-only issue: vllm_ascend/patch/worker/"
+    "patch_multimodal_merge.py, PR #3071). Fix to propose: torch_npu/CANN accepting a broadcast mask in "
+    "aclnnMaskedScatter, or vLLM merging with index_put_ again (its form before masked_scatter_, per vllm-ascend "
+    "PR #3071)",
+    reason="vLLM merges the encoder outputs into the prompt embeddings with masked_scatter_ and a [T, 1] mask "
+    "broadcast over [T, H]; aclnn's shape check rejects the broadcast mask and torch_npu falls back to the AI CPU for "
+    "every multimodal prefill (vllm-ascend measured 2x throughput on Qwen3-VL-Embedding-8B once it merged with "
+    "index_put_). The replacement writes inputs_embeds[is_multimodal] = embeddings (index_put_, the call vllm-ascend "
+    "v0.11.0 makes on hardware), cast to the embeddings' dtype, same errors as vLLM",
+    removal="drop when CANN's masked_scatter takes a broadcast mask on the AI core (or vLLM merges with index_put_); "
+    "the range ends at 0.11.1, whose utils.py must be checked again",
+)
+
 #: The built-in set, in application order.
 BUILTIN_PATCHES: tuple[Patch, ...] = (
     REPETITION_PENALTY_TORCH,
@@ -292,6 +319,7 @@ BUILTIN_PATCHES: tuple[Patch, ...] = (
     BERT_TOKEN_TYPES_NO_SHIFT,
     ROBERTA_TOKEN_TYPES_NO_SHIFT,
     UNSUPPORTED_API_STATUS,
+    MULTIMODAL_MERGE_INDEX_PUT,
 )
 
 #: Candidates examined for vLLM 0.11.0 and deliberately not patched: (what, why not).
