@@ -198,10 +198,10 @@ def fused_recurrent_gated_delta_rule_npu(
         v=v.unsqueeze(0),
         g=g.unsqueeze(0),
         beta=beta.unsqueeze(0),
-        scale=scale,
+        scale=q.shape[-1] ** -0.5 if scale is None else scale,
         initial_state=ssm_states,
         inplace_final_state=True,
-        cu_seqlens=query_start_loc[: n + 1],
+        cu_seqlens=query_start_loc[: n + 1],  # type: ignore[arg-type]  # vLLM annotates LongTensor; int32 is what it passes
         ssm_state_indices=state_indices,
         num_accepted_tokens=num_accepted_tokens,
         use_qk_l2norm_in_kernel=use_qk_l2norm,
