@@ -16,7 +16,7 @@ COMPONENT = Component(
         "model classes: DeepSeek-V3.2 (DeepseekV32ForCausalLM), Pangu Pro MoE (PanguProMoEForCausalLM); "
         "Qwen2-VL (Qwen2VLForConditionalGeneration), Qwen2.5-VL (Qwen2_5_VLForConditionalGeneration), "
         "Qwen3-VL (Qwen3VLForConditionalGeneration), Qwen3-VL-MoE (Qwen3VLMoeForConditionalGeneration): NPU "
-        "vision attention"
+        "vision attention; Qwen3-Next (Qwen3NextForCausalLM): gated delta-net hybrid"
     ),
     on_load="vllm_npu.models._hooks:on_load",
 )
