@@ -176,3 +176,92 @@ def test_gated_norm_and_gating_match_hf() -> None:
 def test_npu_paths_without_triton_name_the_install_line(call) -> None:  # type: ignore[no-untyped-def]
     with pytest.raises(MissingComponentError, match=r"triton-ascend"):
         call()
+
+
+# --- the NPU paths' wiring, against stand-ins of the Triton entry points they call (vLLM's contracts) -------------
+
+
+def _standin_conv_update(x, conv_state, weight, bias=None, activation=None, conv_state_indices=None, **_):  # type: ignore[no-untyped-def]
+    out = torch.empty_like(x)
+    for i, slot in enumerate(conv_state_indices.tolist()):
+        window = torch.cat([conv_state[slot], x[i][:, None]], dim=1)
+        conv_state[slot] = window[:, 1:]
+        y = (window * weight).sum(-1) + (0 if bias is None else bias)
+        out[i] = F.silu(y) if activation == "silu" else y
+    return out
+
+
+def _standin_fused_recurrent(q, k, v, g, beta, scale, initial_state, inplace_final_state, cu_seqlens,  # type: ignore[no-untyped-def]
+                             ssm_state_indices, num_accepted_tokens=None, use_qk_l2norm_in_kernel=False):  # fmt: skip
+    assert q.dim() == 4 and q.shape[0] == 1 and inplace_final_state and num_accepted_tokens is None
+    assert scale == pytest.approx(q.shape[-1] ** -0.5)
+    rep = v.shape[2] // q.shape[2]
+    out = torch.empty_like(v)
+    loc = cu_seqlens.tolist()
+    for i, (lo, hi) in enumerate(zip(loc, loc[1:])):
+        slot = int(ssm_state_indices[i])
+        o, final = hf.torch_recurrent_gated_delta_rule(
+            q[:, lo:hi].repeat_interleave(rep, 2), k[:, lo:hi].repeat_interleave(rep, 2), v[:, lo:hi], g[:, lo:hi],
+            beta[:, lo:hi], initial_state=initial_state[slot][None], output_final_state=True,
+            use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
+        )  # fmt: skip
+        out[:, lo:hi] = o
+        initial_state[slot] = final[0]
+    return out, initial_state
+
+
+def _standin_rmsnorm_fn(x, weight, bias, z=None, eps=1e-6, group_size=None, norm_before_gate=True):  # type: ignore[no-untyped-def]
+    assert bias is None and group_size is None and norm_before_gate
+    return weight * x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * F.silu(z)
+
+
+def _standin_gating(a_log, a, dt_bias, beta=1.0, threshold=20.0):  # type: ignore[no-untyped-def]
+    return -a_log.float().exp() * F.softplus(a.float() + dt_bias, beta=beta, threshold=threshold)
+
+
+@pytest.fixture
+def triton_standins(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A process where vLLM found a working Triton, with its Triton entry points replaced by stand-ins (vLLM's FLA
+    modules cannot be imported on this host: stand-in modules take their place in ``sys.modules``)."""
+    import sys
+    import types
+
+    import vllm.model_executor.layers.mamba.ops.causal_conv1d as conv_ops
+    import vllm.triton_utils
+
+    monkeypatch.setattr(vllm.triton_utils, "HAS_TRITON", True)
+    monkeypatch.setattr(conv_ops, "causal_conv1d_update", _standin_conv_update)
+    fla = types.ModuleType("vllm.model_executor.layers.fla.ops")
+    fla.fused_recurrent_gated_delta_rule = _standin_fused_recurrent  # type: ignore[attr-defined]
+    guard = types.ModuleType("vllm.model_executor.layers.fla.ops.layernorm_guard")
+    guard.rmsnorm_fn = _standin_rmsnorm_fn  # type: ignore[attr-defined]
+    model = types.ModuleType("vllm.model_executor.models.qwen3_next")
+    model.fused_gdn_gating = _standin_gating  # type: ignore[attr-defined]
+    for module in (fla, guard, model):
+        monkeypatch.setitem(sys.modules, module.__name__, module)
+
+
+@pytest.mark.usefixtures("triton_standins")
+def test_npu_paths_call_the_triton_entry_points_with_the_twins_contract() -> None:
+    gen = torch.Generator().manual_seed(5)
+    q, k, v, g, beta = _inputs(3, gen)
+    pool = torch.randn(5, HV, K, V, generator=gen)
+    slots, loc = torch.tensor([4, 1, 2]), torch.arange(4, dtype=torch.int32)
+    ref_pool = pool.clone()
+    got = fused_recurrent_gated_delta_rule_npu(q, k, v, g, beta, pool, loc, slots)
+    want = fused_recurrent_gated_delta_rule_ref(q, k, v, g, beta, ref_pool, loc, slots)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(pool, ref_pool, rtol=1e-5, atol=1e-5)
+
+    x, weight, bias = torch.randn(3, D, generator=gen), torch.randn(D, W, generator=gen), torch.randn(D, generator=gen)
+    states = torch.randn(5, D, W - 1, generator=gen)
+    ref_states = states.clone()
+    got = causal_conv1d_update_npu(x, states, weight, bias, "silu", slots)
+    torch.testing.assert_close(got, causal_conv1d_update_ref(x, ref_states, weight, bias, "silu", slots))
+    torch.testing.assert_close(states, ref_states)
+
+    xs, zs, w = torch.randn(6, V, generator=gen), torch.randn(6, V, generator=gen), torch.randn(V, generator=gen)
+    torch.testing.assert_close(rms_norm_gated_npu(xs, zs, w, 1e-6), rms_norm_gated_ref(xs, zs, w, 1e-6))
+    a_log, dt_bias, a, b = (torch.randn(*s, generator=gen) for s in ((HV,), (HV,), (6, HV), (6, HV)))
+    for got_t, want_t in zip(gdn_gating_npu(a_log, a, b, dt_bias), gdn_gating_ref(a_log, a, b, dt_bias)):
+        torch.testing.assert_close(got_t, want_t)
