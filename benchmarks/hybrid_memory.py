@@ -12,8 +12,8 @@ attention), before vLLM's page rounding and state-page padding:
   256; GDN 16 key / 32 value heads of 128, conv 4; bf16; TP=1) and its all-attention twin.
 
 Decode throughput (unless ``--no-engine``): the tiny pair in real vLLM on the emulated device, float32, eager,
-in-process engine core, ``--prompts`` sequences at each context, host time per decode step (``_engine_bench.step_ms``:
-best of ``--repeats``). CPU numbers: they show the shape of the saving (the GDN step does not grow with the context),
+in-process engine core, ``--prompts`` sequences at each context, ``--tokens`` new tokens: the median wall time of the
+engine steps once every sequence is decoding (the prefill is not in it). CPU numbers: they show the shape of the saving (the GDN step does not grow with the context),
 not NPU speed.
 
 Run: ``.venv/bin/python benchmarks/hybrid_memory.py [--contexts 1024 8192] [--no-engine] [--json out.json]``
@@ -95,8 +95,31 @@ def memory_rows(contexts: list[int]) -> list[dict[str, Any]]:
     return rows
 
 
-def throughput_rows(contexts: list[int], prompts: int, tokens: int, repeats: int) -> list[dict[str, Any]]:
-    from _engine_bench import step_ms
+def decode_step_ms(llm: Any, prompts: list[list[int]], tokens: int) -> float:
+    """Median wall time in ms of the engine steps after every prompt has its first token (pure decode steps: the
+    prefill, however long, is not in the number)."""
+    import statistics
+    import time
+
+    from vllm import SamplingParams
+
+    engine = llm.llm_engine
+    params = SamplingParams(temperature=0.0, max_tokens=tokens, ignore_eos=True)
+    for i, p in enumerate(prompts):
+        engine.add_request(f"bench-{time.monotonic_ns()}-{i}", {"prompt_token_ids": p}, params)
+    started: set[str] = set()
+    steps: list[float] = []
+    while engine.has_unfinished_requests():
+        decoding = len(started) == len(prompts)
+        t0 = time.perf_counter()
+        outputs = engine.step()
+        if decoding:
+            steps.append(time.perf_counter() - t0)
+        started.update(o.request_id for o in outputs if o.outputs and o.outputs[0].token_ids)
+    return 1000.0 * statistics.median(steps)
+
+
+def throughput_rows(contexts: list[int], prompts: int, tokens: int) -> list[dict[str, Any]]:
     from npu_testkit.engine import emulated_env, engine, make_prompts
     from npu_testkit.models import build_tiny_model
     from npu_testkit.models_hybrid import tiny_qwen3_next_config
@@ -116,7 +139,7 @@ def throughput_rows(contexts: list[int], prompts: int, tokens: int, repeats: int
             max_num_batched_tokens=2048,
         ) as llm:
             for context in contexts:
-                ms = step_ms(llm, make_prompts([context] * prompts, seed=context), tokens, repeats)
+                ms = decode_step_ms(llm, make_prompts([context] * prompts, seed=context), tokens)
                 rows.append({"model": name, "context": context, "ms_per_step": ms, "tokens_per_s": prompts * 1000 / ms})
     return rows
 
@@ -125,8 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--contexts", type=int, nargs="+", default=[1024, 8192])
     ap.add_argument("--prompts", type=int, default=4)
-    ap.add_argument("--tokens", type=int, default=16)
-    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--tokens", type=int, default=32)
     ap.add_argument("--no-engine", action="store_true", help="memory rows only")
     ap.add_argument("--json")
     args = ap.parse_args(argv)
@@ -140,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{r['hybrid_state_bytes'] / 2**20:>11.2f}Mi {r['dense_total_bytes'] / 2**20:>10.2f}Mi {r['ratio']:>6.3f}"
         )
     if not args.no_engine:
-        results["decode"] = throughput_rows(args.contexts, args.prompts, args.tokens, args.repeats)
+        results["decode"] = throughput_rows(args.contexts, args.prompts, args.tokens)
         for r in results["decode"]:
             print(
                 f"{r['model']:>8} context {r['context']:>6}: {r['ms_per_step']:.1f} ms/step, {r['tokens_per_s']:.1f} tok/s"
