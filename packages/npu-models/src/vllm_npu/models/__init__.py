@@ -33,6 +33,8 @@ _EXPORTS: dict[str, str] = {
     "AscendQwen2_5_VisionAttention": ".vision:AscendQwen2_5_VisionAttention",
     "adopt_vision_attention": ".vision:adopt_vision_attention",
     "pad_vision_heads": ".vision:pad_vision_heads",
+    "NPUQwen3NextForCausalLM": ".qwen3_next:NPUQwen3NextForCausalLM",
+    "selftest_cases": ".selftest:selftest_cases",
 }
 
 if TYPE_CHECKING:
@@ -40,12 +42,14 @@ if TYPE_CHECKING:
     from .deepseek_v32 import AscendDeepseekV32ForCausalLM, AscendIndexer, AscendIndexerKeyCache
     from .pangu_config import PanguProMoEConfig
     from .pangu_moe import AscendPanguProMoEForCausalLM, moge_select_experts
+    from .qwen3_next import NPUQwen3NextForCausalLM
     from .qwen_vl import (
         AscendQwen2_5_VLForConditionalGeneration,
         AscendQwen2VLForConditionalGeneration,
         AscendQwen3VLForConditionalGeneration,
         AscendQwen3VLMoeForConditionalGeneration,
     )
+    from .selftest import selftest_cases
     from .vision import (
         AscendQwen2_5_VisionAttention,
         AscendQwen2VisionAttention,
@@ -70,6 +74,7 @@ __all__ = [
     "AscendQwen2_5_VisionAttention",
     "AscendQwen3VLForConditionalGeneration",
     "AscendQwen3VLMoeForConditionalGeneration",
+    "NPUQwen3NextForCausalLM",
     "PanguProMoEConfig",
     "__version__",
     "adopt_vision_attention",
@@ -77,4 +82,5 @@ __all__ = [
     "pad_vision_heads",
     "register_configs",
     "register_models",
+    "selftest_cases",
 ]
