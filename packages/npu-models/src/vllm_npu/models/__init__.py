@@ -42,6 +42,8 @@ _EXPORTS: dict[str, str] = {
     "AscendQwen2_5_VisionAttention": ".vision:AscendQwen2_5_VisionAttention",
     "adopt_vision_attention": ".vision:adopt_vision_attention",
     "pad_vision_heads": ".vision:pad_vision_heads",
+    "NPUQwen3NextForCausalLM": ".qwen3_next:NPUQwen3NextForCausalLM",
+    "selftest_cases": ".selftest:selftest_cases",
 }
 
 if TYPE_CHECKING:
@@ -58,12 +60,14 @@ if TYPE_CHECKING:
     )
     from .pangu_config import PanguProMoEConfig
     from .pangu_moe import AscendPanguProMoEForCausalLM, moge_select_experts
+    from .qwen3_next import NPUQwen3NextForCausalLM
     from .qwen_vl import (
         AscendQwen2_5_VLForConditionalGeneration,
         AscendQwen2VLForConditionalGeneration,
         AscendQwen3VLForConditionalGeneration,
         AscendQwen3VLMoeForConditionalGeneration,
     )
+    from .selftest import selftest_cases
     from .vision import (
         AscendQwen2_5_VisionAttention,
         AscendQwen2VisionAttention,
@@ -95,6 +99,7 @@ __all__ = [
     "AscendQwen2_5_VisionAttention",
     "AscendQwen3VLForConditionalGeneration",
     "AscendQwen3VLMoeForConditionalGeneration",
+    "NPUQwen3NextForCausalLM",
     "PanguProMoEConfig",
     "__version__",
     "adopt_encoder_attention",
@@ -104,4 +109,5 @@ __all__ = [
     "pad_vision_heads",
     "register_configs",
     "register_models",
+    "selftest_cases",
 ]

@@ -19,6 +19,8 @@ logger = get_logger(__name__)
 MODEL_OVERRIDES: dict[str, str] = {
     # vLLM 0.11 maps this architecture to DeepseekV3ForCausalLM, whose sparse (V3.2) path is CUDA-only.
     "DeepseekV32ForCausalLM": "vllm_npu.models.deepseek_v32:AscendDeepseekV32ForCausalLM",
+    # vLLM 0.11's module imports its FLA Triton kernels at import (fails without a working Triton); ours does not.
+    "Qwen3NextForCausalLM": "vllm_npu.models.qwen3_next:NPUQwen3NextForCausalLM",
     # Not in vLLM 0.11 at all.
     "PanguProMoEForCausalLM": "vllm_npu.models.pangu_moe:AscendPanguProMoEForCausalLM",
     # The Qwen VL family: vLLM's classes with the vision attention on the NPU kernels (vllm_npu.models.vision).

@@ -422,6 +422,24 @@ class NPUModelRunner(GPUModelRunner):
         n = self._num_attn_module()
         return len({extract_layer_index(name, n) for name in names}) < len(names)
 
+    def _update_hybrid_attention_mamba_layout(self, kv_caches: dict[str, torch.Tensor]) -> None:
+        """Hybrid models (attention + Mamba-style state layers): give each attention layer its own contiguous
+        ``(2, num_blocks, block_size, heads, head_dim)`` cache instead of vLLM's re-strided view of the page it
+        shares with the state layers.
+
+        vLLM re-strides that view to ``(num_blocks, 2, ...)`` so that block ``i`` of K and V lies in page ``i`` of
+        the shared buffer; the key and value caches are then non-contiguous with a block stride of two blocks, which
+        the NPU cache kernels (``_npu_reshape_and_cache``, paged attention over block tables) do not take.
+        vllm-ascend v0.11.0 (``NPUModelRunner._allocate_kv_cache_tensors``, "for other attentions") allocates
+        separate K and V buffers for the attention layers of a hybrid model the same way. Cost: the attention
+        layers' pages are allocated on top of the pool vLLM sized (docs/hybrid.md, "Memory")."""
+        for group in self._kv_cache_spec_attn_group_iterator():
+            if not hasattr(group.kv_cache_spec, "num_kv_heads"):  # a state (Mamba) group
+                continue
+            for name in group.layer_names:
+                shared = kv_caches[name]
+                kv_caches[name] = torch.zeros(shared.shape, dtype=shared.dtype, device=shared.device)
+
     def initialize_kv_cache_tensors(
         self, kv_cache_config: KVCacheConfig, *kernel_block_sizes: list[int]
     ) -> dict[str, torch.Tensor]:

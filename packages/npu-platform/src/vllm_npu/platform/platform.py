@@ -154,6 +154,9 @@ class NPUPlatform(Platform):
                 "no NPU counterpart here; remove --enable-dbo"
             )
         cls._select_pd_scheduler(vllm_config)
+        from .hybrid import check_hybrid_config
+
+        check_hybrid_config(vllm_config)
 
         cache = vllm_config.cache_config
         # vLLM types block_size as its Literal of sizes, but the field defaults to None for the platform to fill.
@@ -351,7 +354,11 @@ class NPUPlatform(Platform):
 
     @classmethod
     def support_hybrid_kv_cache(cls) -> bool:
-        return False
+        # vLLM 0.11's hybrid KV-cache manager (attention pages and Mamba-style state pages of one size in one pool):
+        # the attention backends build their metadata per KV-cache group, the GDN layers run vLLM's own
+        # GDNAttentionBackend builder (torch only), and the runner shapes the pages through GPUModelRunner's
+        # _reshape_kv_cache_tensors. Without it vLLM cannot place a hybrid model's state at all.
+        return True
 
     @classmethod
     def is_sleep_mode_available(cls) -> bool:

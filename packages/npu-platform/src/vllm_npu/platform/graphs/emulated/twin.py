@@ -140,7 +140,19 @@ def _attention_decompositions() -> dict[Any, Callable[..., Any]]:
         op = getattr(torch.ops.vllm, name, None)
         if op is not None:
             table[op.default] = getattr(layer, name)
+    gdn = getattr(torch.ops.vllm, "gdn_attention", None)
+    if gdn is not None:
+        table[gdn.default] = _gdn_attention
     return table
+
+
+def _gdn_attention(hidden_states: torch.Tensor, output: torch.Tensor, layer_name: str) -> None:
+    """The body of vLLM 0.11's ``vllm.gdn_attention`` op (``models/qwen3_next.py``; npu-models registers the same
+    one where vLLM's module cannot be imported): the gated delta-net layer's ``_forward``, so that a capture traces
+    the layer's state reads and writes (by slot) instead of freezing an opaque call."""
+    from vllm.forward_context import get_forward_context
+
+    get_forward_context().no_compile_layers[layer_name]._forward(hidden_states=hidden_states, output=output)
 
 
 @contextlib.contextmanager
