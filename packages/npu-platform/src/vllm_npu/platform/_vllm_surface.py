@@ -18,6 +18,25 @@ _PLATFORM_MODULE = ("vllm_npu.platform.platform",)
 SURFACE: tuple[VllmName, ...] = (
     VllmName(
         _RUNNER,
+        "_update_hybrid_attention_mamba_layout",
+        "method",
+        "overrides",
+        _MODEL_RUNNER,
+        "vLLM re-strides a hybrid model's attention caches into the pages they share with the state layers; the NPU "
+        "cache kernels need each attention layer's K and V contiguous",
+        signature="(self, kv_caches)",
+    ),
+    VllmName(
+        _RUNNER,
+        "_kv_cache_spec_attn_group_iterator",
+        "method",
+        "calls",
+        _MODEL_RUNNER,
+        "the hybrid layout override walks the attention groups through it",
+        signature="(self)",
+    ),
+    VllmName(
+        _RUNNER,
         "_sync_device",
         "method",
         "overrides",
