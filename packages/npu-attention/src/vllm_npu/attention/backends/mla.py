@@ -156,26 +156,29 @@ class AscendMLAMetadata(MLACommonMetadata[AscendMLADecodeMetadata]):  # type: ig
     """vLLM's MLA metadata with our decode/prefill parts. ``head_dim`` stays None: vLLM's check only knows 576."""
 
     prefill: AscendMLAPrefillMetadata | None = None  # type: ignore[assignment]
+    capture: bool = False  # vLLM's dummy batch of a graph capture (build_for_cudagraph_capture)
 
-    def graph_inputs(self, batch_size: int) -> GraphDecodeInputs:
-        """This pure-decode step (one token per request) laid out as the inputs of a compiled decode graph of
-        ``batch_size`` requests (:class:`~vllm_npu.interface.protocols.GraphInputsProvider`; the torchair wrapper
-        calls it): block table, sequence lengths and latent-cache slots of the padded batch, padding rows on vLLM's
-        null block (:class:`~vllm_npu.attention.metadata.GraphDecodeInputs`)."""
+    def graph_inputs(self, batch_size: int) -> GraphDecodeInputs | None:
+        """This pure-decode step laid out as the inputs of a compiled decode graph of ``batch_size`` rows
+        (:class:`~vllm_npu.interface.protocols.GraphInputsProvider`; the torchair wrapper calls it): block table,
+        sequence lengths and latent-cache slots of the padded batch, padding rows on vLLM's null block
+        (:class:`~vllm_npu.attention.metadata.GraphDecodeInputs`). One row per request when every request has one
+        token; one row per token (:meth:`GraphDecodeInputs.per_token`) in a speculative verification step (None:
+        run the step eagerly)."""
         d, n = self.decode, self.num_reqs
-        if (
-            self.prefill is not None
-            or d is None
-            or d.max_query_len != 1
-            or self.num_actual_tokens != n
-            or n > batch_size
-        ):
+        if self.prefill is not None or d is None or self.num_actual_tokens > batch_size:
             raise ValueError(
-                f"a compiled MLA decode graph of {batch_size} requests takes a pure-decode step of at most "
-                f"{batch_size} single-token requests, got {self.num_decodes} decode and {self.num_prefills} prefill "
+                f"a compiled MLA decode graph of {batch_size} rows takes a pure-decode step of at most "
+                f"{batch_size} tokens, got {self.num_decodes} decode and {self.num_prefills} prefill "
                 f"requests with {self.num_actual_tokens} tokens"
             )
-        return GraphDecodeInputs.padded(d.block_table, d.seq_lens, d.seq_lens_list, self.slot_mapping, n, batch_size)
+        if d.max_query_len == 1 and self.num_actual_tokens == n:
+            return GraphDecodeInputs.padded(
+                d.block_table, d.seq_lens, d.seq_lens_list, self.slot_mapping, n, batch_size
+            )
+        return GraphDecodeInputs.per_token(
+            d.block_table, d.seq_lens_list, d.query_lens, self.slot_mapping, batch_size, self.capture
+        )
 
 
 class AscendMLAMetadataBuilder(AttentionMetadataBuilder[AscendMLAMetadata]):
@@ -289,14 +292,17 @@ class AscendMLAMetadataBuilder(AttentionMetadataBuilder[AscendMLAMetadata]):
         )
 
     def build_for_cudagraph_capture(self, common_attn_metadata: CommonAttentionMetadata) -> AscendMLAMetadata:
-        """Metadata of the dummy decode batch a full graph is captured with: one token per request, all decodes."""
-        if common_attn_metadata.max_query_len != 1:
+        """Metadata of the dummy decode batch a full graph is captured with: all decodes, one token per request or,
+        with speculative decoding (the torchair mode), up to ``reorder_batch_threshold`` tokens per request."""
+        q = common_attn_metadata.max_query_len
+        if q > self.reorder_batch_threshold:
             raise ValueError(
-                "AscendMLABackend captures full graphs only for single-token decode batches "
-                f"(max_query_len={common_attn_metadata.max_query_len})"
+                "AscendMLABackend captures full graphs only for decode batches of at most "
+                f"{self.reorder_batch_threshold} tokens per request (max_query_len={q})"
             )
         md = self.build(0, common_attn_metadata)
-        assert md.prefill is None and md.decode is not None  # every request of the batch has one query token
+        assert md.prefill is None and md.decode is not None  # every request of the batch is a decode
+        md.capture = True
         return md
 
 
@@ -479,8 +485,7 @@ class AscendMLAImpl(MLACommonBaseImpl[AscendMLAMetadata]):
         batch = graph.seq_lens.shape[0]
         if q.shape[0] != batch:
             raise ValueError(
-                f"a compiled MLA decode graph of {batch} requests got {q.shape[0]} query tokens; it takes one token "
-                "per request"
+                f"a compiled MLA decode graph of {batch} rows got {q.shape[0]} query tokens; it takes one token per row"
             )
         nope, rope = latent_cache_planes(kv_cache, self.kv_lora_rank, self.qk_rope_head_dim)
         # Always written here: the MLA layer's fused norm + rope + write is off when the model is traced

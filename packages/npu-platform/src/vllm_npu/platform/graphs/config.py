@@ -29,8 +29,10 @@ explicit, different ``cudagraph_mode`` is a conflict). ``--enforce-eager`` with 
 (:mod:`.torchair`). On an NPU it runs GQA and MLA (DeepSeek-V2/V3) decoder models, attention inside the compiled
 graph, MoE layers without cross-rank exchanges (unquantized, W8A8_DYNAMIC or static W8A8 experts) and npu-quant's
 dense schemes; DeepSeek-V3.2's sparse attention, W4A8_DYNAMIC experts and the MoE and quant configurations of
-:data:`TORCHAIR_NPU_REFUSALS` are refused there with the reason. With attention in the graph (every model but V3.2's, either device) speculative decoding and
-KV connectors are refused (:data:`TORCHAIR_SPEC_DECODE`, :data:`TORCHAIR_KV_TRANSFER`).
+:data:`TORCHAIR_NPU_REFUSALS` are refused there with the reason. With attention in the graph (every model but V3.2's, either device) KV connectors are refused
+(:data:`TORCHAIR_KV_TRANSFER`). Speculative decoding (EAGLE, EAGLE-3, MTP, ngram) runs: vLLM dispatches uniform
+verification steps (``1 + k`` tokens per request) to the compiled sizes, whose attention lays them out one row per
+token (``GraphDecodeInputs.per_token``); the draft model's steps run eagerly.
 """
 
 from __future__ import annotations
@@ -207,14 +209,6 @@ def torchair_npu_refusal(vllm_config: VllmConfig) -> str | None:
     )
 
 
-#: Why the torchair mode refuses speculative decoding on every device when attention is in its graph.
-TORCHAIR_SPEC_DECODE = (
-    "npu.graph_mode='torchair' conflicts with speculative decoding (--speculative-config): the compiled decode graph "
-    "attends one token per request, and verification steps carry several; use npu.graph_mode='full_decode_only' or "
-    "drop the speculative config"
-)
-
-
 @dataclass(frozen=True)
 class GraphPlan:
     """What :func:`configure_graphs` decided (for the platform's log line and ``npu_runtime_info``)."""
@@ -238,8 +232,6 @@ def _resolve_mode(vllm_config: VllmConfig, graph_mode: str, emulated: bool) -> t
         if refusal is not None:
             raise ConfigError(refusal)
         in_graph = not sparse_attention(vllm_config)  # .torchair.attention_in_graph, for the model of this config
-        if getattr(vllm_config, "speculative_config", None) is not None and in_graph:
-            raise ConfigError(TORCHAIR_SPEC_DECODE)
         if getattr(vllm_config, "kv_transfer_config", None) is not None and in_graph:
             raise ConfigError(TORCHAIR_KV_TRANSFER)
     if enforce_eager:

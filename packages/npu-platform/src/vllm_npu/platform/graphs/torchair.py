@@ -54,7 +54,7 @@ import torch
 from vllm.compilation.cuda_graph import CUDAGraphOptions, CUDAGraphWrapper
 from vllm.config import CUDAGraphMode, VllmConfig
 from vllm.forward_context import get_forward_context
-from vllm_npu.interface import COMPILED_STEP, AdditionalConfig, get_logger, graph_inputs_of
+from vllm_npu.interface import COMPILED_STEP, AdditionalConfig, GraphInputsProvider, get_logger, graph_inputs_of
 
 from .compile_cache import CompileCache, default_cache_root, kv_cache_layout, worker_cache
 from .config import sparse_attention
@@ -89,6 +89,7 @@ class TorchairStats:
     graph_inputs_prepared: int = 0  # attention metadata objects laid out as graph inputs before compiled steps
     compiled_calls: Counter[int] = field(default_factory=Counter)  # batch size -> decode steps run compiled
     eager_calls: int = 0  # steps run eagerly (prefill, mixed, or larger than every compiled size)
+    declined_steps: int = 0  # steps dispatched to a compiled size that the attention metadata declined (run eagerly)
     compile_seconds: dict[int, float] = field(default_factory=dict)  # batch size -> first call (compile + run), last
     backend_seconds: dict[int, float] = field(default_factory=dict)  # emulated: size -> lowering or loading, last
 
@@ -106,6 +107,7 @@ class TorchairStats:
             "graph_inputs_prepared": self.graph_inputs_prepared,
             "compiled_calls": dict(self.compiled_calls),
             "eager_calls": self.eager_calls,
+            "declined_steps": self.declined_steps,
             "compile_seconds": dict(self.compile_seconds),
             "backend_seconds": dict(self.backend_seconds),
         }
@@ -132,9 +134,10 @@ def attention_in_graph(vllm_config: VllmConfig) -> bool:
     return torchair_enabled(vllm_config) and vllm_config.model_config is not None and not sparse_attention(vllm_config)
 
 
-def _graph_inputs(size: int) -> dict[str, object]:
+def _graph_inputs(size: int) -> dict[str, object] | None:
     """This step's graph inputs of the size-``size`` graph: attention layer name -> its metadata's inputs, for the
-    metadata that provides them (:func:`vllm_npu.interface.protocols.graph_inputs_of`; SFA's does not)."""
+    metadata that provides them (:func:`vllm_npu.interface.protocols.graph_inputs_of`; SFA's does not). None when a
+    provider declines the step (a speculative verification batch holding a prompt's first tokens): run it eagerly."""
     metadata = get_forward_context().attn_metadata
     inputs: dict[str, object] = {}
     if not isinstance(metadata, Mapping):
@@ -143,6 +146,8 @@ def _graph_inputs(size: int) -> dict[str, object]:
     for name, md in metadata.items():
         if id(md) not in made:
             made[id(md)] = graph_inputs_of(md, size)
+            if made[id(md)] is None and isinstance(md, GraphInputsProvider):
+                return None
             TORCHAIR_STATS.graph_inputs_prepared += int(made[id(md)] is not None)
         if made[id(md)] is not None:
             inputs[name] = made[id(md)]
@@ -244,8 +249,12 @@ class TorchairWrapper(CUDAGraphWrapper):
             TORCHAIR_STATS.eager_calls += 1
             return self.runnable(*args, **kwargs)
         size = context.batch_descriptor.num_tokens
-        TORCHAIR_STATS.compiled_calls[size] += 1
         inputs = _graph_inputs(size)
+        if inputs is None:
+            TORCHAIR_STATS.eager_calls += 1
+            TORCHAIR_STATS.declined_steps += 1
+            return self.runnable(*args, **kwargs)
+        TORCHAIR_STATS.compiled_calls[size] += 1
         try:
             compiled = self.compiled.get(size)
             if compiled is not None:
