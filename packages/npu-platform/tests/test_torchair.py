@@ -452,8 +452,49 @@ def test_wrapper_counts_a_second_compile_of_a_size_as_a_recompile(tmp_path):
 
 @pytest.mark.parametrize("use_mla", [False, True], ids=["gqa", "mla"])
 @pytest.mark.parametrize("emulated", [True, False])
-def test_torchair_with_attention_in_the_graph_refuses_a_kv_connector(emulated, use_mla):
-    kv_transfer = SimpleNamespace(kv_connector="MooncakeConnectorV1")
-    with pytest.raises(ConfigError, match=r"'torchair' conflicts with a KV connector .*skips the connector"):
+@pytest.mark.parametrize(
+    "connector", ["MooncakeConnectorV1", "MooncakeConnector", "NixlConnector", "OffloadingConnector"]
+)
+def test_torchair_runs_connectors_that_move_kv_around_the_step(connector, emulated, use_mla):
+    # Their per-layer hooks are empty: their loads and saves run around the model's forward, outside the graph.
+    import vllm_npu.kv._hooks as kv_hooks
+
+    kv_hooks.register()  # as vLLM's general-plugin load does in every process
+    kv_transfer = SimpleNamespace(kv_connector=connector, kv_connector_module_path=None)
+    plan = configure_graphs(graph_config(kv_transfer=kv_transfer, use_mla=use_mla), "torchair", emulated=emulated)
+    assert plan.mode == "FULL_DECODE_ONLY"
+
+
+@pytest.mark.parametrize("use_mla", [False, True], ids=["gqa", "mla"])
+@pytest.mark.parametrize("emulated", [True, False])
+# LMCache is not installed here: an unresolvable connector is refused too, its import error in the message
+@pytest.mark.parametrize(
+    "connector", ["SharedStorageConnector", "LMCacheConnectorV1", "P2pNcclConnector", "MultiConnector"]
+)
+def test_torchair_with_attention_in_the_graph_refuses_a_layerwise_kv_connector(connector, emulated, use_mla):
+    kv_transfer = SimpleNamespace(kv_connector=connector, kv_connector_module_path=None)
+    with pytest.raises(ConfigError, match=rf"'torchair' conflicts with the KV connector '?{connector}\b.*skips them"):
         configure_graphs(graph_config(kv_transfer=kv_transfer, use_mla=use_mla), "torchair", emulated=emulated)
     configure_graphs(graph_config(kv_transfer=kv_transfer, sparse=True), "torchair", emulated=True)  # the opaque op
+
+
+def test_empty_function_tells_pass_and_docstring_bodies_from_work():
+    from vllm_npu.platform.graphs.config import _empty_function
+
+    def passes(self, layer_name):
+        pass
+
+    def documented(self, layer_name):
+        """Nothing to do."""
+
+    def returns_none(self, layer_name):
+        return None
+
+    def works(self, layer_name):
+        self.loaded.add(layer_name)
+
+    def waits(self, layer_name):
+        return self.event.wait()
+
+    assert _empty_function(passes) and _empty_function(documented) and _empty_function(returns_none)
+    assert not _empty_function(works) and not _empty_function(waits) and not _empty_function(None)

@@ -64,7 +64,7 @@ from ..masks import AttentionMaskBuilder
 from ..metadata import MAX_DECODE_THRESHOLD, GraphDecodeInputs, reject_decode_context_parallel
 from ..ops.graph_decode import GRAPH_KV_WRITE, MLA_GRAPH_DECODE
 from ..ops.mla_attention import MLA_DECODE, MLA_SPEC_DECODE, RING_MLA, mla_decode_workspace_npu, ring_mla_mask
-from ..ops.mla_cache import MLA_CACHE_WRITE, PAGED_CACHE_LOAD, latent_cache_planes
+from ..ops.mla_cache import MLA_CACHE_WRITE, PAGED_CACHE_LOAD, deinterleave, latent_cache_planes
 from ..ops.weight_format import kv_b_proj_to_nd
 
 
@@ -354,6 +354,11 @@ class AscendMLAImpl(MLACommonBaseImpl[AscendMLAMetadata]):
         # True when the MLA layer writes the latent cache itself with the fused k-norm + rope + write kernel
         # (vllm_npu.attention.ops.mla_layer.AscendMultiHeadLatentAttention sets it once, at construction).
         self.layer_writes_cache = False
+        # True when the layer would write the cache with that fused kernel but the model is traced (torchair,
+        # PIECEWISE): q_pe and k_pe then come GPT-J-rotated from vLLM's forward_native, and the impl puts their rope
+        # channels in the fused kernel's NeoX order (deinterleave) so that the cache holds the same layout in every
+        # graph mode: a PD pair or a shared KV store whose instances run different modes reads one layout.
+        self.rope_deinterleaved = False
 
     def process_weights_after_loading(self, act_dtype: torch.dtype) -> None:
         kv_b_proj_to_nd(self.kv_b_proj)  # vLLM's split below reshapes the weight: it must be ND, not FRACTAL_NZ
@@ -377,6 +382,9 @@ class AscendMLAImpl(MLACommonBaseImpl[AscendMLAMetadata]):
             raise NotImplementedError("fused output quantization is not supported by AscendMLABackend")
         if attn_metadata is None:  # profile run: no cache yet; zeros keep DP/EP ranks consistent
             return output.fill_(0)
+        if self.rope_deinterleaved:
+            q_nope, q_pe = q.split([self.qk_nope_head_dim, self.qk_rope_head_dim], dim=-1)
+            q, k_pe = torch.cat((q_nope, deinterleave(q_pe)), dim=-1), deinterleave(k_pe)
         graph = compiled_step_inputs(getattr(layer, "layer_name", None))
         if isinstance(graph, GraphDecodeInputs):
             return self._graph_forward(q, k_c_normed, k_pe, kv_cache, graph, output)

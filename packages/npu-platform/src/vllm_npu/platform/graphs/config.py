@@ -29,8 +29,8 @@ explicit, different ``cudagraph_mode`` is a conflict). ``--enforce-eager`` with 
 (:mod:`.torchair`). On an NPU it runs GQA and MLA (DeepSeek-V2/V3) decoder models, attention inside the compiled
 graph, MoE layers without cross-rank exchanges (unquantized, W8A8_DYNAMIC or static W8A8 experts) and npu-quant's
 dense schemes; DeepSeek-V3.2's sparse attention, W4A8_DYNAMIC experts and the MoE and quant configurations of
-:data:`TORCHAIR_NPU_REFUSALS` are refused there with the reason. With attention in the graph (every model but V3.2's, either device) KV connectors are refused
-(:data:`TORCHAIR_KV_TRANSFER`). Speculative decoding (EAGLE, EAGLE-3, MTP, ngram) runs: vLLM dispatches uniform
+:data:`TORCHAIR_NPU_REFUSALS` are refused there with the reason. With attention in the graph (every model but V3.2's, either device) KV connectors that load or save
+per layer are refused (:data:`TORCHAIR_KV_TRANSFER`); those that move KV around the step run. Speculative decoding (EAGLE, EAGLE-3, MTP, ngram) runs: vLLM dispatches uniform
 verification steps (``1 + k`` tokens per request) to the compiled sizes, whose attention lays them out one row per
 token (``GraphDecodeInputs.per_token``); the draft model's steps run eagerly.
 """
@@ -124,12 +124,52 @@ TORCHAIR_NPU_REFUSALS: dict[str, str] = {
 }
 
 
-#: Why the torchair mode refuses a KV connector (disaggregated prefill) on every device when attention is in its graph.
+#: Why the torchair mode refuses a layer-wise KV connector on every device when attention is in its graph (``{}``: the
+#: connector's class). Connectors whose per-layer hooks are empty (npu-kv's Mooncake connector, vLLM's Nixl and
+#: Offloading connectors) run: their loads and saves happen in ``start_load_kv`` / ``wait_for_save`` /
+#: ``get_finished``, which vLLM's model runner calls around the model's forward, outside the compiled step.
 TORCHAIR_KV_TRANSFER = (
-    "npu.graph_mode='torchair' conflicts with a KV connector (--kv-transfer-config): with attention inside the "
-    "compiled graph vLLM's layers call the attention impl directly, which skips the connector's per-layer KV load "
-    "and save (they run only in vLLM's opaque attention op); use npu.graph_mode='full_decode_only' or 'piecewise'"
+    "npu.graph_mode='torchair' conflicts with the KV connector {} (--kv-transfer-config): it loads or saves KV per "
+    "layer (wait_for_layer_load / save_kv_layer), which vLLM calls only inside its opaque attention op, and with "
+    "attention inside the compiled graph vLLM's layers call the attention impl directly, which skips them; use a "
+    "connector that moves KV around the step (MooncakeConnector, NixlConnector, OffloadingConnector), or "
+    "npu.graph_mode='full_decode_only' or 'piecewise'"
 )
+
+#: The connector hooks vLLM calls per layer, only from inside its opaque attention op
+#: (``wait_for_kv_layer_from_connector`` / ``maybe_save_kv_layer_to_connector``).
+LAYER_HOOKS = ("wait_for_layer_load", "save_kv_layer")
+
+
+def _empty_function(fn: Any) -> bool:
+    """Whether ``fn``'s body does nothing (``pass`` or a docstring: its bytecode only returns None)."""
+    import dis
+
+    code = getattr(fn, "__code__", None)
+    if code is None:
+        return False
+    for ins in dis.get_instructions(code):
+        if ins.opname in ("RESUME", "NOP", "RETURN_VALUE"):
+            continue
+        if ins.opname in ("LOAD_CONST", "RETURN_CONST") and ins.argval is None:
+            continue
+        return False
+    return True
+
+
+def layerwise_connector(kv_transfer_config: Any) -> str | None:
+    """The class name of ``kv_transfer_config``'s connector when it does work in a per-layer hook
+    (:data:`LAYER_HOOKS`; or when its class cannot be resolved), None when those hooks are empty functions: then
+    nothing of it runs inside the model's forward, and the torchair mode can compile that forward."""
+    from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
+
+    try:
+        cls = KVConnectorFactory.get_connector_class(kv_transfer_config)
+    except Exception as error:  # an unknown name: vLLM's own error follows when the engine builds the connector
+        return f"{getattr(kv_transfer_config, 'kv_connector', None)!r} ({error})"
+    if all(_empty_function(getattr(cls, hook, None)) for hook in LAYER_HOOKS):
+        return None
+    return cls.__name__
 
 
 def _num_experts(vllm_config: VllmConfig) -> int:
@@ -232,8 +272,11 @@ def _resolve_mode(vllm_config: VllmConfig, graph_mode: str, emulated: bool) -> t
         if refusal is not None:
             raise ConfigError(refusal)
         in_graph = not sparse_attention(vllm_config)  # .torchair.attention_in_graph, for the model of this config
-        if getattr(vllm_config, "kv_transfer_config", None) is not None and in_graph:
-            raise ConfigError(TORCHAIR_KV_TRANSFER)
+        kv_transfer = getattr(vllm_config, "kv_transfer_config", None)
+        if kv_transfer is not None and in_graph:
+            layerwise = layerwise_connector(kv_transfer)
+            if layerwise is not None:
+                raise ConfigError(TORCHAIR_KV_TRANSFER.format(layerwise))
     if enforce_eager:
         if requested not in (None, "NONE"):
             raise ConfigError(
