@@ -302,8 +302,6 @@ def moe_graph_refusal(layer: AscendFusedMoE) -> str | None:
         )
     if plan.host_sized:
         return "the all-to-all dispatcher reads its split sizes on the host"
-    if layer.enable_eplb:
-        return "dynamic EPLB counts expert load into buffers and rewrites the placement tables between steps"
     if layer._side_stream is not None:
         return "npu.multistream_overlap_shared_expert runs the shared experts on a side stream"
     return None

@@ -102,10 +102,6 @@ TORCHAIR_NPU_REFUSALS: dict[str, str] = {
         "sliced over the DP x TP ranks, the layer's static gather over the DP group) and with TP > 1 (that gather "
         "plus the TP all-reduce) the graphs have not"
     ),
-    "moe_eplb": (
-        "MoE models with --enable-eplb: dynamic EPLB counts expert load into buffers and rewrites the placement "
-        "tables between steps; the compiled graph freezes its parameters and tables (frozen_parameter)"
-    ),
     "moe_overlap": (
         "npu.multistream_overlap_shared_expert: the shared experts run on a side stream the compiled graph does not "
         "hold"
@@ -222,8 +218,6 @@ def _moe_refusal(vllm_config: VllmConfig) -> str | None:
         not getattr(parallel, "enable_expert_parallel", False) or getattr(parallel, "tensor_parallel_size", 1) > 1
     ):
         return "moe_data_parallel"
-    if getattr(parallel, "enable_eplb", False):
-        return "moe_eplb"
     extra = getattr(vllm_config, "additional_config", None)
     npu = AdditionalConfig.from_vllm(extra if isinstance(extra, dict) else None)
     if npu.multistream_overlap_shared_expert:
