@@ -80,9 +80,11 @@ TORCHAIR_NPU_REFUSALS: dict[str, str] = {
         "DeepSeek-V3.2's sparse attention (SFA): its attention stays vLLM's opaque op "
         "(vllm.unified_attention_with_output) in the torchair mode, which takes the layer's name and reads the "
         "step's metadata from vLLM's forward context in Python, so no GE converter can follow it; and the SFA "
-        "kernels (torch.ops.custom.npu_sparse_flash_attention / npu_lightning_indexer, from Ascend's custom_ops "
-        "package) have no GE converter in torch_npu 2.8.0's torchair, so a graph decode path could not be "
-        "compiled either"
+        "kernels (torch.ops.custom.npu_sparse_flash_attention / npu_lightning_indexer) have no GE converter in "
+        "torch_npu 2.8.0's torchair: they come with Ascend's custom_ops Python package, which vllm-ascend v0.11.0 "
+        "imports for DeepSeek-V3.2 (worker_v1.py; its torchair SFA calls them inside GE graphs, so their converters "
+        "must come with it too) and which is not a dependency of torch_npu or of this plugin, so a graph decode path "
+        "could not be compiled either"
     ),
     "moe_w4a8": (
         "W4A8_DYNAMIC MoE experts: npu-quant runs them weight-only, npu_grouped_matmul in its per-group antiquant mode "
