@@ -104,10 +104,6 @@ TORCHAIR_NPU_REFUSALS: dict[str, str] = {
         "sliced over the DP x TP ranks, the layer's static gather over the DP group) and with TP > 1 (that gather "
         "plus the TP all-reduce) the graphs have not"
     ),
-    "moe_overlap": (
-        "npu.multistream_overlap_shared_expert: the shared experts run on a side stream the compiled graph does not "
-        "hold"
-    ),
     "quant_c8": (
         "checkpoints with an int8 KV cache (C8): the graph decode attention path has not been checked against it"
     ),
@@ -213,17 +209,11 @@ def _quant_refusal(vllm_config: VllmConfig, moe: bool) -> str | None:
 
 
 def _moe_refusal(vllm_config: VllmConfig) -> str | None:
-    from vllm_npu.interface import AdditionalConfig
-
     parallel = vllm_config.parallel_config
     if getattr(parallel, "data_parallel_size", 1) > 1 and (
         not getattr(parallel, "enable_expert_parallel", False) or getattr(parallel, "tensor_parallel_size", 1) > 1
     ):
         return "moe_data_parallel"
-    extra = getattr(vllm_config, "additional_config", None)
-    npu = AdditionalConfig.from_vllm(extra if isinstance(extra, dict) else None)
-    if npu.multistream_overlap_shared_expert:
-        return "moe_overlap"
     return None
 
 
