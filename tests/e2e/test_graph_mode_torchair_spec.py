@@ -12,7 +12,8 @@ and GQA (compile cache off, KV block 128). One engine per case:
 vLLM dispatches uniform verification steps (``1 + k`` tokens per request, every request a decode) to the compiled
 sizes (``cudagraph_capture_sizes`` below: 1, 2 and 4 requests' worth), as FULL_DECODE_ONLY does on CUDA; the
 metadata lays them out one graph row per token (``GraphDecodeInputs.per_token``), so the verification runs inside
-the compiled graph with the single-token decode kernels. The drafts are made eagerly. Rejection sampling stays
+the compiled graph with the single-token decode kernels. The draft model's passes run compiled too where they are
+pure decode passes (``DraftTorchairWrapper``: each size compiled at its first such pass). Rejection sampling stays
 lossless: greedy output equals HF's target alone for batches of 1..4 requests (3 pads to the 4-request size), with
 verification steps run compiled, no compile after start-up and no opaque attention node.
 """
@@ -101,5 +102,9 @@ def test_verification_in_the_graph_is_lossless_against_the_target_alone(started)
         assert runs[size] > 0, (n, runs)  # verification steps of n requests ran through their compiled size
         assert after["compiles"] == before["compiles"] and after["recompiles"] == before["recompiles"], after
     assert drafted > 0
+    served = _torchair(llm)  # the draft's decode passes ran compiled too: each size compiled once, at first use
+    assert sum(served["draft_compiled_calls"].values()) > 0, served
+    assert set(served["draft_compiles"]) <= set(case.sizes), served
+    assert all(n == 1 for n in served["draft_compiles"].values()), served
     if case.method == "eagle":  # the trained head: accepted drafts, verified inside the graph
         assert accepted > 0, (drafted, accepted)

@@ -32,7 +32,7 @@ dense schemes; DeepSeek-V3.2's sparse attention, W4A8_DYNAMIC experts and the Mo
 :data:`TORCHAIR_NPU_REFUSALS` are refused there with the reason. With attention in the graph (every model but V3.2's, either device) KV connectors that load or save
 per layer are refused (:data:`TORCHAIR_KV_TRANSFER`); those that move KV around the step run. Speculative decoding (EAGLE, EAGLE-3, MTP, ngram) runs: vLLM dispatches uniform
 verification steps (``1 + k`` tokens per request) to the compiled sizes, whose attention lays them out one row per
-token (``GraphDecodeInputs.per_token``); the draft model's steps run eagerly.
+token (``GraphDecodeInputs.per_token``); the EAGLE / MTP draft's decode passes are compiled too.
 """
 
 from __future__ import annotations
