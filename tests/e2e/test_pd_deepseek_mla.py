@@ -2,7 +2,12 @@
 # SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
 """1P1D with a tiny DeepSeek-V3 (MLA) on the emulated device: the two-plane latent cache (nope latent plane, then
 rope-key plane) moves between a prefill and a decode instance over Mooncake TCP, through ``vllm-npu pd-proxy``.
-One pair of instances for the module. References: HF float32 greedy and the decode instance's own greedy."""
+One pair of instances for the module. References: HF float32 greedy and the decode instance's own greedy.
+
+The decode instance runs ``npu.graph_mode='torchair'`` (as vllm-ascend's DeepSeek PD deployments run their decode
+nodes; the prefill instance eager): the Mooncake connector's pulls run around the compiled step (its per-layer
+hooks are empty, so nothing of it is in the graph), and the pulled requests' decode steps run compiled (read from
+the instance's ``npu_runtime_info`` through vLLM's dev-mode ``/collective_rpc``)."""
 
 from __future__ import annotations
 
@@ -22,6 +27,7 @@ pd = import_sibling(__file__, "pd_support")
 pytestmark = pytest.mark.engine
 
 MAX_TOKENS = 6
+SIZES = [1, 2, 4]  # the decode instance's compiled sizes
 LENGTHS = [3, 16, 33, 100]
 
 
@@ -43,23 +49,44 @@ def cluster(tiny_model, tmp_path_factory):
     common += ["--max-num-seqs", "8", "--served-model-name", "tiny", "--enable-prompt-tokens-details"]
     producer = {"kv_connector": "MooncakeConnector", "kv_role": "kv_producer", "kv_port": pd.port_block(1)}
     consumer = {"kv_connector": "MooncakeConnector", "kv_role": "kv_consumer"}
+    torchair = {"npu": {"graph_mode": "torchair", "torchair_cache": False}}
+    extra = {
+        "prefill": [],
+        "decode": [
+            *("--additional-config", json.dumps(torchair)),
+            *("--compilation-config", json.dumps({"cudagraph_capture_sizes": SIZES})),
+        ],
+    }
     with contextlib.ExitStack() as stack:
         urls = {}
         for name, cfg in (("prefill", producer), ("decode", consumer)):
-            env = {**os.environ, **emulated_env(tmp / name, multiprocessing=True)}
-            args = [*common, "--kv-transfer-config", json.dumps(cfg)]
+            env = {**os.environ, **emulated_env(tmp / name, multiprocessing=True), "VLLM_SERVER_DEV_MODE": "1"}
+            args = [*common, "--kv-transfer-config", json.dumps(cfg), *extra[name]]
             urls[name] = stack.enter_context(vllm_server(args, env, tmp / f"{name}.log"))
         urls["proxy"] = stack.enter_context(pd.proxy([urls["prefill"]], [urls["decode"]], tmp / "proxy.log"))
         yield urls
 
 
+def _torchair(url: str) -> dict:
+    status, out = pd.post(f"{url}/collective_rpc", {"method": "npu_runtime_info"})
+    assert status == 200, out
+    (info,) = out["results"]
+    return info["torchair"]
+
+
 def test_mla_1p1d_equals_hf_and_single_instance(cluster, tiny_model, prompts):
     references = hf_greedy(tiny_model, prompts, MAX_TOKENS)
+    before = _torchair(cluster["decode"])
+    assert sorted(int(s) for s in before["compiles"]) == SIZES and before["recompiles"] == 0, before
     for prompt, want in zip(prompts, references):
         status, out = pd.post(f"{cluster['proxy']}/v1/completions", pd.completion(prompt, max_tokens=MAX_TOKENS))
         assert status == 200, out
         assert out["choices"][0]["token_ids"] == want, len(prompt)
         assert out["usage"]["prompt_tokens_details"]["cached_tokens"] == len(prompt) - 1
+        served = _torchair(cluster["decode"])  # the pulled request's decode steps ran compiled, nothing recompiled
+        assert served["compiled_calls"].get("1", 0) > before["compiled_calls"].get("1", 0), served
+        assert served["compiles"] == before["compiles"] and served["recompiles"] == 0, served
+        before = served
         status, alone = pd.post(f"{cluster['decode']}/v1/completions", pd.completion(prompt, max_tokens=MAX_TOKENS))
         assert status == 200 and alone["choices"][0]["token_ids"] == want
 

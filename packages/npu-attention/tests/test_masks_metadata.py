@@ -125,10 +125,19 @@ def test_builder_for_graph_capture_builds_a_decode_batch() -> None:
     md = b.build_for_cudagraph_capture(batch.common)
     assert md.attn_state is AscendAttentionState.DecodeOnly
     assert (md.num_decodes, md.num_decode_tokens, md.num_prefills) == (3, 3, 0) and md.seq_lens_list == [1, 1, 1]
-    with pytest.raises(ValueError, match="only for single-token decode batches"):
+    assert md.capture
+    with pytest.raises(ValueError, match=r"only for decode batches of at most 1 tokens per request"):
         b.build_for_cudagraph_capture(
             make_batch([2], [0], num_heads=4, num_kv_heads=2, head_size=16, block_size=16).common
         )
+    # With 2 speculative tokens (the torchair mode captures verification batches): vLLM's dummy batch of 7 tokens is
+    # [3, 3, 1] tokens per request with sequence lengths equal to them, a SpecDecoding batch of decodes only.
+    spec = make_builder(16, 2, 32, torch.float32, num_speculative_tokens=2)
+    md = spec.build_for_cudagraph_capture(
+        make_batch([3, 3, 1], [0, 0, 0], num_heads=4, num_kv_heads=2, head_size=16, block_size=16).common
+    )
+    assert md.attn_state is AscendAttentionState.SpecDecoding and md.capture
+    assert (md.num_decodes, md.num_decode_tokens, md.num_prefills) == (3, 7, 0)
 
 
 def test_builder_rejects_decode_context_parallel() -> None:

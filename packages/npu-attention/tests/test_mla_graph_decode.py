@@ -122,7 +122,7 @@ def test_mla_graph_inputs_pad_the_step_to_the_graph_batch():
     assert torch.equal(g.block_table[:3], md.decode.block_table) and bool((g.block_table[3:] == 0).all())
     assert g.seq_lens.tolist() == [9, 30, 2, GRAPH_PAD_SEQ_LEN] == g.seq_lens_list
     assert g.slots[:3].tolist() == md.slot_mapping[:3].tolist() and g.slots[3:].tolist() == [0]
-    with pytest.raises(ValueError, match="at most 2 single-token requests"):
+    with pytest.raises(ValueError, match="at most 2 tokens"):
         md.graph_inputs(2)
 
 

@@ -77,9 +77,12 @@ def classify_batch(query_lens: torch.Tensor, seq_lens: torch.Tensor, decode_thre
 
 @dataclass(frozen=True)
 class GraphDecodeInputs:
-    """One decode step laid out for a compiled decode graph of ``B`` requests (``B`` the padded batch, the graph's).
+    """One decode step laid out for a compiled decode graph of ``B`` rows (``B`` the padded batch, the graph's).
 
-    Rows ``[:num_reqs]`` are the step's requests, rows past them padding (block table row of zeros, length
+    A row is one query token: in a single-token decode step row ``i`` is request ``i``; in a speculative
+    verification step (request ``r`` with ``q_r`` tokens, :meth:`per_token`) each token is a row of its own, with
+    its request's block table and the causal length up to and including itself. Rows past the step's tokens are
+    padding (block table row of zeros, length
     :data:`GRAPH_PAD_SEQ_LEN`, slot 0: vLLM's null block, which no request reads). Fresh tensors every step: a
     compiled graph takes them as inputs (Dynamo guards only their shapes, dtypes and strides, all fixed by ``B``), and
     ``seq_lens_list``'s ints are symbolic inputs where the graph is compiled with dynamic ints (the NPU).
@@ -111,6 +114,49 @@ class GraphDecodeInputs:
         slots = torch.zeros(batch_size, dtype=torch.long, device=slot_mapping.device)
         slots[:n] = slot_mapping[:n].clamp(min=0)
         host = [max(s, GRAPH_PAD_SEQ_LEN) for s in seq_lens_list[:n]] + [GRAPH_PAD_SEQ_LEN] * (batch_size - n)
+        return cls(table, lens, slots, host)
+
+    @classmethod
+    def per_token(
+        cls,
+        block_table: torch.Tensor,
+        seq_lens_list: list[int],
+        query_lens: list[int],
+        slot_mapping: torch.Tensor,
+        batch_size: int,
+        capture: bool = False,
+    ) -> GraphDecodeInputs | None:
+        """A decode step whose request ``r`` carries ``query_lens[r] >= 1`` new tokens (speculative verification:
+        the last accepted token plus the drafts), laid out one row per token: token ``i`` of request ``r`` gets
+        ``r``'s block-table row, the length ``seq_lens_list[r] - query_lens[r] + 1 + i`` (the cached tokens plus the
+        request's new tokens up to itself: causal attention within the request, as the multi-token decode kernel's
+        mask gives) and slot ``slot_mapping[t]`` (``t`` the token's index in the step). The graph writes every row's
+        key before any row attends, so each token sees the ones before it. Padded to ``batch_size`` rows as
+        :meth:`padded` pads; with every ``query_lens[r] == 1`` the result equals :meth:`padded`'s.
+
+        None when a real row's causal length is below :data:`GRAPH_PAD_SEQ_LEN`, i.e. 1: a request with nothing
+        cached, a prompt of exactly ``1 + k`` tokens prefilled in a step vLLM counts as uniform decode. Its first
+        token must see itself only; the floor would let it see the next one, and on the NPU an exact 1 would be
+        specialized by Dynamo (a recompile). The wrapper runs such a step eagerly. ``capture``: vLLM's dummy
+        capture batch (sequence lengths = query lengths), whose lengths are raised to the floor instead."""
+        rows: list[int] = []
+        host: list[int] = []
+        for r, (seq_len, q) in enumerate(zip(seq_lens_list, query_lens, strict=True)):
+            rows += [r] * q
+            host += [seq_len - q + 1 + i for i in range(q)]
+        if not capture and any(length < GRAPH_PAD_SEQ_LEN for length in host):
+            return None
+        host = [max(length, GRAPH_PAD_SEQ_LEN) for length in host]
+        t = len(rows)
+        if t > batch_size:
+            raise ValueError(f"a compiled decode graph of {batch_size} rows got a step of {t} query tokens")
+        device = block_table.device
+        table = block_table.new_zeros(batch_size, block_table.shape[1])
+        table[:t] = block_table[torch.tensor(rows, dtype=torch.long, device=device)]
+        host += [GRAPH_PAD_SEQ_LEN] * (batch_size - t)
+        lens = torch.tensor(host, dtype=torch.int32, device=device)
+        slots = torch.zeros(batch_size, dtype=torch.long, device=slot_mapping.device)
+        slots[:t] = slot_mapping[:t].clamp(min=0)
         return cls(table, lens, slots, host)
 
 
@@ -153,19 +199,33 @@ class AscendMetadata:
     # Ascend 310P, every causal state but DecodeOnly, both backends: the state's mask in NZ tiles (masks.py), which
     # the 310P NPU kernels take and their twins read back through the layout.
     nz_mask: torch.Tensor | None = None
+    # vLLM's dummy batch of a graph capture (build_for_cudagraph_capture): its lengths are not a real step's
+    capture: bool = False
 
-    def graph_inputs(self, batch_size: int) -> GraphDecodeInputs:
-        """This DecodeOnly step laid out as the inputs of a compiled decode graph of ``batch_size`` requests
-        (:class:`~vllm_npu.interface.protocols.GraphInputsProvider`; the torchair wrapper calls it)."""
+    def graph_inputs(self, batch_size: int) -> GraphDecodeInputs | None:
+        """This decode step laid out as the inputs of a compiled decode graph of ``batch_size`` rows
+        (:class:`~vllm_npu.interface.protocols.GraphInputsProvider`; the torchair wrapper calls it): a DecodeOnly
+        step one row per request, a SpecDecoding step (every request a decode of up to ``decode_threshold``
+        tokens: speculative verification) one row per token (:meth:`GraphDecodeInputs.per_token`; None: run the
+        step eagerly)."""
         n = self.num_reqs
-        if self.attn_state is not AscendAttentionState.DecodeOnly or self.num_actual_tokens != n or n > batch_size:
+        state = self.attn_state
+        spec = state is AscendAttentionState.SpecDecoding and self.num_prefills == 0
+        single = state is AscendAttentionState.DecodeOnly and self.num_actual_tokens == n
+        if not (spec or single) or self.num_actual_tokens > batch_size:
             raise ValueError(
-                f"a compiled decode graph of {batch_size} requests takes a DecodeOnly step of at most {batch_size} "
-                f"single-token requests, got {self.attn_state.name} with {n} requests and "
+                f"a compiled decode graph of {batch_size} rows takes a DecodeOnly or SpecDecoding step of at most "
+                f"{batch_size} tokens, got {state.name} with {n} requests ({self.num_prefills} prefills) and "
                 f"{self.num_actual_tokens} tokens"
             )
-        return GraphDecodeInputs.padded(
-            self.block_table, self.seq_lens, self.seq_lens_list, self.slot_mapping, n, batch_size
+        if single:
+            return GraphDecodeInputs.padded(
+                self.block_table, self.seq_lens, self.seq_lens_list, self.slot_mapping, n, batch_size
+            )
+        qsl = self.query_start_loc_list
+        query_lens = [qsl[i + 1] - qsl[i] for i in range(n)]
+        return GraphDecodeInputs.per_token(
+            self.block_table, self.seq_lens_list[:n], query_lens, self.slot_mapping, batch_size, self.capture
         )
 
     @property
@@ -303,16 +363,20 @@ class AscendAttentionMetadataBuilder(AttentionMetadataBuilder[AscendMetadata]):
         return out
 
     def build_for_cudagraph_capture(self, common_attn_metadata: CommonAttentionMetadata) -> AscendMetadata:
-        """Metadata of the dummy decode batch a full graph is captured with (one token per request, sequence
-        lengths 1: equal query and sequence lengths would otherwise classify it as a first prefill)."""
-        if common_attn_metadata.max_query_len != 1:
+        """Metadata of the dummy decode batch a full graph is captured with: one token per request (DecodeOnly), or
+        with speculative decoding (the torchair mode) up to ``decode_threshold`` tokens per request (SpecDecoding);
+        vLLM's dummy sequence lengths equal the query lengths, which would otherwise classify it as a first
+        prefill."""
+        q = common_attn_metadata.max_query_len
+        if q > self.decode_threshold:
             raise ValueError(
-                "the Ascend GQA backend captures full graphs only for single-token decode batches "
-                f"(max_query_len={common_attn_metadata.max_query_len})"
+                "the Ascend GQA backend captures full graphs only for decode batches of at most "
+                f"{self.decode_threshold} tokens per request (max_query_len={q})"
             )
         md = self.build(0, common_attn_metadata)
-        md.attn_state = AscendAttentionState.DecodeOnly
+        md.attn_state = AscendAttentionState.DecodeOnly if q == 1 else AscendAttentionState.SpecDecoding
         md.num_decodes, md.num_decode_tokens, md.num_prefills = md.num_reqs, md.num_actual_tokens, 0
+        md.capture = True
         md.attn_mask = None
         return md
 

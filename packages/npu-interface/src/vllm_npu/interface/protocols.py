@@ -96,13 +96,16 @@ class GraphInputsProvider(Protocol):
     run attention outside the graph (vLLM's opaque attention op).
     """
 
-    def graph_inputs(self, batch_size: int) -> object:
-        """This step's inputs of a decode graph of ``batch_size`` requests (one token each)."""
+    def graph_inputs(self, batch_size: int) -> object | None:
+        """This step's inputs of a decode graph of ``batch_size`` rows (one query token each: a request's, or one of
+        a speculative verification step's tokens), or None when this step cannot run in the graph: the wrapper then
+        runs the whole step eagerly."""
         ...
 
 
 def graph_inputs_of(metadata: object, batch_size: int) -> object | None:
-    """``metadata``'s :meth:`GraphInputsProvider.graph_inputs`, or None when it declares none."""
+    """``metadata``'s :meth:`GraphInputsProvider.graph_inputs`, or None when it declares none (or declines the
+    step: tell the two apart with ``isinstance(metadata, GraphInputsProvider)``)."""
     if not isinstance(metadata, GraphInputsProvider):
         return None
     return metadata.graph_inputs(batch_size)

@@ -63,6 +63,7 @@ from vllm.config import CUDAGraphMode, VllmConfig
 from vllm.distributed.parallel_state import get_pp_group
 from vllm.model_executor.models.utils import extract_layer_index
 from vllm.v1.kv_cache_interface import KVCacheConfig
+from vllm.v1.spec_decode.eagle import EagleProposer
 from vllm.v1.utils import CpuGpuBuffer
 from vllm.v1.worker.gpu_model_runner import AsyncGPUModelRunnerOutput, GPUModelRunner
 from vllm.v1.worker.utils import bind_kv_cache
@@ -71,7 +72,7 @@ from vllm_npu.interface import get_logger, report_request_faults
 from ._device import _torch_npu, cuda_stream_api_as, cuda_synchronize_as, device_backend
 from .graphs.config import stream_budget
 from .graphs.sizes import GraphStreamsExhaustedError, is_stream_exhaustion, stream_exhaustion_message
-from .graphs.torchair import TorchairWrapper, torchair_enabled
+from .graphs.torchair import DraftTorchairWrapper, TorchairWrapper, torchair_enabled
 from .graphs.wrapper import GRAPH_STATS, NPUGraphWrapper, engine_wrappers
 
 logger = get_logger(__name__)
@@ -295,6 +296,21 @@ class NPUModelRunner(GPUModelRunner):
             # vLLM wraps the model for full graphs with its CUDA wrapper directly (not the platform's class).
             wrapper = wrapper_cls(model.unwrap(), self.vllm_config, runtime_mode=CUDAGraphMode.FULL)
             self.model = cast(nn.Module, wrapper)
+        self._compile_draft()
+
+    def _compile_draft(self) -> None:
+        """The torchair mode: the EAGLE / MTP draft's decode passes compiled per capture size
+        (:class:`.graphs.torchair.DraftTorchairWrapper`); EAGLE-3 stays eager (vLLM's proposer checks its model's
+        class, which a wrapper would hide)."""
+        drafter = getattr(self, "drafter", None)
+        spec = self.vllm_config.speculative_config
+        if not torchair_enabled(self.vllm_config) or spec is None or not isinstance(drafter, EagleProposer):
+            return
+        if spec.method == "eagle3" or not self.compilation_config.cudagraph_capture_sizes:
+            return
+        drafter.model = cast(nn.Module, DraftTorchairWrapper(drafter.model, self.vllm_config))
+        drafter.use_cuda_graph = True  # pad each pass to a capture size from the proposer's persistent buffers
+        drafter.cudagraph_batch_sizes = sorted(self.compilation_config.cudagraph_capture_sizes)
 
     def estimate_graph_memory(self) -> int:
         """Device bytes the graph pool will hold once every size is captured, to keep out of the KV budget.

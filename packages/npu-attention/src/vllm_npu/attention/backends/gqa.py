@@ -379,8 +379,8 @@ class AscendAttentionImpl(AttentionImpl[AscendMetadata]):  # type: ignore[type-v
         batch = graph.seq_lens.shape[0]
         if query.shape[0] != batch or self.attn_type != AttentionType.DECODER:
             raise ValueError(
-                f"a compiled decode graph of {batch} requests got {query.shape[0]} query tokens "
-                f"({self.attn_type} layer); it takes one token per request of a decoder layer"
+                f"a compiled decode graph of {batch} rows got {query.shape[0]} query tokens "
+                f"({self.attn_type} layer); it takes one token per row of a decoder layer"
             )
         key_cache, value_cache = kv_cache.unbind(0)
         seq_lens = graph.seq_lens

@@ -64,7 +64,7 @@ from ..masks import AttentionMaskBuilder
 from ..metadata import MAX_DECODE_THRESHOLD, GraphDecodeInputs, reject_decode_context_parallel
 from ..ops.graph_decode import GRAPH_KV_WRITE, MLA_GRAPH_DECODE
 from ..ops.mla_attention import MLA_DECODE, MLA_SPEC_DECODE, RING_MLA, mla_decode_workspace_npu, ring_mla_mask
-from ..ops.mla_cache import MLA_CACHE_WRITE, PAGED_CACHE_LOAD, latent_cache_planes
+from ..ops.mla_cache import MLA_CACHE_WRITE, PAGED_CACHE_LOAD, deinterleave, latent_cache_planes
 from ..ops.weight_format import kv_b_proj_to_nd
 
 
@@ -156,26 +156,29 @@ class AscendMLAMetadata(MLACommonMetadata[AscendMLADecodeMetadata]):  # type: ig
     """vLLM's MLA metadata with our decode/prefill parts. ``head_dim`` stays None: vLLM's check only knows 576."""
 
     prefill: AscendMLAPrefillMetadata | None = None  # type: ignore[assignment]
+    capture: bool = False  # vLLM's dummy batch of a graph capture (build_for_cudagraph_capture)
 
-    def graph_inputs(self, batch_size: int) -> GraphDecodeInputs:
-        """This pure-decode step (one token per request) laid out as the inputs of a compiled decode graph of
-        ``batch_size`` requests (:class:`~vllm_npu.interface.protocols.GraphInputsProvider`; the torchair wrapper
-        calls it): block table, sequence lengths and latent-cache slots of the padded batch, padding rows on vLLM's
-        null block (:class:`~vllm_npu.attention.metadata.GraphDecodeInputs`)."""
+    def graph_inputs(self, batch_size: int) -> GraphDecodeInputs | None:
+        """This pure-decode step laid out as the inputs of a compiled decode graph of ``batch_size`` rows
+        (:class:`~vllm_npu.interface.protocols.GraphInputsProvider`; the torchair wrapper calls it): block table,
+        sequence lengths and latent-cache slots of the padded batch, padding rows on vLLM's null block
+        (:class:`~vllm_npu.attention.metadata.GraphDecodeInputs`). One row per request when every request has one
+        token; one row per token (:meth:`GraphDecodeInputs.per_token`) in a speculative verification step (None:
+        run the step eagerly)."""
         d, n = self.decode, self.num_reqs
-        if (
-            self.prefill is not None
-            or d is None
-            or d.max_query_len != 1
-            or self.num_actual_tokens != n
-            or n > batch_size
-        ):
+        if self.prefill is not None or d is None or self.num_actual_tokens > batch_size:
             raise ValueError(
-                f"a compiled MLA decode graph of {batch_size} requests takes a pure-decode step of at most "
-                f"{batch_size} single-token requests, got {self.num_decodes} decode and {self.num_prefills} prefill "
+                f"a compiled MLA decode graph of {batch_size} rows takes a pure-decode step of at most "
+                f"{batch_size} tokens, got {self.num_decodes} decode and {self.num_prefills} prefill "
                 f"requests with {self.num_actual_tokens} tokens"
             )
-        return GraphDecodeInputs.padded(d.block_table, d.seq_lens, d.seq_lens_list, self.slot_mapping, n, batch_size)
+        if d.max_query_len == 1 and self.num_actual_tokens == n:
+            return GraphDecodeInputs.padded(
+                d.block_table, d.seq_lens, d.seq_lens_list, self.slot_mapping, n, batch_size
+            )
+        return GraphDecodeInputs.per_token(
+            d.block_table, d.seq_lens_list, d.query_lens, self.slot_mapping, batch_size, self.capture
+        )
 
 
 class AscendMLAMetadataBuilder(AttentionMetadataBuilder[AscendMLAMetadata]):
@@ -289,14 +292,17 @@ class AscendMLAMetadataBuilder(AttentionMetadataBuilder[AscendMLAMetadata]):
         )
 
     def build_for_cudagraph_capture(self, common_attn_metadata: CommonAttentionMetadata) -> AscendMLAMetadata:
-        """Metadata of the dummy decode batch a full graph is captured with: one token per request, all decodes."""
-        if common_attn_metadata.max_query_len != 1:
+        """Metadata of the dummy decode batch a full graph is captured with: all decodes, one token per request or,
+        with speculative decoding (the torchair mode), up to ``reorder_batch_threshold`` tokens per request."""
+        q = common_attn_metadata.max_query_len
+        if q > self.reorder_batch_threshold:
             raise ValueError(
-                "AscendMLABackend captures full graphs only for single-token decode batches "
-                f"(max_query_len={common_attn_metadata.max_query_len})"
+                "AscendMLABackend captures full graphs only for decode batches of at most "
+                f"{self.reorder_batch_threshold} tokens per request (max_query_len={q})"
             )
         md = self.build(0, common_attn_metadata)
-        assert md.prefill is None and md.decode is not None  # every request of the batch has one query token
+        assert md.prefill is None and md.decode is not None  # every request of the batch is a decode
+        md.capture = True
         return md
 
 
@@ -348,6 +354,11 @@ class AscendMLAImpl(MLACommonBaseImpl[AscendMLAMetadata]):
         # True when the MLA layer writes the latent cache itself with the fused k-norm + rope + write kernel
         # (vllm_npu.attention.ops.mla_layer.AscendMultiHeadLatentAttention sets it once, at construction).
         self.layer_writes_cache = False
+        # True when the layer would write the cache with that fused kernel but the model is traced (torchair,
+        # PIECEWISE): q_pe and k_pe then come GPT-J-rotated from vLLM's forward_native, and the impl puts their rope
+        # channels in the fused kernel's NeoX order (deinterleave) so that the cache holds the same layout in every
+        # graph mode: a PD pair or a shared KV store whose instances run different modes reads one layout.
+        self.rope_deinterleaved = False
 
     def process_weights_after_loading(self, act_dtype: torch.dtype) -> None:
         kv_b_proj_to_nd(self.kv_b_proj)  # vLLM's split below reshapes the weight: it must be ND, not FRACTAL_NZ
@@ -371,6 +382,9 @@ class AscendMLAImpl(MLACommonBaseImpl[AscendMLAMetadata]):
             raise NotImplementedError("fused output quantization is not supported by AscendMLABackend")
         if attn_metadata is None:  # profile run: no cache yet; zeros keep DP/EP ranks consistent
             return output.fill_(0)
+        if self.rope_deinterleaved:
+            q_nope, q_pe = q.split([self.qk_nope_head_dim, self.qk_rope_head_dim], dim=-1)
+            q, k_pe = torch.cat((q_nope, deinterleave(q_pe)), dim=-1), deinterleave(k_pe)
         graph = compiled_step_inputs(getattr(layer, "layer_name", None))
         if isinstance(graph, GraphDecodeInputs):
             return self._graph_forward(q, k_c_normed, k_pe, kv_cache, graph, output)
@@ -479,8 +493,7 @@ class AscendMLAImpl(MLACommonBaseImpl[AscendMLAMetadata]):
         batch = graph.seq_lens.shape[0]
         if q.shape[0] != batch:
             raise ValueError(
-                f"a compiled MLA decode graph of {batch} requests got {q.shape[0]} query tokens; it takes one token "
-                "per request"
+                f"a compiled MLA decode graph of {batch} rows got {q.shape[0]} query tokens; it takes one token per row"
             )
         nope, rope = latent_cache_planes(kv_cache, self.kv_lora_rank, self.qk_rope_head_dim)
         # Always written here: the MLA layer's fused norm + rope + write is off when the model is traced

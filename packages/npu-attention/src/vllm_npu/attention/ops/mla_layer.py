@@ -22,7 +22,9 @@ traces (PIECEWISE graphs, the torchair mode). The fused write sits outside the a
 metadata in Python (whether there is any, ``num_actual_tokens``, the slot mapping): Dynamo would freeze those at its
 first (metadata-less) run and never write the cache again; ``forward_native`` leaves the write to the impl: inside
 the attention op, which runs eagerly between PIECEWISE graph pieces, or (torchair) in the impl's graph decode path,
-on the compiled step's graph inputs (:meth:`AscendMLAImpl._graph_forward`). vllm-ascend's torchair MLA fuses the
+on the compiled step's graph inputs (:meth:`AscendMLAImpl._graph_forward`). There the impl de-interleaves q_pe and
+k_pe (:attr:`AscendMLAImpl.rope_deinterleaved`), so the latent cache holds the fused kernel's channel order in every
+graph mode: a PD decode node in the torchair mode reads what an eager prefill node wrote. vllm-ascend's torchair MLA fuses the
 decode step's write instead (docs/torchair.md says why ours does not).
 
 A FULL_DECODE_ONLY graph captures this forward as it runs with the capture batch's metadata, and everything it
@@ -74,11 +76,11 @@ def _model_is_traced() -> bool:
 
 
 def _fusable(layer: VllmMLALayer) -> bool:
+    """Whether the layer's norm, rope and cache write fit the fused kernel, whether or not the model is traced."""
     rope = layer.rotary_emb
     norm = layer.kv_a_layernorm
     return (
         not layer.is_sparse
-        and not _model_is_traced()
         and isinstance(getattr(layer.mla_attn, "impl", None), AscendMLAImpl)
         and isinstance(getattr(rope, "cos_sin_cache", None), torch.Tensor)
         and getattr(rope, "is_neox_style", True) is False
@@ -95,12 +97,16 @@ class AscendMultiHeadLatentAttention(VllmMLALayer):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.fused_cache_write = _fusable(self)
+        fusable = _fusable(self)
+        self.fused_cache_write = fusable and not _model_is_traced()
         impl = self.mla_attn.impl
         if self.fused_cache_write and isinstance(impl, AscendMLAImpl):  # _fusable checked the impl is ours
             impl.layer_writes_cache = True
             self._rope = INTERLEAVE_ROPE.select()
             self._norm_rope_write = KV_RMSNORM_ROPE_CACHE.select()
+        elif fusable and isinstance(impl, AscendMLAImpl):
+            # Traced: vLLM's forward_native rotates GPT-J style; the impl stores the fused kernel's channel order.
+            impl.rope_deinterleaved = True
 
     def _fused_inputs(self) -> tuple[torch.Tensor, torch.Tensor, float]:
         """``rotary_emb.cos_sin_cache``, ``kv_a_layernorm.weight`` and its epsilon, typed (``_fusable`` checked them)."""

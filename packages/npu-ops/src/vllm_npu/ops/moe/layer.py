@@ -51,6 +51,7 @@ from vllm_npu.interface import (
     DeviceMode,
     current_mode,
     get_logger,
+    kernel_backend,
     runs_layer_moe_plan,
     traces_moe_in_graph,
 )
@@ -62,7 +63,7 @@ from .forward import MoEPlan, build_moe_plan, moe_forward
 from .gathered import all_gather_rows, reduce_scatter_rows
 from .gating import RoutingConfig
 from .mc2 import MC2Comm, mc2_candidate, mc2_tokens_capacity
-from .overlap import SideStream, device_stream_api
+from .overlap import SideStream, device_stream_api, graph_overlap
 from .placement import ExpertPlacement, layer_index, load_expert_map
 
 if TYPE_CHECKING:
@@ -302,10 +303,6 @@ def moe_graph_refusal(layer: AscendFusedMoE) -> str | None:
         )
     if plan.host_sized:
         return "the all-to-all dispatcher reads its split sizes on the host"
-    if layer.enable_eplb:
-        return "dynamic EPLB counts expert load into buffers and rewrites the placement tables between steps"
-    if layer._side_stream is not None:
-        return "npu.multistream_overlap_shared_expert runs the shared experts on a side stream"
     return None
 
 
@@ -485,6 +482,8 @@ class AscendFusedMoE(FusedMoE):
         if shared_experts is None:
             return None, routed()
         if self._side_stream is not None:
+            if torch.compiler.is_compiling():  # the torchair graph: torchair's stream scope, no stream objects
+                return graph_overlap(shared_experts, routed, hidden_states, npu=kernel_backend() == "npu")
             return self._side_stream.overlap(shared_experts, routed, hidden_states)
         return shared_experts(hidden_states), routed()
 

@@ -54,3 +54,27 @@ class SideStream:
             x.record_stream(self.stream)  # read on the side stream, allocated on main
             shared_out.record_stream(main)  # allocated on the side stream, read on main
         return shared_out, routed_out
+
+
+#: torchair's stream label of the shared experts in a compiled graph: vllm-ascend v0.11.0's
+#: (``torchair/ops/torchair_fused_moe.py:134``, priority 0).
+GRAPH_SIDE_STREAM = "moe_secondary"
+
+
+def graph_overlap(
+    shared: Callable[[torch.Tensor], torch.Tensor], routed: Callable[[], Any], x: torch.Tensor, *, npu: bool
+) -> tuple[torch.Tensor, Any]:
+    """``(shared(x), routed())`` inside a compiled torchair graph (while Dynamo traces): the shared experts' ops under
+    torchair's stream scope, ``torchair.scope.npu_stream_switch(GRAPH_SIDE_STREAM, 0)``, which GE places on a
+    second stream of the graph (the scope's ``air.scope_enter`` / ``scope_exit`` ops are executed by torchair's FX-to-GE
+    converter while it builds the graph, ``fx2ge_converter.py``, and label the nodes between them); their only input
+    is ``x``, so they run concurrently with the routed experts, and GE joins the streams where the outputs meet. No
+    stream object or ``wait_stream`` is traced. ``npu=False`` (the emulated device: no torchair): both in order,
+    the same values."""
+    if not npu:
+        return shared(x), routed()
+    import torchair
+
+    with torchair.scope.npu_stream_switch(GRAPH_SIDE_STREAM, 0):
+        shared_out = shared(x)
+    return shared_out, routed()

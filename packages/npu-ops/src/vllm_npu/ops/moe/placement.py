@@ -124,7 +124,10 @@ class ExpertPlacement:
                 f"EPLB state for {tuple(logical_to_physical.shape)[0]} logical / {num_physical} physical experts; "
                 f"this placement has {self.num_logical} / {self.num_physical}"
             )
-        self.replica_table, self.replica_counts, self.load = logical_to_physical, replica_counts, load
+        # Static shapes (the torchair mode on an NPU compiles with dynamic=True): graph inputs read per step, so a
+        # rearrangement's in-place rewrite shows in the compiled graph without a recompile.
+        self.replica_table, self.replica_counts = static_table(logical_to_physical), static_table(replica_counts)
+        self.load = None if load is None else static_table(load)
         self.live = True
 
     def record_counts(self, counts: torch.Tensor, start: int = 0) -> None:

@@ -29,8 +29,10 @@ explicit, different ``cudagraph_mode`` is a conflict). ``--enforce-eager`` with 
 (:mod:`.torchair`). On an NPU it runs GQA and MLA (DeepSeek-V2/V3) decoder models, attention inside the compiled
 graph, MoE layers without cross-rank exchanges (unquantized, W8A8_DYNAMIC, static W8A8 or W4A8_DYNAMIC experts) and
 npu-quant's dense schemes; DeepSeek-V3.2's sparse attention and the MoE and quant configurations of
-:data:`TORCHAIR_NPU_REFUSALS` are refused there with the reason. With attention in the graph (every model but V3.2's, either device) speculative decoding and
-KV connectors are refused (:data:`TORCHAIR_SPEC_DECODE`, :data:`TORCHAIR_KV_TRANSFER`).
+:data:`TORCHAIR_NPU_REFUSALS` are refused there with the reason. With attention in the graph (every model but V3.2's, either device) KV connectors that load or save
+per layer are refused (:data:`TORCHAIR_KV_TRANSFER`); those that move KV around the step run. Speculative decoding (EAGLE, EAGLE-3, MTP, ngram) runs: vLLM dispatches uniform
+verification steps (``1 + k`` tokens per request) to the compiled sizes, whose attention lays them out one row per
+token (``GraphDecodeInputs.per_token``); the EAGLE / MTP draft's decode passes are compiled too.
 """
 
 from __future__ import annotations
@@ -79,9 +81,11 @@ TORCHAIR_NPU_REFUSALS: dict[str, str] = {
         "DeepSeek-V3.2's sparse attention (SFA): its attention stays vLLM's opaque op "
         "(vllm.unified_attention_with_output) in the torchair mode, which takes the layer's name and reads the "
         "step's metadata from vLLM's forward context in Python, so no GE converter can follow it; and the SFA "
-        "kernels (torch.ops.custom.npu_sparse_flash_attention / npu_lightning_indexer, from Ascend's custom_ops "
-        "package) have no GE converter in torch_npu 2.8.0's torchair, so a graph decode path could not be "
-        "compiled either"
+        "kernels (torch.ops.custom.npu_sparse_flash_attention / npu_lightning_indexer) have no GE converter in "
+        "torch_npu 2.8.0's torchair: they come with Ascend's custom_ops Python package, which vllm-ascend v0.11.0 "
+        "imports for DeepSeek-V3.2 (worker_v1.py; its torchair SFA calls them inside GE graphs, so their converters "
+        "must come with it too) and which is not a dependency of torch_npu or of this plugin, so a graph decode path "
+        "could not be compiled either"
     ),
     "moe_quantized": (
         "quantized MoE models whose routed experts' quant types cannot be read from the checkpoint's description "
@@ -94,14 +98,6 @@ TORCHAIR_NPU_REFUSALS: dict[str, str] = {
         "shapes over the EP group, or MC2) has been compiled and run; without expert parallelism (every expert "
         "sliced over the DP x TP ranks, the layer's static gather over the DP group) and with TP > 1 (that gather "
         "plus the TP all-reduce) the graphs have not"
-    ),
-    "moe_eplb": (
-        "MoE models with --enable-eplb: dynamic EPLB counts expert load into buffers and rewrites the placement "
-        "tables between steps; the compiled graph freezes its parameters and tables (frozen_parameter)"
-    ),
-    "moe_overlap": (
-        "npu.multistream_overlap_shared_expert: the shared experts run on a side stream the compiled graph does not "
-        "hold"
     ),
     "quant_c8": (
         "checkpoints with an int8 KV cache (C8): the graph decode attention path has not been checked against it"
@@ -117,12 +113,52 @@ TORCHAIR_NPU_REFUSALS: dict[str, str] = {
 }
 
 
-#: Why the torchair mode refuses a KV connector (disaggregated prefill) on every device when attention is in its graph.
+#: Why the torchair mode refuses a layer-wise KV connector on every device when attention is in its graph (``{}``: the
+#: connector's class). Connectors whose per-layer hooks are empty (npu-kv's Mooncake connector, vLLM's Nixl and
+#: Offloading connectors) run: their loads and saves happen in ``start_load_kv`` / ``wait_for_save`` /
+#: ``get_finished``, which vLLM's model runner calls around the model's forward, outside the compiled step.
 TORCHAIR_KV_TRANSFER = (
-    "npu.graph_mode='torchair' conflicts with a KV connector (--kv-transfer-config): with attention inside the "
-    "compiled graph vLLM's layers call the attention impl directly, which skips the connector's per-layer KV load "
-    "and save (they run only in vLLM's opaque attention op); use npu.graph_mode='full_decode_only' or 'piecewise'"
+    "npu.graph_mode='torchair' conflicts with the KV connector {} (--kv-transfer-config): it loads or saves KV per "
+    "layer (wait_for_layer_load / save_kv_layer), which vLLM calls only inside its opaque attention op, and with "
+    "attention inside the compiled graph vLLM's layers call the attention impl directly, which skips them; use a "
+    "connector that moves KV around the step (MooncakeConnector, NixlConnector, OffloadingConnector), or "
+    "npu.graph_mode='full_decode_only' or 'piecewise'"
 )
+
+#: The connector hooks vLLM calls per layer, only from inside its opaque attention op
+#: (``wait_for_kv_layer_from_connector`` / ``maybe_save_kv_layer_to_connector``).
+LAYER_HOOKS = ("wait_for_layer_load", "save_kv_layer")
+
+
+def _empty_function(fn: Any) -> bool:
+    """Whether ``fn``'s body does nothing (``pass`` or a docstring: its bytecode only returns None)."""
+    import dis
+
+    code = getattr(fn, "__code__", None)
+    if code is None:
+        return False
+    for ins in dis.get_instructions(code):
+        if ins.opname in ("RESUME", "NOP", "RETURN_VALUE"):
+            continue
+        if ins.opname in ("LOAD_CONST", "RETURN_CONST") and ins.argval is None:
+            continue
+        return False
+    return True
+
+
+def layerwise_connector(kv_transfer_config: Any) -> str | None:
+    """The class name of ``kv_transfer_config``'s connector when it does work in a per-layer hook
+    (:data:`LAYER_HOOKS`; or when its class cannot be resolved), None when those hooks are empty functions: then
+    nothing of it runs inside the model's forward, and the torchair mode can compile that forward."""
+    from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
+
+    try:
+        cls = KVConnectorFactory.get_connector_class(kv_transfer_config)
+    except Exception as error:  # an unknown name: vLLM's own error follows when the engine builds the connector
+        return f"{getattr(kv_transfer_config, 'kv_connector', None)!r} ({error})"
+    if all(_empty_function(getattr(cls, hook, None)) for hook in LAYER_HOOKS):
+        return None
+    return cls.__name__
 
 
 def _num_experts(vllm_config: VllmConfig) -> int:
@@ -168,19 +204,11 @@ def _quant_refusal(vllm_config: VllmConfig, moe: bool) -> str | None:
 
 
 def _moe_refusal(vllm_config: VllmConfig) -> str | None:
-    from vllm_npu.interface import AdditionalConfig
-
     parallel = vllm_config.parallel_config
     if getattr(parallel, "data_parallel_size", 1) > 1 and (
         not getattr(parallel, "enable_expert_parallel", False) or getattr(parallel, "tensor_parallel_size", 1) > 1
     ):
         return "moe_data_parallel"
-    if getattr(parallel, "enable_eplb", False):
-        return "moe_eplb"
-    extra = getattr(vllm_config, "additional_config", None)
-    npu = AdditionalConfig.from_vllm(extra if isinstance(extra, dict) else None)
-    if npu.multistream_overlap_shared_expert:
-        return "moe_overlap"
     return None
 
 
@@ -200,14 +228,6 @@ def torchair_npu_refusal(vllm_config: VllmConfig) -> str | None:
         f"npu.graph_mode='torchair' is not supported on an NPU for {TORCHAIR_NPU_REFUSALS[key]}. Use "
         "npu.graph_mode='full_decode_only' (ACL graphs whose attention kernels are updated every step) or 'piecewise'"
     )
-
-
-#: Why the torchair mode refuses speculative decoding on every device when attention is in its graph.
-TORCHAIR_SPEC_DECODE = (
-    "npu.graph_mode='torchair' conflicts with speculative decoding (--speculative-config): the compiled decode graph "
-    "attends one token per request, and verification steps carry several; use npu.graph_mode='full_decode_only' or "
-    "drop the speculative config"
-)
 
 
 @dataclass(frozen=True)
@@ -237,10 +257,11 @@ def _resolve_mode(vllm_config: VllmConfig, graph_mode: str, emulated: bool) -> t
         if refusal is not None:
             raise ConfigError(refusal)
         in_graph = not sparse_attention(vllm_config)  # .torchair.attention_in_graph, for the model of this config
-        if getattr(vllm_config, "speculative_config", None) is not None and in_graph:
-            raise ConfigError(TORCHAIR_SPEC_DECODE)
-        if getattr(vllm_config, "kv_transfer_config", None) is not None and in_graph:
-            raise ConfigError(TORCHAIR_KV_TRANSFER)
+        kv_transfer = getattr(vllm_config, "kv_transfer_config", None)
+        if kv_transfer is not None and in_graph:
+            layerwise = layerwise_connector(kv_transfer)
+            if layerwise is not None:
+                raise ConfigError(TORCHAIR_KV_TRANSFER.format(layerwise))
     if enforce_eager:
         if requested not in (None, "NONE"):
             raise ConfigError(

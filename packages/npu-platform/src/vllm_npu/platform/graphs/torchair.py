@@ -54,7 +54,7 @@ import torch
 from vllm.compilation.cuda_graph import CUDAGraphOptions, CUDAGraphWrapper
 from vllm.config import CUDAGraphMode, VllmConfig
 from vllm.forward_context import get_forward_context
-from vllm_npu.interface import COMPILED_STEP, AdditionalConfig, get_logger, graph_inputs_of
+from vllm_npu.interface import COMPILED_STEP, AdditionalConfig, GraphInputsProvider, get_logger, graph_inputs_of
 
 from .compile_cache import CompileCache, default_cache_root, kv_cache_layout, worker_cache
 from .config import sparse_attention
@@ -88,7 +88,11 @@ class TorchairStats:
     moe_exchange_nodes: Counter[str] = field(default_factory=Counter)
     graph_inputs_prepared: int = 0  # attention metadata objects laid out as graph inputs before compiled steps
     compiled_calls: Counter[int] = field(default_factory=Counter)  # batch size -> decode steps run compiled
+    #: the draft model's (EAGLE / MTP, :class:`DraftTorchairWrapper`): batch size -> graphs compiled, passes run
+    draft_compiles: Counter[int] = field(default_factory=Counter)
+    draft_compiled_calls: Counter[int] = field(default_factory=Counter)
     eager_calls: int = 0  # steps run eagerly (prefill, mixed, or larger than every compiled size)
+    declined_steps: int = 0  # steps dispatched to a compiled size that the attention metadata declined (run eagerly)
     compile_seconds: dict[int, float] = field(default_factory=dict)  # batch size -> first call (compile + run), last
     backend_seconds: dict[int, float] = field(default_factory=dict)  # emulated: size -> lowering or loading, last
 
@@ -105,7 +109,10 @@ class TorchairStats:
             "moe_exchange_nodes": dict(self.moe_exchange_nodes),
             "graph_inputs_prepared": self.graph_inputs_prepared,
             "compiled_calls": dict(self.compiled_calls),
+            "draft_compiles": dict(self.draft_compiles),
+            "draft_compiled_calls": dict(self.draft_compiled_calls),
             "eager_calls": self.eager_calls,
+            "declined_steps": self.declined_steps,
             "compile_seconds": dict(self.compile_seconds),
             "backend_seconds": dict(self.backend_seconds),
         }
@@ -132,9 +139,10 @@ def attention_in_graph(vllm_config: VllmConfig) -> bool:
     return torchair_enabled(vllm_config) and vllm_config.model_config is not None and not sparse_attention(vllm_config)
 
 
-def _graph_inputs(size: int) -> dict[str, object]:
+def _graph_inputs(size: int) -> dict[str, object] | None:
     """This step's graph inputs of the size-``size`` graph: attention layer name -> its metadata's inputs, for the
-    metadata that provides them (:func:`vllm_npu.interface.protocols.graph_inputs_of`; SFA's does not)."""
+    metadata that provides them (:func:`vllm_npu.interface.protocols.graph_inputs_of`; SFA's does not). None when a
+    provider declines the step (a speculative verification batch holding a prompt's first tokens): run it eagerly."""
     metadata = get_forward_context().attn_metadata
     inputs: dict[str, object] = {}
     if not isinstance(metadata, Mapping):
@@ -143,6 +151,8 @@ def _graph_inputs(size: int) -> dict[str, object]:
     for name, md in metadata.items():
         if id(md) not in made:
             made[id(md)] = graph_inputs_of(md, size)
+            if made[id(md)] is None and isinstance(md, GraphInputsProvider):
+                return None
             TORCHAIR_STATS.graph_inputs_prepared += int(made[id(md)] is not None)
         if made[id(md)] is not None:
             inputs[name] = made[id(md)]
@@ -172,12 +182,12 @@ def _compiled_forward(self: torch.nn.Module, graph_inputs: Mapping[str, object],
     return type(self).forward(self, *args, **kwargs)
 
 
-def forward_for(model: torch.nn.Module, batch_size: int) -> Callable[..., Any]:
+def forward_for(model: torch.nn.Module, batch_size: int, prefix: str = "") -> Callable[..., Any]:
     """The function compiled for ``batch_size``: ``(graph_inputs, *forward_args, **forward_kwargs)``, bound to
     ``model``, which stores ``graph_inputs`` where the attention impls read it and runs ``model.forward``; a copy with
-    its own code object and name (``<forward>_torchair_bs<N>``)."""
+    its own code object and name (``<prefix><forward>_torchair_bs<N>``; the draft model's ``draft_``)."""
     forward = type(model).forward
-    name = f"{forward.__name__}_torchair_bs{batch_size}"
+    name = f"{prefix}{forward.__name__}_torchair_bs{batch_size}"
     code = _compiled_forward.__code__.replace(co_name=name)
     fn = types.FunctionType(code, _compiled_forward.__globals__, name)
     fn.__qualname__ = f"{forward.__qualname__}_torchair_bs{batch_size}"
@@ -222,6 +232,9 @@ class TorchairWrapper(CUDAGraphWrapper):
         self.compile_counts: Counter[int] = Counter()
         register_wrapper(self)
 
+    #: the compiled functions' name prefix (and which counts they add to): "" for the target model
+    prefix = ""
+
     def _prepared_cache(self) -> CompileCache | None:
         if self.cache is None:
             self.cache = _compile_cache(self.vllm_config, self.device_type)
@@ -244,8 +257,15 @@ class TorchairWrapper(CUDAGraphWrapper):
             TORCHAIR_STATS.eager_calls += 1
             return self.runnable(*args, **kwargs)
         size = context.batch_descriptor.num_tokens
-        TORCHAIR_STATS.compiled_calls[size] += 1
         inputs = _graph_inputs(size)
+        if inputs is None:
+            TORCHAIR_STATS.eager_calls += 1
+            TORCHAIR_STATS.declined_steps += 1
+            return self.runnable(*args, **kwargs)
+        TORCHAIR_STATS.compiled_calls[size] += 1
+        return self._run_compiled(size, inputs, args, kwargs)
+
+    def _run_compiled(self, size: int, inputs: dict[str, object], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         try:
             compiled = self.compiled.get(size)
             if compiled is not None:
@@ -263,7 +283,7 @@ class TorchairWrapper(CUDAGraphWrapper):
     def _counted(self, size: int, backend: Callable[..., Any]) -> Callable[..., Any]:
         def count_then_compile(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
             self.compile_counts[size] += 1
-            TORCHAIR_STATS.compiles[size] += 1
+            (TORCHAIR_STATS.draft_compiles if self.prefix else TORCHAIR_STATS.compiles)[size] += 1
             calls = [str(n.target) for n in gm.graph.nodes if n.op == "call_function"]
             TORCHAIR_STATS.opaque_attention_nodes += sum("unified_attention" in t for t in calls)
             TORCHAIR_STATS.opaque_moe_nodes += sum("vllm.moe_forward" in t for t in calls)
@@ -277,7 +297,7 @@ class TorchairWrapper(CUDAGraphWrapper):
         return count_then_compile
 
     def _compile(self, size: int) -> Callable[..., Any]:
-        fn = forward_for(cast(torch.nn.Module, self.runnable), size)
+        fn = forward_for(cast(torch.nn.Module, self.runnable), size, self.prefix)
         cache = self._prepared_cache()
         if self.device_type == "npu":
             from ._torchair_npu import compile_npu
@@ -287,3 +307,35 @@ class TorchairWrapper(CUDAGraphWrapper):
 
         backend = self._counted(size, StandInBackend(size, cache, TORCHAIR_STATS))
         return torch.compile(fn, backend=backend, fullgraph=True, dynamic=False)
+
+
+class DraftTorchairWrapper(TorchairWrapper):
+    """The draft model of EAGLE / MTP speculative decoding with its pure-decode passes compiled per padded size, as
+    vllm-ascend v0.11.0's torchair MTP proposer compiles its draft (``torchair/torchair_mtp_proposer.py``).
+
+    vLLM's ``EagleProposer`` runs the draft with runtime mode NONE; with ``use_cuda_graph`` on (the model runner sets
+    it in this mode) it pads each pass to a capture size from its persistent buffers. A pass runs compiled when its
+    size is a capture size and every attention metadata object of the pass lays itself out as graph inputs: the
+    first pass of a verification step (``1 + k`` tokens per request, one graph row per token) and the later passes
+    (one token per request). A pass with a prefill chunk, vLLM's metadata-less dummy runs and every other size run
+    eagerly. Sizes compile at their first such pass (while serving), counted apart from the target's
+    (``TORCHAIR_STATS.draft_compiles`` / ``draft_compiled_calls``); a second compile of a size is a recompile.
+    """
+
+    prefix = "draft_"
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        positions = kwargs.get("positions")
+        size = positions.shape[-1] if isinstance(positions, torch.Tensor) else -1
+        sizes = self.vllm_config.compilation_config.cudagraph_capture_sizes or []
+        inputs: dict[str, object] | None = None
+        if size in sizes:
+            try:
+                inputs = _graph_inputs(size)
+            except ValueError:  # a pass with a prefill chunk: not a decode graph's step
+                inputs = None
+        if not inputs:
+            TORCHAIR_STATS.eager_calls += 1
+            return self.runnable(*args, **kwargs)
+        TORCHAIR_STATS.draft_compiled_calls[size] += 1
+        return self._run_compiled(size, inputs, args, kwargs)
