@@ -43,6 +43,8 @@ class AscendQuantConfig(QuantizationConfig):
         super().__init__()
         self.description = description
         self._mapper: Any = None
+        # prefix -> linear layer built so far (C8: an attention layer finds its K/V projections, built before it)
+        self._linears: dict[str, torch.nn.Module] = {}
 
     # --- vLLM's class-level contract --------------------------------------------------------------------------------
     # vLLM types method names as the Literal of its built-in methods (QuantizationMethods), which an out-of-tree
@@ -107,11 +109,10 @@ class AscendQuantConfig(QuantizationConfig):
 
     def _check_unsupported(self) -> None:
         desc = self._desc
-        if desc.kv_quant_type or desc.fa_quant_type:
+        if desc.fa_quant_type:
             raise QuantDescriptionError(
-                f"{desc.source}: kv_quant_type={desc.kv_quant_type!r} / fa_quant_type={desc.fa_quant_type!r} "
-                "(quantized KV cache / attention) is not implemented by npu-quant; re-export without KV-cache "
-                "quantization"
+                f"{desc.source}: fa_quant_type={desc.fa_quant_type!r} (quantized attention, FA3) is not implemented "
+                "by npu-quant; re-export without attention quantization (an int8 KV cache, C8, is served)"
             )
 
     @property
@@ -134,6 +135,7 @@ class AscendQuantConfig(QuantizationConfig):
             self._mapper = None
         self._check_unsupported()
         if isinstance(layer, LinearBase):
+            self._linears[prefix] = layer
             qtype = desc.linear_type(prefix, self.packed_modules_mapping)
             if qtype == "FLOAT":
                 return UnquantizedLinearMethod()
@@ -187,8 +189,24 @@ class AscendQuantConfig(QuantizationConfig):
                     f"{prefix!r} is {qtype!r} in {desc.source}; quantized embeddings / lm_head are not supported"
                 )
             return None
-        # Attention (KV cache) is never quantized here: kv_quant_type/fa_quant_type are refused above.
+        from vllm.attention.layer import Attention
+
+        if isinstance(layer, Attention) and desc.kv_c8:
+            return self._c8_method(layer, prefix)
         return None
+
+    def _c8_method(self, layer: torch.nn.Module, prefix: str) -> QuantizeMethodBase:
+        """The int8 KV cache of attention layer ``prefix``: refused by name for layers C8 cannot serve, and for a
+        description that lists C8 scales but none for this layer (checked here, before any weight is loaded)."""
+        from .kv_c8 import AscendC8KVCacheMethod, c8_projections, check_c8_layer
+
+        desc = self._desc
+        check_c8_layer(layer, prefix, desc.source)
+        if desc.kv_scale_keys():
+            block = prefix.rpartition(".")[0]
+            for kv, proj in (("key", "k_proj"), ("value", "v_proj")):
+                desc.lookup_tensor(prefix, [f"{prefix}.{kv}_antiquant_scale", f"{block}.{proj}.kv_cache_scale"])
+        return AscendC8KVCacheMethod(self, prefix, c8_projections(self._linears, prefix))
 
     def get_scaled_act_names(self) -> list[str]:
         return []
