@@ -31,9 +31,7 @@ def test_c8_checkpoints_get_an_int8_cache(tmp_path: Path, key: str) -> None:
     assert config.cache_config.cache_dtype == "int8"
 
 
-@pytest.mark.parametrize(
-    ("description", "quantization"), [(BASE, "ascend"), ({**BASE, "kv_quant_type": "C8"}, None)]
-)
+@pytest.mark.parametrize(("description", "quantization"), [(BASE, "ascend"), ({**BASE, "kv_quant_type": "C8"}, None)])
 def test_other_checkpoints_keep_their_cache(tmp_path: Path, description: dict, quantization: str | None) -> None:
     config = _config(tmp_path, description, quantization)
     NPUPlatform._int8_kv_cache_for_c8(config)

@@ -64,7 +64,7 @@ def test_calibrated_scales_cover_the_calibration_keys(float_dir: Path) -> None:
     original = qwen2.eager_attention_forward
 
     def spy(module, query, key, value, *a, **kw):
-        name = "model.layers.%d.self_attn" % module.layer_idx
+        name = f"model.layers.{module.layer_idx}.self_attn"
         amax = key.abs().amax(dim=(0, 2)).reshape(-1)
         seen[name] = amax if name not in seen else torch.maximum(seen[name], amax)
         return original(module, query, key, value, *a, **kw)

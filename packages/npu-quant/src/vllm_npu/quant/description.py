@@ -197,7 +197,9 @@ class QuantDescription:
 
     def kv_scale_keys(self) -> list[str]:
         """The description's C8 scale entries (either spelling: ``*.kv_cache_scale`` / ``*_antiquant_scale``)."""
-        return [k for k in self.tensors if k.endswith((".kv_cache_scale", ".key_antiquant_scale", ".value_antiquant_scale"))]
+        return [
+            k for k in self.tensors if k.endswith((".kv_cache_scale", ".key_antiquant_scale", ".value_antiquant_scale"))
+        ]
 
     @property
     def fa_quant_type(self) -> str | None:

@@ -71,8 +71,7 @@ def _check_scales(cache: torch.Tensor, k_scale: torch.Tensor, v_scale: torch.Ten
         raise KernelContractError(f"{name}: the C8 cache must be int8, got {cache.dtype}")
     if k_scale.numel() != nkv * d or v_scale.numel() != nkv * d:
         raise KernelContractError(
-            f"{name}: per-channel scales need {nkv} x {d} = {nkv * d} values, got {k_scale.numel()} / "
-            f"{v_scale.numel()}"
+            f"{name}: per-channel scales need {nkv} x {d} = {nkv * d} values, got {k_scale.numel()} / {v_scale.numel()}"
         )
 
 
@@ -182,7 +181,11 @@ def c8_paged_decode_scratch_npu(
         query, key_cache, value_cache, block_table, context_lens, None,
         num_heads=num_heads, num_kv_heads=num_kv_heads, scale=scale,
     )  # fmt: skip
-    return {"antiquant_scale": scales, "lse": query.new_empty(1), "workspace": fia_max_workspace(antiquant(args, scales))}
+    return {
+        "antiquant_scale": scales,
+        "lse": query.new_empty(1),
+        "workspace": fia_max_workspace(antiquant(args, scales)),
+    }
 
 
 def c8_paged_decode_npu(

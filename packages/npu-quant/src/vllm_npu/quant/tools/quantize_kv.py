@@ -38,7 +38,9 @@ def calibrate_kv(model: torch.nn.Module, tokenizer: Any, prompts: Sequence[str])
     names = {id(m): n for n, m in model.named_modules()}
     stats: dict[str, list[torch.Tensor]] = {}
 
-    def record(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *a: Any, **kw: Any):
+    def record(
+        module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *a: Any, **kw: Any
+    ):
         block = names[id(module)]
         k = key.detach().float().abs().amax(dim=(0, 2))  # [Nkv, D]
         v = value.detach().float().abs().amax(dim=(0, 2))
@@ -47,7 +49,7 @@ def calibrate_kv(model: torch.nn.Module, tokenizer: Any, prompts: Sequence[str])
         return sdpa_attention_forward(module, query, key, value, *a, **kw)
 
     AttentionInterface.register(_ATTN_NAME, record)
-    config = model.config
+    config: Any = model.config  # a transformers PretrainedConfig (nn.Module types attributes as Tensor | Module)
     before = config._attn_implementation
     config._attn_implementation = _ATTN_NAME
     try:

@@ -43,6 +43,7 @@ from vllm_npu.interface import staged_directory
 
 from ..description import DESCRIPTION_FILENAME, MOE_SCHEMES
 from ..schemes.w4a4_flatquant import decompose_dim
+from .quantize_kv import KV_CACHE_SCHEMES, c8_tensors, calibrate_kv
 from .quantize_math import (
     flatquant_transforms,
     quantize_w4a4_flatquant,
@@ -50,7 +51,6 @@ from .quantize_math import (
     quantize_w8a8,
     quantize_w8a8_dynamic,
 )
-from .quantize_kv import KV_CACHE_SCHEMES, c8_tensors, calibrate_kv
 from .quantize_paths import QuantizeError, checked_output, read_config, refuse_quantized_input
 
 SCHEMES = {

@@ -123,7 +123,8 @@ def install_c8_attention(model: torch.nn.Module, scales: dict[str, tuple[torch.T
         return sdpa_attention_forward(module, query, fake_quant(key, k_scale), fake_quant(value, v_scale), *a, **kw)
 
     AttentionInterface.register(_C8_ATTENTION, attention)
-    model.config._attn_implementation = _C8_ATTENTION
+    config: Any = model.config  # a transformers PretrainedConfig (nn.Module types attributes as Tensor | Module)
+    config._attn_implementation = _C8_ATTENTION
 
 
 def simulated_hf_model(quant_dir: str | Path, dtype: torch.dtype = torch.float32) -> torch.nn.Module:
