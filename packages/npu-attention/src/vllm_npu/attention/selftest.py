@@ -20,6 +20,7 @@ import torch
 from vllm_npu.interface import KernelCall, KernelCase, randn, randperm
 
 from . import _selftest_kit as kit
+from ._selftest_c8 import c8_cases
 from ._selftest_kit import HALVES, L, P, R, Spec, grid
 from ._selftest_mla import mla_cases
 from .masks import AttentionMaskBuilder
@@ -295,4 +296,4 @@ def _sfa_cases() -> list[KernelCase]:
 
 def selftest_cases() -> list[KernelCase]:
     """Every attention kernel pair over its grid of shapes and dtypes."""
-    return [*_gqa_cases(), *mla_cases(), *_sfa_cases()]
+    return [*_gqa_cases(), *c8_cases(), *mla_cases(), *_sfa_cases()]
