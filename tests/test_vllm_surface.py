@@ -45,6 +45,7 @@ OTHER_LIBRARIES = {
     "_ExperimentalConfig": "torch_npu.profiler (the NPU worker's profiler, as vllm-ascend v0.11.0)",
     "_base": "torch.Tensor (a view's base: the graph runtime records the storage owner a captured view reads)",
     "_dynamo_static_input_type": "torch._dynamo (the mark on static-address inputs torchair freezes)",
+    "_attn_implementation": "transformers PretrainedConfig (C8 calibration / simulation: their attention function)",
 }
 
 
