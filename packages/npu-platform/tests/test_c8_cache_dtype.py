@@ -42,3 +42,36 @@ def test_an_fp8_cache_choice_conflicts_with_c8(tmp_path: Path) -> None:
     config = _config(tmp_path, {**BASE, "kv_cache_type": "C8"}, cache_dtype="fp8")
     with pytest.raises(ConfigError, match="--kv-cache-dtype fp8 conflicts with this C8 checkpoint"):
         NPUPlatform._int8_kv_cache_for_c8(config)
+
+
+@pytest.mark.parametrize("emulated", [True, False])
+def test_torchair_refuses_the_int8_cache_on_every_device(emulated: bool) -> None:
+    import torch
+    from vllm.config.compilation import CompilationConfig
+    from vllm_npu.platform.graphs.config import configure_graphs
+
+    cfg = SimpleNamespace(  # the parts of a VllmConfig the graph config reads (a dense GQA model)
+        compilation_config=CompilationConfig(cudagraph_mode=None, cudagraph_capture_sizes=[1, 2, 4]),
+        model_config=SimpleNamespace(
+            enforce_eager=False,
+            get_num_layers=lambda parallel: 2,
+            use_mla=False,
+            hf_config=SimpleNamespace(),
+            hf_text_config=SimpleNamespace(num_experts=0),
+            model="/nonexistent",
+            quantization=None,
+            dtype=torch.bfloat16,
+        ),  # fmt: skip
+        parallel_config=SimpleNamespace(
+            tensor_parallel_size=1, data_parallel_size=1, enable_expert_parallel=False, enable_eplb=False
+        ),
+        additional_config=None,
+        scheduler_config=SimpleNamespace(max_num_batched_tokens=64),
+        speculative_config=None,
+        kv_transfer_config=None,
+        cache_config=SimpleNamespace(cache_dtype="int8"),  # what the platform sets for a C8 checkpoint
+    )
+    with pytest.raises(ConfigError, match=r"'torchair' does not run an int8 KV cache \(C8 checkpoint\)"):
+        configure_graphs(cfg, "torchair", emulated=emulated)
+    cfg.cache_config.cache_dtype = "auto"
+    assert configure_graphs(cfg, "torchair", emulated=emulated).mode == "FULL_DECODE_ONLY"

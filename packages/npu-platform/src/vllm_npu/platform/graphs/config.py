@@ -215,6 +215,13 @@ TORCHAIR_SPEC_DECODE = (
 )
 
 
+#: Why the torchair mode refuses a C8 checkpoint (int8 KV cache) on every device when attention is in its graph.
+TORCHAIR_C8 = (
+    "npu.graph_mode='torchair' does not run an int8 KV cache (C8 checkpoint): its compiled decode attention has no "
+    "C8 path; use npu.graph_mode='full_decode_only' or 'piecewise'"
+)
+
+
 @dataclass(frozen=True)
 class GraphPlan:
     """What :func:`configure_graphs` decided (for the platform's log line and ``npu_runtime_info``)."""
@@ -242,6 +249,9 @@ def _resolve_mode(vllm_config: VllmConfig, graph_mode: str, emulated: bool) -> t
             raise ConfigError(TORCHAIR_SPEC_DECODE)
         if getattr(vllm_config, "kv_transfer_config", None) is not None and in_graph:
             raise ConfigError(TORCHAIR_KV_TRANSFER)
+        cache = getattr(vllm_config, "cache_config", None)
+        if in_graph and getattr(cache, "cache_dtype", None) == "int8":
+            raise ConfigError(TORCHAIR_C8)
     if enforce_eager:
         if requested not in (None, "NONE"):
             raise ConfigError(
