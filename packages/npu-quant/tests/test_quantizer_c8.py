@@ -99,3 +99,16 @@ def test_unknown_kv_cache_scheme_is_refused(float_dir: Path, tmp_path: Path) -> 
         quantize_checkpoint(float_dir, tmp_path / "q", "W8A8_DYNAMIC", kv_cache="C4")
     with pytest.raises(SystemExit):
         main([str(float_dir), str(tmp_path / "q2"), "--scheme", "W8A8_DYNAMIC", "--kv-cache", "C4"])
+
+
+def test_calib_file_applies_to_the_kv_cache_calibration(float_dir: Path, tmp_path: Path) -> None:
+    calib = tmp_path / "calib.txt"
+    calib.write_text("a b c d e f\nthe same prompt again and again\n")
+    args = [str(float_dir), str(tmp_path / "q"), "--scheme", "W8A8_DYNAMIC", "--calib-file", str(calib)]
+    assert main(args) == 2  # without --kv-cache: W8A8 only (unchanged)
+    assert main([*args, "--kv-cache", "C8"]) == 0
+    own = load_file(str(tmp_path / "q" / "quant_model_weights.safetensors"))
+    default = quantize_checkpoint(float_dir, tmp_path / "d", "W8A8_DYNAMIC", kv_cache="C8")
+    other = load_file(str(default / "quant_model_weights.safetensors"))
+    key = "model.layers.0.self_attn.k_proj.kv_cache_scale"
+    assert not torch.equal(own[key], other[key])  # calibrated on the file's prompts, not the built-in ones
