@@ -11,6 +11,8 @@ PrefillNoCache, no sliding window       ``prefill_no_cache`` over the step's own
 DecodeOnly, no sliding window           ``paged_decode`` over the paged cache
 DecodeOnly, sliding window              ``paged_decode_window`` (one token per request: an explicit window mask)
 every other state / any sliding window  ``paged_prefill`` (fused infer attention, TND, right-down causal or band)
+int8 KV cache (C8), DecodeOnly          ``c8_kv_write`` + ``c8_paged_decode`` (FIA BSH, antiquant in the kernel)
+int8 KV cache (C8), every other state   ``c8_kv_write`` + ``c8_paged_prefill`` (FIA TND over the int8 pages)
 ======================================  ==========================================================================
 
 A compiled decode graph (``npu.graph_mode='torchair'``: the platform then answers ``opaque_attention_op()`` False for
