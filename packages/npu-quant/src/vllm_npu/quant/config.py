@@ -126,7 +126,7 @@ class AscendQuantConfig(QuantizationConfig):
     # --- dispatch --------------------------------------------------------------------------------------------------
     def get_quant_method(self, layer: torch.nn.Module, prefix: str) -> QuantizeMethodBase | None:
         from vllm.model_executor.layers.fused_moe import FusedMoE
-        from vllm.model_executor.layers.linear import LinearBase, UnquantizedLinearMethod
+        from vllm.model_executor.layers.linear import LinearBase
         from vllm.model_executor.layers.vocab_parallel_embedding import VocabParallelEmbedding
 
         desc = self._desc
@@ -135,18 +135,9 @@ class AscendQuantConfig(QuantizationConfig):
             self._mapper = None
         self._check_unsupported()
         if isinstance(layer, LinearBase):
-            self._linears[prefix] = layer
-            qtype = desc.linear_type(prefix, self.packed_modules_mapping)
-            if qtype == "FLOAT":
-                return UnquantizedLinearMethod()
-            if qtype not in LINEAR_SCHEMES:
-                raise QuantDescriptionError(
-                    f"layer {prefix!r} is {qtype!r} in {desc.source}; linear layers support {', '.join(LINEAR_SCHEMES)}"
-                )
-            from .linear_method import AscendLinearMethod
-            from .schemes import make_linear_scheme
-
-            return AscendLinearMethod(make_linear_scheme(qtype, desc), prefix)
+            if desc.kv_c8:  # until the attention layer of its block takes it (_c8_method)
+                self._linears[prefix] = layer
+            return self._linear_method(prefix)
         if isinstance(layer, FusedMoE):
             qtype = desc.experts_type(prefix)
             if qtype == "FLOAT":
@@ -195,6 +186,22 @@ class AscendQuantConfig(QuantizationConfig):
             return self._c8_method(layer, prefix)
         return None
 
+    def _linear_method(self, prefix: str) -> QuantizeMethodBase:
+        from vllm.model_executor.layers.linear import UnquantizedLinearMethod
+
+        desc = self._desc
+        qtype = desc.linear_type(prefix, self.packed_modules_mapping)
+        if qtype == "FLOAT":
+            return UnquantizedLinearMethod()
+        if qtype not in LINEAR_SCHEMES:
+            raise QuantDescriptionError(
+                f"layer {prefix!r} is {qtype!r} in {desc.source}; linear layers support {', '.join(LINEAR_SCHEMES)}"
+            )
+        from .linear_method import AscendLinearMethod
+        from .schemes import make_linear_scheme
+
+        return AscendLinearMethod(make_linear_scheme(qtype, desc), prefix)
+
     def _c8_method(self, layer: torch.nn.Module, prefix: str) -> QuantizeMethodBase:
         """The int8 KV cache of attention layer ``prefix``: refused by name for layers C8 cannot serve, and for a
         description that lists C8 scales but none for this layer (checked here, before any weight is loaded)."""
@@ -206,7 +213,11 @@ class AscendQuantConfig(QuantizationConfig):
             block = prefix.rpartition(".")[0]
             for kv, proj in (("key", "k_proj"), ("value", "v_proj")):
                 desc.lookup_tensor(prefix, [f"{prefix}.{kv}_antiquant_scale", f"{block}.{proj}.kv_cache_scale"])
-        return AscendC8KVCacheMethod(self, prefix, c8_projections(self._linears, prefix))
+        projections = c8_projections(self._linears, prefix)
+        block = prefix.rpartition(".")[0]
+        for name in [k for k in self._linears if k.rpartition(".")[0] == block]:
+            del self._linears[name]  # the block's linears are built: hold no module past its attention layer
+        return AscendC8KVCacheMethod(self, prefix, projections)
 
     def get_scaled_act_names(self) -> list[str]:
         return []
