@@ -46,7 +46,7 @@ OTHER_LIBRARIES = {
     "_base": "torch.Tensor (a view's base: the graph runtime records the storage owner a captured view reads)",
     "_dynamo_static_input_type": "torch._dynamo (the mark on static-address inputs torchair freezes)",
     "_attn_implementation": "transformers.PretrainedConfig (the attention function a transformers-built audio "
-    "encoder calls: npu-models points it at the NPU encoder attention)",
+    "encoder calls: npu-models points it at the NPU encoder attention; C8 calibration / simulation use theirs)",
 }
 
 

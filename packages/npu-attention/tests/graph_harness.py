@@ -230,6 +230,7 @@ def _register() -> tuple[Any, Any]:
 _FIA_KEYWORDS = {
     "query_rope", "key_rope", "atten_mask", "block_table", "block_size", "input_layout", "actual_seq_lengths",
     "actual_seq_lengths_kv", "num_key_value_heads", "num_heads", "scale", "sparse_mode", "pre_tokens", "next_tokens",
+    "antiquant_scale", "antiquant_mode",
 }  # fmt: skip
 
 
@@ -240,6 +241,7 @@ def fake_torch_npu() -> types.ModuleType:
     def npu_fused_infer_attention_score(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, **kw: Any) -> Any:
         assert set(kw) <= _FIA_KEYWORDS, sorted(set(kw) - _FIA_KEYWORDS)
         assert kw.get("atten_mask") is None and kw.get("sparse_mode", 0) == 0, "a mask / sparse mode not faked"
+        assert kw.get("antiquant_scale") is None and kw.get("antiquant_mode", 0) == 0, "no int8 cache in graphs"
         assert kw.get("pre_tokens", 2147483647) == kw.get("next_tokens", 2147483647) == 2147483647, "no band"
         layout = kw["input_layout"]
         assert layout in ("BSH", "BNSD") and query.shape[1 if layout == "BSH" else 2] == 1, "Q_S = 1"

@@ -197,8 +197,10 @@ class FakeFIA:
 
     def out(self, query, key, value, *, query_rope, key_rope, block_table, block_size, actual_seq_lengths_kv,
             num_heads, num_key_value_heads, input_layout, scale, workspace, out, atten_mask=None,
-            actual_seq_lengths=None, sparse_mode=0, pre_tokens=2147483647, next_tokens=2147483647):  # fmt: skip
+            actual_seq_lengths=None, sparse_mode=0, pre_tokens=2147483647, next_tokens=2147483647,
+            antiquant_scale=None, antiquant_mode=0):  # fmt: skip
         assert input_layout == "BNSD" and num_key_value_heads == 1 and key is value
+        assert antiquant_scale is None and antiquant_mode == 0  # a float latent cache (C8 is GQA-only)
         # the one-token decode: no mask, no query lengths, no band (the documented defaults)
         assert atten_mask is None and actual_seq_lengths is None and sparse_mode == 0
         assert pre_tokens == next_tokens == 2147483647

@@ -126,11 +126,14 @@ def npu_fused_infer_attention_score(
     block_size=0,
     pre_tokens=2147483647,
     next_tokens=2147483647,
+    antiquant_scale=None,
+    antiquant_mode=0,
 ):
     """MLA mode, BNSD, paged: query ``[B, N, Q_S, 512]``, key ``[nb, 1, bs, 512]`` (key is value), rope 64.
     Each batch's first ``actual_seq_lengths[b]`` query rows are valid (right padding); with ``sparse_mode=3`` row
     ``i`` sees ``actual_seq_lengths_kv[b] - actual_seq_lengths[b] + i + 1`` keys."""
     assert input_layout == "BNSD" and query_rope is not None and key_rope is not None
+    assert antiquant_scale is None and antiquant_mode == 0, "a float latent cache (C8 is GQA-only)"
     assert pre_tokens == next_tokens == 2147483647, "no band in the MLA mode"
     assert query.is_contiguous() and query_rope.is_contiguous(), "docs: query/query_rope must be contiguous"
     B, N, QS, L = query.shape

@@ -103,8 +103,11 @@ def npu_fused_infer_attention_score(
     next_tokens=2147483647,
     query_rope=None,
     key_rope=None,
+    antiquant_scale=None,
+    antiquant_mode=0,
 ):
     assert query_rope is None and key_rope is None, "the GQA paths never use the MLA mode"
+    assert antiquant_mode == 0, "per-channel antiquant only (C8)"
     assert input_layout in ("TND", "BSH") and key.dim() == 3 and key.shape[1] == block_size
     assert block_size % 16 == 0 and block_size <= 512 and query.dtype in (torch.float16, torch.bfloat16)
     d = query.shape[-1] if input_layout == "TND" else query.shape[-1] // num_heads
@@ -130,6 +133,14 @@ def npu_fused_infer_attention_score(
     CALLS.append(f"npu_fused_infer_attention_score[{input_layout},{mode}]")
     kc = key.view(key.shape[0], block_size, -1, d)
     vc = value.view(value.shape[0], block_size, -1, d)
+    if antiquant_scale is not None:  # C8: int8 pages, per-channel scales [2, H] (BSH, query dtype) / fp16 (Q_S >= 2)
+        assert key.dtype == value.dtype == torch.int8 and d % 32 == 0 and block_size % 32 == 0
+        assert antiquant_scale.dtype == (query.dtype if qs1 else torch.float16)
+        assert antiquant_scale.shape == ((2, kc.shape[2] * d) if input_layout == "BSH" else (2, kc.shape[2], d))
+        sc = antiquant_scale.double().reshape(2, 1, 1, kc.shape[2], d)
+        kc, vc = kc.double() * sc[0], vc.double() * sc[1]
+    else:
+        assert key.dtype == query.dtype
     out = torch.empty_like(q)
     start = 0
     for b, (end, kv_len) in enumerate(zip(ends, actual_seq_lengths_kv)):
@@ -160,6 +171,22 @@ def npu_fused_infer_attention_score_out(query, key, value, *, workspace=None, ou
     result, _ = npu_fused_infer_attention_score(query, key, value, **kwargs)
     attention_out.copy_(result.view(attention_out.shape))
     return attention_out, lse
+
+
+def npu_quantize(input, scales, zero_points, dtype, axis=1, div_mode=True):
+    CALLS.append("npu_quantize")
+    assert dtype == torch.qint8 and axis == -1 and div_mode and zero_points is None
+    assert scales.dtype in (torch.float32, torch.bfloat16) and scales.shape == (input.shape[-1],)
+    return torch.round(input.float() / scales.float()).clamp(-128, 127).to(torch.int8)
+
+
+def npu_scatter_nd_update_(input, indices, updates):
+    CALLS.append("npu_scatter_nd_update_")
+    assert input.dtype == updates.dtype and indices.dtype in (torch.int32, torch.int64)
+    assert updates.shape == indices.shape[:-1] + input.shape[indices.shape[-1] :]
+    assert bool((indices >= 0).all()), "indices out of range are not supported (docs)"
+    input[tuple(indices.long().unbind(-1))] = updates
+    return input
 
 
 def _npu_fused_infer_attention_score_get_max_workspace(query, key, value, **kwargs):
@@ -226,6 +253,8 @@ def fake_npu(monkeypatch):
         npu_fused_infer_attention_score,
         npu_fusion_attention,
         _npu_fused_infer_attention_score_get_max_workspace,
+        npu_quantize,
+        npu_scatter_nd_update_,
     ):
         setattr(fake, op.__name__, rules.documented(op))
     fake.npu_fused_infer_attention_score.out = rules.documented(

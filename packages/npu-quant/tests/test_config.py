@@ -62,10 +62,15 @@ def test_from_config_inline_and_file(tmp_path: Path) -> None:
     assert marker.description is not None
 
 
-def test_kv_cache_quantization_is_refused(tmp_path: Path) -> None:
-    (tmp_path / "quant_model_description.json").write_text(json.dumps({**MODELSLIM_INLINE, "kv_quant_type": "C8"}))
-    with pytest.raises(QuantDescriptionError, match="kv_quant_type='C8'"):
+def test_attention_quantization_is_refused_and_c8_is_read(tmp_path: Path) -> None:
+    (tmp_path / "quant_model_description.json").write_text(json.dumps({**MODELSLIM_INLINE, "fa_quant_type": "FA3"}))
+    with pytest.raises(QuantDescriptionError, match="fa_quant_type='FA3'"):
         AscendQuantConfig(None).maybe_update_config(str(tmp_path))
+    for key in ("kv_quant_type", "kv_cache_type"):  # vllm-ascend's and msModelSlim's spelling (issue #30)
+        (tmp_path / "quant_model_description.json").write_text(json.dumps({**MODELSLIM_INLINE, key: "C8"}))
+        config = AscendQuantConfig(None)
+        config.maybe_update_config(str(tmp_path))
+        assert config.description is not None and config.description.kv_c8
 
 
 def _fake_vllm_config(model_dir: Path, quantization: str | None = None) -> types.SimpleNamespace:

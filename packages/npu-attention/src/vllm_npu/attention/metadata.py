@@ -388,6 +388,7 @@ class AscendAttentionMetadataBuilder(AttentionMetadataBuilder[AscendMetadata]):
             return self.masks.pooling_mask()
         if state is AscendAttentionState.DecodeOnly:
             return None
-        if state is AscendAttentionState.PrefillNoCache:
+        if state is AscendAttentionState.PrefillNoCache and self.dtype.is_floating_point:
             return self.masks.causal_mask(cm.max_seq_len, self.dtype)
+        # cache-reading states, and every prefill over an int8 (C8) cache: the C8 impl attends over the cache there
         return self.masks.splitfuse_mask()

@@ -27,8 +27,10 @@ _DTYPE_ALIASES = {"half": "float16", "fp16": "float16", "bf16": "bfloat16", "flo
 # (FIA paged mode, paged attention) requires a multiple of 16.
 _BLOCK_ALIGN = 16
 _MAX_BLOCK_SIZE = 512
-# KV-cache dtypes the GQA backend stores; quantised KV caches (fp8 / int8 C8) are not supported by this layer.
+# KV-cache dtypes the backends store: the model dtype, and for GQA layers the int8 cache of a C8 checkpoint (the
+# platform sets "int8" for those); fp8 caches are not supported.
 _PLAIN_KV_CACHE_DTYPES = (None, "auto")
+_C8_KV_CACHE_DTYPE = "int8"
 
 
 def _dtype_name(dtype: Any) -> str | None:
@@ -56,7 +58,7 @@ def select_backend(
 
     ``head_size``, ``dtype`` (a ``torch.dtype`` or its name), ``block_size`` and ``kv_cache_dtype`` are checked when
     given. Raises :class:`ConfigError` for combinations no backend serves: attention sinks, sparse attention
-    without MLA, a quantised KV cache, a non-positive head size, an unsupported dtype or a block size that is not a
+    without MLA, an fp8 KV cache, an int8 (C8) KV cache on MLA, a non-positive head size, an unsupported dtype or a block size that is not a
     multiple of 16 (max 512).
     """
     if has_sink:
@@ -83,7 +85,13 @@ def select_backend(
             f"KV-cache block_size={block_size!r} is not supported: it must be a multiple of {_BLOCK_ALIGN} and at "
             f"most {_MAX_BLOCK_SIZE} (use --block-size 128, the Ascend default)"
         )
-    if kv_cache_dtype not in _PLAIN_KV_CACHE_DTYPES:
+    if kv_cache_dtype == _C8_KV_CACHE_DTYPE and (use_mla or use_sparse):
+        raise ConfigError(
+            "an int8 KV cache (C8 checkpoint: kv_quant_type / kv_cache_type C8) is not supported for MLA models "
+            "(DeepSeek-V2/V3/V3.2): the latent cache has no C8 kernel path here, and msModelSlim documents C8 for "
+            "GQA models only; export the checkpoint without KV-cache quantization"
+        )
+    if kv_cache_dtype not in (*_PLAIN_KV_CACHE_DTYPES, _C8_KV_CACHE_DTYPE):
         raise ConfigError(
             f"kv_cache_dtype={kv_cache_dtype!r} is not supported by the vllm-npu attention backends; "
             "use --kv-cache-dtype auto"

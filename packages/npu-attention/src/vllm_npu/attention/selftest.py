@@ -20,6 +20,7 @@ import torch
 from vllm_npu.interface import KernelCall, KernelCase, is_310p, randn, randperm
 
 from . import _selftest_kit as kit
+from ._selftest_c8 import c8_cases
 from ._selftest_kit import HALVES, L, P, R, Spec, grid
 from ._selftest_mla import mla_cases
 from .masks import AttentionMaskBuilder
@@ -303,4 +304,4 @@ def selftest_cases() -> list[KernelCase]:
 
     if is_310p():
         return cases_310p()
-    return [*_gqa_cases(), *mla_cases(), *_sfa_cases(), *cases_310p()]
+    return [*_gqa_cases(), *c8_cases(), *mla_cases(), *_sfa_cases(), *cases_310p()]

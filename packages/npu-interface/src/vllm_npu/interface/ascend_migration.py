@@ -88,9 +88,10 @@ ADDITIONAL_CONFIG: dict[str, AscendSetting] = {
         ),
         _s(
             "kv_cache_dtype",
-            "error",
+            "warning",
             "an int8-quantised KV cache",
-            f"{NOT_SUPPORTED}: the NPU attention backends keep the KV cache in the model dtype (--kv-cache-dtype auto)",
+            "not needed: a C8 checkpoint (kv_quant_type or kv_cache_type 'C8' in quant_model_description.json) gets "
+            "the int8 KV cache with its scales automatically; other checkpoints keep the model dtype",
         ),
         _s(
             "expert_map_path",

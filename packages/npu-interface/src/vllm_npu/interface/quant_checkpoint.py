@@ -102,13 +102,15 @@ def _read_description(model_dir: str | os.PathLike[str] | None, hf_quant_cfg: An
 
 def quant_types(model_dir: str | os.PathLike[str] | None, hf_quant_cfg: Any = None) -> frozenset[str] | None:
     """The quant types a msModelSlim checkpoint uses: its tensors' non-float types (``W8A8_DYNAMIC``, ...) plus its
-    ``kv_quant_type`` / ``fa_quant_type`` settings (``C8``), from ``hf_quant_cfg`` when it is a description, else
+    ``kv_quant_type`` / ``kv_cache_type`` / ``fa_quant_type`` settings (``C8``), from ``hf_quant_cfg`` when it is a description, else
     from the description file; None when there is no readable description. Never raises."""
     cfg = _read_description(model_dir, hf_quant_cfg)
     if cfg is None:
         return None
     types = {v for k, v in cfg.items() if isinstance(k, str) and k.endswith(".weight") and v in QUANT_TYPES}
-    types |= {cfg[k] for k in ("kv_quant_type", "fa_quant_type") if isinstance(cfg.get(k), str) and cfg[k]}
+    types |= {
+        cfg[k] for k in ("kv_quant_type", "kv_cache_type", "fa_quant_type") if isinstance(cfg.get(k), str) and cfg[k]
+    }
     return frozenset(types - {"FLOAT"})
 
 

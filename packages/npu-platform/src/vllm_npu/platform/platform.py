@@ -137,6 +137,7 @@ class NPUPlatform(Platform):
         from ._chip_gate import check_310p_config
 
         check_310p_config(vllm_config, npu_config)  # what an Ascend 310P cannot run, refused by name
+        cls._int8_kv_cache_for_c8(vllm_config)
 
         parallel = vllm_config.parallel_config
         if parallel.worker_cls == "auto":
@@ -249,6 +250,33 @@ class NPUPlatform(Platform):
         from vllm_npu.quant import claim_checkpoint
 
         claim_checkpoint(vllm_config)
+
+    @staticmethod
+    def _int8_kv_cache_for_c8(vllm_config: VllmConfig) -> None:
+        """A C8 checkpoint (``kv_quant_type`` / ``kv_cache_type`` ``C8`` in its msModelSlim description, served by the
+        ``ascend`` method) gets the int8 KV cache its scales are for: ``cache_dtype="int8"``, which vLLM's runner
+        turns into ``torch.int8`` pages (half the bytes per token of a 16-bit cache) and its attention layers pass to
+        the backend. vLLM's ``--kv-cache-dtype`` choices do not include int8; vllm-ascend v0.11.0 sets the same field
+        from its ``kv_cache_dtype`` additional config (``platform.py:135-138``). An explicit fp8 choice is refused."""
+        from vllm_npu.interface import QUANT_METHOD, ConfigError, quant_types
+
+        model, cache = vllm_config.model_config, vllm_config.cache_config
+        if model is None or cache is None or getattr(model, "quantization", None) != QUANT_METHOD:
+            return
+        hf_config = getattr(model, "hf_config", None)
+        types = quant_types(getattr(model, "model", None), getattr(hf_config, "quantization_config", None))
+        if types is None or "C8" not in types:
+            return
+        chosen: str = cache.cache_dtype
+        if chosen not in ("auto", "int8"):
+            raise ConfigError(
+                f"--kv-cache-dtype {chosen} conflicts with this C8 checkpoint, whose int8 KV-cache scales need an "
+                "int8 cache: leave --kv-cache-dtype at auto"
+            )
+        if chosen != "int8":
+            logger.info("C8 checkpoint: the KV cache is int8 (per-channel scales from the checkpoint)")
+        # vLLM's CacheDType Literal has no "int8", which its runner and attention layers take as a plain string.
+        cache.cache_dtype = "int8"  # type: ignore[assignment]
 
     @classmethod
     def get_attn_backend_cls(

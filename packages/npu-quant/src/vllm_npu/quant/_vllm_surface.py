@@ -27,4 +27,24 @@ SURFACE: tuple[VllmName, ...] = (
         "the quantized MoE weight loader drops the experts another expert-parallel rank owns through it",
         signature="(self, expert_id)",
     ),
+    VllmName(
+        "vllm.model_executor.layers.quantization.kv_cache:BaseKVCacheMethod",
+        "create_weights",
+        "method",
+        "overrides",
+        ("vllm_npu.quant.kv_c8",),
+        "vLLM's Attention asserts its quant method is a BaseKVCacheMethod and calls create_weights(layer) in its "
+        "__init__: the C8 method registers the per-channel K/V scale parameters there",
+        signature="(self, layer)",
+    ),
+    VllmName(
+        "vllm.model_executor.layers.quantization.kv_cache:BaseKVCacheMethod",
+        "process_weights_after_loading",
+        "method",
+        "overrides",
+        ("vllm_npu.quant.kv_c8",),
+        "the C8 method checks the loaded scales and moves msModelSlim's k/v_proj holders onto the attention layer "
+        "there; vLLM's own version would log an fp8 warning for the int8 cache",
+        signature="(self, layer)",
+    ),
 )

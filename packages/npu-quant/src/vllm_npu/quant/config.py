@@ -43,6 +43,8 @@ class AscendQuantConfig(QuantizationConfig):
         super().__init__()
         self.description = description
         self._mapper: Any = None
+        # prefix -> linear layer built so far (C8: an attention layer finds its K/V projections, built before it)
+        self._linears: dict[str, torch.nn.Module] = {}
 
     # --- vLLM's class-level contract --------------------------------------------------------------------------------
     # vLLM types method names as the Literal of its built-in methods (QuantizationMethods), which an out-of-tree
@@ -107,11 +109,10 @@ class AscendQuantConfig(QuantizationConfig):
 
     def _check_unsupported(self) -> None:
         desc = self._desc
-        if desc.kv_quant_type or desc.fa_quant_type:
+        if desc.fa_quant_type:
             raise QuantDescriptionError(
-                f"{desc.source}: kv_quant_type={desc.kv_quant_type!r} / fa_quant_type={desc.fa_quant_type!r} "
-                "(quantized KV cache / attention) is not implemented by npu-quant; re-export without KV-cache "
-                "quantization"
+                f"{desc.source}: fa_quant_type={desc.fa_quant_type!r} (quantized attention, FA3) is not implemented "
+                "by npu-quant; re-export without attention quantization (an int8 KV cache, C8, is served)"
             )
 
     @property
@@ -125,7 +126,7 @@ class AscendQuantConfig(QuantizationConfig):
     # --- dispatch --------------------------------------------------------------------------------------------------
     def get_quant_method(self, layer: torch.nn.Module, prefix: str) -> QuantizeMethodBase | None:
         from vllm.model_executor.layers.fused_moe import FusedMoE
-        from vllm.model_executor.layers.linear import LinearBase, UnquantizedLinearMethod
+        from vllm.model_executor.layers.linear import LinearBase
         from vllm.model_executor.layers.vocab_parallel_embedding import VocabParallelEmbedding
 
         desc = self._desc
@@ -134,17 +135,9 @@ class AscendQuantConfig(QuantizationConfig):
             self._mapper = None
         self._check_unsupported()
         if isinstance(layer, LinearBase):
-            qtype = desc.linear_type(prefix, self.packed_modules_mapping)
-            if qtype == "FLOAT":
-                return UnquantizedLinearMethod()
-            if qtype not in LINEAR_SCHEMES:
-                raise QuantDescriptionError(
-                    f"layer {prefix!r} is {qtype!r} in {desc.source}; linear layers support {', '.join(LINEAR_SCHEMES)}"
-                )
-            from .linear_method import AscendLinearMethod
-            from .schemes import make_linear_scheme
-
-            return AscendLinearMethod(make_linear_scheme(qtype, desc), prefix)
+            if desc.kv_c8:  # until the attention layer of its block takes it (_c8_method)
+                self._linears[prefix] = layer
+            return self._linear_method(prefix)
         if isinstance(layer, FusedMoE):
             qtype = desc.experts_type(prefix)
             if qtype == "FLOAT":
@@ -187,8 +180,44 @@ class AscendQuantConfig(QuantizationConfig):
                     f"{prefix!r} is {qtype!r} in {desc.source}; quantized embeddings / lm_head are not supported"
                 )
             return None
-        # Attention (KV cache) is never quantized here: kv_quant_type/fa_quant_type are refused above.
+        from vllm.attention.layer import Attention
+
+        if isinstance(layer, Attention) and desc.kv_c8:
+            return self._c8_method(layer, prefix)
         return None
+
+    def _linear_method(self, prefix: str) -> QuantizeMethodBase:
+        from vllm.model_executor.layers.linear import UnquantizedLinearMethod
+
+        desc = self._desc
+        qtype = desc.linear_type(prefix, self.packed_modules_mapping)
+        if qtype == "FLOAT":
+            return UnquantizedLinearMethod()
+        if qtype not in LINEAR_SCHEMES:
+            raise QuantDescriptionError(
+                f"layer {prefix!r} is {qtype!r} in {desc.source}; linear layers support {', '.join(LINEAR_SCHEMES)}"
+            )
+        from .linear_method import AscendLinearMethod
+        from .schemes import make_linear_scheme
+
+        return AscendLinearMethod(make_linear_scheme(qtype, desc), prefix)
+
+    def _c8_method(self, layer: torch.nn.Module, prefix: str) -> QuantizeMethodBase:
+        """The int8 KV cache of attention layer ``prefix``: refused by name for layers C8 cannot serve, and for a
+        description that lists C8 scales but none for this layer (checked here, before any weight is loaded)."""
+        from .kv_c8 import AscendC8KVCacheMethod, c8_projections, check_c8_layer
+
+        desc = self._desc
+        check_c8_layer(layer, prefix, desc.source)
+        if desc.kv_scale_keys():
+            block = prefix.rpartition(".")[0]
+            for kv, proj in (("key", "k_proj"), ("value", "v_proj")):
+                desc.lookup_tensor(prefix, [f"{prefix}.{kv}_antiquant_scale", f"{block}.{proj}.kv_cache_scale"])
+        projections = c8_projections(self._linears, prefix)
+        block = prefix.rpartition(".")[0]
+        for name in [k for k in self._linears if k.rpartition(".")[0] == block]:
+            del self._linears[name]  # the block's linears are built: hold no module past its attention layer
+        return AscendC8KVCacheMethod(self, prefix, projections)
 
     def get_scaled_act_names(self) -> list[str]:
         return []

@@ -51,6 +51,10 @@ GLOBAL_KEYS = (
     "metadata",
 )
 
+#: The settings that ask for an int8 KV cache: vllm-ascend v0.11.0 reads ``kv_quant_type``
+#: (``quantization/quant_config.py:119-121``); msModelSlim / MindIE's "KV Cache int8" docs write ``kv_cache_type``.
+KV_CACHE_KEYS = ("kv_quant_type", "kv_cache_type")
+
 DEFAULT_PACKED_MODULES: dict[str, list[str]] = {
     "qkv_proj": ["q_proj", "k_proj", "v_proj"],
     "gate_up_proj": ["gate_proj", "up_proj"],
@@ -156,6 +160,13 @@ class QuantDescription:
         gs = self.settings.get("group_size", 256)
         if not isinstance(gs, int) or isinstance(gs, bool) or gs < 0:
             raise QuantDescriptionError(f"{self.source}: group_size must be a non-negative integer, got {gs!r}")
+        for key in KV_CACHE_KEYS:
+            value = self.settings.get(key)
+            if value is not None and value != "C8":
+                raise QuantDescriptionError(
+                    f"{self.source}: {key}={value!r} is unknown; npu-quant serves the int8 KV cache 'C8' (or none: "
+                    "null / absent)"
+                )
         version = self.settings.get("version", "0")
         if str(version) not in ("0", "1.0.0"):
             raise QuantDescriptionError(
@@ -174,6 +185,21 @@ class QuantDescription:
     @property
     def kv_quant_type(self) -> str | None:
         return self.settings.get("kv_quant_type")
+
+    @property
+    def kv_cache_type(self) -> str | None:
+        return self.settings.get("kv_cache_type")
+
+    @property
+    def kv_c8(self) -> bool:
+        """Whether the checkpoint asks for an int8 KV cache (C8), in either spelling of :data:`KV_CACHE_KEYS`."""
+        return any(self.settings.get(k) == "C8" for k in KV_CACHE_KEYS)
+
+    def kv_scale_keys(self) -> list[str]:
+        """The description's C8 scale entries (either spelling: ``*.kv_cache_scale`` / ``*_antiquant_scale``)."""
+        return [
+            k for k in self.tensors if k.endswith((".kv_cache_scale", ".key_antiquant_scale", ".value_antiquant_scale"))
+        ]
 
     @property
     def fa_quant_type(self) -> str | None:

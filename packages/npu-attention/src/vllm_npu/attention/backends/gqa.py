@@ -11,6 +11,8 @@ PrefillNoCache, no sliding window       ``prefill_no_cache`` over the step's own
 DecodeOnly, no sliding window           ``paged_decode`` over the paged cache
 DecodeOnly, sliding window              ``paged_decode_window`` (one token per request: an explicit window mask)
 every other state / any sliding window  ``paged_prefill`` (fused infer attention, TND, right-down causal or band)
+int8 KV cache (C8), DecodeOnly          ``c8_kv_write`` + ``c8_paged_decode`` (FIA BSH, antiquant in the kernel)
+int8 KV cache (C8), every other state   ``c8_kv_write`` + ``c8_paged_prefill`` (FIA TND over the int8 pages)
 ======================================  ==========================================================================
 
 A compiled decode graph (``npu.graph_mode='torchair'``: the platform then answers ``opaque_attention_op()`` False for
@@ -41,6 +43,7 @@ from vllm_npu.interface import (
 )
 
 from ..metadata import AscendAttentionMetadataBuilder, AscendAttentionState, AscendMetadata, GraphDecodeInputs
+from ..ops.c8_cache import C8_KV_WRITE, C8_PAGED_DECODE, C8_PAGED_PREFILL, c8_paged_decode_scratch_npu
 from ..ops.flash_attention import ENCODER_ATTENTION, PREFILL_NO_CACHE
 from ..ops.graph_decode import GRAPH_DECODE, GRAPH_KV_WRITE
 from ..ops.kv_cache import RESHAPE_AND_CACHE
@@ -59,6 +62,10 @@ from .gqa_310p import Kernels310P, forward_310p
 NPU_MAX_HEAD_SIZE = 256
 NPU_HEAD_ALIGN = 16
 NPU_DTYPES = (torch.float16, torch.bfloat16)
+#: The int8 KV cache of a C8 checkpoint (vLLM's ``cache_dtype`` string, set by the platform for such checkpoints).
+C8_CACHE_DTYPE = "int8"
+# torch_npu 2.8.0 FIA docs: with int8 K/V the head dim must be 32-aligned and the paged block size too.
+NPU_INT8_ALIGN = 32
 
 
 class _PaddedStep:
@@ -146,6 +153,11 @@ class AscendAttentionBackend(AttentionBackend):
             raise ValueError(f"block_size={block_size} must be a multiple of 16 for the Ascend attention backend")
         if is_310p():
             return nz_kv_cache_shape(num_blocks, block_size, num_kv_heads, head_size)
+        if cache_dtype_str == C8_CACHE_DTYPE and kernel_backend() == "npu" and block_size % NPU_INT8_ALIGN:
+            raise ConfigError(
+                f"block_size={block_size}: an int8 KV cache (C8) needs a multiple of {NPU_INT8_ALIGN} on the NPU "
+                "(fused infer attention over int8 pages); use --block-size 128"
+            )
         return (2, num_blocks, block_size, num_kv_heads, head_size)
 
     @staticmethod
@@ -209,8 +221,11 @@ class AscendAttentionImpl(AttentionImpl[AscendMetadata]):  # type: ignore[type-v
             raise ConfigError("attention sinks are not supported by the Ascend attention backend")
         if alibi_slopes is not None:
             raise ConfigError("ALiBi attention is not supported by the Ascend GQA backend")
-        if kv_cache_dtype != "auto":
+        if kv_cache_dtype not in ("auto", C8_CACHE_DTYPE):
             raise ConfigError(f"kv_cache_dtype={kv_cache_dtype!r} is not supported by the Ascend GQA backend; use auto")
+        self.c8 = kv_cache_dtype == C8_CACHE_DTYPE
+        if self.c8:
+            self._check_c8(attn_type, sliding_window, logits_soft_cap)
         if attn_type not in (AttentionType.DECODER, AttentionType.ENCODER_ONLY):
             raise ConfigError(
                 f"attention type {attn_type!r} (encoder / cross attention) is not supported by the Ascend GQA "
@@ -232,6 +247,26 @@ class AscendAttentionImpl(AttentionImpl[AscendMetadata]):  # type: ignore[type-v
         self.graph_decode = GRAPH_DECODE.select(backend)
         # Ascend 310P decoder layers: the NZ-cache kernels (backends/gqa_310p.py) instead of the A2/A3 ones.
         self.kernels_310p = Kernels310P(sliding_window) if is_310p() and attn_type == AttentionType.DECODER else None
+        self.c8_kv_write = C8_KV_WRITE.select(backend)
+        self.c8_paged_decode = C8_PAGED_DECODE.select(backend)
+        self.c8_paged_prefill = C8_PAGED_PREFILL.select(backend)
+
+    def _check_c8(self, attn_type: str, sliding_window: int | None, logits_soft_cap: float | None) -> None:
+        """Refuse, by name, the layers an int8 KV cache (C8) cannot serve (never a silent float cache)."""
+        why = None
+        if attn_type != AttentionType.DECODER:
+            why = f"a {attn_type} layer keeps no KV cache (encoder-only / bidirectional attention)"
+        elif sliding_window is not None:
+            why = f"sliding-window attention (window {sliding_window}) has no C8 kernel path here"
+        elif logits_soft_cap:
+            why = "logits soft-capping has no C8 kernel path here"
+        elif kernel_backend() == "npu" and self.head_size % NPU_INT8_ALIGN:
+            why = f"head_size={self.head_size}: int8 K/V need a multiple of {NPU_INT8_ALIGN} in the NPU kernel"
+        if why is not None:
+            raise ConfigError(
+                f"this checkpoint's int8 KV cache (C8: kv_quant_type / kv_cache_type C8) cannot serve this "
+                f"attention layer: {why}. Serve the model from a checkpoint without KV-cache quantization"
+            )
 
     def _check_npu_support(self) -> None:
         if self.logits_soft_cap is not None:
@@ -300,6 +335,8 @@ class AscendAttentionImpl(AttentionImpl[AscendMetadata]):  # type: ignore[type-v
             k, v = (key[:n], value[:n]) if key is not None and value is not None else (None, None)
             forward_310p(self.kernels_310p, md, q, k, v, kv_cache, out, dict(heads), write_kv)
             return output
+        if self.c8:
+            return self._forward_c8(layer, q, key, value, kv_cache, md, out, output, heads)
         key_cache, value_cache = kv_cache.unbind(0)
         fresh_kv = key is not None and value is not None
         if self.kv_sharing_target_layer_name is None and fresh_kv:
@@ -365,6 +402,63 @@ class AscendAttentionImpl(AttentionImpl[AscendMetadata]):  # type: ignore[type-v
             )
         return output
 
+    def _forward_c8(
+        self,
+        layer: AttentionLayer,
+        q: torch.Tensor,
+        key: torch.Tensor | None,
+        value: torch.Tensor | None,
+        kv_cache: torch.Tensor,
+        md: AscendMetadata,
+        out: torch.Tensor,
+        output: torch.Tensor,
+        heads: _Heads,
+    ) -> torch.Tensor:
+        """A decoder step over the int8 KV cache (:mod:`..ops.c8_cache`): the step's K/V quantized into it, then
+        every state attends over it (a prefill without cache too), the kernel dequantizing with the layer's scales."""
+        n = md.num_actual_tokens
+        k_scale, v_scale = c8_scales(layer)
+        key_cache, value_cache = kv_cache.unbind(0)
+        if self.kv_sharing_target_layer_name is None and key is not None and value is not None:
+            self.c8_kv_write(key[:n], value[:n], key_cache, value_cache, md.slot_mapping[:n], k_scale, v_scale)
+        if md.attn_state is AscendAttentionState.DecodeOnly:
+            refresh = decode_lens_refresh(getattr(layer, "layer_name", ""), len(md.seq_lens_list))
+            scratch: dict[str, Any] = {}
+            if self._npu and active_recorder() is not None:
+                scratch = c8_paged_decode_scratch_npu(
+                    q, key_cache, value_cache, md.block_table, k_scale, v_scale, md.seq_lens_list, **_npu_heads(heads)
+                )
+            launch(
+                self.c8_paged_decode,
+                q,
+                key_cache,
+                value_cache,
+                md.block_table,
+                k_scale,
+                v_scale,
+                refresh=refresh,
+                context_lens=md.seq_lens_list,
+                out=out,
+                plan=md.decode_plan,
+                **heads,
+                **scratch,
+            )
+        else:
+            self.c8_paged_prefill(
+                q,
+                key_cache,
+                value_cache,
+                md.block_table,
+                k_scale,
+                v_scale,
+                md.query_start_loc_list,
+                md.seq_lens_list,
+                attn_mask=md.splitfuse_mask,
+                out=out,
+                **heads,
+            )
+        return output
+
     def _graph_decode(
         self,
         query: torch.Tensor,
@@ -376,6 +470,11 @@ class AscendAttentionImpl(AttentionImpl[AscendMetadata]):  # type: ignore[type-v
     ) -> torch.Tensor:
         """A decode step inside a compiled graph: every row (padding included) written and attended, from the graph
         inputs only (no host-side slicing by the step's request count, which would be baked into the graph)."""
+        if self.c8:
+            raise ConfigError(
+                "npu.graph_mode='torchair' does not run an int8 KV cache (C8): its compiled decode has no C8 path; "
+                "use npu.graph_mode='full_decode_only' or 'piecewise'"
+            )
         batch = graph.seq_lens.shape[0]
         if query.shape[0] != batch or self.attn_type != AttentionType.DECODER:
             raise ValueError(
@@ -402,3 +501,21 @@ class AscendAttentionImpl(AttentionImpl[AscendMetadata]):  # type: ignore[type-v
             out=output,
         )
         return output
+
+
+def _npu_heads(heads: _Heads) -> dict[str, Any]:
+    return {"num_heads": heads["num_heads"], "num_kv_heads": heads["num_kv_heads"], "scale": heads["scale"]}
+
+
+def c8_scales(layer: AttentionLayer) -> tuple[torch.Tensor, torch.Tensor]:
+    """The layer's C8 scales (``key_antiquant_scale`` / ``value_antiquant_scale``, ``[Nkv * D]`` float32, set by
+    npu-quant's C8 KV-cache method from the checkpoint)."""
+    k_scale = getattr(layer, "key_antiquant_scale", None)
+    v_scale = getattr(layer, "value_antiquant_scale", None)
+    if not isinstance(k_scale, torch.Tensor) or not isinstance(v_scale, torch.Tensor):
+        raise ConfigError(
+            f"attention layer {getattr(layer, 'layer_name', '?')!r} has an int8 KV cache but no C8 scales: the "
+            "int8 cache is only for C8 checkpoints (quant_model_description.json with kv_quant_type / "
+            "kv_cache_type C8, served by npu-quant)"
+        )
+    return k_scale, v_scale

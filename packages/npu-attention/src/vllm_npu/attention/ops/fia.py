@@ -20,6 +20,10 @@ which passes the functional call's arguments to the workspace query and to ``.ou
   one KV head), one or up to 16 query tokens per request (the decode, the compiled graph decode, the
   speculative-decoding verification).
 
+:func:`antiquant` turns a GQA variant into its int8-KV-cache (C8) form: per-channel ``antiquant_scale``,
+``antiquant_mode=0`` (:mod:`.c8_cache`). Float caches pass ``antiquant_scale=None, antiquant_mode=0``, the
+documented defaults, as vllm-ascend v0.11.0 passes them in its MLA decode (``attention/mla_v1.py:1025-1026``).
+
 :func:`fia`, :func:`fia_out` and :func:`fia_max_workspace` are the three calls, each spelled with every keyword of
 :class:`FIAArgs` (the contract test reads the keywords from the source). Keywords a variant leaves at the
 documented default (``atten_mask=None``, ``actual_seq_lengths=None``, ``sparse_mode=0``, ``pre_tokens`` /
@@ -30,7 +34,7 @@ vllm-ascend passes ``atten_mask=None, sparse_mode=0, actual_seq_lengths=None`` i
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import cast
 
 import torch
@@ -64,6 +68,8 @@ class FIAArgs:
     next_tokens: int = NO_BAND
     query_rope: torch.Tensor | None = None
     key_rope: torch.Tensor | None = None
+    antiquant_scale: torch.Tensor | None = None
+    antiquant_mode: int = 0
 
 
 # --- the variants ----------------------------------------------------------------------------------------------------
@@ -193,6 +199,13 @@ def latent_paged_bnsd(
     )
 
 
+def antiquant(a: FIAArgs, scale: torch.Tensor) -> FIAArgs:
+    """``a`` over an int8 KV cache (C8, :mod:`.c8_cache`): the kernel dequantizes K and V with the per-channel
+    ``antiquant_scale`` (``[2, H]`` for BSH, K row then V row; ``antiquant_mode=0``, symmetric: no offset). The
+    caches stay the int8 views the layout variant made."""
+    return replace(a, antiquant_scale=scale, antiquant_mode=0)
+
+
 # --- the three calls -------------------------------------------------------------------------------------------------
 
 
@@ -206,6 +219,8 @@ def fia(a: FIAArgs) -> torch.Tensor:
         a.value,
         query_rope=a.query_rope,
         key_rope=a.key_rope,
+        antiquant_scale=a.antiquant_scale,
+        antiquant_mode=a.antiquant_mode,
         atten_mask=a.atten_mask,
         block_table=a.block_table,
         input_layout=a.input_layout,
@@ -236,6 +251,8 @@ def fia_out(a: FIAArgs, *, out: torch.Tensor, lse: torch.Tensor, workspace: torc
         a.value,
         query_rope=a.query_rope,
         key_rope=a.key_rope,
+        antiquant_scale=a.antiquant_scale,
+        antiquant_mode=a.antiquant_mode,
         atten_mask=a.atten_mask,
         block_table=a.block_table,
         input_layout=a.input_layout,
@@ -266,6 +283,8 @@ def fia_max_workspace(a: FIAArgs) -> torch.Tensor:
         a.value,
         query_rope=a.query_rope,
         key_rope=a.key_rope,
+        antiquant_scale=a.antiquant_scale,
+        antiquant_mode=a.antiquant_mode,
         atten_mask=a.atten_mask,
         block_table=a.block_table,
         input_layout=a.input_layout,

@@ -230,6 +230,13 @@ def torchair_npu_refusal(vllm_config: VllmConfig) -> str | None:
     )
 
 
+#: Why the torchair mode refuses a C8 checkpoint (int8 KV cache) on every device when attention is in its graph.
+TORCHAIR_C8 = (
+    "npu.graph_mode='torchair' does not run an int8 KV cache (C8 checkpoint): its compiled decode attention has no "
+    "C8 path; use npu.graph_mode='full_decode_only' or 'piecewise'"
+)
+
+
 @dataclass(frozen=True)
 class GraphPlan:
     """What :func:`configure_graphs` decided (for the platform's log line and ``npu_runtime_info``)."""
@@ -237,6 +244,23 @@ class GraphPlan:
     mode: str  # the CUDAGraphMode name in effect
     capture_sizes: tuple[int, ...]
     reason: str
+
+
+def _check_torchair(vllm_config: VllmConfig, emulated: bool) -> None:
+    """Refuse, by name, what the torchair mode cannot compile for this config (NPU-only refusals, layer-wise KV
+    connectors, an int8 KV cache)."""
+    refusal = None if emulated else torchair_npu_refusal(vllm_config)
+    if refusal is not None:
+        raise ConfigError(refusal)
+    in_graph = not sparse_attention(vllm_config)  # .torchair.attention_in_graph, for the model of this config
+    kv_transfer = getattr(vllm_config, "kv_transfer_config", None)
+    if kv_transfer is not None and in_graph:
+        layerwise = layerwise_connector(kv_transfer)
+        if layerwise is not None:
+            raise ConfigError(TORCHAIR_KV_TRANSFER.format(layerwise))
+    cache = getattr(vllm_config, "cache_config", None)
+    if in_graph and getattr(cache, "cache_dtype", None) == "int8":
+        raise ConfigError(TORCHAIR_C8)
 
 
 def _resolve_mode(vllm_config: VllmConfig, graph_mode: str, emulated: bool) -> tuple[str, str]:
@@ -253,15 +277,7 @@ def _resolve_mode(vllm_config: VllmConfig, graph_mode: str, emulated: bool) -> t
 
         return eager_only_310p(vllm_mode, enforce_eager)
     if graph_mode == "torchair":
-        refusal = None if emulated else torchair_npu_refusal(vllm_config)
-        if refusal is not None:
-            raise ConfigError(refusal)
-        in_graph = not sparse_attention(vllm_config)  # .torchair.attention_in_graph, for the model of this config
-        kv_transfer = getattr(vllm_config, "kv_transfer_config", None)
-        if kv_transfer is not None and in_graph:
-            layerwise = layerwise_connector(kv_transfer)
-            if layerwise is not None:
-                raise ConfigError(TORCHAIR_KV_TRANSFER.format(layerwise))
+        _check_torchair(vllm_config, emulated)
     if enforce_eager:
         if requested not in (None, "NONE"):
             raise ConfigError(

@@ -52,6 +52,13 @@ def _parser() -> argparse.ArgumentParser:
         help="W8A8 calibration prompts, one per line (default: a few built-in sentences)",
     )
     p.add_argument("--seed", type=int, default=None, help="seed of the W4A4 FlatQuant transforms (default 0)")
+    p.add_argument(
+        "--kv-cache",
+        choices=["C8"],
+        default=None,
+        help="also quantize the KV cache: C8 = int8 with per-channel K/V scales calibrated on the calibration "
+        "prompts (--calib-file or the built-in ones); any --scheme",
+    )
     return p
 
 
@@ -67,6 +74,8 @@ _SCHEME_OPTIONS = (
 
 def _misplaced_option(args: argparse.Namespace) -> str | None:
     for attr, flag, scheme in _SCHEME_OPTIONS:
+        if attr == "calib_file" and args.kv_cache is not None:
+            continue  # the KV-cache calibration reads it with any scheme
         if getattr(args, attr) is not None and args.scheme != scheme:
             return f"{flag} applies only to --scheme {scheme}, not {args.scheme}; drop it"
     return None
@@ -103,13 +112,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             calibration=prompts,
             seed=args.seed or 0,
             overwrite=args.overwrite,
+            kv_cache=args.kv_cache,
         )
     except QuantizeError as exc:
         return fail(str(exc))
     except KeyboardInterrupt:
         print(f"vllm-npu quantize: interrupted; {args.out_dir} was left as it was", file=sys.stderr)
         return 130
-    print(f"wrote {args.scheme} checkpoint to {args.out_dir}")
+    kv = f" with a {args.kv_cache} KV cache" if args.kv_cache else ""
+    print(f"wrote {args.scheme} checkpoint{kv} to {args.out_dir}")
     return 0
 
 

@@ -43,6 +43,7 @@ from vllm_npu.interface import staged_directory
 
 from ..description import DESCRIPTION_FILENAME, MOE_SCHEMES
 from ..schemes.w4a4_flatquant import decompose_dim
+from .quantize_kv import KV_CACHE_SCHEMES, c8_tensors, calibrate_kv
 from .quantize_math import (
     flatquant_transforms,
     quantize_w4a4_flatquant,
@@ -325,14 +326,19 @@ def quantize_checkpoint(
     calibration: Sequence[str] | None = None,
     seed: int = 0,
     overwrite: bool = False,
+    kv_cache: str | None = None,
 ) -> Path:
     """Write a msModelSlim-format checkpoint of the HF model in ``model_dir`` to ``out_dir``. Returns ``out_dir``.
 
     ``overwrite`` allows replacing a non-empty ``out_dir`` (never the input, nor a directory inside or around it).
     Steps: check the arguments and the paths, load the model, check the scheme against its linears, calibrate
     (W8A8), quantize the decoder layers' linears and experts, add the MTP layers, write through a staging directory.
+    ``kv_cache="C8"`` adds an int8 KV cache: per-channel K/V scales calibrated on ``calibration`` (any scheme;
+    :mod:`.quantize_kv`).
     """
     qtype = _scheme_type(scheme, w4a8_version, group_size)
+    if kv_cache is not None and kv_cache not in KV_CACHE_SCHEMES:
+        raise QuantizeError(f"unknown KV-cache scheme {kv_cache!r}; choose {', '.join(KV_CACHE_SCHEMES)} or none")
     model_dir, out_dir = Path(model_dir), Path(out_dir)
     config = read_config(model_dir)
     refuse_quantized_input(model_dir, config)
@@ -345,12 +351,17 @@ def quantize_checkpoint(
     experts = {n: m for n, m in targets.items() if _EXPERT.search(n)}
     settings = _scheme_settings(qtype, targets, dense, group_size, w4a8_version, clip_ratio)
     ranges: dict[str, tuple[float, float]] = {}
-    if qtype == "W8A8":
+    kv_scales: dict[str, torch.Tensor] = {}
+    if qtype == "W8A8" or kv_cache is not None:
         from transformers import AutoTokenizer
 
         tok = AutoTokenizer.from_pretrained(model_dir)
-        ranges = _calibrate(model, tok, list(dense), list(calibration or DEFAULT_CALIBRATION), optional=list(experts))
-        ranges.update(_expert_ranges(list(experts), ranges))
+        prompts = list(calibration or DEFAULT_CALIBRATION)
+        if qtype == "W8A8":
+            ranges = _calibrate(model, tok, list(dense), prompts, optional=list(experts))
+            ranges.update(_expert_ranges(list(experts), ranges))
+        if kv_cache is not None:
+            kv_scales = calibrate_kv(model, tok, prompts)
 
     state = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
     if config.get("tie_word_embeddings") and "lm_head.weight" in state:
@@ -363,7 +374,12 @@ def quantize_checkpoint(
     for name, mod in experts.items():
         out.quantize(name, mod, expert_type, None)
     out.add_mtp(_mtp_tensors(model_dir, config), targets, qtype, expert_type)
+    for name, tensor in c8_tensors(kv_scales, dtype).items():
+        out.state[name] = tensor
+        out.description[name] = qtype  # msModelSlim types the KV tensors like the model's linears
     out.description.update(settings)
+    if kv_cache is not None:
+        out.description["kv_cache_type"] = kv_cache
 
     config["quantization_config"] = {"quant_method": "ascend"}
     try:

@@ -14,6 +14,8 @@ maths straight from the checkpoint tensors, written out here independently of th
   ``8 * sum_k W4 * s1 * s2`` (version 0)
 - W4A4_FLATQUANT: ``x' = x (L ⊗ R)``; ``y = (round_clamp(x' / s_t, ±8) @ W4ᵀ) * s_w * s_t + b``,
   ``s_t = clip * max|x'_t| / 7``
+- C8 (int8 KV cache): every key (after RoPE) and value the attention reads is ``round_clamp(x / s, ±128) * s``
+  with the layer's per-channel ``s`` (:func:`install_c8_attention`)
 
 Useful to check accuracy offline (HF greedy/logits of exactly the quantized maths) and in the end-to-end tests.
 """
@@ -107,8 +109,48 @@ class SimulatedQuantLinear(torch.nn.Module):
         return y.to(x.dtype)
 
 
+_C8_ATTENTION = "npu_c8_simulation"
+
+
+def c8_scales(state: dict[str, torch.Tensor]) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    """``{attention block: (k_scale, v_scale)}`` from a C8 checkpoint's tensors, in either spelling
+    (``<block>.k_proj.kv_cache_scale`` / ``<block>.attn.key_antiquant_scale`` and their V twins)."""
+    out: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+    for name, tensor in state.items():
+        for k_suffix, v_suffix in ((".k_proj.kv_cache_scale", ".v_proj.kv_cache_scale"),
+                                   (".attn.key_antiquant_scale", ".attn.value_antiquant_scale")):  # fmt: skip
+            if name.endswith(k_suffix):
+                block = name[: -len(k_suffix)]
+                out[block] = (tensor.float(), state[block + v_suffix].float())
+    return out
+
+
+def install_c8_attention(model: torch.nn.Module, scales: dict[str, tuple[torch.Tensor, torch.Tensor]]) -> None:
+    """Make ``model``'s attention read fake-quantized K/V: an attention implementation (transformers'
+    ``AttentionInterface``) that rounds ``key_states`` (after RoPE) and ``value_states`` ``[B, Nkv, S, D]`` to the
+    int8 grid of the block's per-channel scales ``[Nkv * D]``, then runs SDPA."""
+    from transformers import AttentionInterface
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    names = {id(m): n for n, m in model.named_modules()}
+
+    def fake_quant(x: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+        s = s.view(1, x.shape[1], 1, x.shape[3])
+        return (torch.clamp(torch.round(x.float() / s), -128, 127) * s).to(x.dtype)
+
+    def attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *a: Any,
+                  **kw: Any) -> Any:  # fmt: skip
+        k_scale, v_scale = scales[names[id(module)]]
+        return sdpa_attention_forward(module, query, fake_quant(key, k_scale), fake_quant(value, v_scale), *a, **kw)
+
+    AttentionInterface.register(_C8_ATTENTION, attention)
+    config: Any = model.config  # a transformers PretrainedConfig (nn.Module types attributes as Tensor | Module)
+    config._attn_implementation = _C8_ATTENTION
+
+
 def simulated_hf_model(quant_dir: str | Path, dtype: torch.dtype = torch.float32) -> torch.nn.Module:
-    """The HF causal LM of ``quant_dir`` with every quantized linear replaced by :class:`SimulatedQuantLinear`."""
+    """The HF causal LM of ``quant_dir`` with every quantized linear replaced by :class:`SimulatedQuantLinear` (and,
+    for a C8 checkpoint, its attention reading fake-quantized K/V: :func:`install_c8_attention`)."""
     from safetensors.torch import load_file
     from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -148,6 +190,11 @@ def simulated_hf_model(quant_dir: str | Path, dtype: torch.dtype = torch.float32
         raise ValueError(f"simulated model: float tensors missing from {quant_dir}: {missing[:5]}")
     if config.tie_word_embeddings:
         model.tie_weights()
+    if desc.kv_c8:
+        scales = c8_scales(state)
+        if not scales:
+            raise ValueError(f"simulated model: {quant_dir} is C8 but has no KV-cache scales")
+        install_c8_attention(model, scales)
     model.eval()
     return model
 
