@@ -102,6 +102,7 @@ def test_healthy_dev_env() -> None:
         "VLLM_NPU_PATCHES": "all",
         "VLLM_NPU_CACHE_DIR": None,
         "VLLM_NPU_ALLOW_UNTESTED_VLLM": "0",
+        "VLLM_NPU_EMULATED_SOC": "none",
     }
 
 

@@ -89,7 +89,7 @@ def test_op_filter_takes_names_and_patterns(device_env, capfd) -> None:
     assert {r["op"] for r in report["rows"]} == {
         "rms_norm",
         "npu_grouped_matmul[int8,per-token]",
-        "npu_grouped_matmul[int4 antiquant,per-group]",
+        "npu_grouped_matmul[int8 x int4,per-group int64 scale,bias]",
         "npu_grouped_matmul[int8,per-channel,int32 bias]",
     }
     assert report["e2e"] is None  # --op is a kernel-only run
