@@ -6,11 +6,14 @@ from __future__ import annotations
 
 from vllm_npu.interface import HookContext
 
-#: Connector names -> "module:Class". ``MooncakeConnectorV1`` is the name vllm-ascend uses for its Mooncake
-#: connector, so a vllm-ascend --kv-transfer-config keeps working.
+#: Connector names -> "module:Class". ``MooncakeConnectorV1`` and ``MooncakeConnectorStoreV1`` are the names
+#: vllm-ascend uses for its Mooncake PD connector and its Mooncake store pool, so a vllm-ascend --kv-transfer-config
+#: keeps working; ``MooncakeConnector`` and ``MooncakeStoreConnector`` are the documented ones.
 CONNECTORS: dict[str, str] = {
     "MooncakeConnector": "vllm_npu.kv.connector:MooncakeConnector",
     "MooncakeConnectorV1": "vllm_npu.kv.connector:MooncakeConnector",
+    "MooncakeStoreConnector": "vllm_npu.kv.pool.connector:MooncakeStoreConnector",
+    "MooncakeConnectorStoreV1": "vllm_npu.kv.pool.connector:MooncakeStoreConnector",
 }
 
 

@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
-"""``PDScheduler``: vLLM's V1 scheduler, plus recomputing a decode request whose KV pull failed.
+"""``PDScheduler``: vLLM's V1 scheduler, plus recomputing a request whose KV pull (PD) or pool load failed.
 
 vLLM 0.11's scheduler has no path for a failed asynchronous load: once the connector reports a request as received,
 it takes every allocated block as computed. With this scheduler (``--scheduler-cls
@@ -26,11 +26,12 @@ logger = get_logger(__name__)
 class PDScheduler(Scheduler):
     def _update_waiting_for_remote_kv(self, request: Request) -> bool:
         from .connector import MooncakeConnector
+        from .pool.connector import MooncakeStoreConnector
 
         connector = self.connector
         req_id = request.request_id
         if (
-            isinstance(connector, MooncakeConnector)
+            isinstance(connector, (MooncakeConnector, MooncakeStoreConnector))
             and req_id in self.finished_recving_kv_req_ids
             and connector.load_failed(req_id)
         ):
