@@ -63,7 +63,7 @@ def test_worker_hook_rejects_unknown_ids(monkeypatch):
     with pytest.raises(
         ConfigError,
         match="known ids: attention-output-empty, bert-token-types-no-shift, eagle-discarded-next-token, "
-        "eplb-platform-check, lora-npu-layers, repetition-penalty-torch, request-fault-isolation, "
+        "eplb-platform-check, host-offload-npu, lora-npu-layers, repetition-penalty-torch, request-fault-isolation, "
         "roberta-token-types-no-shift, shutdown-ends-requests, unsupported-api-status",
     ):
         on_worker_init(ctx(Scope.WORKER))

@@ -281,6 +281,31 @@ UNSUPPORTED_API_STATUS = Patch(
     "ends before 0.12, whose routes (moved to entrypoints/*/api_router.py) must be checked again",
 )
 
+HOST_OFFLOAD_NPU = Patch(
+    id="host-offload-npu",
+    target="vllm.v1.kv_offload.cpu.CPUOffloadingSpec.get_handlers",
+    replacement="vllm_npu.patches.sets.host_offload:make_replacement",
+    scope=Scope.WORKER,
+    vllm=">=0.11.0,<0.11.1",
+    fingerprint="3d376d073f3fb4ff6b55cebdf21cfdd4b10664174e9a9f4073c7aaa72ecc36dd",
+    also_checks=(
+        # the block-pair expansion the replacement reuses
+        (
+            "vllm.v1.kv_offload.worker.cpu_gpu.expand_block_ids",
+            "1dbb9067176ab122158da40aa639a830a1c1b9c94f51bdb19787e456c1a4d5ca",
+        ),
+    ),
+    upstream="none filed yet. Fix to propose: ask the platform for the offloading handler (a Platform hook "
+    "returning the device<->host copy handler, vLLM's CUDA one by default) instead of raising off CUDA",
+    reason="vLLM's OffloadingConnector (host-memory KV offload, kv_connector_extra_config num_cpu_blocks) fails at "
+    "worker start off CUDA ('CPU Offloading is currently only supported on CUDA GPUs'), and its handler copies "
+    "with torch.cuda streams and the CUDA kernel ops.swap_blocks along one block dimension, which would mix up "
+    "the two planes of our MLA cache. The replacement yields vllm_npu.patches.sets.host_offload.HostOffloadHandler "
+    "(pinned host memory, a torch.npu copy stream per direction on the NPU; index copies on the emulated device)",
+    removal="drop when vLLM asks the platform for the offloading handler; the range ends before 0.11.1, whose "
+    "kv_offload code was not reviewed",
+)
+
 #: The built-in set, in application order.
 BUILTIN_PATCHES: tuple[Patch, ...] = (
     REPETITION_PENALTY_TORCH,
@@ -292,6 +317,7 @@ BUILTIN_PATCHES: tuple[Patch, ...] = (
     BERT_TOKEN_TYPES_NO_SHIFT,
     ROBERTA_TOKEN_TYPES_NO_SHIFT,
     UNSUPPORTED_API_STATUS,
+    HOST_OFFLOAD_NPU,
 )
 
 #: Candidates examined for vLLM 0.11.0 and deliberately not patched: (what, why not).
