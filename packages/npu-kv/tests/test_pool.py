@@ -128,6 +128,34 @@ def test_round_trip_lookup_and_a_dead_master(pool) -> None:
         w.shutdown()
 
 
+def test_mla_latent_cache_is_stored_once_and_loaded_by_every_rank(pool) -> None:
+    cfg = _cfg(pool)
+    lora, rope = 8, 4
+    src = torch.randn(5, 4, lora + rope)  # npu-attention's MLA cache: (blocks, block_size, latent + rope)
+    ranks = [PoolWorker(lambda r=r: PoolStore(cfg, 0, f"tp{r}"), "ns", r, lora) for r in range(2)]
+    for w in ranks:
+        w.register_kv_caches({"layer.0": src if w.tp_rank == 0 else torch.zeros_like(src)})
+    assert all(w.replicated for w in ranks)
+    assert ranks[1].save([b"\x05" * 32], [2]) == (0, 0)  # rank 1 leaves the shared blocks to rank 0
+    assert ranks[0].save([b"\x05" * 32], [2]) == (1, 0)
+    manager = PoolManager(PoolStore(cfg, 0, "scheduler"), "ns", parts(2, True))
+    assert manager.lookup([b"\x05" * 32]) == 1
+    dst = torch.zeros_like(src)
+    reader = PoolWorker(lambda: PoolStore(cfg, 0, "reader"), "ns", 1, lora)
+    reader.register_kv_caches({"layer.0": dst})
+    assert reader.load([b"\x05" * 32], [4])[0]
+    # both planes of block 2 (latent run, then rope run of the one buffer) arrived in block 4
+    flat_src, flat_dst, nb, bs = src.view(-1), dst.view(-1), 5, 4
+    assert torch.equal(flat_dst[4 * bs * lora : 5 * bs * lora], flat_src[2 * bs * lora : 3 * bs * lora])
+    rope_at = nb * bs * lora
+    assert torch.equal(
+        flat_dst[rope_at + 4 * bs * rope : rope_at + 5 * bs * rope],
+        flat_src[rope_at + 2 * bs * rope : rope_at + 3 * bs * rope],
+    )
+    for w in (*ranks, reader):
+        w.shutdown()
+
+
 def test_key_parts() -> None:
     assert parts(2, False) == ["tp0", "tp1"] and parts(4, True) == ["mla"]
     assert block_key("ns", b"\xab", "tp1") == "vllm-npu/ns/ab/tp1"
@@ -183,3 +211,49 @@ def test_finished_request_is_released_after_its_stores_and_failed_loads_are_repo
     assert stats is not None and stats.data["failed"] == ["r3"] and stats.data["loaded_blocks"] == 2
     assert stats.data["stored_blocks"] == 2 and stats.reduce()["failed loads"] == 1
     worker.shutdown()
+
+
+# --- vllm-npu kv-pool ------------------------------------------------------------------------------------------
+
+
+def test_parse_size() -> None:
+    from vllm_npu.kv.pool.cli import parse_size
+
+    assert parse_size("16GB") == 16 << 30 and parse_size("512mb") == 512 << 20 and parse_size("1024") == 1024
+    with pytest.raises(ValueError, match="not a size"):
+        parse_size("lots")
+
+
+def test_kv_pool_command_serves_a_pool_until_terminated(tmp_path) -> None:
+    import signal
+    import subprocess
+    import sys
+
+    require_mooncake_libraries()
+    config = tmp_path / "mooncake.json"
+    ports = [str(free_port()) for _ in range(3)]
+    cmd = [sys.executable, "-m", "vllm_npu.platform.tools.cli", "kv-pool", "--port", ports[0], "--metrics-port"]
+    cmd += [ports[1], "--client-port", ports[2], "--segment-size", "64MB", "--config-out", str(config)]
+    cmd += ["--log-dir", str(tmp_path / "logs")]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        assert line.startswith("KV pool up: master 127.0.0.1:" + ports[0]), (line, proc.stderr and proc.stderr.read())
+        cfg = pool_config({"mooncake_config_path": str(config), "local_buffer_size": 16 << 20}, {})
+        store = PoolStore(cfg, 0, "cli-test")
+        assert store.available
+        buf = torch.arange(64, dtype=torch.float32)
+        assert store.register(buf.data_ptr(), buf.nbytes)
+        assert store.put(["k"], [[buf.data_ptr()]], [[256]]) == [0] and store.exists(["k"]) == [True]
+        store.close()
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+
+
+def test_kv_pool_command_refuses_bad_flags(capsys) -> None:
+    from vllm_npu.kv.pool.cli import main
+
+    assert main(["--segment-size", "huge"]) == 2 and "--segment-size" in capsys.readouterr().err
+    assert main(["--port", "70000"]) == 2 and "--port" in capsys.readouterr().err
