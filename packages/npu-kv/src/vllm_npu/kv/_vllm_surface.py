@@ -61,4 +61,12 @@ SURFACE: tuple[VllmName, ...] = (
         ("vllm_npu.kv.pool.connector",),
         "a kv_consumer pool instance stores nothing: its requests are not held for stores that never run",
     ),
+    VllmName(
+        "vllm.distributed.kv_transfer.kv_connector.v1.multi_connector:MultiConnector",
+        "_connectors",
+        "instance_attribute",
+        "reads",
+        ("vllm_npu.kv.scheduler",),
+        "PDScheduler asks our connectors inside a MultiConnector (PD + KV pool) whether a request's load failed",
+    ),
 )

@@ -25,16 +25,17 @@ logger = get_logger(__name__)
 
 class PDScheduler(Scheduler):
     def _update_waiting_for_remote_kv(self, request: Request) -> bool:
+        from vllm.distributed.kv_transfer.kv_connector.v1.multi_connector import MultiConnector
+
         from .connector import MooncakeConnector
         from .pool.connector import MooncakeStoreConnector
 
-        connector = self.connector
         req_id = request.request_id
-        if (
-            isinstance(connector, (MooncakeConnector, MooncakeStoreConnector))
-            and req_id in self.finished_recving_kv_req_ids
-            and connector.load_failed(req_id)
-        ):
+        # Ours alone, or inside vLLM's MultiConnector (e.g. PD + pool): ask each of ours (each forgets on asking).
+        connector = self.connector
+        connectors = connector._connectors if isinstance(connector, MultiConnector) else [connector]
+        ours = [c for c in connectors if isinstance(c, (MooncakeConnector, MooncakeStoreConnector))]
+        if req_id in self.finished_recving_kv_req_ids and any([c.load_failed(req_id) for c in ours]):
             self.finished_recving_kv_req_ids.remove(req_id)
             self.kv_cache_manager.free(request)
             request.num_computed_tokens = 0

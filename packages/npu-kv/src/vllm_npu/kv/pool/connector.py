@@ -34,6 +34,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.offloading_connector import (
 )
 from vllm_npu.interface import ConfigError, get_logger
 
+from ..metadata import failed_request_ids
 from .config import pool_config
 from .manager import PoolManager, namespace, parts
 from .stats import PoolStats
@@ -139,9 +140,8 @@ class MooncakeStoreConnector(KVConnectorBase_V1):
 
     def update_connector_output(self, connector_output: KVConnectorOutput) -> None:
         self._sched().update_connector_output(connector_output)
-        stats = connector_output.kv_connector_stats
-        if stats is not None and stats.data.get("failed"):
-            failed = set(stats.data["failed"])
+        failed = set(failed_request_ids(connector_output.kv_connector_stats, type(self).__name__))
+        if failed:
             self._failed |= failed
             self._no_pool |= failed
             for req_id in failed:
