@@ -80,6 +80,8 @@ def failed_request_ids(stats: KVConnectorStats | None, connector: str) -> list[s
     inner = data.get(connector)
     if isinstance(inner, KVConnectorStats):
         inner = inner.data
+    if isinstance(inner, dict) and set(inner) == {"data"}:  # a stats object's msgpack form
+        inner = inner["data"]
     if isinstance(inner, dict):
         return list(inner.get("failed") or ())
     return []

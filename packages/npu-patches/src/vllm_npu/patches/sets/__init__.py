@@ -306,6 +306,31 @@ HOST_OFFLOAD_NPU = Patch(
     "kv_offload code was not reviewed",
 )
 
+MULTI_CONNECTOR_STATS = Patch(
+    id="multi-connector-stats",
+    target="vllm.distributed.kv_transfer.kv_connector.v1.multi_connector.MultiConnector.build_kv_connector_stats",
+    replacement="vllm_npu.patches.sets.multi_connector_stats:make_replacement",
+    scope=Scope.PLATFORM,
+    vllm=">=0.11.0,<0.11.1",
+    fingerprint="0569afed934a85d9c92947784a88f4182ad8f09ef4dff6818938520046a78aa6",
+    also_checks=(
+        # what fails on a dict entry
+        (
+            "vllm.distributed.kv_transfer.kv_connector.v1.multi_connector.MultiKVConnectorStats.aggregate",
+            "d0554668e9a448d3e507a3b385cd94fdb38771d54955aa3482f3dc548fe762e0",
+        ),
+    ),
+    upstream="none filed yet. Fix to propose: MultiKVConnectorStats rebuilds its entries with each connector's "
+    "build_kv_connector_stats when it is built from serialized data",
+    reason="with vLLM's MultiConnector (e.g. npu-kv's PD connector + KV pool) and stats logging on, the API server "
+    "rebuilds only the outer MultiKVConnectorStats from the engine's serialized stats, its entries stay plain "
+    "dicts, and the second observation's aggregate raises AttributeError ('dict' object has no attribute "
+    "'aggregate'): the output handler dies and every later request answers HTTP 500. The replacement rebuilds each "
+    "entry with its connector class's build_kv_connector_stats",
+    removal="drop when vLLM rebuilds MultiConnector stats entries itself; the range ends before 0.11.1, whose "
+    "multi_connector code was not reviewed",
+)
+
 #: The built-in set, in application order.
 BUILTIN_PATCHES: tuple[Patch, ...] = (
     REPETITION_PENALTY_TORCH,
@@ -318,6 +343,7 @@ BUILTIN_PATCHES: tuple[Patch, ...] = (
     ROBERTA_TOKEN_TYPES_NO_SHIFT,
     UNSUPPORTED_API_STATUS,
     HOST_OFFLOAD_NPU,
+    MULTI_CONNECTOR_STATS,
 )
 
 #: Candidates examined for vLLM 0.11.0 and deliberately not patched: (what, why not).
