@@ -189,7 +189,8 @@ class _FakeStore:
 
 
 def _drain(worker: PoolWorker, finished: set[str]) -> tuple[set[str], set[str]]:
-    worker._pool.submit(lambda: None).result()  # the background jobs before it are done
+    for pool in (worker._loads, worker._stores):
+        pool.submit(lambda: None).result()  # the background jobs before it are done
     sending, recving = worker.get_finished(finished)
     return sending or set(), recving or set()
 

@@ -57,7 +57,9 @@ class PoolWorker:
         self.replicated = False
         self.block_bytes = 0
         self._lock = threading.Lock()
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"npu-kv-pool-{tp_rank}")
+        # Loads and stores on threads of their own: a load (a request waiting to start) never queues behind stores.
+        self._loads = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"npu-kv-pool-load-{tp_rank}")
+        self._stores = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"npu-kv-pool-store-{tp_rank}")
         self._jobs = 0
         self._store_jobs: dict[str, int] = defaultdict(int)  # req_id -> store jobs still running
         self._waiting_for_store: set[str] = set()  # finished requests whose stores still run
@@ -111,7 +113,7 @@ class PoolWorker:
     def start_load(self, reqs_to_load: dict[str, tuple[Any, Any]]) -> None:
         for req_id, (src, dst) in reqs_to_load.items():
             assert isinstance(src, PoolLoadStoreSpec)
-            self._pool.submit(self._load, req_id, src.block_hashes, [int(b) for b in dst.block_ids])
+            self._loads.submit(self._load, req_id, src.block_hashes, [int(b) for b in dst.block_ids])
 
     def start_store(self, reqs_to_store: dict[str, tuple[Any, Any]]) -> None:
         if not reqs_to_store:
@@ -122,7 +124,7 @@ class PoolWorker:
             with self._lock:
                 self._store_jobs[req_id] += 1
                 self._tracked.add(req_id)
-            self._pool.submit(self._store, req_id, dst.block_hashes, [int(b) for b in src.block_ids], event)
+            self._stores.submit(self._store, req_id, dst.block_hashes, [int(b) for b in src.block_ids], event)
 
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
         with self._lock:
@@ -230,6 +232,7 @@ class PoolWorker:
         return len(todo) - len(errors), len(errors)
 
     def shutdown(self) -> None:
-        self._pool.shutdown(wait=True, cancel_futures=False)
+        self._loads.shutdown(wait=True, cancel_futures=False)
+        self._stores.shutdown(wait=True, cancel_futures=False)
         if self.store is not None:
             self.store.close()
