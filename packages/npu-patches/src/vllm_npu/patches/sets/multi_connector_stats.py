@@ -10,9 +10,9 @@ object into a plain dict. ``KVConnectorLogging.observe`` rebuilds only the outer
 has no attribute 'aggregate'``) and every later request fails with HTTP 500. Any ``MultiConnector`` whose connectors
 report stats hits it (e.g. npu-kv's PD connector + KV pool), with stats logging on (``vllm serve``'s default).
 
-The replacement rebuilds each entry with its connector class's own ``build_kv_connector_stats`` (the class looked up
-in vLLM's ``KVConnectorFactory`` by the name the entry is keyed by); an entry it cannot rebuild is dropped from the
-log, never raised.
+The replacement rebuilds each entry with its connector class's own ``build_kv_connector_stats`` (the class found
+with vLLM's ``KVConnectorFactory.get_connector_class`` by the name the entry is keyed by); an entry it cannot
+rebuild is dropped from the log, never raised.
 """
 
 from __future__ import annotations
@@ -35,11 +35,14 @@ def revive(name: str, value: Any) -> Any:
     if not isinstance(value, dict):
         return None
     data = value.get("data", value) if set(value) <= {"data"} else value
-    loader = KVConnectorFactory._registry.get(name)
-    if loader is None:
+    from vllm.config import KVTransferConfig
+
+    try:
+        cls = KVConnectorFactory.get_connector_class(KVTransferConfig(kv_connector=name, kv_role="kv_both"))
+    except Exception:  # not a registered connector name
         return None
     try:
-        stats = loader().build_kv_connector_stats(data=data)
+        stats = cls.build_kv_connector_stats(data=data)
     except Exception as exc:  # a connector that cannot rebuild its own stats: leave it out of the log
         logger.warning("KV connector %s: its stats could not be rebuilt (%s); not logged", name, exc)
         return None
