@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
-"""vllm_npu.kv: prefill-decode disaggregation (the Mooncake KV connector and the PD proxy).
+"""vllm_npu.kv: prefill-decode disaggregation (the Mooncake KV connector and the PD proxy) and the KV pool.
 
 Importing this package is cheap (exports load on first access): vLLM imports it in every process when it
 discovers plugins.
@@ -17,6 +17,7 @@ from ._version import __version__
 _EXPORTS: dict[str, str] = {
     "CONNECTORS": "._hooks:CONNECTORS",
     "MooncakeConnector": ".connector:MooncakeConnector",
+    "MooncakeStoreConnector": ".pool.connector:MooncakeStoreConnector",
     "MooncakeUnavailableError": ".engine:MooncakeUnavailableError",
     "PDScheduler": ".scheduler:PDScheduler",
     "TransferEngineHandle": ".engine:TransferEngineHandle",
@@ -28,6 +29,7 @@ if TYPE_CHECKING:
     from ._hooks import CONNECTORS, register, select_scheduler
     from .connector import MooncakeConnector
     from .engine import MooncakeUnavailableError, TransferEngineHandle
+    from .pool.connector import MooncakeStoreConnector
     from .scheduler import PDScheduler
 else:
     from vllm_npu.interface import lazy_exports
@@ -37,6 +39,7 @@ else:
 __all__ = [
     "CONNECTORS",
     "MooncakeConnector",
+    "MooncakeStoreConnector",
     "MooncakeUnavailableError",
     "PDScheduler",
     "TransferEngineHandle",

@@ -23,7 +23,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorStat
 
 from ._scheduler_side import SchedulerSide
 from ._worker_side import WorkerSide
-from .metadata import MooncakeConnectorMetadata, MooncakeTransferStats
+from .metadata import MooncakeConnectorMetadata, MooncakeTransferStats, failed_request_ids
 from .settings import connector_settings
 
 if TYPE_CHECKING:
@@ -96,9 +96,9 @@ class MooncakeConnector(KVConnectorBase_V1):
         return self._sched().request_finished(request, block_ids)
 
     def update_connector_output(self, connector_output: KVConnectorOutput) -> None:
-        stats = connector_output.kv_connector_stats
-        if stats is not None and stats.data.get("failed"):
-            self._sched().record_failures(list(stats.data["failed"]))
+        failed = failed_request_ids(connector_output.kv_connector_stats, type(self).__name__)
+        if failed:
+            self._sched().record_failures(failed)
 
     def load_failed(self, req_id: str) -> bool:
         """Scheduler side: whether ``req_id``'s KV pull failed on a worker (asked once; see :mod:`.scheduler`)."""

@@ -66,3 +66,22 @@ class MooncakeTransferStats(KVConnectorStats):
     @classmethod
     def from_data(cls, data: dict[str, Any] | None) -> MooncakeTransferStats:
         return cls(data=dict(data)) if data else cls()
+
+
+def failed_request_ids(stats: KVConnectorStats | None, connector: str) -> list[str]:
+    """The request ids whose load failed, from the step's connector stats: ``stats.data["failed"]`` when the
+    connector runs alone, or the ``connector`` entry's when it runs inside vLLM's ``MultiConnector`` (whose stats
+    are keyed by connector class name; an entry may arrive as a stats object or as its plain ``data`` dict)."""
+    if stats is None:
+        return []
+    data = stats.data
+    if "failed" in data:
+        return list(data["failed"] or ())
+    inner = data.get(connector)
+    if isinstance(inner, KVConnectorStats):
+        inner = inner.data
+    if isinstance(inner, dict) and set(inner) == {"data"}:  # a stats object's msgpack form
+        inner = inner["data"]
+    if isinstance(inner, dict):
+        return list(inner.get("failed") or ())
+    return []

@@ -110,7 +110,9 @@ class NPUPlatform(Platform):
         from vllm_npu.kv import select_scheduler
 
         sched = vllm_config.scheduler_config
-        chosen = select_scheduler(kv.kv_connector, sched.scheduler_cls)
+        # vLLM's MultiConnector (e.g. PD + KV pool) names its connectors in its extra config.
+        subs = [str(c.get("kv_connector")) for c in (kv.kv_connector_extra_config or {}).get("connectors") or ()]
+        chosen = select_scheduler(kv.kv_connector, sched.scheduler_cls, subs)
         if chosen != sched.scheduler_cls:
             logger.info("KV connector %s: scheduler %s", kv.kv_connector, chosen)
             sched.scheduler_cls = chosen  # type: ignore[assignment]

@@ -308,6 +308,56 @@ MULTIMODAL_MERGE_INDEX_PUT = Patch(
     "the range ends at 0.11.1, whose utils.py must be checked again",
 )
 
+HOST_OFFLOAD_NPU = Patch(
+    id="host-offload-npu",
+    target="vllm.v1.kv_offload.cpu.CPUOffloadingSpec.get_handlers",
+    replacement="vllm_npu.patches.sets.host_offload:make_replacement",
+    scope=Scope.WORKER,
+    vllm=">=0.11.0,<0.11.1",
+    fingerprint="3d376d073f3fb4ff6b55cebdf21cfdd4b10664174e9a9f4073c7aaa72ecc36dd",
+    also_checks=(
+        # the block-pair expansion the replacement reuses
+        (
+            "vllm.v1.kv_offload.worker.cpu_gpu.expand_block_ids",
+            "1dbb9067176ab122158da40aa639a830a1c1b9c94f51bdb19787e456c1a4d5ca",
+        ),
+    ),
+    upstream="none filed yet. Fix to propose: ask the platform for the offloading handler (a Platform hook "
+    "returning the device<->host copy handler, vLLM's CUDA one by default) instead of raising off CUDA",
+    reason="vLLM's OffloadingConnector (host-memory KV offload, kv_connector_extra_config num_cpu_blocks) fails at "
+    "worker start off CUDA ('CPU Offloading is currently only supported on CUDA GPUs'), and its handler copies "
+    "with torch.cuda streams and the CUDA kernel ops.swap_blocks along one block dimension, which would mix up "
+    "the two planes of our MLA cache. The replacement yields vllm_npu.patches.sets.host_offload.HostOffloadHandler "
+    "(pinned host memory, a torch.npu copy stream per direction on the NPU; index copies on the emulated device)",
+    removal="drop when vLLM asks the platform for the offloading handler; the range ends before 0.11.1, whose "
+    "kv_offload code was not reviewed",
+)
+
+MULTI_CONNECTOR_STATS = Patch(
+    id="multi-connector-stats",
+    target="vllm.distributed.kv_transfer.kv_connector.v1.multi_connector.MultiConnector.build_kv_connector_stats",
+    replacement="vllm_npu.patches.sets.multi_connector_stats:make_replacement",
+    scope=Scope.PLATFORM,
+    vllm=">=0.11.0,<0.11.1",
+    fingerprint="0569afed934a85d9c92947784a88f4182ad8f09ef4dff6818938520046a78aa6",
+    also_checks=(
+        # what fails on a dict entry
+        (
+            "vllm.distributed.kv_transfer.kv_connector.v1.multi_connector.MultiKVConnectorStats.aggregate",
+            "d0554668e9a448d3e507a3b385cd94fdb38771d54955aa3482f3dc548fe762e0",
+        ),
+    ),
+    upstream="none filed yet. Fix to propose: MultiKVConnectorStats rebuilds its entries with each connector's "
+    "build_kv_connector_stats when it is built from serialized data",
+    reason="with vLLM's MultiConnector (e.g. npu-kv's PD connector + KV pool) and stats logging on, the API server "
+    "rebuilds only the outer MultiKVConnectorStats from the engine's serialized stats, its entries stay plain "
+    "dicts, and the second observation's aggregate raises AttributeError ('dict' object has no attribute "
+    "'aggregate'): the output handler dies and every later request answers HTTP 500. The replacement rebuilds each "
+    "entry with its connector class's build_kv_connector_stats",
+    removal="drop when vLLM rebuilds MultiConnector stats entries itself; the range ends before 0.11.1, whose "
+    "multi_connector code was not reviewed",
+)
+
 #: The built-in set, in application order.
 BUILTIN_PATCHES: tuple[Patch, ...] = (
     REPETITION_PENALTY_TORCH,
@@ -320,6 +370,8 @@ BUILTIN_PATCHES: tuple[Patch, ...] = (
     ROBERTA_TOKEN_TYPES_NO_SHIFT,
     UNSUPPORTED_API_STATUS,
     MULTIMODAL_MERGE_INDEX_PUT,
+    HOST_OFFLOAD_NPU,
+    MULTI_CONNECTOR_STATS,
 )
 
 #: Candidates examined for vLLM 0.11.0 and deliberately not patched: (what, why not).

@@ -68,6 +68,11 @@ SUBCOMMANDS: dict[str, Subcommand] = {
         "kv",
         "serve the OpenAI-compatible proxy in front of prefill and decode instances (PD disaggregation)",
     ),
+    "kv-pool": Subcommand(
+        "vllm_npu.kv.pool.cli:main",
+        "kv",
+        "start a KV pool (mooncake_master + a client lending host memory) for the MooncakeStoreConnector",
+    ),
 }
 
 

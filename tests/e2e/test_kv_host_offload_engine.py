@@ -1,0 +1,81 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
+"""vLLM's own ``OffloadingConnector`` (host-memory KV offload, ``num_cpu_blocks``) on the emulated device, through
+npu-patches' ``host-offload-npu`` (vLLM's handler is CUDA-only). Tiny Qwen2 (GQA), float32, block size 16.
+
+The device cache holds 40 blocks, too few for four 200-token prompts (13 blocks each) to stay: served one after the
+other, the first prompt's blocks are evicted from the device (control: vLLM's device prefix cache no longer has its
+first block) while the connector has copied them to host memory. Sent again, most of the first prompt comes back
+from host memory (``num_cached_tokens``) and the answer == HF greedy.
+"""
+
+from __future__ import annotations
+
+import pytest
+from npu_testkit.engine import emulated_env, engine, greedy_outputs, make_prompts
+from npu_testkit.models import hf_greedy
+
+pytestmark = pytest.mark.engine
+
+MAX_TOKENS = 6
+BLOCK = 16
+LENGTHS = [200, 200, 200, 200]
+
+
+@pytest.fixture(scope="module")
+def prompts() -> list[list[int]]:
+    return make_prompts(LENGTHS, seed=83)
+
+
+@pytest.fixture(scope="module")
+def references(tiny_qwen2, prompts) -> list[list[int]]:
+    return hf_greedy(tiny_qwen2, prompts, MAX_TOKENS)
+
+
+def _on_device(llm, prompt: list[int]) -> bool:
+    """Whether the device prefix cache still holds ``prompt``'s first block."""
+    from vllm.utils import get_hash_fn_by_name
+    from vllm.v1.core.kv_cache_utils import hash_block_tokens, init_none_hash
+
+    core = llm.llm_engine.engine_core.engine_core
+    fn = get_hash_fn_by_name(llm.llm_engine.vllm_config.cache_config.prefix_caching_hash_algo)
+    init_none_hash(fn)
+    first = hash_block_tokens(fn, None, prompt[:BLOCK])
+    pool = core.scheduler.kv_cache_manager.block_pool
+    return pool.get_cached_block(first, [0]) is not None
+
+
+@pytest.fixture(scope="module")
+def run(tiny_qwen2, prompts, tmp_path_factory) -> dict[str, object]:
+    env = emulated_env(tmp_path_factory.mktemp("offload"), extra={"PYTHONHASHSEED": "0"})
+    kv = {
+        "kv_connector": "OffloadingConnector",
+        "kv_role": "kv_both",
+        "kv_connector_extra_config": {"num_cpu_blocks": 128},
+    }
+    out: dict[str, object] = {}
+    with engine(
+        tiny_qwen2,
+        env,
+        block_size=BLOCK,
+        enable_prefix_caching=True,
+        num_gpu_blocks_override=40,
+        max_num_seqs=2,
+        kv_transfer_config=kv,
+    ) as llm:
+        out["first"] = [list(greedy_outputs(llm, [p], MAX_TOKENS)[0].outputs[0].token_ids) for p in prompts]
+        out["evicted"] = not _on_device(llm, prompts[0])
+        again = greedy_outputs(llm, [prompts[0]], MAX_TOKENS)[0]
+        out["again"] = list(again.outputs[0].token_ids)
+        out["again_cached"] = again.num_cached_tokens
+    return out
+
+
+def test_every_prompt_matches_hf(run, references) -> None:
+    assert run["first"] == references
+
+
+def test_first_prompt_comes_back_from_host_memory(run, references, prompts) -> None:
+    assert run["evicted"], "control: the device cache should have evicted the first prompt"
+    assert run["again"] == references[0]
+    assert run["again_cached"] >= len(prompts[0]) // BLOCK * BLOCK - BLOCK, run["again_cached"]

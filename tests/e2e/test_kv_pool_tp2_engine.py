@@ -1,0 +1,72 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
+"""The KV pool with tensor parallelism 2 (two spawned workers per instance, tiny Qwen2 GQA: one KV head per rank),
+on the emulated device with a real ``mooncake_master`` and memory-lending ``mooncake_client`` on 127.0.0.1. Instance
+A stores each block once per rank (key parts ``tp0``, ``tp1``); a fresh instance B finds a block only when both ranks'
+parts are there, each rank loads its own, and B answers == HF greedy with most of each prompt from the pool."""
+
+from __future__ import annotations
+
+import pytest
+from npu_testkit.engine import emulated_env, engine, greedy_outputs, make_prompts
+from npu_testkit.models import hf_greedy
+from npu_testkit.serve import free_port
+from npu_testkit.system_libs import require_mooncake_libraries
+
+pytestmark = pytest.mark.engine
+
+MAX_TOKENS = 6
+BLOCK = 16
+LENGTHS = [150, 222]
+
+
+@pytest.fixture(scope="module")
+def prompts() -> list[list[int]]:
+    return make_prompts(LENGTHS, seed=62)
+
+
+@pytest.fixture(scope="module")
+def references(tiny_qwen2, prompts) -> list[list[int]]:
+    return hf_greedy(tiny_qwen2, prompts, MAX_TOKENS)
+
+
+@pytest.fixture(scope="module")
+def runs(tiny_qwen2, prompts, tmp_path_factory) -> dict[str, object]:
+    require_mooncake_libraries()
+    from vllm_npu.kv.pool.launch import running_pool
+
+    tmp = tmp_path_factory.mktemp("kvpool-tp2")
+    out: dict[str, object] = {}
+    with running_pool("127.0.0.1", free_port(), free_port(), free_port(), 128 << 20, tmp) as pool:
+        kv = {
+            "kv_connector": "MooncakeStoreConnector",
+            "kv_role": "kv_both",
+            "kv_connector_extra_config": {
+                "master_server_address": pool.master_address,
+                "local_hostname": "127.0.0.1",
+                "global_segment_size": 0,
+                "local_buffer_size": 16 << 20,
+            },
+        }
+        for name in ("a", "b"):
+            env = emulated_env(tmp / name, extra={"PYTHONHASHSEED": "0", "VLLM_WORKER_MULTIPROC_METHOD": "spawn"})
+            with engine(
+                tiny_qwen2,
+                env,
+                block_size=BLOCK,
+                enable_prefix_caching=True,
+                kv_transfer_config=kv,
+                tensor_parallel_size=2,
+                distributed_executor_backend="mp",
+            ) as llm:
+                outs = greedy_outputs(llm, prompts, MAX_TOKENS)
+                out[name] = [list(o.outputs[0].token_ids) for o in outs]
+                out[name + "_cached"] = [o.num_cached_tokens for o in outs]
+    return out
+
+
+def test_tp2_fresh_instance_loads_both_ranks_parts_from_the_pool(runs, references, prompts) -> None:
+    assert runs["a"] == references and runs["a_cached"] == [0, 0]
+    assert runs["b"] == references
+    for prompt, cached in zip(prompts, runs["b_cached"]):
+        assert cached == len(prompt) // BLOCK * BLOCK, (len(prompt), cached)
