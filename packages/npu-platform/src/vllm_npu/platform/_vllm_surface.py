@@ -268,11 +268,13 @@ SURFACE: tuple[VllmName, ...] = (
         "method",
         "overrides",
         _MODEL_RUNNER,
-        "the override zeroes the positions of a step's graph padding (the first two results: scheduled and padded "
-        "token counts); without it RoBERTa's in-place position offset grows the stale padding slots every step "
+        "the override zeroes the positions of a step's graph padding (0.11.0: the first two results are the "
+        "scheduled and padded token counts; 0.11.1: the padded count is the argument, model_runner."
+        "PREPROCESS_TAKES_NUM_INPUT); without it RoBERTa's in-place position offset grows the stale padding slots every step "
         "until the position embedding raises IndexError (vllm#37868)",
         signature="(self, scheduler_output, intermediate_tensors=None, ubatch_slices=None, "
         "num_tokens_after_padding=None)",
+        changes=(("0.11.1", "(self, scheduler_output, num_input_tokens, intermediate_tensors=None)"),),
     ),
     VllmName(
         _RUNNER,
