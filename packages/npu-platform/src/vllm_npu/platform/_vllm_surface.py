@@ -131,6 +131,26 @@ SURFACE: tuple[VllmName, ...] = (
     ),
     VllmName(
         _WORKER,
+        "initialize_from_config",
+        "method",
+        "overrides",
+        _WORKER_MODULE,
+        "the override allocates the KV cache through our model runner; from 0.11.1 vLLM's also makes the worker's KV "
+        "connector there (worker.KV_CONNECTOR_AT_KV_CACHE_INIT): without it a decode instance never pulls its KV and "
+        "its requests wait forever",
+        signature="(self, kv_cache_config)",
+    ),
+    VllmName(
+        "vllm.distributed.kv_transfer",
+        "ensure_kv_transfer_initialized",
+        "module_global",
+        "calls",
+        _WORKER_MODULE,
+        "NPUWorker.initialize_from_config makes the worker's KV connector with it on vLLM 0.11.1 (its kv_cache_config "
+        "parameter tells the release)",
+    ),
+    VllmName(
+        _WORKER,
         "determine_available_memory",
         "method",
         "overrides",
