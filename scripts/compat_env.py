@@ -146,6 +146,10 @@ REPRESENTATIVE: tuple[str, ...] = (
 )
 
 
+#: The drift guard: vLLM's surface as each layer uses it, and the built-in patches' fingerprints on the release.
+DRIFT_GUARD: tuple[str, ...] = ("tests/test_vllm_surface.py", "packages/npu-patches/tests/test_builtin_set.py")
+
+
 def check(vllm_version: str, venv: Path) -> bool:
     """The compatibility job in ``venv``: drift guard, demo, representative engine modules. True if all pass."""
     env = {**os.environ, "VIRTUAL_ENV": str(venv), "PATH": f"{venv / 'bin'}:{os.environ.get('PATH', '')}"}
@@ -155,7 +159,8 @@ def check(vllm_version: str, venv: Path) -> bool:
         env["VLLM_NPU_ALLOW_UNTESTED_VLLM"] = "1"  # a preview release is refused at plugin load otherwise
     python = str(venv / "bin" / "python")
     steps = [
-        ("drift guard", [python, "-m", "pytest", "-p", "no:xdist", "-q", "tests/test_vllm_surface.py"]),
+        # the surface tables, and the patch set's fingerprints of this release (a patch of the line must fit it)
+        ("drift guard", [python, "-m", "pytest", "-p", "no:xdist", "-q", *DRIFT_GUARD]),
         ("demo", [str(venv / "bin" / "vllm-npu"), "demo"]),
         ("engines", [python, "-m", "pytest", "-n", "2", "--dist", "loadfile", "-q", "-rfE", *REPRESENTATIVE]),
     ]

@@ -21,6 +21,9 @@ def _no_override(monkeypatch: pytest.MonkeyPatch) -> None:
         ("0.11.0+cpu", "2.8.0+cpu", None),
         ("0.11.0", "2.8.0", "2.8.0"),  # Ascend: vLLM built with VLLM_TARGET_DEVICE=empty
         ("0.11.0", "2.8.0", "2.8.0.post2"),
+        ("0.11.1", "2.9.0", None),  # 0.11.1 / 0.11.2 with their own PyPI torch, or the Ascend pair
+        ("0.11.2", "2.9.0+cu128", None),
+        ("0.11.2", "2.8.0", "2.8.0.post2"),
     ],
 )
 def test_tested_triples_pass(vllm: str, torch: str, torch_npu: str | None) -> None:
@@ -28,14 +31,14 @@ def test_tested_triples_pass(vllm: str, torch: str, torch_npu: str | None) -> No
     assert (report.errors, report.warnings) == ([], [])
 
 
-@pytest.mark.parametrize(
-    ("vllm", "torch", "torch_npu"),
-    [("0.11.1", "2.9.0", None), ("0.11.2", "2.9.0+cu128", None), ("0.11.2", "2.8.0", "2.8.0.post2")],
-)
-def test_preview_triples_are_refused_for_the_vllm_alone(vllm: str, torch: str, torch_npu: str | None) -> None:
-    """0.11.1 / 0.11.2 with their own torch pairs: only the preview refusal, which names the known gaps."""
-    (error,) = check_triple(vllm, torch, torch_npu, SUPPORTED_VLLM).errors
-    assert "is a preview of this line" in error
+def test_a_preview_triple_is_refused_for_the_vllm_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A preview release (none today) with its own torch: only the preview refusal, which names the known gaps."""
+    from vllm_npu.interface import vllm_line
+
+    monkeypatch.setattr(vllm_line, "PREVIEW_RELEASES", (vllm_line.Release("0.11.3", torch="2.9.0"),))
+    monkeypatch.setattr(vllm_line, "PREVIEW_GAPS", "MoE models diverge from HF")
+    (error,) = check_triple("0.11.3", "2.9.0", None, SUPPORTED_VLLM).errors
+    assert "is a preview of this line: MoE models diverge from HF" in error
 
 
 def test_an_untested_vllm_is_an_error_unless_allowed(monkeypatch: pytest.MonkeyPatch) -> None:

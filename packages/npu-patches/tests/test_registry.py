@@ -19,6 +19,7 @@ from vllm_npu.patches import (
     fingerprint_of,
     fingerprint_path,
 )
+from vllm_npu.patches._model import NOT_CHECKED
 from vllm_npu.patches._registry import MARKER
 
 V = "0.11.0"  # the vLLM version the tests pretend is installed
@@ -160,6 +161,30 @@ def test_a_changed_dependency_fails_naming_that_path(fake):
     with pytest.raises(PatchFingerprintError) as err:
         apply(PatchRegistry([patch]))
     assert err.value.target == helper
+
+
+def test_a_release_can_move_a_check_to_new_code(fake):
+    # 0.11.1 moved a route the patch relies on to another module: from 0.11.1 on the old path is not checked (it is
+    # gone) and the new one is, with its own fingerprint; the first release still checks the old path.
+    helper, child = f"{fake.mod.__name__}.helper", f"{fake.mod.__name__}.Child"
+    patch = make_patch(
+        fake,
+        also_checks=((helper, "0" * 64),),
+        changes=(("0.11.1", ((helper, NOT_CHECKED), (child, fingerprint_path(child)))),),
+    )
+    assert dict(patch.fingerprints_for("0.11.2")) == {patch.target: patch.fingerprint, child: fingerprint_path(child)}
+    with pytest.raises(PatchFingerprintError) as err:
+        apply(PatchRegistry([patch]), vllm_version="0.11.0")
+    assert err.value.target == helper
+    [rec] = apply(PatchRegistry([patch]), vllm_version="0.11.2")
+    assert rec.status is PatchStatus.APPLIED
+
+
+@pytest.mark.parametrize("dropped", ["target", "unchecked"])
+def test_a_release_stops_checking_only_paths_checked_before_it(fake, dropped):
+    path = f"{fake.mod.__name__}.{'greet' if dropped == 'target' else 'helper'}"
+    with pytest.raises(PatchError, match="stop checking"):
+        make_patch(fake, changes=(("0.11.1", ((path, NOT_CHECKED),)),))
 
 
 def test_a_mismatch_changes_nothing_even_for_patches_that_would_fit(fake):

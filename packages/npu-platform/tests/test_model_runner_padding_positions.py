@@ -21,29 +21,47 @@ def _runner(positions: torch.Tensor, *, mrope: bool = False):
     return r
 
 
-def _roberta_steps(monkeypatch: pytest.MonkeyPatch, runner, steps: list[tuple[int, int]]) -> torch.Tensor:
+def _roberta_steps(
+    monkeypatch: pytest.MonkeyPatch, runner, steps: list[tuple[int, int]], *, release: str = "0.11.0"
+) -> torch.Tensor:
     """Run ``_preprocess`` for each (scheduled, padded) token count, as vLLM fills the scheduled positions
-    (0..n-1), then RoBERTa's in-place ``+= padding_idx + 1`` (padding_idx 1) on the padded slice."""
+    (0..n-1), then RoBERTa's in-place ``+= padding_idx + 1`` (padding_idx 1) on the padded slice. ``release``: the
+    calling convention of vLLM 0.11.0 (counts returned first) or 0.11.1 (padded count passed in, tensors returned)."""
     from vllm.model_executor.models.roberta import replace_roberta_positions
 
     step: dict[str, int] = {}
 
-    def vllm_preprocess(self, scheduler_output, *args, **kwargs):
+    def vllm_preprocess_0_11_0(self, scheduler_output, *args, **kwargs):
         n, padded = step["n"], step["padded"]
         self.positions.gpu[:n] = torch.arange(n)  # vLLM's copy_to_gpu(total_num_scheduled_tokens)
         return (n, padded, None, None, None, self.positions.gpu[:padded], None, {})
 
-    monkeypatch.setattr(GPUModelRunner, "_preprocess", vllm_preprocess)
+    def vllm_preprocess_0_11_1(self, scheduler_output, num_input_tokens, intermediate_tensors=None):
+        n = scheduler_output.total_num_scheduled_tokens
+        self.positions.gpu[:n] = torch.arange(n)
+        return (None, None, self.positions.gpu[:num_input_tokens], None, {}, None)
+
+    new_convention = release != "0.11.0"
+    monkeypatch.setattr(runner_mod, "PREPROCESS_TAKES_NUM_INPUT", new_convention)
+    monkeypatch.setattr(
+        GPUModelRunner, "_preprocess", vllm_preprocess_0_11_1 if new_convention else vllm_preprocess_0_11_0
+    )
     for n, padded in steps:
         step.update(n=n, padded=padded)
-        out = runner._preprocess(SimpleNamespace())
-        replace_roberta_positions(torch.zeros(padded, dtype=torch.int32), out[5], padding_idx=1)
+        if new_convention:
+            out = runner._preprocess(SimpleNamespace(total_num_scheduled_tokens=n), padded)
+            positions = out[2]
+        else:
+            out = runner._preprocess(SimpleNamespace())
+            positions = out[5]
+        replace_roberta_positions(torch.zeros(padded, dtype=torch.int32), positions, padding_idx=1)
     return runner.positions.gpu
 
 
-def test_padding_positions_stay_in_range(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("release", ["0.11.0", "0.11.1"])
+def test_padding_positions_stay_in_range(monkeypatch: pytest.MonkeyPatch, release: str) -> None:
     runner = _runner(torch.zeros(16, dtype=torch.int64))
-    positions = _roberta_steps(monkeypatch, runner, [(3, 4)] * 300)
+    positions = _roberta_steps(monkeypatch, runner, [(3, 4)] * 300, release=release)
     # the last step: real tokens at 2, 3, 4 (RoBERTa's offset), the padding slot at 0 + 2, not 2 * 300
     assert positions[:4].tolist() == [2, 3, 4, 2]
 
@@ -58,9 +76,17 @@ def test_without_the_zeroing_the_padding_slot_grows_every_step(monkeypatch: pyte
     assert positions[3].item() == 2 * 300
 
 
-def test_unpadded_and_mrope_steps_are_left_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("release", ["0.11.0", "0.11.1"])
+def test_unpadded_and_mrope_steps_are_left_alone(monkeypatch: pytest.MonkeyPatch, release: str) -> None:
     runner = _runner(torch.full((8,), 7, dtype=torch.int64))
-    positions = _roberta_steps(monkeypatch, runner, [(4, 4)])
+    positions = _roberta_steps(monkeypatch, runner, [(4, 4)], release=release)
     assert positions.tolist() == [2, 3, 4, 5, 7, 7, 7, 7]
     mrope = _runner(torch.full((8,), 7, dtype=torch.int64), mrope=True)
-    assert _roberta_steps(monkeypatch, mrope, [(2, 4)])[:4].tolist() == [2, 3, 9, 9]
+    assert _roberta_steps(monkeypatch, mrope, [(2, 4)], release=release)[:4].tolist() == [2, 3, 9, 9]
+
+
+def test_the_calling_convention_is_read_off_the_installed_vllm() -> None:
+    import inspect
+
+    takes = "num_input_tokens" in inspect.signature(GPUModelRunner._preprocess).parameters
+    assert runner_mod.PREPROCESS_TAKES_NUM_INPUT is takes

@@ -144,10 +144,13 @@ def train_eagle_head(
     (``lm_head(layer(fc(cat(embed(x[t+1]), h_t))))``, the layer without its input norm, causal attention, RoPE at
     position ``t``), and its output is pulled towards the target's next hidden state ``h_{t+1}`` (EAGLE's feature
     loss: at serving time the head's output is the hidden input of the next draft position). Embedding and LM head
-    are the target's (frozen, shared at serving time). ``steps`` full-batch
+    are the target's (frozen, shared at serving time: the checkpoint carries no ``embed_tokens``, as EAGLE-1 heads
+    that share the target's embedding ship. vLLM 0.11.1/0.11.2 mark a head whose checkpoint has ``embed_tokens`` as
+    having its own embedding but never load it (``EagleLlamaForCausalLM.load_weights`` still skips the name with
+    PP=1; vllm#28549), so such a head drafts from an uninitialised embedding). ``steps`` full-batch
     Adam steps over ``prompts`` plus their ``max_new_tokens`` greedy tokens. Cached by content."""
     target = Path(target_dir)
-    key = _key("eagle-trained-v2", _target_key(target), [list(p) for p in prompts], max_new_tokens, steps, lr, seed)
+    key = _key("eagle-trained-v3", _target_key(target), [list(p) for p in prompts], max_new_tokens, steps, lr, seed)
     out = default_cache_dir() / f"eagle-trained-{key}"
     return cached_build(out, key, lambda d: _train_head(d, target, prompts, max_new_tokens, steps, lr, seed))
 
@@ -208,7 +211,7 @@ def _train_head(
         assert isinstance(loss, torch.Tensor)
         loss.backward()
         opt.step()
-    weights = {"fc.weight": fc.weight, "embed_tokens.weight": embed.weight}
+    weights = {"fc.weight": fc.weight}  # no embed_tokens: vLLM shares the target's (see the docstring)
     for name, p in layer.named_parameters():
         weights[f"layers.0.{name}"] = p
     save_file({k: v.detach().contiguous() for k, v in weights.items()}, str(out / "model.safetensors"))

@@ -322,6 +322,9 @@ DEEPSEEK_V3_TINY: dict[str, Any] = {
     # default this is; 0.11.1 uses transformers' class, which has no such default, so without it the gate has no
     # e_score_correction_bias and loading the checkpoint's fails (KeyError).
     "topk_method": "noaux_tc",
+    # Likewise (DeepSeek-V3's config.json): without it vLLM 0.11.1 routes with its default softmax while HF's
+    # DeepSeek-V3 router always takes the sigmoid, and greedy tokens part after a few steps.
+    "scoring_func": "sigmoid",
     "routed_scaling_factor": 1.0,
     "norm_topk_prob": True,
     "num_attention_heads": 4,

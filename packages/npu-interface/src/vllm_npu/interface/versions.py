@@ -24,7 +24,7 @@ INTERFACE_VERSION = "1.1"
 
 #: The vLLM releases this plugin line is tested on (``TESTED_RELEASES`` in :mod:`.vllm_line`): the ``vllm`` range of
 #: every component of the line. Any other vLLM is refused at plugin load (``VLLM_NPU_ALLOW_UNTESTED_VLLM=1`` overrides).
-SUPPORTED_VLLM = ">=0.11.0,<0.11.1"
+SUPPORTED_VLLM = ">=0.11.0,<=0.11.2"
 
 
 def parse_range(spec: str, *, what: str) -> SpecifierSet:

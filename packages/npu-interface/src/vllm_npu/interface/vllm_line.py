@@ -40,19 +40,20 @@ class Release:
 
 #: Every vLLM release the line is tested on (CI: the whole suite on the first, the compatibility job on the others).
 #: ``SUPPORTED_VLLM`` in :mod:`.versions` admits exactly these (tests/test_vllm_line.py checks it).
-TESTED_RELEASES: tuple[Release, ...] = (Release("0.11.0", torch="2.8.0"),)
-
-#: Releases of the line every seam is adapted to but whose compatibility job does not pass yet (docs/vllm-compat.md:
-#: MLA output diverges from HF, EAGLE acceptance is low, the PD path is unverified). They stay outside
-#: ``SUPPORTED_VLLM`` (never a silent wrong answer): refused like any untested vLLM, with the known gaps named;
-#: ``VLLM_NPU_ALLOW_UNTESTED_VLLM=1`` runs them. ``scripts/compat_env.py`` builds their environments.
-PREVIEW_RELEASES: tuple[Release, ...] = (
+TESTED_RELEASES: tuple[Release, ...] = (
+    Release("0.11.0", torch="2.8.0"),
     Release("0.11.1", torch="2.9.0"),
     Release("0.11.2", torch="2.9.0"),
 )
 
+#: Releases of the line every seam is adapted to but whose compatibility job does not pass yet: they stay outside
+#: ``SUPPORTED_VLLM`` (never a silent wrong answer), refused like any untested vLLM with :data:`PREVIEW_GAPS`
+#: named; ``VLLM_NPU_ALLOW_UNTESTED_VLLM=1`` runs them, and ``scripts/compat_env.py`` builds their environments.
+#: None today: 0.11.1 and 0.11.2 passed their jobs and moved to :data:`TESTED_RELEASES` (docs/vllm-compat.md).
+PREVIEW_RELEASES: tuple[Release, ...] = ()
+
 #: What a preview release is known to get wrong (the refusal names it).
-PREVIEW_GAPS = "MLA models diverge from HF, EAGLE drafts are rarely accepted, prefill-decode is unverified"
+PREVIEW_GAPS = ""
 
 #: The release ``uv.lock`` pins (the default environment).
 PINNED_RELEASE = TESTED_RELEASES[0]

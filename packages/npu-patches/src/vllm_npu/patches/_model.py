@@ -29,6 +29,9 @@ from ._errors import PatchError
 _ID = re.compile(r"^[a-z0-9]+(?:-[a-z0-9]+)*$")
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 
+#: The fingerprint a release of :attr:`Patch.changes` gives a path it no longer checks (the code moved or went away).
+NOT_CHECKED = "not-checked"
+
 
 @dataclass(frozen=True)
 class Patch:
@@ -51,7 +54,9 @@ class Patch:
     - ``layer``: the vllm-npu layer that contributed the patch (``"patches"`` for the built-in set).
     - ``changes``: later releases of the range whose code differs from the first one's, each reviewed (the patch is
       still needed and still right there): ``(first vLLM release, ((dotted path, fingerprint), ...))`` in release
-      order; from that release on those fingerprints replace the earlier ones (see :meth:`fingerprints_for`).
+      order; from that release on those fingerprints replace the earlier ones (see :meth:`fingerprints_for`). A
+      release may check a path the earlier ones do not (code that moved there or is new) and stop checking one
+      (:data:`NOT_CHECKED` as its fingerprint: the code moved or went away).
     """
 
     id: str
@@ -84,19 +89,22 @@ class Patch:
             raise PatchError(str(exc)) from None
         checks = self.also_checks.items() if isinstance(self.also_checks, Mapping) else self.also_checks
         object.__setattr__(self, "also_checks", tuple((str(p), str(f)) for p, f in checks))
-        known = {path for path, _ in self.fingerprints}
+        checked = {path for path, _ in self.fingerprints}
         releases = [release_key(release) for release, _ in self.changes]
         if releases != sorted(releases) or len(set(releases)) != len(releases):
             raise PatchError(f"{where}: changes must be in release order, one per release")
         for release, prints in self.changes:
             if not in_range(release, self.vllm, what=f"{where} vllm range"):
                 raise PatchError(f"{where}: changes names vLLM {release}, outside the patch's range {self.vllm!r}")
-            unknown = sorted({path for path, _ in prints} - known)
-            if unknown:
+            dropped = {path for path, fp in prints if fp == NOT_CHECKED}
+            if self.target in dropped or dropped - checked:
                 raise PatchError(
-                    f"{where}: changes of {release} fingerprints {unknown}, which the patch does not check"
+                    f"{where}: changes of {release} stop checking {sorted(dropped)}, which must be paths checked "
+                    f"before {release} and not the target (a patch whose target went away needs a new range)"
                 )
-        for path, fp in (*self.fingerprints, *(item for _, prints in self.changes for item in prints)):
+            checked = (checked | {path for path, _ in prints}) - dropped
+        later = [(path, fp) for _, prints in self.changes for path, fp in prints if fp != NOT_CHECKED]
+        for path, fp in (*self.fingerprints, *later):
             if not _HEX64.match(fp):
                 raise PatchError(f"{where}: fingerprint of {path} must be 64 lowercase hex digits (sha256), got {fp!r}")
         for name in ("upstream", "reason", "removal"):
@@ -114,7 +122,7 @@ class Patch:
         for release, prints in self.changes:
             if vllm_version is not None and release_key(vllm_version) >= release_key(release):
                 expected.update(prints)
-        return tuple(expected.items())
+        return tuple((path, fp) for path, fp in expected.items() if fp != NOT_CHECKED)
 
     def make_replacement(self, original: Any) -> Any:
         """Build the object that replaces ``original`` (imports the replacement module)."""

@@ -150,6 +150,26 @@ SURFACE: tuple[VllmName, ...] = (
     ),
     VllmName(
         _WORKER,
+        "initialize_from_config",
+        "method",
+        "overrides",
+        _WORKER_MODULE,
+        "the override allocates the KV cache through our model runner; from 0.11.1 vLLM's also makes the worker's KV "
+        "connector there (worker.KV_CONNECTOR_AT_KV_CACHE_INIT): without it a decode instance never pulls its KV and "
+        "its requests wait forever",
+        signature="(self, kv_cache_config)",
+    ),
+    VllmName(
+        "vllm.distributed.kv_transfer",
+        "ensure_kv_transfer_initialized",
+        "module_global",
+        "calls",
+        _WORKER_MODULE,
+        "NPUWorker.initialize_from_config makes the worker's KV connector with it on vLLM 0.11.1 (its kv_cache_config "
+        "parameter tells the release)",
+    ),
+    VllmName(
+        _WORKER,
         "determine_available_memory",
         "method",
         "overrides",
@@ -287,11 +307,13 @@ SURFACE: tuple[VllmName, ...] = (
         "method",
         "overrides",
         _MODEL_RUNNER,
-        "the override zeroes the positions of a step's graph padding (the first two results: scheduled and padded "
-        "token counts); without it RoBERTa's in-place position offset grows the stale padding slots every step "
+        "the override zeroes the positions of a step's graph padding (0.11.0: the first two results are the "
+        "scheduled and padded token counts; 0.11.1: the padded count is the argument, model_runner."
+        "PREPROCESS_TAKES_NUM_INPUT); without it RoBERTa's in-place position offset grows the stale padding slots every step "
         "until the position embedding raises IndexError (vllm#37868)",
         signature="(self, scheduler_output, intermediate_tensors=None, ubatch_slices=None, "
         "num_tokens_after_padding=None)",
+        changes=(("0.11.1", "(self, scheduler_output, num_input_tokens, intermediate_tensors=None)"),),
     ),
     VllmName(
         _RUNNER,

@@ -86,6 +86,9 @@ SPLIT_SAMPLING = hasattr(GPUModelRunner, "sample_tokens")
 CAPTURE_CASES_WITH_LORA = "activate_lora" in inspect.signature(GPUModelRunner._dummy_run).parameters
 #: vLLM 0.11.1 resolves the graph mode when it builds the attention backends, no longer before capture.
 MODE_RESOLVED_AT_BACKEND_INIT = not hasattr(GPUModelRunner, "initialize_cudagraph_capture")
+#: vLLM 0.11.1's ``_preprocess`` takes the step's padded token count (``num_input_tokens``) and returns the model's
+#: inputs only; 0.11.0's pads itself and returns ``(num_scheduled_tokens, num_input_tokens, ...)`` first.
+PREPROCESS_TAKES_NUM_INPUT = "num_input_tokens" in inspect.signature(GPUModelRunner._preprocess).parameters
 
 
 class NPUModelRunner(GPUModelRunner):
@@ -177,7 +180,11 @@ class NPUModelRunner(GPUModelRunner):
 
     def _preprocess(self, scheduler_output: Any, *args: Any, **kwargs: Any) -> Any:
         out = super()._preprocess(scheduler_output, *args, **kwargs)
-        num_scheduled, num_input = out[0], out[1]
+        if PREPROCESS_TAKES_NUM_INPUT:  # vLLM 0.11.1: the padded count is its argument, the results are tensors
+            num_scheduled = scheduler_output.total_num_scheduled_tokens
+            num_input = args[0] if args else kwargs["num_input_tokens"]
+        else:  # vLLM 0.11.0: the first two results are the scheduled and padded token counts
+            num_scheduled, num_input = out[0], out[1]
         if num_input > num_scheduled and not self.uses_mrope:
             # vLLM refreshes only the scheduled tokens' positions; a graph pads the step to a capture size, and a
             # model that adds to its positions in place (RoBERTa's padding offset, replace_roberta_positions) would

@@ -23,10 +23,12 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import inspect
 import os
 from typing import Any
 
 import torch
+import vllm.distributed.kv_transfer as kv_transfer
 import vllm.envs as envs
 from vllm.model_executor import set_random_seed
 from vllm.platforms import current_platform
@@ -53,6 +55,13 @@ logger = get_logger(__name__)
 
 GiB = 1 << 30
 MiB = 1 << 20
+
+
+#: vLLM 0.11.1 creates the worker's KV connector in ``Worker.initialize_from_config`` (it needs the KV cache config:
+#: ``ensure_kv_transfer_initialized`` gained ``kv_cache_config``), no longer in ``init_worker_distributed_environment``.
+KV_CONNECTOR_AT_KV_CACHE_INIT = (
+    "kv_cache_config" in inspect.signature(kv_transfer.ensure_kv_transfer_initialized).parameters
+)
 
 
 def emulated_kv_cache_setting(additional_config: Any, environ: dict[str, str] | None = None) -> tuple[float, str]:
@@ -283,6 +292,10 @@ class NPUWorker(Worker):
         return available
 
     def initialize_from_config(self, kv_cache_config: KVCacheConfig) -> None:
+        if KV_CONNECTOR_AT_KV_CACHE_INIT:
+            # vLLM 0.11.1: the worker's KV connector (--kv-transfer-config) is made here, before the KV cache, from
+            # the cache's config; 0.11.0 made it in init_worker_distributed_environment (our init_device calls it).
+            kv_transfer.ensure_kv_transfer_initialized(self.vllm_config, kv_cache_config)  # type: ignore[call-arg]
         self.model_runner.initialize_kv_cache(kv_cache_config)
 
     # --- sleep mode ---------------------------------------------------------------------------------------------

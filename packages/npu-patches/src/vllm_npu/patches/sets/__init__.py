@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from vllm_npu.interface import Scope
 
-from .._model import Patch
+from .._model import NOT_CHECKED, Patch
 
 REPETITION_PENALTY_TORCH = Patch(
     id="repetition-penalty-torch",
@@ -228,6 +228,19 @@ BERT_TOKEN_TYPES_NO_SHIFT = Patch(
             "57157018fdcadeb9d24b25bbe51e96a7dc14c65a0a5afc7bea16354582c49564",
         ),
     ),
+    # 0.11.1: forward takes an optional inputs_embeds and still decodes the types with the target (unchanged) first.
+    # Reviewed on 0.11.1/0.11.2.
+    changes=(
+        (
+            "0.11.1",
+            (
+                (
+                    "vllm.model_executor.models.bert.BertEmbedding.forward",
+                    "adce4c019c95a23e4e337177362d26b08c1e3817e3ed0b0eb0aaf68a33fd9d95",
+                ),
+            ),
+        ),
+    ),
     upstream=_TOKEN_TYPES_UPSTREAM,
     reason=_TOKEN_TYPES_REASON.format(model="BERT"),
     removal=_TOKEN_TYPES_REMOVAL,
@@ -245,6 +258,19 @@ ROBERTA_TOKEN_TYPES_NO_SHIFT = Patch(
         (
             "vllm.model_executor.models.roberta.RobertaEmbedding.forward",
             "57157018fdcadeb9d24b25bbe51e96a7dc14c65a0a5afc7bea16354582c49564",
+        ),
+    ),
+    # 0.11.1: forward takes an optional inputs_embeds and still decodes the types with the target (unchanged) first.
+    # Reviewed on 0.11.1/0.11.2.
+    changes=(
+        (
+            "0.11.1",
+            (
+                (
+                    "vllm.model_executor.models.roberta.RobertaEmbedding.forward",
+                    "adce4c019c95a23e4e337177362d26b08c1e3817e3ed0b0eb0aaf68a33fd9d95",
+                ),
+            ),
         ),
     ),
     upstream=_TOKEN_TYPES_UPSTREAM,
@@ -269,6 +295,30 @@ UNSUPPORTED_API_STATUS = Patch(
         (
             "vllm.entrypoints.openai.api_server.invocations",
             "050c9929f7c82d121e2a562f1eefa9211cc7f8da15b4e361311c0e61f670ca76",
+        ),
+    ),
+    # 0.11.1: the routes still return base(...).create_error_response(...) (create_embedding also streams bytes now);
+    # /invocations moved to vllm.entrypoints.sagemaker.routes (it still reads model_dump() and error.code), and the
+    # new /v1/messages reads error.code / .type / .message of base's error: the replacement keeps all of them.
+    # Reviewed on 0.11.1/0.11.2.
+    changes=(
+        (
+            "0.11.1",
+            (
+                (
+                    "vllm.entrypoints.openai.api_server.create_embedding",
+                    "6fd5c37649d0dac77160dd40f9db9a27d18f1403268330be7b5f7ac7a58bdc4e",
+                ),
+                ("vllm.entrypoints.openai.api_server.invocations", NOT_CHECKED),
+                (
+                    "vllm.entrypoints.sagemaker.routes.register_sagemaker_routes",
+                    "0580e0c05b1f7292063047334877303fe5f561e91dfc8c95cff6e70ff378b0bb",
+                ),
+                (
+                    "vllm.entrypoints.openai.api_server.create_messages",
+                    "debc67749cd7b68e49aecbc017faf94b5e643a270711b803297ad6b79d29186b",
+                ),
+            ),
         ),
     ),
     upstream="none filed yet (the symptom: https://github.com/vllm-project/vllm/issues/16831). Fix to propose: "
