@@ -26,7 +26,12 @@ from typing import Any
 SIZES: dict[str, dict[str, Any]] = {
     # The tiny Qwen2 of issue 19: hidden 128, 4 layers, GQA 4/2 heads (head dim 32).
     "tiny": dict(
-        hidden_size=128, intermediate_size=256, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=2048,  # room for the 1k-token prefill
     ),
     # ~105M parameters: 12 layers of hidden 768 (GQA 12/4 heads of 64), SwiGLU 2048, untied 32000-token head.
     "100m": dict(
