@@ -356,10 +356,13 @@ def test_explicit_cudagraph_mode_on_the_emulated_device_is_not_compiled():
         ({"tp": 2}, "tensor parallel 2"),
         ({"dp": 2}, "data parallel 2"),
         ({"sleep": True}, "sleep mode"),
+        ({"pooling": True}, "a pooling model"),
     ],
 )
 def test_emulated_default_falls_back_to_eager_naming_the_feature(kwargs, named):
+    pooling = kwargs.pop("pooling", False)
     cfg = config(CUDAGraphMode.FULL_AND_PIECEWISE, VLLM_SIZES_16, **kwargs)
+    cfg.model_config.runner_type = "pooling" if pooling else "generate"
     plan = configure_graphs(cfg, "auto", True)
     assert (plan.mode, plan.compile) == ("NONE", "none") and named in plan.reason
 

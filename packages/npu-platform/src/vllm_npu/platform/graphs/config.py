@@ -228,7 +228,8 @@ def emulated_default_fallback(vllm_config: VllmConfig) -> str | None:
     """Why the emulated device's default (compiled FULL_DECODE_ONLY) falls back to eager for this engine, or None.
 
     Kept eager: the combinations the compiled replay was not verified with on the emulated device (speculative
-    decoding, KV transfer, more than one rank, sleep mode); they still run graphs when asked for explicitly."""
+    decoding, KV transfer, more than one rank, sleep mode) and pooling models, whose steps are never pure decodes;
+    they still run graphs when asked for explicitly."""
     p = vllm_config.parallel_config
     ranks = {
         "tensor": getattr(p, "tensor_parallel_size", 1),
@@ -243,6 +244,8 @@ def emulated_default_fallback(vllm_config: VllmConfig) -> str | None:
         return ", ".join(f"{k} parallel {n}" for k, n in ranks.items() if n > 1)
     if getattr(vllm_config.model_config, "enable_sleep_mode", False):
         return "sleep mode"
+    if getattr(vllm_config.model_config, "runner_type", None) == "pooling":
+        return "a pooling model (no decode steps to replay)"
     return None
 
 
