@@ -19,10 +19,11 @@ Each run is a fresh interpreter (``_vs_child.py``) building the model, one warm-
 ``ignore_eos``), engine core in process, ``--threads`` torch threads. Runs alternate ours/peer ``--pairs`` times;
 each pair's ratio (ours / peer tokens/s) and the median ratio are printed. Noise on a shared 2-core machine is about
 ±20 % per run: read the median, not a single pair. ``--peer-eager`` runs the peer without torch.compile (its default
-compiles the model with inductor). Ours runs in the emulated device's default mode (``--ours-graph default``: no
-graph flags, i.e. compiled FULL_DECODE_ONLY at sizes 1-16 since issue 35), eagerly with ``--ours-graph eager``, or in
-the graph mode named (``full_decode_only`` / ``piecewise``, capture size ``--prompts``: every decode step of the run
-is that batch), with ``--ours-compile inductor`` for ``npu.emulated_compile``.
+compiles the model with inductor). Ours runs, by default, what its default is to become (``--ours-graph default``
+with ``--ours-compile inductor``: no graph flags but ``npu.emulated_compile=inductor``, i.e. compiled
+FULL_DECODE_ONLY at sizes 1-16; the emulated device's default itself is eager, ``--ours-compile none``), eagerly
+with ``--ours-graph eager``, or in the graph mode named (``full_decode_only`` / ``piecewise``, capture size
+``--prompts``: every decode step of the run is that batch), with ``--ours-compile`` for ``npu.emulated_compile``.
 
 Scaling (issue 35): ``--sizes tiny,100m,500m`` and ``--workloads decode-b1,decode-b16,prefill-1k`` run the pairs for
 every size and workload (``_vs_sizes.py``: models built on the fly, no downloads) and end with one line per size and
@@ -124,6 +125,8 @@ def run_side(
             "--additional-config",
             json.dumps({"npu": {"graph_mode": args.ours_graph, "emulated_compile": args.ours_compile}}),
         ]
+    elif side == "ours" and args.ours_graph == "default" and args.ours_compile != "none":
+        cmd += ["--additional-config", json.dumps({"npu": {"emulated_compile": args.ours_compile}})]
     elif (side == "ours" and args.ours_graph == "eager") or (side == "peer" and args.peer_eager):
         cmd.append("--eager")
     done = subprocess.run(cmd, env=env, capture_output=True, text=True)
@@ -220,9 +223,14 @@ def main(argv: list[str] | None = None) -> None:
         "--ours-graph",
         default="default",
         choices=("default", "eager", "full_decode_only", "piecewise"),
-        help="default: the emulated device's own default (no graph flags: compiled FULL_DECODE_ONLY since issue 35)",
+        help="default: no graph flags (with --ours-compile inductor: compiled FULL_DECODE_ONLY at sizes 1-16)",
     )
-    parser.add_argument("--ours-compile", default="none", choices=("none", "inductor"))
+    parser.add_argument(
+        "--ours-compile",
+        default="inductor",
+        choices=("none", "inductor"),
+        help="npu.emulated_compile (default inductor; none with --ours-graph default: the emulated default, eager)",
+    )
     parser.add_argument(
         "--cache",
         default="warm",

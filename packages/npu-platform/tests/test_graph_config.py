@@ -64,8 +64,8 @@ VLLM_SIZES = [1, 2, 4, *range(8, 513, 8)]
     ("mode", "emulated", "expected", "level"),
     [
         (CUDAGraphMode.FULL_AND_PIECEWISE, False, "PIECEWISE", CompilationLevel.PIECEWISE),  # vLLM's default
-        # The emulated device follows vLLM's default too: graphs (FULL_DECODE_ONLY, compiled replay).
-        (CUDAGraphMode.FULL_AND_PIECEWISE, True, "FULL_DECODE_ONLY", CompilationLevel.NO_COMPILATION),
+        # The emulated device stays eager by default (issue 35: warm starts of the compiled graphs cost more).
+        (CUDAGraphMode.FULL_AND_PIECEWISE, True, "NONE", CompilationLevel.NO_COMPILATION),
         (CUDAGraphMode.PIECEWISE, True, "PIECEWISE", CompilationLevel.PIECEWISE),
         (CUDAGraphMode.FULL_DECODE_ONLY, True, "FULL_DECODE_ONLY", CompilationLevel.NO_COMPILATION),
         (CUDAGraphMode.NONE, False, "NONE", CompilationLevel.NO_COMPILATION),
@@ -295,14 +295,24 @@ def test_graph_modes_warm_each_size_up_eagerly_before_capturing_it(mode):
     assert cfg.compilation_config.cudagraph_num_of_warmups == 3
 
 
-# --- the emulated device's default (issue 35): vLLM's default compiles and captures, so does ours ---------------------
+# --- the emulated device (issue 35): eager by default; npu.emulated_compile=inductor alone runs compiled graphs -------
+
+INDUCTOR = {"emulated_compile": "inductor"}
+
+
+def test_emulated_default_stays_eager_and_names_the_opt_in():
+    cfg = config(CUDAGraphMode.FULL_AND_PIECEWISE, VLLM_SIZES_16)
+    plan = configure_graphs(cfg, "auto", True)
+    assert (plan.mode, plan.compile, plan.capture_sizes) == ("NONE", "none", ())
+    assert "npu.emulated_compile=inductor" in plan.reason and cfg.model_config.enforce_eager
+
 
 #: vLLM 0.11's default capture sizes for max_num_seqs 16 (cuda_graph_sizes [32], up to 256 tokens).
 VLLM_SIZES_16 = [1, 2, 4, 8, 16, 24, 32]
 
 
-def test_emulated_default_is_compiled_full_decode_only_at_a_few_sizes():
-    cfg = config(CUDAGraphMode.FULL_AND_PIECEWISE, VLLM_SIZES_16)
+def test_emulated_compile_alone_is_compiled_full_decode_only_at_a_few_sizes():
+    cfg = config(CUDAGraphMode.FULL_AND_PIECEWISE, VLLM_SIZES_16, npu=dict(INDUCTOR))
     plan = configure_graphs(cfg, "auto", True)
     assert (plan.mode, plan.compile, plan.capture_sizes) == ("FULL_DECODE_ONLY", "inductor", (1, 2, 4, 8, 16))
     assert "compiled replay" in plan.reason and "capture sizes [1, 2, 4, 8, 16]" in plan.reason
@@ -312,12 +322,12 @@ def test_emulated_default_is_compiled_full_decode_only_at_a_few_sizes():
 
 
 def test_emulated_default_sizes_stop_at_max_num_seqs():
-    cfg = config(CUDAGraphMode.FULL_AND_PIECEWISE, [1, 2, 4, 8], max_seqs=4, graph_sizes=(8,))
+    cfg = config(CUDAGraphMode.FULL_AND_PIECEWISE, [1, 2, 4, 8], max_seqs=4, graph_sizes=(8,), npu=dict(INDUCTOR))
     assert configure_graphs(cfg, "auto", True).capture_sizes == (1, 2, 4)
 
 
 def test_emulated_default_keeps_the_users_capture_sizes():
-    cfg = config(CUDAGraphMode.FULL_AND_PIECEWISE, [1, 3])  # not vLLM's default list: the user's own
+    cfg = config(CUDAGraphMode.FULL_AND_PIECEWISE, [1, 3], npu=dict(INDUCTOR))  # not vLLM's list: the user's own
     plan = configure_graphs(cfg, "auto", True)
     assert (plan.mode, plan.compile, plan.capture_sizes) == ("FULL_DECODE_ONLY", "inductor", (1, 3))
 
@@ -327,7 +337,8 @@ def test_emulated_default_keeps_the_users_capture_sizes():
     [
         ({"enforce_eager": True}, "auto", None, "NONE", "none"),
         ({}, "eager", None, "NONE", "none"),
-        ({}, "auto", {"emulated_compile": "none"}, "NONE", "none"),  # our own setting: the old default
+        ({}, "auto", None, "NONE", "none"),  # the default
+        ({}, "auto", {"emulated_compile": "none"}, "NONE", "none"),
         ({}, "auto", {"emulated_compile": "inductor"}, "FULL_DECODE_ONLY", "inductor"),
         ({}, "piecewise", None, "PIECEWISE", "none"),  # an explicit graph mode keeps uncompiled replay
         ({}, "full_decode_only", {"emulated_compile": "inductor"}, "FULL_DECODE_ONLY", "inductor"),
@@ -361,7 +372,7 @@ def test_explicit_cudagraph_mode_on_the_emulated_device_is_not_compiled():
 )
 def test_emulated_default_falls_back_to_eager_naming_the_feature(kwargs, named):
     pooling = kwargs.pop("pooling", False)
-    cfg = config(CUDAGraphMode.FULL_AND_PIECEWISE, VLLM_SIZES_16, **kwargs)
+    cfg = config(CUDAGraphMode.FULL_AND_PIECEWISE, VLLM_SIZES_16, npu=dict(INDUCTOR), **kwargs)
     cfg.model_config.runner_type = "pooling" if pooling else "generate"
     plan = configure_graphs(cfg, "auto", True)
     assert (plan.mode, plan.compile) == ("NONE", "none") and named in plan.reason

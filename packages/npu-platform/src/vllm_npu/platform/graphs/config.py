@@ -19,12 +19,13 @@ FULL               refused: it would capture mixed prefill/decode batches as ful
                    take per-request host parameters that change with every batch; use FULL_DECODE_ONLY
 ================== ===========================================================================================
 
-Defaults: on an NPU, PIECEWISE (vllm-ascend's default). On the emulated device, FULL_DECODE_ONLY with compiled
-replay (``npu.emulated_compile`` ``auto`` -> ``inductor``), as vLLM compiles and captures by default on every backend:
-uncompiled replay is slower than eager there, the compiled one is not (docs/graphs.md). Its capture sizes are
-:data:`EMULATED_DEFAULT_SIZES` when vLLM's default list is in effect (each size costs a compile, cached on disk). It
-falls back to eager, logged, with ``npu.emulated_compile=none`` and for the features of
-:func:`emulated_default_fallback`. ``--enforce-eager`` runs eagerly everywhere.
+Defaults: on an NPU, PIECEWISE (vllm-ascend's default). On the emulated device, eager (``npu.emulated_compile``
+``auto``, as ``none``): a warm start of the compiled graphs still costs a quarter more CPU than an eager start on the
+demo model (docs/graphs.md, issue 35), so the switch to vLLM's default (compile and capture) waits for that.
+``npu.emulated_compile=inductor`` with no graph setting runs what that default will be: FULL_DECODE_ONLY with compiled
+replay at :data:`EMULATED_DEFAULT_SIZES` when vLLM's default list is in effect (each size costs a compile, cached on
+disk), eager, logged, for the features of :func:`emulated_default_fallback`. ``--enforce-eager`` runs eagerly
+everywhere.
 
 ``npu.graph_mode``: ``auto`` follows the above; ``eager`` / ``piecewise`` / ``full_decode_only`` set the mode (an
 explicit, different ``cudagraph_mode`` is a conflict). ``--enforce-eager`` with a graph mode is a conflict.
@@ -217,10 +218,16 @@ TORCHAIR_SPEC_DECODE = (
 #: start (seconds to tens of seconds; later starts load it from the on-disk cache); larger decode batches run eagerly.
 EMULATED_DEFAULT_SIZES = (1, 2, 4, 8, 16)
 
-#: The reason logged for the emulated device's default graph mode.
+#: The reason logged for compiled graphs on the emulated device with no graph setting.
 EMULATED_DEFAULT = (
-    "emulated device, vLLM's default (compile and capture): FULL_DECODE_ONLY with compiled replay "
-    "(npu.emulated_compile=inductor); --enforce-eager or npu.graph_mode='eager' runs eagerly"
+    "emulated device with npu.emulated_compile=inductor and vLLM's default cudagraph_mode: FULL_DECODE_ONLY with "
+    "compiled replay; --enforce-eager or npu.graph_mode='eager' runs eagerly"
+)
+
+#: The reason logged for the emulated device's default, eager.
+EMULATED_EAGER = (
+    "emulated device: eager by default (a warm start of the compiled graphs costs more than an eager start, "
+    "docs/graphs.md); npu.emulated_compile=inductor runs FULL_DECODE_ONLY graphs with compiled replay"
 )
 
 
@@ -289,8 +296,8 @@ class GraphPlan:
 
 def _emulated_default_mode(vllm_config: VllmConfig, emulated_compile: str) -> tuple[str, str]:
     """The emulated device's mode for vLLM's default ``cudagraph_mode`` (no explicit graph setting)."""
-    if emulated_compile == "none":
-        return "NONE", "emulated device with npu.emulated_compile=none (uncompiled replay is slower than eager)"
+    if emulated_compile != "inductor":
+        return "NONE", EMULATED_EAGER
     fallback = emulated_default_fallback(vllm_config)
     if fallback is not None:
         return "NONE", (

@@ -53,7 +53,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--enforce-eager",
         action="store_true",
-        help="run eagerly (default: vLLM's default, graphs; on the emulated device with compiled replay)",
+        help="run eagerly (the emulated device's default; on an NPU the default captures graphs)",
     )
     return p
 
