@@ -20,7 +20,7 @@ FULL               refused: it would capture mixed prefill/decode batches as ful
 ================== ===========================================================================================
 
 Defaults: on an NPU, PIECEWISE (vllm-ascend's default). On the emulated device, eager (``npu.emulated_compile``
-``auto``, as ``none``): a warm start of the compiled graphs still costs a quarter more CPU than an eager start on the
+``auto``, as ``none``): a warm start of the compiled graphs still costs 15-30 % more CPU than an eager start on the
 demo model (docs/graphs.md, issue 35), so the switch to vLLM's default (compile and capture) waits for that.
 ``npu.emulated_compile=inductor`` with no graph setting runs what that default will be: FULL_DECODE_ONLY with compiled
 replay at :data:`EMULATED_DEFAULT_SIZES` when vLLM's default list is in effect (each size costs a compile, cached on
