@@ -24,7 +24,7 @@ import logging
 import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
@@ -83,7 +83,7 @@ def structure_key(piece: torch.fx.GraphModule, inputs: Sequence[torch.Tensor]) -
         target = "" if node.op in ("placeholder", "output") else _target_name(node.target)
         if target is None:
             return None
-        args = torch.fx.node.map_arg((node.args, node.kwargs), lambda n: _Ref(index[n]))
+        args = torch.fx.node.map_arg((node.args, node.kwargs), lambda n: cast(Any, _Ref(index[n])))
         text = f"{node.op}|{target}|{args!r};"
         if " at 0x" in text:
             return None
