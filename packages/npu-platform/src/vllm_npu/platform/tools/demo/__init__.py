@@ -55,6 +55,12 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="run eagerly (the emulated device's default; on an NPU the default captures graphs)",
     )
+    p.add_argument(
+        "--emulated-compile",
+        choices=["auto", "none", "inductor"],
+        default="auto",
+        help="npu.emulated_compile; inductor: FULL_DECODE_ONLY graphs with compiled replay on the emulated device",
+    )
     return p
 
 
@@ -113,7 +119,14 @@ def main(argv: list[str] | None = None) -> int:
     from vllm import LLM, SamplingParams
 
     t1 = time.perf_counter()
-    llm = LLM(model=str(model_dir), dtype=args.dtype, max_model_len=512, seed=0, enforce_eager=args.enforce_eager)
+    llm = LLM(
+        model=str(model_dir),
+        dtype=args.dtype,
+        max_model_len=512,
+        seed=0,
+        enforce_eager=args.enforce_eager,
+        additional_config={"npu": {"emulated_compile": args.emulated_compile}},
+    )
     init_s = time.perf_counter() - t1
     prompts = list(args.prompts or DEFAULT_PROMPTS)
     params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens, ignore_eos=True)
