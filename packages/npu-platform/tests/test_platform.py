@@ -96,7 +96,8 @@ def test_torch_npu_is_never_imported_by_the_emulated_path():
 
 
 def test_emulated_config_hook(env):
-    cfg = fake_vllm_config(custom_ops=["-rms_norm", "+silu_and_mul"])
+    # Eager: the default compiles and captures (test_graph_config.py); the rest of the hook is the same.
+    cfg = fake_vllm_config(custom_ops=["-rms_norm", "+silu_and_mul"], enforce_eager=True)
     EmulatedNPUPlatform.check_and_update_config(cfg)
     assert cfg.parallel_config.worker_cls == "vllm_npu.platform.worker.NPUWorker"
     assert cfg.parallel_config.disable_custom_all_reduce and cfg.model_config.disable_cascade_attn

@@ -137,9 +137,26 @@ def check_platform_resolution() -> None:
         )
 
 
+#: ``npu`` keys of ``additional_config`` that choose a graph or compile mode.
+GRAPH_KEYS = ("graph_mode", "emulated_compile")
+
+
+def chooses_graphs(kwargs: Mapping[str, Any]) -> bool:
+    """Whether ``LLM`` keyword arguments choose the graph mode themselves (``enforce_eager``, a
+    ``compilation_config``, or ``npu.graph_mode`` / ``npu.emulated_compile``)."""
+    npu = (kwargs.get("additional_config") or {}).get("npu") or {}
+    return "enforce_eager" in kwargs or "compilation_config" in kwargs or any(k in npu for k in GRAPH_KEYS)
+
+
+def pin_eager(kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    """``kwargs`` with ``enforce_eager=True`` unless they choose the graph mode (:func:`chooses_graphs`): the
+    emulated device's default compiles and captures (docs/graphs.md), which tests not about graphs do not need."""
+    return dict(kwargs) if chooses_graphs(kwargs) else {**kwargs, "enforce_eager": True}
+
+
 def make_llm(model_dir: str | os.PathLike[str], **kwargs: Any):
-    """``vllm.LLM`` for ``model_dir`` with :data:`LLM_DEFAULTS` (overridden by ``kwargs``). The environment must
-    already be set (see :func:`engine`)."""
+    """``vllm.LLM`` for ``model_dir`` with :data:`LLM_DEFAULTS` (overridden by ``kwargs``), eager unless ``kwargs``
+    choose a graph mode (:func:`pin_eager`). The environment must already be set (see :func:`engine`)."""
     check_platform_resolution()
     import torch
     from vllm import LLM
@@ -149,7 +166,7 @@ def make_llm(model_dir: str | os.PathLike[str], **kwargs: Any):
     # as dynamic (e.g. a LayerNorm's eps: XLM-R 1e-5, then BERT 1e-12), and the emulated twin's trace of the piece
     # fails on the resulting .item(). A served model has its process to itself: start from the same clean state.
     torch._dynamo.reset()
-    args = {**LLM_DEFAULTS, **kwargs}
+    args = pin_eager({**LLM_DEFAULTS, **kwargs})
     return LLM(model=str(model_dir), **args)
 
 

@@ -35,14 +35,26 @@ def _log_tail(log_path: Path) -> str:
     return log_path.read_text()[-4000:]
 
 
+def pin_eager_args(args: Sequence[str]) -> list[str]:
+    """``vllm serve`` arguments with ``--enforce-eager`` added unless they choose the graph mode themselves
+    (``--enforce-eager``, ``--compilation-config`` / ``-O``, or an ``--additional-config`` naming ``graph_mode`` or
+    ``emulated_compile``): the emulated device's default compiles and captures, which serving tests do not need."""
+    flags = ("--enforce-eager", "--compilation-config", "-O")
+    chooses = any(a.startswith(flags) for a in args)
+    chooses = chooses or any(key in a for a in args for key in ('"graph_mode"', '"emulated_compile"'))
+    return list(args) if chooses else [*args, "--enforce-eager"]
+
+
 def start_vllm_server(
     args: Sequence[str], env: Mapping[str, str], log: IO[str], *, timeout_s: float = STARTUP_TIMEOUT_S
 ) -> tuple[subprocess.Popen[bytes], str]:
     """Start ``vllm serve <args> --host 127.0.0.1 --port <free port>`` (the venv's ``vllm`` script, ``env`` as its
     whole environment, stdout and stderr into ``log``) and return the process and its base URL
-    ``http://127.0.0.1:<port>`` once ``/v1/models`` returns 200. Fails the test, with the end of the log (and the
+    ``http://127.0.0.1:<port>`` once ``/v1/models`` returns 200; eager unless ``args`` choose a graph mode
+    (:func:`pin_eager_args`). Fails the test, with the end of the log (and the
     server killed), if the server exits or is not ready within ``timeout_s`` seconds. The caller stops the server."""
     port = free_port()
+    args = pin_eager_args(args)
     cmd = [str(Path(sys.executable).with_name("vllm")), "serve", *args, "--host", "127.0.0.1", "--port", str(port)]
     base = f"http://127.0.0.1:{port}"
     proc = subprocess.Popen(cmd, env=dict(env), stdout=log, stderr=subprocess.STDOUT)

@@ -28,7 +28,7 @@ ENV_EMULATED_SOC = "VLLM_NPU_EMULATED_SOC"
 DeviceSetting = Literal["auto", "npu", "emulated", "off"]
 GraphMode = Literal["auto", "eager", "piecewise", "full_decode_only", "torchair"]
 KernelSetting = Literal["auto", "npu", "reference"]
-EmulatedCompile = Literal["none", "inductor"]
+EmulatedCompile = Literal["auto", "none", "inductor"]
 MoEMC2Setting = Literal["auto", "on", "off"]
 EmulatedSoc = Literal["none", "310P"]
 DEVICE_SETTINGS: tuple[str, ...] = get_args(DeviceSetting)
@@ -115,7 +115,7 @@ ADDITIONAL_CONFIG_SETTINGS: tuple[Setting, ...] = (
         "graph_mode",
         "auto",
         "`auto` follows vLLM's `cudagraph_mode` (PIECEWISE graphs by default on the NPU, eager on the emulated "
-        "device unless `cudagraph_mode` is set); `torchair` compiles the decode forward per padded batch size, "
+        "device unless `cudagraph_mode` or `npu.emulated_compile=inductor` is set); `torchair` compiles the decode forward per padded batch size, "
         "attention included for GQA and MLA models, and MoE layers, quantized ones included (on an NPU: GQA and "
         "MLA decoder models, MoE with unquantized, W8A8_DYNAMIC or static W8A8 experts (MC2 and data parallel with "
         "expert parallel included) without EPLB, and the dense quant schemes; DeepSeek-V3.2's sparse attention and "
@@ -124,8 +124,11 @@ ADDITIONAL_CONFIG_SETTINGS: tuple[Setting, ...] = (
     ),
     _key(
         "emulated_compile",
-        "none",
-        "emulated device with graphs on (`piecewise`, `full_decode_only`): `inductor` compiles each captured graph's "
+        "auto",
+        "emulated device: `auto` is `none` today (eager by default: a warm start of compiled graphs still costs more "
+        "than an eager one, docs/graphs.md); `inductor` alone (no `--enforce-eager`, `cudagraph_mode` or "
+        "`npu.graph_mode`) runs FULL_DECODE_ONLY graphs with compiled replay at sizes 1-16; "
+        "with graphs on (`piecewise`, `full_decode_only`), `inductor` compiles each captured graph's "
         "pieces between its KV-cache writes and updatable kernels with inductor, once per distinct piece and capture "
         "size at start-up, kept in `$VLLM_NPU_CACHE_DIR/emulated_compile` across restarts (off with "
         "`VLLM_DISABLE_COMPILE_CACHE=1`; needs a C++ compiler; see docs/graphs.md)",

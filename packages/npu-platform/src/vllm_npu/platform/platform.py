@@ -187,7 +187,7 @@ class NPUPlatform(Platform):
 
         if not cls.emulated and npu_config.emulated_kv_cache_gb is not None:
             logger.warning("npu.emulated_kv_cache_gb is ignored on an NPU (gpu_memory_utilization sizes the KV cache)")
-        if not cls.emulated and npu_config.emulated_compile != "none":
+        if not cls.emulated and npu_config.emulated_compile not in ("auto", "none"):
             logger.warning("npu.emulated_compile is ignored on an NPU (it compiles the emulated device's graph twin)")
 
         from .graphs.config import configure_graphs
@@ -205,9 +205,10 @@ class NPUPlatform(Platform):
         _default_to_spawn(cls.emulated)
 
         logger.info(
-            "%s: graph mode %s (%s), capture sizes %s, block size %s, worker %s",
+            "%s: graph mode %s%s (%s), capture sizes %s, block size %s, worker %s",
             cls.__name__,
             plan.mode,
+            " + compiled replay" if plan.compile == "inductor" else "",
             plan.reason,
             list(plan.capture_sizes),
             cache.block_size if cache is not None else None,

@@ -19,9 +19,13 @@ FULL               refused: it would capture mixed prefill/decode batches as ful
                    take per-request host parameters that change with every batch; use FULL_DECODE_ONLY
 ================== ===========================================================================================
 
-Defaults: on an NPU, PIECEWISE (vllm-ascend's default). On the emulated device graphs are opt-in (an explicit
-``cudagraph_mode`` other than vLLM's default, or ``npu.graph_mode``): each capture traces the model, which would
-slow every engine start of the test suite; everything else is the same code path.
+Defaults: on an NPU, PIECEWISE (vllm-ascend's default). On the emulated device, eager (``npu.emulated_compile``
+``auto``, as ``none``): a warm start of the compiled graphs still costs 15-30 % more CPU than an eager start on the
+demo model (docs/graphs.md, issue 35), so the switch to vLLM's default (compile and capture) waits for that.
+``npu.emulated_compile=inductor`` with no graph setting runs what that default will be: FULL_DECODE_ONLY with compiled
+replay at :data:`EMULATED_DEFAULT_SIZES` when vLLM's default list is in effect (each size costs a compile, cached on
+disk), eager, logged, for the features of :func:`emulated_default_fallback`. ``--enforce-eager`` runs eagerly
+everywhere.
 
 ``npu.graph_mode``: ``auto`` follows the above; ``eager`` / ``piecewise`` / ``full_decode_only`` set the mode (an
 explicit, different ``cudagraph_mode`` is a conflict). ``--enforce-eager`` with a graph mode is a conflict.
@@ -237,6 +241,76 @@ TORCHAIR_C8 = (
 )
 
 
+#: The emulated device's default capture sizes (FULL_DECODE_ONLY, compiled): each size is one compile at the first
+#: start (seconds to tens of seconds; later starts load it from the on-disk cache); larger decode batches run eagerly.
+EMULATED_DEFAULT_SIZES = (1, 2, 4, 8, 16)
+
+#: The reason logged for compiled graphs on the emulated device with no graph setting.
+EMULATED_DEFAULT = (
+    "emulated device with npu.emulated_compile=inductor and vLLM's default cudagraph_mode: FULL_DECODE_ONLY with "
+    "compiled replay; --enforce-eager or npu.graph_mode='eager' runs eagerly"
+)
+
+#: The reason logged for the emulated device's default, eager.
+EMULATED_EAGER = (
+    "emulated device: eager by default (a warm start of the compiled graphs costs more than an eager start, "
+    "docs/graphs.md); npu.emulated_compile=inductor runs FULL_DECODE_ONLY graphs with compiled replay"
+)
+
+
+def emulated_default_fallback(vllm_config: VllmConfig) -> str | None:
+    """Why the emulated device's default (compiled FULL_DECODE_ONLY) falls back to eager for this engine, or None.
+
+    Kept eager: the combinations the compiled replay was not verified with on the emulated device (speculative
+    decoding, KV transfer, more than one rank, sleep mode) and pooling models, whose steps are never pure decodes;
+    they still run graphs when asked for explicitly."""
+    p = vllm_config.parallel_config
+    ranks = {
+        "tensor": getattr(p, "tensor_parallel_size", 1),
+        "pipeline": getattr(p, "pipeline_parallel_size", 1),
+        "data": getattr(p, "data_parallel_size", 1),
+    }
+    if getattr(vllm_config, "speculative_config", None) is not None:
+        return "speculative decoding"
+    if getattr(vllm_config, "kv_transfer_config", None) is not None:
+        return "a KV connector"
+    if any(n > 1 for n in ranks.values()):
+        return ", ".join(f"{k} parallel {n}" for k, n in ranks.items() if n > 1)
+    if getattr(vllm_config.model_config, "enable_sleep_mode", False):
+        return "sleep mode"
+    if getattr(vllm_config.model_config, "runner_type", None) == "pooling":
+        return "a pooling model (no decode steps to replay)"
+    return None
+
+
+def vllm_default_sizes(vllm_config: VllmConfig) -> list[int]:
+    """vLLM 0.11's default capture sizes for this config (``VllmConfig._set_cudagraph_sizes`` with the scheduler's
+    ``cuda_graph_sizes`` default, ``[min(2 * max_num_seqs, 512)]``), [] when the scheduler config does not say."""
+    scheduler = getattr(vllm_config, "scheduler_config", None)
+    graph_sizes = list(getattr(scheduler, "cuda_graph_sizes", None) or [])
+    max_tokens = getattr(scheduler, "max_num_batched_tokens", None)
+    if len(graph_sizes) != 1 or max_tokens is None:
+        return []
+    return [s for s in [1, 2, 4, *range(8, graph_sizes[0] + 1, 8)] if s <= max_tokens]
+
+
+def _emulated_default_sizes(vllm_config: VllmConfig, sizes: list[int]) -> list[int]:
+    """``sizes``, or :data:`EMULATED_DEFAULT_SIZES` (up to ``max_num_seqs``) when they are vLLM's default list."""
+    if not sizes or sorted(set(sizes)) != vllm_default_sizes(vllm_config):
+        return sizes
+    max_seqs = getattr(vllm_config.scheduler_config, "max_num_seqs", None) or max(EMULATED_DEFAULT_SIZES)
+    return [s for s in EMULATED_DEFAULT_SIZES if s <= max_seqs] or [1]
+
+
+def _set_emulated_compile(vllm_config: VllmConfig, value: str) -> None:
+    """Write the resolved ``npu.emulated_compile`` into the engine's ``additional_config`` (the workers' graph
+    wrappers read it there)."""
+    extra = vllm_config.additional_config
+    if isinstance(extra, dict):
+        section = extra.get("npu")
+        extra["npu"] = {**(section if isinstance(section, dict) else {}), "emulated_compile": value}
+
+
 @dataclass(frozen=True)
 class GraphPlan:
     """What :func:`configure_graphs` decided (for the platform's log line and ``npu_runtime_info``)."""
@@ -244,6 +318,7 @@ class GraphPlan:
     mode: str  # the CUDAGraphMode name in effect
     capture_sizes: tuple[int, ...]
     reason: str
+    compile: str = "none"  # npu.emulated_compile in effect (emulated device; "none" on an NPU)
 
 
 def _check_torchair(vllm_config: VllmConfig, emulated: bool) -> None:
@@ -263,7 +338,22 @@ def _check_torchair(vllm_config: VllmConfig, emulated: bool) -> None:
         raise ConfigError(TORCHAIR_C8)
 
 
-def _resolve_mode(vllm_config: VllmConfig, graph_mode: str, emulated: bool) -> tuple[str, str]:
+def _emulated_default_mode(vllm_config: VllmConfig, emulated_compile: str) -> tuple[str, str]:
+    """The emulated device's mode for vLLM's default ``cudagraph_mode`` (no explicit graph setting)."""
+    if emulated_compile != "inductor":
+        return "NONE", EMULATED_EAGER
+    fallback = emulated_default_fallback(vllm_config)
+    if fallback is not None:
+        return "NONE", (
+            f"emulated device: the default compiled graphs are not used with {fallback}; eager (ask for a graph "
+            "mode explicitly with npu.graph_mode)"
+        )
+    return "FULL_DECODE_ONLY", EMULATED_DEFAULT
+
+
+def _resolve_mode(
+    vllm_config: VllmConfig, graph_mode: str, emulated: bool, emulated_compile: str = "auto"
+) -> tuple[str, str]:
     from vllm.config import CUDAGraphMode
 
     compilation = vllm_config.compilation_config
@@ -321,10 +411,7 @@ def _resolve_mode(vllm_config: VllmConfig, graph_mode: str, emulated: bool) -> t
         )
     if vllm_mode == CUDAGraphMode.FULL_AND_PIECEWISE:
         if emulated:
-            return "NONE", (
-                "emulated device: graphs are opt-in (set compilation_config.cudagraph_mode to PIECEWISE or "
-                "FULL_DECODE_ONLY, or npu.graph_mode)"
-            )
+            return _emulated_default_mode(vllm_config, emulated_compile)
         return "PIECEWISE", (
             "cudagraph_mode FULL_AND_PIECEWISE (vLLM's default) -> PIECEWISE: full graphs are captured only for "
             "pure-decode batches (cudagraph_mode FULL_DECODE_ONLY)"
@@ -420,10 +507,19 @@ def configure_graphs(vllm_config: VllmConfig, graph_mode: str, emulated: bool) -
     """Set vLLM's compilation config for the resolved graph mode (see the module docstring); returns the plan."""
     from vllm.config import CUDAGraphMode
     from vllm.config.compilation import CompilationConfig
-    from vllm_npu.interface import NO_COMPILATION, PIECEWISE, set_compilation_level
+    from vllm_npu.interface import NO_COMPILATION, PIECEWISE, AdditionalConfig, set_compilation_level
 
     compilation = vllm_config.compilation_config
-    mode, reason = _resolve_mode(vllm_config, graph_mode, emulated)
+    extra = getattr(vllm_config, "additional_config", None)
+    requested_compile = AdditionalConfig.from_vllm(extra if isinstance(extra, dict) else None).emulated_compile
+    mode, reason = _resolve_mode(vllm_config, graph_mode, emulated, requested_compile)
+    # The emulated default compiles: graph mode "auto" and vLLM's default cudagraph_mode resolved to graphs.
+    emulated_default = reason == EMULATED_DEFAULT
+    compile_mode = "none"
+    if emulated and mode != "NONE":
+        compile_mode = "inductor" if requested_compile == "inductor" or emulated_default else "none"
+    if emulated and requested_compile == "auto":
+        _set_emulated_compile(vllm_config, compile_mode)
     compilation.cudagraph_mode = CUDAGraphMode[mode]
     if compilation.compile_sizes is None:
         compilation.compile_sizes = []
@@ -434,7 +530,7 @@ def configure_graphs(vllm_config: VllmConfig, graph_mode: str, emulated: bool) -
         if model is not None:
             model.enforce_eager = True
         set_capture_sizes(compilation, [])
-        return GraphPlan(mode, (), reason)
+        return GraphPlan(mode, (), reason, compile_mode)
 
     if graph_mode != "torchair" and os.environ.get("ASCEND_LAUNCH_BLOCKING", "0") == "1":
         # Refused on the emulated device too: it enforces the NPU's rules. Not in the torchair mode, which compiles GE
@@ -445,6 +541,11 @@ def configure_graphs(vllm_config: VllmConfig, graph_mode: str, emulated: bool) -
     # (vllm-ascend sets 1; vLLM 0.11's VllmConfig already sets 1 for V1 without --enforce-eager).
     compilation.cudagraph_num_of_warmups = max(1, compilation.cudagraph_num_of_warmups)
     sizes = list(compilation.cudagraph_capture_sizes or [])
+    if emulated_default:
+        default_sizes = _emulated_default_sizes(vllm_config, sizes)
+        if default_sizes != sizes:
+            reason += f"; capture sizes {default_sizes} (vLLM's default list would compile {len(sizes)} sizes)"
+            sizes = default_sizes
     _check_sizes(vllm_config, sizes)
     if mode == "PIECEWISE":
         # Dynamo captures the model, split at the attention ops (their metadata changes every step, so they run
@@ -468,4 +569,4 @@ def configure_graphs(vllm_config: VllmConfig, graph_mode: str, emulated: bool) -
     if len(kept) < len(set(sizes)):
         logger.info("capture sizes %s -> %s (the stream budget)", sorted(set(sizes)), kept)
     set_capture_sizes(compilation, kept)
-    return GraphPlan(mode, tuple(sorted(kept)), reason)
+    return GraphPlan(mode, tuple(sorted(kept)), reason, compile_mode)

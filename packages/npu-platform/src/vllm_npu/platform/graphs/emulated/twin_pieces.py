@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ..wrapper import PIECE_STATS
+from ._twin_code import load_code, store_code, structure_key
 
 if TYPE_CHECKING:
     from ..compile_cache import CompileCache
@@ -92,9 +93,9 @@ def piece_digest(gm: torch.fx.GraphModule, inputs: Sequence[torch.Tensor]) -> st
 
 def _inductor(
     gm: torch.fx.GraphModule, inputs: Sequence[torch.Tensor], vec_isa_ok: bool | None = None
-) -> Callable[[list[Any]], Any]:
+) -> tuple[Callable[[list[Any]], Any], Any]:
     """``compile_fx_inner`` under a tracing context with a shape environment (inductor's FX-graph cache needs one),
-    inference only; the generated ``call`` (boxed)."""
+    inference only; the generated ``call`` (boxed) and inductor's compiled graph (its ``source_code``)."""
     from torch._guards import TracingContext, tracing
     from torch._inductor.compile_fx import compile_fx_inner
     from torch._subclasses import FakeTensorMode
@@ -106,7 +107,7 @@ def _inductor(
     with tracing(TracingContext(fake_mode)), torch.no_grad(), torch._inductor.config.patch(patch):
         compiled = compile_fx_inner(gm, fakes, is_inference=True)
     call = getattr(compiled, "current_callable", None)
-    return call if call is not None else compiled
+    return call if call is not None else compiled, compiled
 
 
 def _vec_isa_fingerprint() -> dict[str, Any]:
@@ -156,7 +157,11 @@ def _vec_isa_ok(cache: CompileCache) -> bool | None:
     return True if ok else None
 
 
-def _compile(gm: torch.fx.GraphModule, inputs: Sequence[torch.Tensor], digest: str, cache: CompileCache | None) -> Any:
+def _compile(
+    gm: torch.fx.GraphModule, inputs: Sequence[torch.Tensor], digest: str, cache: CompileCache | None
+) -> tuple[Callable[[list[Any]], Any], Any]:
+    """The piece compiled (inductor's FX-graph cache fed from ``twin-<digest>.bin`` when the cache has it); the
+    generated ``call`` and inductor's compiled graph."""
     if cache is None:
         return _inductor(gm, inputs)
     vec_isa_ok = _vec_isa_ok(cache)
@@ -167,24 +172,24 @@ def _compile(gm: torch.fx.GraphModule, inputs: Sequence[torch.Tensor], digest: s
     if path.exists():
         torch.compiler.load_cache_artifacts(path.read_bytes())
         counters_before = _fx_cache_hits()
-        compiled = _inductor(gm, inputs, vec_isa_ok)
+        result = _inductor(gm, inputs, vec_isa_ok)
         if _fx_cache_hits() > counters_before:
             PIECE_STATS.disk_hits += 1
-            return compiled
+            return result
         PIECE_STATS.reasons["stored artifacts not used by inductor"] += 1
-        return compiled
+        return result
     with CacheArtifactManager.with_fresh_cache():
-        compiled = _inductor(gm, inputs, vec_isa_ok)
+        result = _inductor(gm, inputs, vec_isa_ok)
         saved = torch.compiler.save_cache_artifacts()
     if saved is None or not saved[1].inductor_artifacts:
         PIECE_STATS.reasons["inductor made no cache artifact"] += 1
-        return compiled
+        return result
     cache.prepare()
     tmp = path.with_suffix(f".tmp{os.getpid()}")
     tmp.write_bytes(saved[0])
     tmp.replace(path)
     PIECE_STATS.disk_writes += 1
-    return compiled
+    return result
 
 
 def _fx_cache_hits() -> int:
@@ -197,16 +202,38 @@ def compile_piece(
     piece: torch.fx.GraphModule, inputs: Sequence[torch.Tensor], cache: CompileCache | None = None
 ) -> Callable[..., Any]:
     """``piece`` (pure: no writes to its arguments) compiled, called like ``piece``; shared with every identical
-    piece compiled before in this process (see the module docstring)."""
+    piece compiled before in this process (see the module docstring). With ``cache``, a piece whose
+    :func:`structure_key` has stored code loads that code (:mod:`._twin_code`) without re-tracing or inductor."""
+    key = structure_key(piece, inputs)
+    call = _COMPILED.get(key) if key is not None else None
+    PIECE_STATS.pieces += 1
+    if call is not None:
+        PIECE_STATS.shared += 1
+        return _caller(piece, call)
+    if key is not None and cache is not None:
+        call = load_code(cache, key, _INDUCTOR_CONFIG, _vec_isa_ok)
+        if call is not None:
+            PIECE_STATS.compiles += 1
+            PIECE_STATS.disk_hits += 1
+            _COMPILED[key] = call
+            return _caller(piece, call)
     gm = _decomposed(piece, inputs)
     digest = piece_digest(gm, inputs)
-    PIECE_STATS.pieces += 1
     call = _COMPILED.get(digest)
     if call is None:
         PIECE_STATS.compiles += 1
-        call = _COMPILED[digest] = _compile(gm, inputs, digest, cache)
+        call, compiled = _compile(gm, inputs, digest, cache)
+        _COMPILED[digest] = call
+        if key is not None and cache is not None:
+            store_code(cache, key, compiled)
     else:
         PIECE_STATS.shared += 1
+    if key is not None:
+        _COMPILED[key] = call
+    return _caller(piece, call)
+
+
+def _caller(piece: torch.fx.GraphModule, call: Callable[[list[Any]], Any]) -> Callable[..., Any]:
     if not _returns_tuple(piece):
         return lambda *args: call(list(args))[0]
     return lambda *args: call(list(args))

@@ -57,6 +57,10 @@ def main(argv: list[str] | None = None) -> int:
     if compilation:
         extra["compilation_config"] = compilation
     npu: dict[str, Any] = {"kernels": args.kernels}
+    if args.cudagraph_mode is None and args.graph_mode is None:
+        # The plain leg checks the stack, not compilation: on the emulated device it stays eager (its default would
+        # compile each capture size first); on an NPU the key is ignored and the NPU's default graphs run.
+        npu["emulated_compile"] = "none"
     for key, value in (
         ("graph_mode", args.graph_mode),
         ("torchair_cache_dir", args.torchair_cache_dir),

@@ -14,6 +14,7 @@ import json
 import os
 import sys
 import time
+from typing import Any
 
 DEFAULT_PROMPTS = (
     "Four score and seven years ago",
@@ -49,7 +50,37 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     p.add_argument("--json", action="store_true", help="print one JSON document instead of text")
+    p.add_argument(
+        "--enforce-eager",
+        action="store_true",
+        help="run eagerly (the emulated device's default; on an NPU the default captures graphs)",
+    )
+    p.add_argument(
+        "--emulated-compile",
+        choices=["auto", "none", "inductor"],
+        default="auto",
+        help="npu.emulated_compile; inductor: FULL_DECODE_ONLY graphs with compiled replay on the emulated device",
+    )
     return p
+
+
+def graph_mode(info: dict[str, Any]) -> str:
+    """One line for the graph mode a worker ran (its ``npu_runtime_info``): eager, or the mode, its capture sizes
+    and, for the emulated device's compiled replay, the compiled pieces and the on-disk cache's share of them."""
+    mode = info["cudagraph_mode"]
+    if mode == "NONE":
+        return "eager (no graphs)"
+    graphs = info.get("graphs") or {}
+    line = f"{mode} graphs, capture sizes {info['capture_sizes']}"
+    if sum((graphs.get("compiled") or {}).values()):
+        pieces = graphs.get("pieces") or {}
+        seconds = sum((graphs.get("compile_seconds") or {}).values())
+        line += (
+            f", compiled replay ({pieces.get('compiles', 0)} compiles, {pieces.get('disk_hits', 0)} from the on-disk "
+            f"cache, {seconds:.1f} s)"
+        )
+    replays = sum((graphs.get("replays") or {}).values())
+    return f"{line}, {replays} replays"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -88,7 +119,14 @@ def main(argv: list[str] | None = None) -> int:
     from vllm import LLM, SamplingParams
 
     t1 = time.perf_counter()
-    llm = LLM(model=str(model_dir), dtype=args.dtype, max_model_len=512, seed=0)
+    llm = LLM(
+        model=str(model_dir),
+        dtype=args.dtype,
+        max_model_len=512,
+        seed=0,
+        enforce_eager=args.enforce_eager,
+        additional_config={"npu": {"emulated_compile": args.emulated_compile}},
+    )
     init_s = time.perf_counter() - t1
     prompts = list(args.prompts or DEFAULT_PROMPTS)
     params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens, ignore_eos=True)
@@ -108,6 +146,7 @@ def main(argv: list[str] | None = None) -> int:
         "generate_seconds": round(gen_s, 3),
         "tokens_per_second": round(n_tokens / gen_s, 1) if gen_s > 0 else None,
         "engine_init_seconds": round(init_s, 2),
+        "graph_mode": graph_mode(report[0]),
         "workers": report,
     }
     if json_out is not None:
@@ -130,6 +169,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  {'ops in model':<14} {ops}")
         print(f"  {'kernels':<14} {info['kernel_backend']} ({info['device_mode']} device)")
         print(f"  {'components':<14} {', '.join(info['components'])}")
+        print(f"  {'graph mode':<14} {graph_mode(info)}")
     return 0
 
 
