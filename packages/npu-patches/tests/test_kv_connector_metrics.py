@@ -39,7 +39,6 @@ _POOL = {"failed": ["r1"], "loaded_blocks": 3, "loaded_bytes": 3000, "stored_blo
 
 
 def _record(kv_connector: str | None, steps: list[Any]) -> Any:
-    from vllm.v1.metrics.loggers import PrometheusStatLogger
     from vllm_npu.kv import register
     from vllm_npu.patches.sets.kv_connector_metrics import make_replacement
 
