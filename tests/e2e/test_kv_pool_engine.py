@@ -6,7 +6,8 @@ kv-pool`` runs), tiny Qwen2 (GQA), float32, block size 16.
 
 Instance A (configured the vllm-ascend way: ``MooncakeConnectorStoreV1`` + ``MOONCAKE_CONFIG_PATH``) serves long
 prompts and stops. A fresh instance B (our name, ``MooncakeStoreConnector``, the keys inline) then serves them again:
-most of each prompt comes from the pool (``num_cached_tokens``), and every answer == HF greedy. Faults on B: a
+most of each prompt comes from the pool (``num_cached_tokens``), and every answer == HF greedy, B decoding in
+FULL_DECODE_ONLY graphs (the pool composes with graphs; A runs eager). Faults on B: a
 corrupt pool object (another size) makes that load fail and the prompt is recomputed, == HF; the master killed
 mid-run: new prompts are computed, == HF, nothing hangs; B's KV usage returns to zero (no leaked blocks).
 """
@@ -18,6 +19,7 @@ import time
 
 import pytest
 from npu_testkit.engine import emulated_env, engine, greedy_outputs, make_prompts
+from npu_testkit.graph_e2e import runtime_info
 from npu_testkit.models import hf_greedy
 from npu_testkit.serve import free_port
 from npu_testkit.system_libs import require_mooncake_libraries
@@ -31,6 +33,8 @@ LONG = [160, 203, 250, 301]
 CORRUPT = [120]
 DEAD = [90, 140]
 SEED = "0"
+#: Instance B decodes in full graphs (the pool composes with graphs): every batch size B decodes is captured.
+B_GRAPHS = {"cudagraph_mode": "FULL_DECODE_ONLY", "cudagraph_capture_sizes": [1, 2, 4]}
 
 
 def _store_config(master: str) -> dict[str, object]:
@@ -115,10 +119,12 @@ def runs(tiny_qwen2, prompts, tmp_path_factory) -> dict[str, object]:
             "kv_connector_extra_config": _store_config(pool.master_address),
         }
         start = time.perf_counter()
-        with engine(tiny_qwen2, env_b, **_llm_kwargs(kv_b)) as llm:
+        with engine(tiny_qwen2, env_b, **_llm_kwargs(kv_b), compilation_config=B_GRAPHS) as llm:
             outs = greedy_outputs(llm, prompts["long"], MAX_TOKENS)
             out["b_long"] = [list(o.outputs[0].token_ids) for o in outs]
             out["b_long_cached"] = [o.num_cached_tokens for o in outs]
+            info = runtime_info(llm)
+            out["b_graphs"] = (info["cudagraph_mode"], info["graphs"]["replays"].get("FULL", 0))
 
             keys = _block_keys(llm, prompts["corrupt"][0])
             out["corrupt_present"] = client.batch_is_exist(keys)
@@ -157,6 +163,8 @@ def test_instance_a_matches_hf(runs, references) -> None:
 
 def test_fresh_instance_loads_most_of_each_prompt_from_the_pool(runs, prompts, references) -> None:
     assert runs["b_long"] == references["long"]
+    mode, full_replays = runs["b_graphs"]
+    assert mode == "FULL_DECODE_ONLY" and full_replays > 0  # B decoded them in full graphs
     for prompt, cached in zip(prompts["long"], runs["b_long_cached"]):
         full = len(prompt) // BLOCK * BLOCK
         # Every full block from the pool (a prompt on a block boundary recomputes its last token).

@@ -9,7 +9,9 @@ Tiny Qwen2 (GQA), float32, block size 16.
 Through the proxy the answers == HF greedy and the decode side computes only the last prompt token (PD works with
 the pool beside it); the prefill instance stored the prompts in the pool as it computed them, so the second prefill
 instance, asked directly, gets each prompt's full blocks from the pool, == HF; the first prefill instance's KV usage
-returns to zero (the PD hold and the pool stores both release their blocks).
+returns to zero (the PD hold and the pool stores both release their blocks). Both prefill instances report the pool
+on vLLM's ``/metrics`` (npu-patches' ``kv-connector-metrics`` unpacks the MultiConnector's stats): the first the
+blocks it stored, the second the blocks it loaded (its pool hits).
 """
 
 from __future__ import annotations
@@ -17,6 +19,9 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
+import time
+import urllib.request
 
 import pytest
 from npu_testkit.engine import emulated_env, make_prompts
@@ -111,3 +116,27 @@ def test_prefill_blocks_are_released(cluster) -> None:
         pd.post(f"{cluster['prefill']}/v1/completions", pd.completion([5, 6, 7], max_tokens=1))
 
     assert pd.wait_usage_zero(cluster["prefill"], poke) == 0.0
+
+
+def _pool_counter(url: str, name: str) -> float:
+    """``vllm:npu_kv_pool_<name>_total`` of engine 0 on the instance's /metrics (0 while the counter is absent)."""
+    with urllib.request.urlopen(f"{url}/metrics", timeout=30) as resp:
+        text = resp.read().decode()
+    pattern = rf'^vllm:npu_kv_pool_{name}_total\{{[^}}]*engine="0"[^}}]*\}} (\S+)$'
+    return sum(float(v) for v in re.findall(pattern, text, re.M))
+
+
+def test_pool_counters_on_metrics(cluster, prompts) -> None:
+    full_blocks = sum(len(p) // BLOCK for p in prompts)
+    # the second instance's loads were reported on the steps that answered it (stats ride on the step's output)
+    assert _pool_counter(cluster["prefill2"], "hit_blocks") == full_blocks
+    assert _pool_counter(cluster["prefill2"], "loaded_bytes") > 0
+    assert _pool_counter(cluster["prefill2"], "failed_loads") == 0
+    # the first instance's stores finish off the step; their stats reach /metrics with a later step
+    deadline = time.monotonic() + 60
+    while _pool_counter(cluster["prefill"], "stored_blocks") < full_blocks and time.monotonic() < deadline:
+        pd.post(f"{cluster['prefill']}/v1/completions", pd.completion([5, 6, 7], max_tokens=1))
+        time.sleep(0.5)
+    assert _pool_counter(cluster["prefill"], "stored_blocks") >= full_blocks
+    assert _pool_counter(cluster["prefill"], "stored_bytes") > 0
+    assert _pool_counter(cluster["prefill"], "store_errors") == 0

@@ -1,8 +1,9 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
 """The pool connector's per-interval telemetry (vLLM's ``KVConnectorStats``): vLLM 0.11 aggregates it over the
-workers and logs it ("KV Transfer metrics: ..."); its ``failed`` request ids also tell the scheduler which loads to
-recompute."""
+workers and logs it ("KV Transfer metrics: ..."); npu-patches' ``kv-connector-metrics`` adds
+:meth:`PoolStats.prometheus_counters` to vLLM's ``/metrics``; its ``failed`` request ids also tell the scheduler
+which loads to recompute."""
 
 from __future__ import annotations
 
@@ -48,6 +49,18 @@ class PoolStats(KVConnectorStats):
             "blocks stored": d["stored_blocks"],
             "MB stored": round(d["stored_bytes"] / 1e6, 3),
             "store errors": d["store_errors"],
+        }
+
+    def prometheus_counters(self) -> dict[str, tuple[str, float]]:
+        """Prometheus counter name (without vLLM's ``vllm:`` prefix) -> (help, this interval's increment)."""
+        d = self.data
+        return {
+            "npu_kv_pool_hit_blocks": ("KV blocks loaded from the pool (prefix hits).", d["loaded_blocks"]),
+            "npu_kv_pool_loaded_bytes": ("Bytes of KV cache loaded from the pool.", d["loaded_bytes"]),
+            "npu_kv_pool_stored_blocks": ("KV blocks stored into the pool.", d["stored_blocks"]),
+            "npu_kv_pool_stored_bytes": ("Bytes of KV cache stored into the pool.", d["stored_bytes"]),
+            "npu_kv_pool_failed_loads": ("Requests whose pool load failed (recomputed).", len(d["failed"])),
+            "npu_kv_pool_store_errors": ("KV blocks whose store into the pool failed (not kept).", d["store_errors"]),
         }
 
     def is_empty(self) -> bool:

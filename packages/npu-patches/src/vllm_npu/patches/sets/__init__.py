@@ -408,6 +408,31 @@ MULTI_CONNECTOR_STATS = Patch(
     "multi_connector code was not reviewed",
 )
 
+KV_CONNECTOR_METRICS = Patch(
+    id="kv-connector-metrics",
+    target="vllm.v1.metrics.loggers.PrometheusStatLogger.record",
+    replacement="vllm_npu.patches.sets.kv_connector_metrics:make_replacement",
+    scope=Scope.PLATFORM,
+    vllm=">=0.11.0,<0.11.1",
+    fingerprint="a56fc2d9b13bcc0fb352d710ec2c8c583afb56b4ffcdf0a24c8c9aa2d9366304",
+    also_checks=(
+        # the attributes the replacement reads (vllm_config, _counter_cls) and the label names it copies
+        (
+            "vllm.v1.metrics.loggers.PrometheusStatLogger.__init__",
+            "3f189c9a8f0837c1c44e4484ebc734a5821a7aea3a0d8ed108ec616328f2b6f1",
+        ),
+    ),
+    upstream="vLLM 0.11.1 added the seam (KVConnectorBase.build_prom_metrics, recorded by KVConnectorPrometheus "
+    "from PrometheusStatLogger.record)",
+    reason="vLLM 0.11.0 passes the KV connectors' stats (npu-kv's pool: hit / stored blocks and bytes, failed "
+    "loads, store errors) only to its log line, not to PrometheusStatLogger, and vllm serve cannot add a stat "
+    "logger: without the patch none of them is on /metrics. The replacement runs vLLM's record, then adds each "
+    "connector's (every MultiConnector entry's) prometheus_counters() to vllm:npu_kv_* counters labelled "
+    "model_name and engine",
+    removal="drop when the plugin's vLLM floor is 0.11.1 or later: move PoolStats' counters to the pool "
+    "connector's build_prom_metrics; the range already ends at 0.11.1",
+)
+
 #: The built-in set, in application order.
 BUILTIN_PATCHES: tuple[Patch, ...] = (
     REPETITION_PENALTY_TORCH,
@@ -422,6 +447,7 @@ BUILTIN_PATCHES: tuple[Patch, ...] = (
     MULTIMODAL_MERGE_INDEX_PUT,
     HOST_OFFLOAD_NPU,
     MULTI_CONNECTOR_STATS,
+    KV_CONNECTOR_METRICS,
 )
 
 #: Candidates examined for vLLM 0.11.0 and deliberately not patched: (what, why not).
