@@ -82,14 +82,12 @@ def patched(monkeypatch: pytest.MonkeyPatch) -> type:
 
 
 def test_connector_reports_and_rebuilds_the_handler_counts(patched: type) -> None:
-    import importlib
-
     from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
     from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1
     from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorStats
 
     assert patched.__name__ == "OffloadingConnector" and issubclass(patched, KVConnectorBase_V1)
-    assert issubclass(patched, getattr(importlib.import_module(_MODULE).OffloadingConnector, "__wrapped__"))
+    assert issubclass(patched, patched.__wrapped__)  # type: ignore[attr-defined]
     handler = _handler()
     connector = _connector(patched, handler)
     assert connector.get_kv_connector_stats() is None  # nothing finished: no stats this step, as vLLM's connectors

@@ -67,7 +67,7 @@ class HostOffloadStats(KVConnectorStats):
 def make_replacement(original: type) -> type:
     """Build ``OffloadingConnector``: vLLM's, reporting :class:`HostOffloadStats`."""
 
-    class OffloadingConnector(original):  # type: ignore[valid-type,misc]
+    class OffloadingConnector(original):
         def get_kv_connector_stats(self) -> HostOffloadStats | None:
             worker = getattr(self, "connector_worker", None)
             handler = getattr(getattr(worker, "spec", None), "_handler", None)
@@ -83,5 +83,5 @@ def make_replacement(original: type) -> type:
     OffloadingConnector.__module__ = original.__module__
     OffloadingConnector.__qualname__ = original.__qualname__
     OffloadingConnector.__doc__ = original.__doc__
-    OffloadingConnector.__wrapped__ = original  # type: ignore[attr-defined]
+    OffloadingConnector.__wrapped__ = original
     return OffloadingConnector
