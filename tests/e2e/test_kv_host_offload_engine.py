@@ -7,6 +7,12 @@ The device cache holds 40 blocks, too few for four 200-token prompts (13 blocks 
 other, the first prompt's blocks are evicted from the device (control: vLLM's device prefix cache no longer has its
 first block) while the connector has copied them to host memory. Sent again, most of the first prompt comes back
 from host memory (``num_cached_tokens``) and the answer == HF greedy.
+
+Offload counters (npu-patches' ``host-offload-stats``): the offline ``LLM`` has no Prometheus logger (stats off), so
+the test captures what each step's ``KVConnectorOutput.kv_connector_stats`` carries into the scheduler (the object
+``SchedulerStats.kv_connector_stats`` is made of under ``vllm serve``) and reads it through ``kv-connector-metrics``'
+own ``connector_stats`` + ``prometheus_counters()``: the four prompts stored blocks to host memory and loaded none;
+the second run of the first prompt loaded exactly its cached tokens (the device held none of it) from host memory.
 """
 
 from __future__ import annotations
@@ -45,6 +51,34 @@ def _on_device(llm, prompt: list[int]) -> bool:
     return pool.get_cached_block(first, [0]) is not None
 
 
+def _capture_connector_stats(llm) -> list[object]:
+    """Every ``kv_connector_stats`` the worker hands the scheduler from now on (in step order)."""
+    scheduler = llm.llm_engine.engine_core.engine_core.scheduler
+    update = scheduler.update_from_output
+    steps: list[object] = []
+
+    def update_from_output(scheduler_output, model_runner_output):
+        connector_output = model_runner_output.kv_connector_output
+        if connector_output is not None and connector_output.kv_connector_stats is not None:
+            steps.append(connector_output.kv_connector_stats)
+        return update(scheduler_output, model_runner_output)
+
+    scheduler.update_from_output = update_from_output
+    return steps
+
+
+def _counters(steps: list[object]) -> dict[str, float]:
+    """The ``vllm:npu_kv_offload_*`` increments ``kv-connector-metrics`` would add for these steps' stats."""
+    from vllm_npu.patches.sets.kv_connector_metrics import connector_stats
+
+    totals: dict[str, float] = {}
+    for stats in steps:
+        for revived in connector_stats("OffloadingConnector", dict(stats.data)):  # type: ignore[attr-defined]
+            for name, (_, increment) in revived.prometheus_counters().items():
+                totals[name] = totals.get(name, 0) + increment
+    return totals
+
+
 @pytest.fixture(scope="module")
 def run(tiny_qwen2, prompts, tmp_path_factory) -> dict[str, object]:
     env = emulated_env(tmp_path_factory.mktemp("offload"), extra={"PYTHONHASHSEED": "0"})
@@ -63,11 +97,14 @@ def run(tiny_qwen2, prompts, tmp_path_factory) -> dict[str, object]:
         max_num_seqs=2,
         kv_transfer_config=kv,
     ) as llm:
+        steps = _capture_connector_stats(llm)
         out["first"] = [list(greedy_outputs(llm, [p], MAX_TOKENS)[0].outputs[0].token_ids) for p in prompts]
         out["evicted"] = not _on_device(llm, prompts[0])
+        out["first_stats"], steps[:] = list(steps), []
         again = greedy_outputs(llm, [prompts[0]], MAX_TOKENS)[0]
         out["again"] = list(again.outputs[0].token_ids)
         out["again_cached"] = again.num_cached_tokens
+        out["again_stats"] = list(steps)
     return out
 
 
@@ -79,3 +116,25 @@ def test_first_prompt_comes_back_from_host_memory(run, references, prompts) -> N
     assert run["evicted"], "control: the device cache should have evicted the first prompt"
     assert run["again"] == references[0]
     assert run["again_cached"] >= len(prompts[0]) // BLOCK * BLOCK - BLOCK, run["again_cached"]
+
+
+def test_offload_counters(run, tiny_qwen2) -> None:
+    from transformers import AutoConfig
+
+    first, again = _counters(run["first_stats"]), _counters(run["again_stats"])
+    # per device block: every layer's K and V planes of BLOCK tokens x KV heads x head size, float32
+    cfg = AutoConfig.from_pretrained(tiny_qwen2)
+    head = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    block_bytes = cfg.num_hidden_layers * 2 * BLOCK * cfg.num_key_value_heads * head * 4
+    assert first["npu_kv_offload_loaded_blocks"] == 0, first  # four different prompts: no host hit
+    stored = first["npu_kv_offload_stored_blocks"]
+    # every prompt's full blocks went to host memory (the last one's may finish during the second run)
+    full_blocks = sum(n // BLOCK for n in LENGTHS)
+    assert (
+        stored + again["npu_kv_offload_stored_blocks"] == full_blocks and stored >= full_blocks - LENGTHS[-1] // BLOCK
+    )
+    assert first["npu_kv_offload_stored_bytes"] == stored * block_bytes
+    assert first["npu_kv_offload_stored_tokens"] == stored * BLOCK
+    loaded = again["npu_kv_offload_loaded_blocks"]
+    assert loaded * BLOCK == again["npu_kv_offload_loaded_tokens"] == run["again_cached"], (again, run["again_cached"])
+    assert again["npu_kv_offload_loaded_bytes"] == loaded * block_bytes

@@ -30,6 +30,7 @@ def test_worker_hook_applies_worker_patches_and_reads_additional_config(monkeypa
         "shutdown-ends-requests",
         "request-fault-isolation",
         "unsupported-api-status",
+        "host-offload-stats",
         "multi-connector-stats",
         "kv-connector-metrics",
     ]
@@ -65,7 +66,7 @@ def test_worker_hook_rejects_unknown_ids(monkeypatch):
     with pytest.raises(
         ConfigError,
         match="known ids: attention-output-empty, bert-token-types-no-shift, eagle-discarded-next-token, "
-        "eplb-platform-check, host-offload-npu, kv-connector-metrics, lora-npu-layers, multi-connector-stats, multimodal-merge-index-put, repetition-penalty-torch, request-fault-isolation, "
+        "eplb-platform-check, host-offload-npu, host-offload-stats, kv-connector-metrics, lora-npu-layers, multi-connector-stats, multimodal-merge-index-put, repetition-penalty-torch, request-fault-isolation, "
         "roberta-token-types-no-shift, shutdown-ends-requests, unsupported-api-status",
     ):
         on_worker_init(ctx(Scope.WORKER))

@@ -383,6 +383,37 @@ HOST_OFFLOAD_NPU = Patch(
     "kv_offload code was not reviewed",
 )
 
+HOST_OFFLOAD_STATS = Patch(
+    id="host-offload-stats",
+    target="vllm.distributed.kv_transfer.kv_connector.v1.offloading_connector.OffloadingConnector",
+    replacement="vllm_npu.patches.sets.host_offload_stats:make_replacement",
+    scope=Scope.PLATFORM,
+    vllm=">=0.11.0,<0.11.1",
+    fingerprint="d27d2f6d97850b6f3e26bb772a6eecdd1a5f535b26fe6691136b812f2a38504c",
+    also_checks=(
+        # the inherited stats seams the subclass overrides (both return None in 0.11.0)
+        (
+            "vllm.distributed.kv_transfer.kv_connector.v1.base.KVConnectorBase_V1.get_kv_connector_stats",
+            "a5e81cf1fc5f564964ca2db1c782cf8177bf0b9d145022a9953ee80a20ae156f",
+        ),
+        # reads the connector class off its module by name when the connector is built
+        (
+            "vllm.distributed.kv_transfer.kv_connector.factory.KVConnectorFactory.get_connector_class",
+            "c9c37f21206713125c7d440e2f2ca33ea7d488dacd3c5177799d7df70f8a3c12",
+        ),
+    ),
+    upstream="none filed yet. Fix to propose: OffloadingConnector reports an OffloadingConnectorStats (blocks and "
+    "bytes per direction) from its OffloadingWorker's finished jobs, and builds it from serialized data",
+    reason="vLLM 0.11.0's OffloadingConnector reports no connector stats (get_kv_connector_stats and "
+    "build_kv_connector_stats are the base class's, returning None), so host offload hits and stores never reach "
+    "SchedulerStats, the log line or /metrics (kv-connector-metrics). The replacement is a subclass of vLLM's "
+    "(same name and module) whose worker side reports the HostOffloadHandler's finished transfers as "
+    "HostOffloadStats (npu_kv_offload_* counters) and whose class rebuilds them in the API server; a patch replaces "
+    "one attribute and the two seams run in different processes, hence the class and not two methods",
+    removal="drop when vLLM's OffloadingConnector reports its own stats (then map them in kv-connector-metrics); the "
+    "range ends before 0.11.1, whose kv_offload code was not reviewed",
+)
+
 MULTI_CONNECTOR_STATS = Patch(
     id="multi-connector-stats",
     target="vllm.distributed.kv_transfer.kv_connector.v1.multi_connector.MultiConnector.build_kv_connector_stats",
@@ -446,6 +477,7 @@ BUILTIN_PATCHES: tuple[Patch, ...] = (
     UNSUPPORTED_API_STATUS,
     MULTIMODAL_MERGE_INDEX_PUT,
     HOST_OFFLOAD_NPU,
+    HOST_OFFLOAD_STATS,
     MULTI_CONNECTOR_STATS,
     KV_CONNECTOR_METRICS,
 )

@@ -17,6 +17,9 @@ NPU: pinned host memory, one copy stream per direction (``torch.npu.Stream``), a
 (``distributed/cpu_offload_connector.py:263-264, 353-359, 413-429``); a device-to-host copy first waits for the
 compute stream (the blocks were written by the step's kernels); a job is done when the event recorded after its
 copies has completed. Emulated device: the same block pairs, one ``index_copy_`` per plane, done when it returns.
+
+The handler also counts its finished jobs per direction (device blocks, bytes, tokens):
+:meth:`HostOffloadHandler.take_counts` hands them to the ``host-offload-stats`` patch (``vllm:npu_kv_offload_*``).
 """
 
 from __future__ import annotations
@@ -29,6 +32,9 @@ import torch
 from vllm_npu.interface import current_mode, get_logger
 
 logger = get_logger(__name__)
+
+#: What :meth:`HostOffloadHandler.take_counts` reports (host -> device is "loaded", device -> host "stored").
+COUNTS = ("loaded_blocks", "loaded_bytes", "loaded_tokens", "stored_blocks", "stored_bytes", "stored_tokens")
 
 
 def cache_planes(cache: torch.Tensor, kv_lora_rank: int | None) -> list[torch.Tensor]:
@@ -92,8 +98,12 @@ class HostOffloadHandler:
                 self.host_planes.append(torch.zeros(shape, dtype=plane.dtype, device="cpu", pin_memory=self.npu))
         nbytes = sum(p.nbytes for p in self.host_planes)
         logger.info("host KV offload: %d planes, %.1f MiB of host memory", len(self.host_planes), nbytes / 2**20)
+        self.gpu_block_size = gpu_block_size
+        self.block_bytes = sum(p[0].nbytes for p in self.device_planes)  # one device block, every plane
         self._done: list[int] = []
         self._events: dict[int, Any] = {}
+        self._jobs: dict[int, tuple[bool, int]] = {}  # job -> (to host, device blocks), until it finishes
+        self._counts = dict.fromkeys(COUNTS, 0)
         if self.npu:
             self.d2h_stream = torch.npu.Stream()  # type: ignore[attr-defined]
             self.h2d_stream = torch.npu.Stream()  # type: ignore[attr-defined]
@@ -108,6 +118,7 @@ class HostOffloadHandler:
             assert isinstance(src, self._gpu_spec) and isinstance(dst, self._cpu_spec)
             pairs = block_pairs(src.block_ids, 1, dst.block_ids, self.factor)
             srcs, dsts, to_host = self.device_planes, self.host_planes, True
+        self._jobs[job_id] = (to_host, len(pairs))
         if self.npu:
             self._events[job_id] = self._copy_npu(pairs, srcs, dsts, to_host)
         else:
@@ -136,7 +147,19 @@ class HostOffloadHandler:
             if event.query():
                 done.append((job, True))
                 del self._events[job]
+        for job, _ in done:
+            to_host, blocks = self._jobs.pop(job)
+            side = "stored" if to_host else "loaded"
+            self._counts[f"{side}_blocks"] += blocks
+            self._counts[f"{side}_bytes"] += blocks * self.block_bytes
+            self._counts[f"{side}_tokens"] += blocks * self.gpu_block_size
         return done
+
+    def take_counts(self) -> dict[str, int]:
+        """The finished jobs' totals since the last call (:data:`COUNTS`: device blocks of ``gpu_block_size`` tokens,
+        bytes over every cache plane, tokens; ``loaded_*`` = host to device = offload hits), then zeroed."""
+        counts, self._counts = self._counts, dict.fromkeys(COUNTS, 0)
+        return counts
 
 
 def make_replacement(original: Callable[..., Iterator[Any]]) -> Callable[..., Iterator[Any]]:
