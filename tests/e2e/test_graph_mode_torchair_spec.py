@@ -90,6 +90,7 @@ def test_verification_sizes_are_compiled_at_start_up(started):
 def test_verification_in_the_graph_is_lossless_against_the_target_alone(started):
     case, target, llm, _ = started
     drafted = accepted = 0
+    batched: dict[int, int] = {}  # n -> compiled runs at the size of n requests' verification steps
     for n in (1, 2, 3, 4):
         prompts = make_prompts([5 + 7 * i for i in range(n)], seed=20 + n)
         before = _torchair(llm)
@@ -98,9 +99,13 @@ def test_verification_in_the_graph_is_lossless_against_the_target_alone(started)
         assert got.tokens == hf_greedy(target, prompts, NEW_TOKENS), f"{n} requests"
         drafted, accepted = drafted + got.drafted, accepted + got.accepted
         runs = {s: after["compiled_calls"].get(s, 0) - before["compiled_calls"].get(s, 0) for s in case.sizes}
-        size = min(s for s in case.sizes if s >= n * (1 + case.k))
-        assert runs[size] > 0, (n, runs)  # verification steps of n requests ran through their compiled size
+        batched[n] = runs[min(s for s in case.sizes if s >= n * (1 + case.k))]
+        assert sum(runs.values()) > 0, (n, runs)  # verification steps ran through compiled sizes
         assert after["compiles"] == before["compiles"] and after["recompiles"] == before["recompiles"], after
+    # The engine core (its own process) starts stepping when the first request arrives, so on a loaded host the
+    # requests of one call may not all share a step (one clean-clone run saw n=2 run one request at a time); the
+    # steps that did batch several requests ran through the larger compiled sizes.
+    assert batched[1] > 0 and any(batched[n] > 0 for n in (2, 3, 4)), batched
     assert drafted > 0
     served = _torchair(llm)  # the draft's decode passes ran compiled too: each size compiled once, at first use
     assert sum(served["draft_compiled_calls"].values()) > 0, served
