@@ -187,7 +187,9 @@ def _write(kind: str, cfg: Any, out: Path, seed: int, std: float) -> None:
 
 def llm_kwargs(kind: str) -> dict[str, Any]:
     """``vllm.LLM`` / ``vllm serve`` arguments that serve ``kind`` as its model card says (pooling runner)."""
-    args: dict[str, Any] = {"runner": "pooling", "max_model_len": MAX_LEN}
+    # enforce_eager=False (vLLM's default, said explicitly): the pooling modules test the default graph mode of a
+    # pooling model (PIECEWISE on the emulated device), which the testkit's eager pin would otherwise replace.
+    args: dict[str, Any] = {"runner": "pooling", "max_model_len": MAX_LEN, "enforce_eager": False}
     if kind == "qwen3_rerank":
         args["hf_overrides"] = dict(QWEN3_RERANKER_OVERRIDES)
     return args

@@ -64,24 +64,29 @@ class HostOffloadStats(KVConnectorStats):
         return {f"npu_kv_offload_{key}": (_HELP[key], self.data[key]) for key in COUNTS}
 
 
+class ReportsHostOffloadStats:
+    """The two methods the replacement adds in front of vLLM's ``OffloadingConnector`` (a top-level class, so the
+    vLLM-surface scan sees it; :func:`make_replacement` puts it first in the subclass's bases)."""
+
+    def get_kv_connector_stats(self) -> HostOffloadStats | None:
+        worker = getattr(self, "connector_worker", None)
+        handler = getattr(getattr(worker, "spec", None), "_handler", None)
+        if handler is None:  # scheduler side, or vLLM's own (CUDA) handler
+            return None
+        stats = HostOffloadStats(data=handler.take_counts())
+        return None if stats.is_empty() else stats
+
+    @classmethod
+    def build_kv_connector_stats(cls, data: dict[str, Any] | None = None) -> HostOffloadStats:
+        return HostOffloadStats(data=dict(data) if data else {})
+
+
 def make_replacement(original: type) -> type:
-    """Build ``OffloadingConnector``: vLLM's, reporting :class:`HostOffloadStats`."""
-
-    class OffloadingConnector(original):
-        def get_kv_connector_stats(self) -> HostOffloadStats | None:
-            worker = getattr(self, "connector_worker", None)
-            handler = getattr(getattr(worker, "spec", None), "_handler", None)
-            if handler is None:  # scheduler side, or vLLM's own (CUDA) handler
-                return None
-            stats = HostOffloadStats(data=handler.take_counts())
-            return None if stats.is_empty() else stats
-
-        @classmethod
-        def build_kv_connector_stats(cls, data: dict[str, Any] | None = None) -> HostOffloadStats:
-            return HostOffloadStats(data=dict(data) if data else {})
-
-    OffloadingConnector.__module__ = original.__module__
-    OffloadingConnector.__qualname__ = original.__qualname__
-    OffloadingConnector.__doc__ = original.__doc__
-    OffloadingConnector.__wrapped__ = original
-    return OffloadingConnector
+    """Build ``OffloadingConnector``: vLLM's, reporting :class:`HostOffloadStats` (same name, module and docs)."""
+    namespace = {
+        "__module__": original.__module__,
+        "__qualname__": original.__qualname__,
+        "__doc__": original.__doc__,
+        "__wrapped__": original,
+    }
+    return type(original.__name__, (ReportsHostOffloadStats, original), namespace)
