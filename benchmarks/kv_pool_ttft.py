@@ -49,9 +49,8 @@ def main() -> None:
 
     os.environ.setdefault("VLLM_NPU_DEVICE", "emulated")
     from npu_testkit.engine import emulated_env, engine, make_prompts, tiny_config
+    from npu_testkit.kv_pool import local_pool, pool_transfer_config
     from npu_testkit.models import build_tiny_model
-    from npu_testkit.serve import free_port
-    from vllm_npu.kv.pool.launch import running_pool
 
     model = build_tiny_model(
         tiny_config("qwen2", num_hidden_layers=args.layers, max_position_embeddings=args.tokens + 64)
@@ -62,17 +61,8 @@ def main() -> None:
     common = {"block_size": BLOCK, "enable_prefix_caching": True, "max_model_len": args.tokens + 64}
     results: dict[str, list[float]] = {"cold": [], "device hit": [], "pool hit": [], "offload hit": []}
     cached: dict[str, list[int]] = {k: [] for k in results}
-    with running_pool("127.0.0.1", free_port(), free_port(), free_port(), 1 << 30, tmp) as pool:
-        kv = {
-            "kv_connector": "MooncakeStoreConnector",
-            "kv_role": "kv_both",
-            "kv_connector_extra_config": {
-                "master_server_address": pool.master_address,
-                "local_hostname": "127.0.0.1",
-                "global_segment_size": 0,
-                "local_buffer_size": 16 << 20,
-            },
-        }
+    with local_pool(tmp, 1 << 30) as pool:
+        kv = pool_transfer_config(pool.master_address)
         env = {"PYTHONHASHSEED": "0"}
         with engine(model, emulated_env(tmp / "a", extra=env), kv_transfer_config=kv, **common) as llm:
             _ttft(llm, fillers[0])  # warm-up (compile, first allocation)

@@ -20,9 +20,8 @@ import time
 import pytest
 from npu_testkit.engine import emulated_env, engine, greedy_outputs, make_prompts
 from npu_testkit.graph_e2e import runtime_info
+from npu_testkit.kv_pool import local_pool, store_config
 from npu_testkit.models import hf_greedy
-from npu_testkit.serve import free_port
-from npu_testkit.system_libs import require_mooncake_libraries
 
 pytestmark = pytest.mark.engine
 
@@ -38,15 +37,7 @@ B_GRAPHS = {"cudagraph_mode": "FULL_DECODE_ONLY", "cudagraph_capture_sizes": [1,
 
 
 def _store_config(master: str) -> dict[str, object]:
-    return {
-        "local_hostname": "127.0.0.1",
-        "metadata_server": "P2PHANDSHAKE",
-        "master_server_address": master,
-        "global_segment_size": 0,  # the pool's memory is the lending client's: it outlives the instances
-        "local_buffer_size": 16 * 1024 * 1024,
-        "protocol": "tcp",
-        "device_name": "",
-    }
+    return store_config(master, metadata_server="P2PHANDSHAKE", protocol="tcp", device_name="")
 
 
 def _llm_kwargs(kv: dict[str, object]) -> dict[str, object]:
@@ -89,14 +80,11 @@ def references(tiny_qwen2, prompts) -> dict[str, list[list[int]]]:
 @pytest.fixture(scope="module")
 def runs(tiny_qwen2, prompts, tmp_path_factory) -> dict[str, object]:
     """A serves everything and stops; B serves the long prompts, the corrupted prompt, then (master killed) the rest."""
-    require_mooncake_libraries()
-    from mooncake.store import MooncakeDistributedStore
-    from vllm_npu.kv.pool.launch import start_pool
-
     tmp = tmp_path_factory.mktemp("kvpool")
-    pool = start_pool("127.0.0.1", free_port(), free_port(), free_port(), 256 << 20, tmp)
     out: dict[str, object] = {}
-    try:
+    with local_pool(tmp, 256 << 20) as pool:
+        from mooncake.store import MooncakeDistributedStore
+
         config_path = tmp / "mooncake.json"
         config_path.write_text(json.dumps(_store_config(pool.master_address)))
         env_a = emulated_env(tmp / "a", extra={"PYTHONHASHSEED": SEED, "MOONCAKE_CONFIG_PATH": str(config_path)})
@@ -151,8 +139,6 @@ def runs(tiny_qwen2, prompts, tmp_path_factory) -> dict[str, object]:
                 time.sleep(0.5)
             out["b_usage"] = _kv_usage(llm)
         out["b_seconds"] = time.perf_counter() - start
-    finally:
-        pool.stop()
     print(f"\nkv pool engine: A {out.get('a_seconds', 0):.1f} s, B {out.get('b_seconds', 0):.1f} s", flush=True)
     return out
 

@@ -9,10 +9,9 @@ stored once under the shared ``mla`` key part) and answers == HF greedy. The fau
 from __future__ import annotations
 
 import pytest
-from npu_testkit.engine import emulated_env, engine, greedy_outputs, make_prompts, tiny_config
+from npu_testkit.engine import make_prompts, tiny_config
+from npu_testkit.kv_pool import fresh_instance_runs
 from npu_testkit.models import build_tiny_model, hf_greedy
-from npu_testkit.serve import free_port
-from npu_testkit.system_libs import require_mooncake_libraries
 
 pytestmark = pytest.mark.engine
 
@@ -38,29 +37,7 @@ def references(tiny_mla, prompts) -> list[list[int]]:
 
 @pytest.fixture(scope="module")
 def runs(tiny_mla, prompts, tmp_path_factory) -> dict[str, object]:
-    require_mooncake_libraries()
-    from vllm_npu.kv.pool.launch import running_pool
-
-    tmp = tmp_path_factory.mktemp("kvpool-mla")
-    out: dict[str, object] = {}
-    with running_pool("127.0.0.1", free_port(), free_port(), free_port(), 128 << 20, tmp) as pool:
-        kv = {
-            "kv_connector": "MooncakeStoreConnector",
-            "kv_role": "kv_both",
-            "kv_connector_extra_config": {
-                "master_server_address": pool.master_address,
-                "local_hostname": "127.0.0.1",
-                "global_segment_size": 0,
-                "local_buffer_size": 16 << 20,
-            },
-        }
-        for name in ("a", "b"):
-            env = emulated_env(tmp / name, extra={"PYTHONHASHSEED": "0"})
-            with engine(tiny_mla, env, block_size=BLOCK, enable_prefix_caching=True, kv_transfer_config=kv) as llm:
-                outs = greedy_outputs(llm, prompts, MAX_TOKENS)
-                out[name] = [list(o.outputs[0].token_ids) for o in outs]
-                out[name + "_cached"] = [o.num_cached_tokens for o in outs]
-    return out
+    return fresh_instance_runs(tiny_mla, prompts, MAX_TOKENS, tmp_path_factory.mktemp("kvpool-mla"), block_size=BLOCK)
 
 
 def test_mla_fresh_instance_loads_from_the_pool(runs, references, prompts) -> None:

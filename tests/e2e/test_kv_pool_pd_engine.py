@@ -25,10 +25,10 @@ import urllib.request
 
 import pytest
 from npu_testkit.engine import emulated_env, make_prompts
+from npu_testkit.kv_pool import local_pool, store_config
 from npu_testkit.models import hf_greedy
-from npu_testkit.serve import free_port, vllm_server
+from npu_testkit.serve import vllm_server
 from npu_testkit.sibling import import_sibling
-from npu_testkit.system_libs import require_mooncake_libraries
 
 pd = import_sibling(__file__, "pd_support")
 
@@ -50,20 +50,12 @@ def references(tiny_qwen2, prompts) -> list[list[int]]:
 
 @pytest.fixture(scope="module")
 def cluster(tiny_qwen2, tmp_path_factory):
-    require_mooncake_libraries()
-    from vllm_npu.kv.pool.launch import running_pool
-
     tmp = tmp_path_factory.mktemp("pd-pool")
     common = [str(tiny_qwen2), "--dtype", "float32", "--max-model-len", "512", "--block-size", "16"]
     common += ["--max-num-seqs", "8", "--served-model-name", "tiny", "--enable-prompt-tokens-details"]
     with contextlib.ExitStack() as stack:
-        pool = stack.enter_context(running_pool("127.0.0.1", free_port(), free_port(), free_port(), 128 << 20, tmp))
-        store = {
-            "master_server_address": pool.master_address,
-            "local_hostname": "127.0.0.1",
-            "global_segment_size": 0,
-            "local_buffer_size": 16 << 20,
-        }
+        pool = stack.enter_context(local_pool(tmp))
+        store = store_config(pool.master_address)
 
         def prefill(kv_port: int) -> dict[str, object]:
             return {
