@@ -335,6 +335,7 @@ def _lora_cases() -> list[KernelCase]:
 def _cases_310p() -> list[KernelCase]:
     """The Ascend 310P's own sequences (:mod:`.chip_310p`), in its dtype; they run on any chip."""
     from .chip_310p import ADD_RMS_NORM_310P, SWIGLU_310P
+    from .moe.routing import INIT_ROUTING_310P
 
     def add_norm(device: Any) -> KernelCall:
         x1, x2 = (randn(10 + i, 7, 1024, dtype=torch.float16, device=device) for i in range(2))
@@ -346,7 +347,22 @@ def _cases_310p() -> list[KernelCase]:
     return [
         KernelCase(ADD_RMS_NORM_310P, "x [7, 1024]", "float16", add_norm, note="310P: add, then npu_rms_norm"),
         KernelCase(SWIGLU_310P, "x [16, 2816]", "float16", swiglu, note="310P: npu_swiglu in float32"),
+        *(
+            KernelCase(
+                INIT_ROUTING_310P,
+                f"hidden [9, 128], ids [9, 4] of 16, range {er}",
+                "float16",
+                functools.partial(_routing_310p, expert_range=er),
+                note="310P: the MoE permutation in torch (float-key argsort, one-hot counts)",
+            )
+            for er in ((0, 16), (8, 16))
+        ),
     ]
+
+
+def _routing_310p(device: Any, expert_range: tuple[int, int]) -> KernelCall:
+    hidden = randn(24, 9, 128, dtype=torch.float16, device=device)
+    return KernelCall((hidden, _routing_ids(device, 9, 4, 16), 16, expert_range), {}, _valid_routing)
 
 
 def selftest_cases() -> list[KernelCase]:

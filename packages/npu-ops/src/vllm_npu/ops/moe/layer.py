@@ -51,6 +51,7 @@ from vllm_npu.interface import (
     DeviceMode,
     current_mode,
     get_logger,
+    is_310p,
     kernel_backend,
     runs_layer_moe_plan,
     traces_moe_in_graph,
@@ -203,6 +204,23 @@ def _check_dp_padded(hidden: torch.Tensor) -> None:
         )
 
 
+def _check_310p_widths(layer: FusedMoE) -> None:
+    """On an Ascend 310P ``npu_grouped_matmul`` writes output widths that are multiples of 16 only (torch_npu 2.8.0
+    ``_op_plugin_docs.py:4572``): the expert MLP's ``2 * intermediate / TP`` and the
+    hidden size."""
+    widths = {
+        "2 x intermediate size per TP rank": 2 * layer.intermediate_size_per_partition,
+        "hidden": layer.hidden_size,
+    }
+    bad = {name: width for name, width in widths.items() if width % 16}
+    if bad:
+        raise ConfigError(
+            f"{layer.layer_name}: MoE widths {bad} are not multiples of 16, which the Atlas 300I (Ascend 310P) "
+            "grouped matmul (npu_grouped_matmul) needs; serve with a tensor-parallel size that keeps the expert "
+            "intermediate size a multiple of 8 per rank, or with --enable-expert-parallel (whole experts per rank)"
+        )
+
+
 def build_layer_plan(
     layer: FusedMoE,
     *,
@@ -223,6 +241,8 @@ def build_layer_plan(
         raise ConfigError(f"{layer.layer_name}: zero experts (zero_expert_num > 0) are not supported by npu-ops' MoE")
     if getattr(layer.moe_config, "has_bias", False):
         raise ConfigError(f"{layer.layer_name}: MoE expert biases (has_bias=True) are not supported by npu-ops' MoE")
+    if is_310p():
+        _check_310p_widths(layer)
     kwargs: dict[str, Any] = {}
     settings = npu_settings()
     placement = placement or getattr(layer, "expert_placement", None)
