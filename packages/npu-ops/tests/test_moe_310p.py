@@ -133,5 +133,8 @@ def test_310p_refuses_moe_widths_off_the_16_grid(p310):
     layer.intermediate_size_per_partition = 16  # 2 x 16 = 32: fine
     _check_310p_widths(layer)  # type: ignore[arg-type]
     layer.intermediate_size_per_partition = 12  # 24 wide
-    with pytest.raises(ConfigError, match=r"not multiples of 16.*npu_grouped_matmul"):
+    with pytest.raises(ConfigError, match=r"gate/up width per tensor-parallel rank is 24.*--enable-expert-parallel"):
+        _check_310p_widths(layer)  # type: ignore[arg-type]
+    layer.hidden_size, layer.intermediate_size_per_partition = 72, 16
+    with pytest.raises(ConfigError, match=r"MoE hidden size 72 cannot run on a 310P: .*multiples of 16"):
         _check_310p_widths(layer)  # type: ignore[arg-type]

@@ -206,18 +206,16 @@ def _check_dp_padded(hidden: torch.Tensor) -> None:
 
 def _check_310p_widths(layer: FusedMoE) -> None:
     """On an Ascend 310P ``npu_grouped_matmul`` writes output widths that are multiples of 16 only (torch_npu 2.8.0
-    ``_op_plugin_docs.py:4572``): the expert MLP's ``2 * intermediate / TP`` and the
-    hidden size."""
-    widths = {
-        "2 x intermediate size per TP rank": 2 * layer.intermediate_size_per_partition,
-        "hidden": layer.hidden_size,
-    }
-    bad = {name: width for name, width in widths.items() if width % 16}
-    if bad:
+    ``_op_plugin_docs.py:4572``): the expert MLP's ``2 * intermediate / TP`` and the hidden size."""
+    gate_up, hidden = 2 * layer.intermediate_size_per_partition, layer.hidden_size
+    chip = "the Atlas 300I (Ascend 310P) grouped matmul (npu_grouped_matmul) writes widths that are multiples of 16"
+    if hidden % 16:
+        raise ConfigError(f"{layer.layer_name}: MoE hidden size {hidden} cannot run on a 310P: {chip}")
+    if gate_up % 16:
         raise ConfigError(
-            f"{layer.layer_name}: MoE widths {bad} are not multiples of 16, which the Atlas 300I (Ascend 310P) "
-            "grouped matmul (npu_grouped_matmul) needs; serve with a tensor-parallel size that keeps the expert "
-            "intermediate size a multiple of 8 per rank, or with --enable-expert-parallel (whole experts per rank)"
+            f"{layer.layer_name}: the MoE gate/up width per tensor-parallel rank is {gate_up}, but {chip}; use a "
+            "tensor-parallel size that leaves each rank a multiple of 8 of the expert intermediate size, or "
+            "--enable-expert-parallel (whole experts per rank)"
         )
 
 
