@@ -3,7 +3,8 @@
 """End to end on the emulated Ascend 310P (``VLLM_NPU_EMULATED_SOC=310P``): a tiny Qwen2 in float16 through the whole
 stack with the 310P paths (NZ KV cache, NZ masks, 16-aligned first prefills, eager only), greedy tokens equal to HF
 transformers in float16, with chunked prefill (a 32-token step budget), prefix-cache hits and batches of mixed
-lengths; and the 310P refusals as a user meets them (``LLM(...)`` raising at config time). One engine.
+lengths; a tiny Llama the same way (a second, short-lived engine); and the 310P refusals as a user meets them
+(``LLM(...)`` raising at config time).
 """
 
 from __future__ import annotations
@@ -79,6 +80,27 @@ def test_float16_greedy_matches_hf_with_chunks_prefix_hits_and_mixed_lengths(llm
     # The prefix cache served the repeated prompts (vLLM counts each request's cached prompt tokens).
     outs = greedy_outputs(llm, again, 1)
     assert [o.num_cached_tokens >= 16 for o in outs] == [True, True, False], [o.num_cached_tokens for o in outs]
+
+
+def test_llama_float16_greedy_matches_hf_with_chunks_and_prefix_hits(tmp_path_factory):
+    # Llama's layers on the 310P paths (no q/k/v bias, its own model class): a second engine, its core in a spawned
+    # process so that it does not share this process's distributed state with the module's Qwen2 engine.
+    llama = build_tiny_model(tiny_config("llama"), dtype="float16")
+    prompts = make_prompts([3, 21, 50], seed=7)  # 50 tokens: chunked by the 32-token step budget
+    with patched_environ(SOC):
+        reset_chip()
+        env = emulated_env(tmp_path_factory.mktemp("p310_llama"), multiprocessing=True, extra=SOC)
+        try:
+            with engine(llama, env, dtype="float16", max_num_batched_tokens=32, enable_prefix_caching=True) as llm:
+                (info,) = llm.collective_rpc("npu_runtime_info")
+                assert info["chip"] == "310P" and tuple(info["kv_cache_shape"][2:]) == (2, info["block_size"], 16)
+                assert greedy(llm, prompts, 10) == hf_greedy(llama, prompts, 10, dtype="float16")
+                again = [prompts[2] + [7, 8], prompts[1]]  # a cached 48-token prefix, and a repeat
+                outs = greedy_outputs(llm, again, 6)
+                assert [list(o.outputs[0].token_ids) for o in outs] == hf_greedy(llama, again, 6, dtype="float16")
+                assert outs[0].num_cached_tokens >= 32
+        finally:
+            reset_chip()
 
 
 @pytest.mark.parametrize(

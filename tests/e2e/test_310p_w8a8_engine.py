@@ -6,13 +6,14 @@ Ascend 310P: the linear layers take the 310P layout (``[N, K]`` int8 weights, th
 simulation's and the KL divergence from the float model stays within the A2 test's bound. Log-probs are not compared
 to the float32 simulation to 1e-3 as in the float32 A2 test: in float16 they differ by up to 0.37 on this random
 64-wide model (activations quantized with a float16 ``1 / input_scale`` flip int8 steps, test_schemes.py), and greedy
-runs diverge after a few tokens for the same reason. One engine.
+runs diverge after a few tokens for the same reason. A W8A8_DYNAMIC checkpoint of the same model is refused by name
+at config time (no documented per-token quantization on the chip). One engine.
 """
 
 from __future__ import annotations
 
 import pytest
-from npu_testkit.engine import emulated_env, engine, patched_environ
+from npu_testkit.engine import emulated_env, engine, make_llm, patched_environ
 from npu_testkit.quant_e2e import PROMPTS, QuantCase, dense_methods, layer_methods, next_token_logprobs, quantize
 from vllm_npu.interface import reset_chip
 
@@ -96,3 +97,14 @@ def test_float16_next_tokens_match_the_simulation_and_stay_close_to_float(llm, c
         assert int(got.argmax()) == int(sim.argmax())
         ref = hf_logprobs(checkpoints[0], prompt)[-1]
         assert float((ref.exp() * (ref - got)).sum()) <= CASE.kl_bound
+
+
+def test_a_w8a8_dynamic_checkpoint_is_refused_by_name(llm, tmp_path):
+    # Per-token dynamic quantization has no documented 310P kernel (docs/310p.md, "Quantization"): `vllm serve` of
+    # such a checkpoint stops at config time (the module's engine is up; this one fails before any worker exists).
+    _, dynamic = quantize(QuantCase("w8a8_dynamic", "W8A8_DYNAMIC", "qwen2", 0.05, []), tmp_path)
+    with (
+        patched_environ(SOC),
+        pytest.raises(Exception, match=r"uses W8A8_DYNAMIC, which is not supported on the Atlas"),
+    ):
+        make_llm(dynamic, dtype="float16")

@@ -89,3 +89,21 @@ def test_310p_add_rms_norm_is_an_add_in_the_input_dtype_then_the_norm(fake_torch
     # The A2/A3 twin keeps the sum in float32 (the fused kernel): another rounding, another answer.
     fused = ADD_RMS_NORM.reference(x1, x2, gamma, 1e-6)
     assert not torch.equal(fused[1], rstd)
+
+
+def test_the_310p_selftest_runs_the_chips_pairs_in_float16(soc):
+    from vllm_npu.ops.moe.experts import GROUPED_MATMUL
+    from vllm_npu.ops.moe.gating import TOPK_SOFTMAX
+    from vllm_npu.ops.moe.routing import INIT_ROUTING, INIT_ROUTING_310P
+    from vllm_npu.ops.selftest import selftest_cases
+
+    soc("310P")
+    rows = selftest_cases()
+    kernels = {c.kernel.name for c in rows}
+    assert {c.dtype for c in rows} == {"float16"}
+    assert {SWIGLU_310P.name, ADD_RMS_NORM_310P.name, INIT_ROUTING_310P.name, GROUPED_MATMUL.name} <= kernels
+    assert not {SWIGLU.name, ADD_RMS_NORM.name, TOPK_SOFTMAX.name, INIT_ROUTING.name} & kernels
+    soc("none")
+    assert {SWIGLU.name, TOPK_SOFTMAX.name, INIT_ROUTING.name, INIT_ROUTING_310P.name} <= {
+        c.kernel.name for c in selftest_cases()
+    }

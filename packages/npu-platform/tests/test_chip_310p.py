@@ -44,11 +44,12 @@ def config_310p(
     cache_dtype="auto",
     model="m",
     kv_transfer=False,
+    parallel=None,
     **comp,
 ):
     """The parts of VllmConfig the platform hook reads on a 310P (real CompilationConfig)."""
     return SimpleNamespace(
-        parallel_config=SimpleNamespace(worker_cls="auto", disable_custom_all_reduce=False),
+        parallel_config=SimpleNamespace(worker_cls="auto", disable_custom_all_reduce=False, **(parallel or {})),
         cache_config=SimpleNamespace(block_size=None, cache_dtype=cache_dtype),
         model_config=SimpleNamespace(
             enforce_eager=False,
@@ -132,8 +133,28 @@ def test_310p_config_is_float16_and_eager(soc_310p):
         ),
         (config_310p(cache_dtype="int8"), r"kv_cache_dtype='int8' is not supported on the Atlas 300I"),
         (config_310p(kv_transfer=True), r"KV transfer \(--kv-transfer-config.* is not supported on the Atlas 300I"),
+        (
+            config_310p(parallel={"enable_eplb": True}),
+            r"--enable-eplb is not supported on the Atlas 300I .*int64 .*patch_distributed.py\); serve without EPLB",
+        ),
+        (
+            config_310p(parallel={"pipeline_parallel_size": 2, "distributed_executor_backend": "external_launcher"}),
+            r"pipeline parallelism under the external_launcher executor is not supported .*broadcast",
+        ),
     ],
-    ids=["bf16", "fp32", "piecewise", "torchair", "cudagraph_mode", "mla", "mc2", "kv_int8", "kv_connector"],
+    ids=[
+        "bf16",
+        "fp32",
+        "piecewise",
+        "torchair",
+        "cudagraph_mode",
+        "mla",
+        "mc2",
+        "kv_int8",
+        "kv_connector",
+        "eplb",
+        "pp_external_launcher",
+    ],
 )
 def test_310p_refusals_name_the_feature_and_the_fix(soc_310p, cfg, message):
     with pytest.raises(ConfigError, match=message):
@@ -147,11 +168,24 @@ def _quantized(tmp_path, description):
     return cfg
 
 
-@pytest.mark.parametrize("qtype", ["W8A8_DYNAMIC", "W4A8_DYNAMIC"])
-def test_310p_refuses_dynamic_quant_checkpoints_by_scheme(soc_310p, tmp_path, qtype):
+@pytest.mark.parametrize(
+    ("qtype", "why"),
+    [
+        ("W8A8_DYNAMIC", "npu_dynamic_quant for A2/A3 only and npu_quant_matmul without pertoken_scale on this chip"),
+        ("W4A8_DYNAMIC", "int4 grouped matmuls are documented for A2/A3 only"),
+    ],
+)
+def test_310p_refuses_dynamic_quant_checkpoints_by_scheme(soc_310p, tmp_path, qtype, why):
     cfg = _quantized(tmp_path, {"model_quant_type": qtype, "model.layers.0.mlp.down_proj.weight": qtype})
-    with pytest.raises(ConfigError, match=rf"uses {qtype}, which is not supported on the Atlas 300I"):
+    with pytest.raises(ConfigError, match=rf"uses {qtype}, which is not supported on the Atlas 300I.*{why}"):
         EmulatedNPUPlatform.check_and_update_config(cfg)
+
+
+def test_310p_takes_tensor_and_expert_parallel(soc_310p):
+    cfg = config_310p(
+        parallel={"tensor_parallel_size": 2, "enable_expert_parallel": True, "distributed_executor_backend": "mp"}
+    )
+    EmulatedNPUPlatform.check_and_update_config(cfg)  # float16 MoE with TP + EP runs on the 310P paths
 
 
 def test_310p_takes_static_w8a8_linears_and_refuses_w8a8_experts(soc_310p, tmp_path):

@@ -14,7 +14,7 @@ import math
 from typing import Any
 
 import torch
-from vllm_npu.interface import KernelCall, KernelCase, randn, randperm
+from vllm_npu.interface import KernelCall, KernelCase, is_310p, randn, randperm
 
 from .activation import FAST_GELU
 from .layernorm import ADD_RMS_NORM, GEMMA_RMS_NORM, RMS_NORM
@@ -335,6 +335,7 @@ def _lora_cases() -> list[KernelCase]:
 def _cases_310p() -> list[KernelCase]:
     """The Ascend 310P's own sequences (:mod:`.chip_310p`), in its dtype; they run on any chip."""
     from .chip_310p import ADD_RMS_NORM_310P, SWIGLU_310P
+    from .moe.routing import INIT_ROUTING_310P
 
     def add_norm(device: Any) -> KernelCall:
         x1, x2 = (randn(10 + i, 7, 1024, dtype=torch.float16, device=device) for i in range(2))
@@ -346,18 +347,35 @@ def _cases_310p() -> list[KernelCase]:
     return [
         KernelCase(ADD_RMS_NORM_310P, "x [7, 1024]", "float16", add_norm, note="310P: add, then npu_rms_norm"),
         KernelCase(SWIGLU_310P, "x [16, 2816]", "float16", swiglu, note="310P: npu_swiglu in float32"),
+        *(
+            KernelCase(
+                INIT_ROUTING_310P,
+                f"hidden [9, 128], ids [9, 4] of 16, range {er}",
+                "float16",
+                functools.partial(_routing_310p, expert_range=er),
+                note="310P: the MoE permutation in torch (float-key argsort, one-hot counts)",
+            )
+            for er in ((0, 16), (8, 16))
+        ),
     ]
+
+
+def _routing_310p(device: Any, expert_range: tuple[int, int]) -> KernelCall:
+    hidden = randn(24, 9, 128, dtype=torch.float16, device=device)
+    return KernelCall((hidden, _routing_ids(device, 9, 4, 16), 16, expert_range), {}, _valid_routing)
+
+
+#: The pairs the plugin never calls on an Ascend 310P: the chip's own sequences replace the first two
+#: (:mod:`.chip_310p`), its MoE gates, permutes and combines in torch (:func:`.moe.routing.init_routing_kernel`,
+#: :func:`.moe.gating.gate_path`), and it has no MC2.
+_NOT_ON_310P = (ADD_RMS_NORM, SWIGLU, TOPK_SOFTMAX, GROUPED_TOPK, INIT_ROUTING, UNPERMUTE, FINALIZE_ROUTING)
 
 
 def selftest_cases() -> list[KernelCase]:
-    """Every ops kernel pair over its grid of shapes and dtypes."""
-    return [
-        *_cases_310p(),
-        *_norm_cases(),
-        *_activation_cases(),
-        *_rope_cases(),
-        *_gating_cases(),
-        *_moe_cases(),
-        *_mc2_cases(),
-        *_lora_cases(),
-    ]
+    """Every ops kernel pair over its grid of shapes and dtypes. On an Ascend 310P: the float16 rows of the pairs it
+    runs (it serves float16 models only; the other pairs are A2/A3 kernels it never calls) and its own sequences."""
+    common = [*_norm_cases(), *_activation_cases(), *_rope_cases()]
+    if is_310p():
+        runs = [c for c in [*common, *_moe_cases(), *_lora_cases()] if c.dtype == "float16"]
+        return [*_cases_310p(), *(c for c in runs if not any(c.kernel is k for k in _NOT_ON_310P))]
+    return [*_cases_310p(), *common, *_gating_cases(), *_moe_cases(), *_mc2_cases(), *_lora_cases()]

@@ -20,10 +20,23 @@ The readings behind each refusal:
 - **No MC2** (``npu.moe_mc2='on'``): vllm-ascend v0.11.0 picks MC2 only on A2/A3 (``worker/model_runner_v1.py``
   ``_select_moe_comm_method``; any other chip raises "Unsupported soc_version").
 - **msModelSlim quantized checkpoints**: W8A8_DYNAMIC / W4A8_DYNAMIC / W4A4_FLATQUANT_DYNAMIC need per-token dynamic
-  quantization (``npu_dynamic_quant``), which torch_npu 2.8.0 documents for A2/A3 only, and vllm-ascend v0.11.0 has
-  310P branches only in ``quantization/w8a8.py`` (static W8A8). Static W8A8 linear layers run (npu-quant's 310P
+  quantization: torch_npu 2.8.0 documents ``npu_dynamic_quant`` for A2/A3 only (``_op_plugin_docs.py:3458-3460``)
+  and ``npu_quant_matmul`` on the 310P without ``pertoken_scale`` ("Atlas 推理系列加速卡产品: 不支持pertoken_scale",
+  ``:3734``); vllm-ascend v0.11.0's ``quantization/w8a8_dynamic.py`` calls both with no 310P branch (``:82-96``) and
+  has 310P branches only in ``quantization/w8a8.py`` (static W8A8). Static W8A8 linear layers run (npu-quant's 310P
   layout); W8A8 MoE experts (vllm-ascend's ``fused_experts_310p``) are not built yet and are refused by name.
   C8 (int8 KV cache) has no 310P NZ layout here.
+- **Float16 MoE runs** (Pangu Pro MoE with TP and EP included) on the 310P paths of npu-ops (``ops/moe``: torch gate and
+  token permutation, ``npu_grouped_matmul``); vllm-ascend v0.11.0's model runner raises "Unsupported soc_version" for
+  expert parallelism on any chip but A2/A3 (``worker/model_runner_v1.py:1904``, its issue #2795) although its 310P
+  e2e suite serves Pangu Pro MoE with TP4 + EP: that is the runner's comm-method choice, not the chip.
+- **No collectives the 310P's HCCL lacks**: vllm-ascend v0.11.0 replaces ``torch.distributed.broadcast`` of device
+  tensors and ``all_reduce`` of int64 ones on a 310P (``patch/platform/patch_distributed.py:56-115``). Under vLLM
+  0.11's V1 engine the served paths issue neither (TP's all-reduces are of activations, DP's padding all-reduce is
+  int32, the rest runs on the CPU groups; an engine test records the device-group collectives); the two V1 paths
+  that would are refused: EPLB (``--enable-eplb``: int64 expert-load all-reduces on the EP device group,
+  ``distributed/eplb/eplb_state.py:369, 467, 573``) and pipeline parallelism under the ``external_launcher``
+  executor (the last stage broadcasts its logits, ``v1/worker/gpu_model_runner.py:2355-2357``).
 - **No KV connectors**: npu-kv's connectors (and vLLM's offloading) move pages in the ND layout; the 310P cache is
   NZ-tiled (``vllm_npu.attention.ops.nz``).
 """
@@ -45,7 +58,10 @@ SOURCE = "vllm-ascend v0.11.0's 310P tutorial: 'the 310I series only supports ea
 MODEL_DTYPES_310P = (torch.float16,)
 #: msModelSlim quant types and why a 310P cannot run them here.
 QUANT_REFUSALS = {
-    "W8A8_DYNAMIC": "per-token dynamic quantization (npu_dynamic_quant) is documented for A2/A3 only",
+    "W8A8_DYNAMIC": (
+        "per-token dynamic quantization: torch_npu 2.8.0 documents npu_dynamic_quant for A2/A3 only and "
+        "npu_quant_matmul without pertoken_scale on this chip, and vllm-ascend v0.11.0 has no 310P path for it"
+    ),
     "W4A8_DYNAMIC": "per-token dynamic quantization and int4 grouped matmuls are documented for A2/A3 only",
     "W4A4_FLATQUANT_DYNAMIC": "per-token dynamic quantization and int4 matmuls are documented for A2/A3 only",
     "C8": "the int8 KV cache has no 310P (NZ) layout here",
@@ -115,6 +131,7 @@ def check_310p_config(vllm_config: VllmConfig, npu_config: AdditionalConfig) -> 
             f"KV transfer (--kv-transfer-config: prefill-decode disaggregation, KV pools, offloading) is not supported "
             f"on {CHIP}: the connectors move ND pages and the 310P KV cache is NZ-tiled; serve without a KV connector"
         )
+    _check_310p_collectives(vllm_config)
     if npu_config.moe_mc2 == "on":
         raise ConfigError(
             f"npu.moe_mc2='on' is not supported on {CHIP}: MC2's fused dispatch/combine runs on A2/A3 only "
@@ -122,3 +139,22 @@ def check_310p_config(vllm_config: VllmConfig, npu_config: AdditionalConfig) -> 
         )
     if npu_config.graph_mode not in ("auto", "eager"):
         raise ConfigError(graph_mode_refusal(f"npu.graph_mode={npu_config.graph_mode!r}"))
+
+
+def _check_310p_collectives(vllm_config: VllmConfig) -> None:
+    """Refuse the vLLM paths that issue collectives vllm-ascend v0.11.0 replaces on a 310P (module docstring)."""
+    parallel = vllm_config.parallel_config
+    if getattr(parallel, "enable_eplb", False):
+        raise ConfigError(
+            f"--enable-eplb is not supported on {CHIP}: vLLM's EPLB all-reduces int64 expert loads on the EP device "
+            "group, which vllm-ascend v0.11.0 never sends to the 310P's HCCL (it replaces int64 all_reduce there "
+            "with an all_gather, patch_distributed.py); serve without EPLB"
+        )
+    if getattr(parallel, "pipeline_parallel_size", 1) > 1 and (
+        getattr(parallel, "distributed_executor_backend", None) == "external_launcher"
+    ):
+        raise ConfigError(
+            f"pipeline parallelism under the external_launcher executor is not supported on {CHIP}: its last stage "
+            "broadcasts the logits on the device group, a broadcast vllm-ascend v0.11.0 never sends to the 310P's HCCL "
+            "(it replaces it there with an all_gather, patch_distributed.py); use the mp or ray executor"
+        )

@@ -28,7 +28,7 @@ from .gathered import GatheredDispatcher
 from .gating import Gate, RoutingConfig, build_gate, gate_path
 from .mc2 import MC2Comm, MC2Dispatcher, StepDispatcher, build_mc2
 from .placement import ExpertPlacement
-from .routing import INIT_ROUTING, build_graph_unpermute, build_unpermute
+from .routing import build_graph_unpermute, build_unpermute, init_routing_kernel
 
 Dispatcher = LocalDispatcher | AllToAllDispatcher | GatheredDispatcher | MC2Dispatcher | StepDispatcher
 
@@ -110,7 +110,7 @@ def build_moe_plan(
     """
     if apply_router_weight_on_input and routing.top_k != 1:
         raise ConfigError("apply_router_weight_on_input needs top_k == 1 (as in vLLM)")
-    init_routing = INIT_ROUTING.select(backend)
+    init_routing = init_routing_kernel().select(backend)  # the chip's pair (310P: torch ops)
     unpermute = build_unpermute(act_dtype, backend)
     dispatcher: Dispatcher
     if gather_group is not None:

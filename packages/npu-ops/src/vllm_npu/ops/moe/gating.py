@@ -21,7 +21,7 @@ Two NPU kernels, each with its pure-PyTorch reference twin right below it:
 Every other routing config (custom routing functions, a correction bias without grouping, sigmoid without
 renormalisation, softmax grouped top-k, group shapes the fused op rejects) uses :func:`select_experts_native`,
 plain torch that runs the same on the NPU and on the emulated device. The choice is made once, by
-:func:`build_gate`, when the layer is built.
+:func:`build_gate`, when the layer is built. On an Ascend 310P every config takes the torch path (:func:`gate_path`).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
-from vllm_npu.interface import ConfigError, Kernel, KernelBackend
+from vllm_npu.interface import ConfigError, Kernel, KernelBackend, is_310p
 
 GateOutput = tuple[torch.Tensor, torch.Tensor]
 Gate = Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None], GateOutput]
@@ -250,7 +250,13 @@ def select_experts_native(
 
 
 def gate_path(cfg: RoutingConfig, num_experts: int) -> str:
-    """Which path :func:`build_gate` takes: ``"topk_softmax"``, ``"grouped_topk"`` or ``"native"``."""
+    """Which path :func:`build_gate` takes: ``"topk_softmax"``, ``"grouped_topk"`` or ``"native"``.
+
+    Always ``"native"`` on an Ascend 310P: torch_npu 2.8.0 documents both fused gating ops for A2/A3 only, and
+    ``MoeGatingTopKSoftmax`` has no 310P kernel (vllm-ascend issue #1813; vllm-ascend v0.11.0 calls it on every
+    chip, ``ops/moe/experts_selector.py:199``; its Pangu Pro MoE, the model it runs on a 310P, gates in torch)."""
+    if is_310p():
+        return "native"
     if fused_grouped_topk_supports(cfg, num_experts):
         return "grouped_topk"
     plain = not cfg.use_grouped_topk and not cfg.has_correction_bias and cfg.custom_routing_function is None

@@ -51,6 +51,7 @@ from vllm_npu.interface import (
     DeviceMode,
     current_mode,
     get_logger,
+    is_310p,
     kernel_backend,
     runs_layer_moe_plan,
     traces_moe_in_graph,
@@ -203,6 +204,21 @@ def _check_dp_padded(hidden: torch.Tensor) -> None:
         )
 
 
+def _check_310p_widths(layer: FusedMoE) -> None:
+    """On an Ascend 310P ``npu_grouped_matmul`` writes output widths that are multiples of 16 only (torch_npu 2.8.0
+    ``_op_plugin_docs.py:4572``): the expert MLP's ``2 * intermediate / TP`` and the hidden size."""
+    gate_up, hidden = 2 * layer.intermediate_size_per_partition, layer.hidden_size
+    chip = "the Atlas 300I (Ascend 310P) grouped matmul (npu_grouped_matmul) writes widths that are multiples of 16"
+    if hidden % 16:
+        raise ConfigError(f"{layer.layer_name}: MoE hidden size {hidden} cannot run on a 310P: {chip}")
+    if gate_up % 16:
+        raise ConfigError(
+            f"{layer.layer_name}: the MoE gate/up width per tensor-parallel rank is {gate_up}, but {chip}; use a "
+            "tensor-parallel size that leaves each rank a multiple of 8 of the expert intermediate size, or "
+            "--enable-expert-parallel (whole experts per rank)"
+        )
+
+
 def build_layer_plan(
     layer: FusedMoE,
     *,
@@ -223,6 +239,8 @@ def build_layer_plan(
         raise ConfigError(f"{layer.layer_name}: zero experts (zero_expert_num > 0) are not supported by npu-ops' MoE")
     if getattr(layer.moe_config, "has_bias", False):
         raise ConfigError(f"{layer.layer_name}: MoE expert biases (has_bias=True) are not supported by npu-ops' MoE")
+    if is_310p():
+        _check_310p_widths(layer)
     kwargs: dict[str, Any] = {}
     settings = npu_settings()
     placement = placement or getattr(layer, "expert_placement", None)

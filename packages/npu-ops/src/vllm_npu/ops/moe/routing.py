@@ -30,7 +30,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
-from vllm_npu.interface import Kernel, KernelBackend
+from vllm_npu.interface import Kernel, KernelBackend, is_310p
 
 RoutingOutput = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 InitRouting = Callable[[torch.Tensor, torch.Tensor, int, tuple[int, int]], RoutingOutput]
@@ -84,6 +84,47 @@ def init_routing_reference(
 
 
 INIT_ROUTING = Kernel("moe_init_routing", npu=init_routing_npu, reference=init_routing_reference)
+
+
+def init_routing_310p_npu(
+    hidden: torch.Tensor, topk_ids: torch.Tensor, num_experts: int, expert_range: tuple[int, int]
+) -> RoutingOutput:
+    """:func:`init_routing_npu`'s contract on an Ascend 310P, where ``npu_moe_init_routing_v2`` is not documented
+    (torch_npu 2.8.0 lists it for A2/A3 only): the permutation in torch ops, as vllm-ascend v0.11.0's MoGE token
+    dispatcher computes it for Pangu Pro MoE on the 300I Duo (``ops/moe/token_dispatcher.py:427-447``): an argsort of
+    the expert ids cast to float32 (exact below 2**24), ``index_select`` of the token rows, and the per-expert counts
+    as a float32 sum of a one-hot comparison. The sort is stable (this contract's row order; vllm-ascend's combine
+    inverts any permutation, ours reads ``expanded_row_idx``)."""
+    start, end = expert_range
+    top_k = topk_ids.shape[1]
+    flat = topk_ids.reshape(-1).long()
+    in_range = (flat >= start) & (flat < end)
+    key = torch.where(in_range, flat - start, torch.full_like(flat, end - start))
+    order = torch.sort(key.float(), stable=True).indices
+    valid = in_range.index_select(0, order)
+    expanded_row_idx = torch.where(valid, order, torch.full_like(order, -1)).to(torch.int32)
+    rows = hidden.index_select(0, order // top_k)
+    expanded_x = torch.where(valid.unsqueeze(1), rows, torch.zeros((), dtype=hidden.dtype, device=hidden.device))
+    local = torch.arange(end - start, device=flat.device)
+    counts = (key.unsqueeze(-1) == local).to(torch.float32).sum(0).to(torch.int64)
+    return expanded_x, expanded_row_idx, counts
+
+
+def init_routing_310p_reference(
+    hidden: torch.Tensor, topk_ids: torch.Tensor, num_experts: int, expert_range: tuple[int, int]
+) -> RoutingOutput:
+    """Reference twin of :func:`init_routing_310p_npu`: the contract is :func:`init_routing_npu`'s, so is the twin
+    (:func:`init_routing_reference`); named apart so that a layer shows which pair its chip picked."""
+    return init_routing_reference(hidden, topk_ids, num_experts, expert_range)
+
+
+#: The 310P's pair (:func:`init_routing_kernel` picks it on that chip).
+INIT_ROUTING_310P = Kernel("moe_init_routing_310p", npu=init_routing_310p_npu, reference=init_routing_310p_reference)
+
+
+def init_routing_kernel() -> Kernel:
+    """The token permutation's kernel pair on this process's chip (310P: torch ops, no ``npu_moe_init_routing_v2``)."""
+    return INIT_ROUTING_310P if is_310p() else INIT_ROUTING
 
 
 def unpermute_npu(permuted: torch.Tensor, sorted_indices: torch.Tensor, probs: torch.Tensor) -> torch.Tensor:
@@ -173,10 +214,12 @@ def combine_masked(
 
 
 def build_unpermute(act_dtype: torch.dtype, backend: KernelBackend | None = None) -> Unpermute:
-    """The full-permutation combine for a layer: the NPU op for bf16, :func:`combine_masked` for other dtypes."""
+    """The full-permutation combine for a layer: the NPU op for bf16, :func:`combine_masked` for other dtypes and on
+    a 310P (``npu_moe_token_unpermute`` is documented for A2/A3 only; vllm-ascend v0.11.0's MoGE dispatcher combines
+    in torch there, ``token_dispatcher.py:456-465``)."""
     if UNPERMUTE.select(backend) is not unpermute_npu:
         return unpermute_reference
-    return unpermute_npu if act_dtype == torch.bfloat16 else combine_masked
+    return unpermute_npu if act_dtype == torch.bfloat16 and not is_310p() else combine_masked
 
 
 def build_graph_unpermute(backend: KernelBackend | None = None) -> Unpermute:
