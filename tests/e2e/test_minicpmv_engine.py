@@ -5,8 +5,11 @@ npu-models' override (``vllm_npu.models.multimodal.AscendMiniCPMV``: the Idefics
 the shared encoder seam, reference twin), float32, built on the fly without the hub: the checkpoint carries its own
 remote code (config, image processor with LLaVA-UHD slicing, processor; ``trust_remote_code``), see
 ``npu_testkit.minicpmv_models``. One batch: an unsliced image, a sliced one (source + 2x2 slices), both in one prompt,
-and text only. Prompt ids == the checkpoint processor's, greedy == the reference model (transformers'
-``Idefics2VisionTransformer`` + ``Qwen2ForCausalLM`` + a plain-torch resampler, same weights)."""
+and text only. The small image comes back at another index in the two-image prompt, so vLLM's processor cache
+renumbers its cached ``<image_id>`` (``_recompute_cached_prompt_update``); the sliced image's 3x5-patch slices share
+an encoder batch with the 4x4 one, so the tower's padding mask matters. Prompt ids == the checkpoint processor's,
+greedy == the reference model (transformers' ``Idefics2VisionTransformer`` + ``Qwen2ForCausalLM`` + a plain-torch
+resampler, same weights)."""
 
 from __future__ import annotations
 
@@ -44,7 +47,7 @@ def _encoder(worker) -> dict[str, object]:
 
     model = worker.model_runner.get_model()
     attns = [m for m in model.modules() if isinstance(m, AscendMultiHeadAttention)]
-    return {"model": type(model).__name__, "calls": [a.npu_calls for a in attns]}
+    return {"model": type(model).__name__, "tower": type(model.vpm).__name__, "calls": [a.npu_calls for a in attns]}
 
 
 def test_sliced_and_unsliced_images_and_text_match_the_reference(llm, minicpmv_model):
@@ -53,6 +56,7 @@ def test_sliced_and_unsliced_images_and_text_match_the_reference(llm, minicpmv_m
 
     (before,) = llm.collective_rpc(_encoder)
     assert before["model"] == "MiniCPMV2_6"
+    assert before["tower"] == "AscendIdefics2VisionTransformer"  # padded slices masked
     assert len(before["calls"]) == 2  # both navit layers converted
 
     small, large = synthetic_image(50, 40, seed=1), synthetic_image(120, 80, seed=2)

@@ -243,7 +243,6 @@ def test_minicpmv_tower_masks_padded_slices(tp1_group) -> None:
     """MiniCPM-V batches slices of different patch counts into one tower call, padded to the longest, with a prefix
     patch mask: the converted tower attends each slice's own patches only, so every slice's valid tokens equal the
     tower run on that slice alone (vLLM 0.11's SDPA path attends the padding: asserted to differ)."""
-    from vllm.model_executor.models.idefics2_vision_model import Idefics2VisionTransformer
     from vllm_npu.models.encoder_attention import adopt_encoder_attention
     from vllm_npu.models.multimodal import AscendIdefics2VisionTransformer
 
