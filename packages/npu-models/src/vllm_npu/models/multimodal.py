@@ -76,8 +76,8 @@ class AscendIdefics2VisionTransformer(Idefics2VisionTransformer):
     def forward(
         self,
         pixel_values: torch.Tensor,
-        patch_attention_mask: torch.Tensor | None = None,
-        tgt_sizes: torch.Tensor | None = None,
+        patch_attention_mask: torch.BoolTensor | None = None,
+        tgt_sizes: torch.IntTensor | None = None,
     ) -> torch.Tensor:
         lens = None
         if patch_attention_mask is not None and not self.use_data_parallel:
