@@ -5,7 +5,7 @@ npu-models' override (``vllm_npu.models.multimodal.AscendMiniCPMV``: the Idefics
 the shared encoder seam, reference twin), float32, built on the fly without the hub: the checkpoint carries its own
 remote code (config, image processor with LLaVA-UHD slicing, processor; ``trust_remote_code``), see
 ``npu_testkit.minicpmv_models``. One batch: an unsliced image, a sliced one (source + 2x2 slices), both in one prompt,
-and text only. The small image comes back at another index in the two-image prompt, so vLLM's processor cache
+a 3-frame video (frames as unsliced images without ids, MiniCPM-V 2.6's convention) and text only. The small image comes back at another index in the two-image prompt, so vLLM's processor cache
 renumbers its cached ``<image_id>`` (``_recompute_cached_prompt_update``); the sliced image's 3x5-patch slices share
 an encoder batch with the 4x4 one, so the tower's padding mask matters. Prompt ids == the checkpoint processor's,
 greedy == the reference model (transformers' ``Idefics2VisionTransformer`` + ``Qwen2ForCausalLM`` + a plain-torch
@@ -17,7 +17,7 @@ import pytest
 from npu_testkit.engine import emulated_env, engine
 from npu_testkit.minicpmv_models import build_tiny_minicpmv_model, minicpmv_prompt, reference_greedy
 from npu_testkit.mm_models import special_ids
-from npu_testkit.vl_models import synthetic_image
+from npu_testkit.vl_models import synthetic_image, synthetic_video
 
 pytestmark = pytest.mark.engine
 
@@ -37,7 +37,7 @@ def llm(minicpmv_model, tmp_path_factory):
         env,
         trust_remote_code=True,
         max_num_batched_tokens=128,
-        limit_mm_per_prompt={"image": 2, "video": 0},
+        limit_mm_per_prompt={"image": 2, "video": 1},
     ) as llm:
         yield llm
 
@@ -50,7 +50,7 @@ def _encoder(worker) -> dict[str, object]:
     return {"model": type(model).__name__, "tower": type(model.vpm).__name__, "calls": [a.npu_calls for a in attns]}
 
 
-def test_sliced_and_unsliced_images_and_text_match_the_reference(llm, minicpmv_model):
+def test_images_video_and_text_match_the_reference(llm, minicpmv_model):
     import transformers
     from vllm import SamplingParams
 
@@ -67,6 +67,10 @@ def test_sliced_and_unsliced_images_and_text_match_the_reference(llm, minicpmv_m
             "prompt": minicpmv_prompt("image", "image", "Compare them, please."),
             "multi_modal_data": {"image": [large, small]},
         },
+        {
+            "prompt": minicpmv_prompt("video", "What happens?"),
+            "multi_modal_data": {"video": synthetic_video(3, 70, 56)},
+        },
         {"prompt": minicpmv_prompt("Four score and seven years ago")},
     ]
     banned = special_ids(minicpmv_model)
@@ -78,7 +82,8 @@ def test_sliced_and_unsliced_images_and_text_match_the_reference(llm, minicpmv_m
     assert [list(o.prompt_token_ids) for o in outputs] == [p for p, _ in expected]
     tok = transformers.AutoTokenizer.from_pretrained(minicpmv_model)
     slices = [p.count(tok.convert_tokens_to_ids("<slice>")) for p, _ in expected]
-    assert slices == [0, 4, 4, 0], slices  # the large image is sliced 2x2, the small one not
+    assert slices == [0, 4, 4, 0, 0], slices  # the large image is sliced 2x2, the small one and the frames not
+    assert expected[3][0].count(tok.convert_tokens_to_ids("<image>")) == 3  # one unsliced image per frame
     assert [list(o.outputs[0].token_ids) for o in outputs] == [g for _, g in expected]
     (after,) = llm.collective_rpc(_encoder)
     assert all(a > b for a, b in zip(after["calls"], before["calls"])), (before, after)

@@ -47,8 +47,8 @@ MINICPMV_CHAT_TEMPLATE = (
     "{% endfor %}{% endif %}<|im_end|>\n"
     "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
-#: The prompt pattern of one image (the processor and vLLM expand it).
-IMAGE_PATTERN = "(<image>./</image>)"
+#: The prompt pattern of one image (the processor and vLLM expand it) and of one video (vLLM expands it).
+IMAGE_PATTERN, VIDEO_PATTERN = "(<image>./</image>)", "(<video>./</video>)"
 #: Slicing scale (pixels; a slice has about this squared area), patch side, tokens per slice, most slices.
 SCALE_RESOLUTION, PATCH, QUERY_NUM, MAX_SLICES = 56, 14, 8, 4
 
@@ -155,8 +155,10 @@ def build_tiny_minicpmv_model(path: str | os.PathLike[str] | None = None, *, see
 
 
 def minicpmv_prompt(*parts: str) -> str:
-    """A prompt of text parts and "image" parts (each the :data:`IMAGE_PATTERN` line the chat template writes)."""
-    return "".join(f"{IMAGE_PATTERN}\n" if p == "image" else p for p in parts)
+    """A prompt of text parts and "image" / "video" parts (each the :data:`IMAGE_PATTERN` / :data:`VIDEO_PATTERN`
+    line the chat template writes)."""
+    patterns = {"image": f"{IMAGE_PATTERN}\n", "video": f"{VIDEO_PATTERN}\n"}
+    return "".join(patterns.get(p, p) for p in parts)
 
 
 # --- the reference ----------------------------------------------------------------------------------------------
@@ -296,9 +298,11 @@ def reference_greedy(
     model_dir: str | os.PathLike[str], requests: list[dict[str, Any]], max_new_tokens: int, banned: set[int]
 ) -> list[tuple[list[int], list[int]]]:
     """Greedy continuations by :func:`load_reference`, one request at a time, a full forward per step; prompts
-    through the checkpoint's own processor (``AutoProcessor``, remote code). Returns ``(prompt_ids, generated)``."""
+    through the checkpoint's own processor (``AutoProcessor``, remote code); a "video" (``[T, H, W, 3]`` frames, one
+    per prompt, after its images) as its frames. Returns ``(prompt_ids, generated)``."""
     import torch
     import transformers
+    from PIL import Image
 
     processor = transformers.AutoProcessor.from_pretrained(model_dir, trust_remote_code=True)
     model = load_reference(model_dir)
@@ -306,9 +310,18 @@ def reference_greedy(
     outputs = []
     with torch.no_grad():
         for req in requests:
-            images = (req.get("multi_modal_data") or {}).get("image")
+            media = req.get("multi_modal_data") or {}
+            images = media.get("image")
             images = [] if images is None else images if isinstance(images, list) else [images]
-            inputs = processor(text=[req["prompt"]], images=[images] if images else None, return_tensors="pt")
+            prompt_text, kwargs = req["prompt"], {}
+            if media.get("video") is not None:
+                if images:
+                    raise ValueError("reference_greedy: a video prompt takes no images (its frames have no ids)")
+                # MiniCPM-V 2.6's video convention: the frames as unsliced images without ids.
+                frames = [Image.fromarray(f) for f in media["video"]]
+                prompt_text = prompt_text.replace(VIDEO_PATTERN, IMAGE_PATTERN * len(frames), 1)
+                images, kwargs = [*images, *frames], {"max_slice_nums": 1, "use_image_id": False}
+            inputs = processor(text=[prompt_text], images=[images] if images else None, **kwargs)
             prompt = inputs["input_ids"][0]
             pixels = inputs["pixel_values"][0] if images else []
             tgt = inputs["tgt_sizes"][0] if images else None

@@ -3,6 +3,7 @@
 """``MiniCPMVProcessor`` of MiniCPM-V 2.6: each ``(<image>./</image>)`` of a prompt becomes the image processor's
 placeholder text of that prompt's next image (numbered from 0 within the prompt), then the text is tokenized.
 
+A video is its frames as images (vLLM passes each video's ``[T, H, W, 3]`` frames with ``max_slice_nums=1``).
 ``__call__(text, images, max_slice_nums, use_image_id, return_tensors)`` returns ``input_ids`` (and
 ``attention_mask``; right-padded when the prompts differ in length) plus the image processor's ``pixel_values``,
 ``image_sizes`` and ``tgt_sizes`` (per prompt, see ``image_processing_minicpmv``)."""
@@ -11,11 +12,27 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import torch
+from PIL import Image
 from transformers.feature_extraction_utils import BatchFeature
 from transformers.processing_utils import ProcessorMixin
 
 IMAGE_PATTERN = "(<image>./</image>)"
+
+
+def _is_group(item: Any) -> bool:
+    """One prompt's images: a list / tuple of images, or a video (``[T, H, W, 3]`` frames)."""
+    return isinstance(item, (list, tuple)) or (isinstance(item, np.ndarray) and item.ndim == 4)
+
+
+def _as_images(item: Any) -> list[Image.Image]:
+    """PIL images from an image, an ``[H, W, 3]`` / ``[T, H, W, 3]`` uint8 array (a video's frames) or a list."""
+    if isinstance(item, Image.Image):
+        return [item]
+    if isinstance(item, np.ndarray):
+        return [Image.fromarray(frame) for frame in (item if item.ndim == 4 else item[None])]
+    return [image for part in item for image in _as_images(part)]
 
 
 class MiniCPMVProcessor(ProcessorMixin):
@@ -37,13 +54,13 @@ class MiniCPMVProcessor(ProcessorMixin):
     ) -> BatchFeature:
         prompts = [text] if isinstance(text, str) else list(text)
         if images is None:
-            per_prompt: list[list[Any]] = [[] for _ in prompts]
-        elif len(prompts) == 1 and images and not isinstance(images[0], (list, tuple)):
-            per_prompt = [list(images)]
+            per_prompt: list[list[Image.Image]] = [[] for _ in prompts]
+        elif len(images) == len(prompts) and all(_is_group(i) for i in images):
+            per_prompt = [_as_images(i) for i in images]
+        elif len(prompts) == 1:
+            per_prompt = [_as_images(images)]
         else:
-            per_prompt = [list(i or []) for i in images]
-        if len(per_prompt) != len(prompts):
-            raise ValueError(f"{len(prompts)} prompts but images for {len(per_prompt)}")
+            raise ValueError(f"{len(prompts)} prompts but images for {len(images)}")
         expanded = []
         for prompt, prompt_images in zip(prompts, per_prompt):
             pieces = prompt.split(IMAGE_PATTERN)
