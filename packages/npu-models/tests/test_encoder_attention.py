@@ -237,3 +237,45 @@ def test_the_registry_maps_the_multimodal_architectures_to_the_overrides() -> No
         entry = ModelRegistry.models[arch]
         assert f"{entry.module_name}:{entry.class_name}" == MODEL_OVERRIDES[arch]
         assert entry.module_name == "vllm_npu.models.multimodal"
+
+
+def test_minicpmv_tower_masks_padded_slices(tp1_group) -> None:
+    """MiniCPM-V batches slices of different patch counts into one tower call, padded to the longest, with a prefix
+    patch mask: the converted tower attends each slice's own patches only, so every slice's valid tokens equal the
+    tower run on that slice alone (vLLM 0.11's SDPA path attends the padding: asserted to differ)."""
+    from vllm_npu.models.encoder_attention import adopt_encoder_attention
+    from vllm_npu.models.multimodal import AscendIdefics2VisionTransformer
+
+    tower, _ = _idefics2()
+    ours, _ = _idefics2()
+    _randomise(tower)
+    _randomise(ours)
+    adopt_encoder_attention(ours)
+    ours.__class__ = AscendIdefics2VisionTransformer
+    gen = torch.Generator().manual_seed(5)
+    sizes = [(2, 2), (2, 3)]  # patch rows x cols per slice: 4 and 6 patches, laid out by patch as [3, 14, n * 14]
+    slices = [torch.randn(3, 14, h * w * 14, generator=gen) for h, w in sizes]
+    batch = torch.zeros(2, 3, 14, 6 * 14)
+    mask = torch.zeros(2, 1, 6, dtype=torch.bool)
+    for i, s in enumerate(slices):
+        batch[i, ..., : s.shape[-1]] = s
+        mask[i, 0, : s.shape[-1] // 14] = True
+    tgt = torch.tensor(sizes)
+    with torch.no_grad():
+        alone = [
+            tower(s[None], patch_attention_mask=mask[i : i + 1, :, : s.shape[-1] // 14], tgt_sizes=tgt[i : i + 1])[0]
+            for i, s in enumerate(slices)
+        ]
+        got = ours(batch, patch_attention_mask=mask, tgt_sizes=tgt)
+        vllm_padded = tower(batch, patch_attention_mask=mask, tgt_sizes=tgt)
+    for i, want in enumerate(alone):
+        torch.testing.assert_close(got[i, : len(want)], want, rtol=1e-5, atol=1e-5)
+    assert not torch.allclose(vllm_padded[0, :4], alone[0], atol=1e-3)  # vLLM's path: the short slice sees padding
+    assert all(m.row_lens is None for m in ours.modules() if hasattr(m, "row_lens"))  # cleared after the call
+
+
+def test_prefix_lengths() -> None:
+    from vllm_npu.models.encoder_attention import prefix_lengths
+
+    assert prefix_lengths(torch.tensor([[True, True, False], [True, True, True]])) == [2, 3]
+    assert prefix_lengths(torch.tensor([[True, False, True]])) is None  # not a prefix: vLLM's behaviour kept

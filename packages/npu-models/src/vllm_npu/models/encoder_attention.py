@@ -25,7 +25,8 @@ so400m 72, InternViT-300M 64, Whisper-style audio 64/80); padding them would nee
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -79,6 +80,8 @@ class AscendMultiHeadAttention(MultiHeadAttention):
 
     npu_calls: int
     _vision_attention: Callable[..., None]
+    #: Valid (prefix) length of each batch row for the calls inside :func:`key_padding`; None: every row is full.
+    row_lens: list[int] | None
 
     def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
         bsz, q_len = query.shape[:2]
@@ -86,12 +89,49 @@ class AscendMultiHeadAttention(MultiHeadAttention):
             out: torch.Tensor = super().forward(query, key, value)
             return out
         n, nkv, d = self.num_heads, self.num_kv_heads, self.head_size
+        lens = self.row_lens
+        self.npu_calls += 1
+        if lens is not None and len(lens) == bsz and any(m != q_len for m in lens):
+            # Padded rows: attend each row's valid prefix only (packed); padded query positions get zeros.
+            q4, k4, v4 = query.view(bsz, q_len, n, d), key.view(bsz, q_len, nkv, d), value.view(bsz, q_len, nkv, d)
+            pq, pk, pv = (torch.cat([t[b, :m] for b, m in enumerate(lens)]) for t in (q4, k4, v4))
+            packed = attend_packed(pq, pk, pv, lens, scale=self.scale, kernel=self._vision_attention)
+            padded = query.new_zeros(bsz, q_len, n, d)
+            offset = 0
+            for b, m in enumerate(lens):
+                padded[b, :m] = packed[offset : offset + m]
+                offset += m
+            return padded.view(bsz, q_len, n * d)
         q = query.reshape(bsz * q_len, n, d)
         k = key.reshape(bsz * q_len, nkv, d)
         v = value.reshape(bsz * q_len, nkv, d)
         out = attend_packed(q, k, v, [q_len] * bsz, scale=self.scale, kernel=self._vision_attention)
-        self.npu_calls += 1
         return out.view(bsz, q_len, n * d)
+
+
+def prefix_lengths(mask: torch.Tensor) -> list[int] | None:
+    """Per-row valid lengths of a boolean key-padding ``mask [B, S]`` whose rows are True on a prefix (and False
+    after), else None. One device-to-host copy of the mask."""
+    host = mask.to("cpu", torch.bool)
+    lens = host.sum(-1)
+    expected = torch.arange(host.shape[-1])[None, :] < lens[:, None]
+    if not bool((host == expected).all()):
+        return None
+    return [int(m) for m in lens.tolist()]
+
+
+@contextlib.contextmanager
+def key_padding(module: nn.Module, row_lens: list[int] | None) -> Iterator[None]:
+    """Within the block, every :class:`AscendMultiHeadAttention` under ``module`` attends, in batch row ``b``, the
+    first ``row_lens[b]`` tokens only (as queries and keys; padded query rows give zeros). None: rows are full."""
+    attns = [m for m in module.modules() if isinstance(m, AscendMultiHeadAttention)]
+    for attn in attns:
+        attn.row_lens = row_lens
+    try:
+        yield
+    finally:
+        for attn in attns:
+            attn.row_lens = None
 
 
 def _padding_lengths(mask: torch.Tensor, batch: int, length: int) -> list[int] | None:
@@ -180,7 +220,7 @@ def adopt_encoder_attention(model: nn.Module, *, hf_towers: tuple[str, ...] = ()
         if type(module) is MultiHeadAttention:
             module.__class__ = AscendMultiHeadAttention
             attn: Any = module
-            attn.npu_calls, attn._vision_attention = 0, kernel
+            attn.npu_calls, attn._vision_attention, attn.row_lens = 0, kernel, None
             count += 1
     for name in hf_towers:
         tower = getattr(model, name, None)

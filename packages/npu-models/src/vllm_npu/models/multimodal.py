@@ -26,13 +26,14 @@ from typing import Any
 import torch
 from vllm.config import VllmConfig
 from vllm.model_executor.models.gemma3_mm import Gemma3ForConditionalGeneration
+from vllm.model_executor.models.idefics2_vision_model import Idefics2VisionTransformer
 from vllm.model_executor.models.interns1 import InternS1ForConditionalGeneration
 from vllm.model_executor.models.internvl import InternVLChatModel
 from vllm.model_executor.models.minicpmv import MiniCPMV
 from vllm.model_executor.models.qwen2_5_omni_thinker import Qwen2_5OmniThinkerForConditionalGeneration
 from vllm.model_executor.models.qwen2_audio import Qwen2AudioForConditionalGeneration
 
-from .encoder_attention import adopt_encoder_attention
+from .encoder_attention import adopt_encoder_attention, key_padding, prefix_lengths
 from .vision import adopt_vision_attention, pad_vision_heads
 
 
@@ -62,14 +63,43 @@ class AscendInternS1ForConditionalGeneration(InternS1ForConditionalGeneration):
         adopt_encoder_attention(self)
 
 
+class AscendIdefics2VisionTransformer(Idefics2VisionTransformer):
+    """MiniCPM-V's Idefics2/SigLIP navit tower (vLLM's, re-classed by :class:`AscendMiniCPMV`) whose encoder attention
+    honours the patch mask: MiniCPM-V batches every slice of a step into one call, padded to the longest, and its
+    model masks the padded patches out of attention. vLLM 0.11's tower ignores the mask there, so a slice batched
+    with a longer one attends padding (a sliced 3x5-patch image next to a 4x4 one: other greedy tokens than the
+    model's; vLLM fixed it later for MiniCPM only, vllm#34127 / #36206). The mask's per-row prefix lengths go to
+    the seam's :func:`~vllm_npu.models.encoder_attention.key_padding` (one host read of the mask per tower call;
+    vLLM's own MiniCPM-V code reads ``tgt_sizes`` back several times per call already). A mask that is no prefix
+    mask, and the data-parallel encoder (which shards the batch), keep vLLM's behaviour."""
+
+    def forward(
+        self,
+        pixel_values: torch.Tensor,
+        patch_attention_mask: torch.BoolTensor | None = None,
+        tgt_sizes: torch.IntTensor | None = None,
+    ) -> torch.Tensor:
+        lens = None
+        if patch_attention_mask is not None and not self.use_data_parallel:
+            lens = prefix_lengths(patch_attention_mask.flatten(1))
+        with key_padding(self.encoder, lens):
+            out: torch.Tensor = super().forward(
+                pixel_values, patch_attention_mask=patch_attention_mask, tgt_sizes=tgt_sizes
+            )
+        return out
+
+
 class AscendMiniCPMV(MiniCPMV):
     """MiniCPM-V 2.x / 4.x (``MiniCPMV``): vLLM's ``MiniCPMV.__new__`` builds the class of the checkpoint's version
     (an instance of a sibling class, so no ``__init__`` of ours runs); the Idefics2/SigLIP tower of that instance is
-    put on the NPU kernel here. (MiniCPM-V 2.0's timm ViT has no vLLM ``MultiHeadAttention`` and is left as is.)"""
+    put on the NPU kernel here and re-classed to :class:`AscendIdefics2VisionTransformer` (padded slices masked, as
+    the model does). (MiniCPM-V 2.0's timm ViT has no vLLM ``MultiHeadAttention`` and is left as is.)"""
 
     def __new__(cls, *, vllm_config: VllmConfig, prefix: str = "") -> Any:
         model = super().__new__(cls, vllm_config=vllm_config, prefix=prefix)
         adopt_encoder_attention(model)
+        if type(getattr(model, "vpm", None)) is Idefics2VisionTransformer:
+            model.vpm.__class__ = AscendIdefics2VisionTransformer
         return model
 
 
