@@ -40,7 +40,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
@@ -58,7 +58,7 @@ from vllm_npu.interface import (
 
 from .capture import host_ints
 from .comm import AllToAll, coordinator_all_to_all
-from .eplb import check_eplb_layer, eplb_placement, follow_eplb_state
+from .eplb import check_eplb_layer, check_expert_tensors, eplb_placement, follow_eplb_state
 from .forward import MoEPlan, build_moe_plan, moe_forward
 from .gathered import all_gather_rows, reduce_scatter_rows
 from .gating import RoutingConfig
@@ -314,6 +314,8 @@ class AscendUnquantizedFusedMoEMethod(UnquantizedFusedMoEMethod):
     uses_layer_moe_plan: ClassVar[bool] = True
     #: Its apply runs the plan's kernels only, all traceable (npu-interface's MoEGraphTraceable).
     traces_in_moe_graph: ClassVar[bool] = True
+    #: Its expert tensors are vLLM's w13/w2 parameters, moved by vLLM's EPLB (npu-interface's EplbMovableExperts).
+    moves_with_eplb: ClassVar[bool] = True
 
     def process_weights_after_loading(self, layer: torch.nn.Module) -> None:
         # vLLM's version repacks weights for ROCm/CPU/XPU kernels; none of those run here, so nothing to do.
@@ -442,6 +444,13 @@ class AscendFusedMoE(FusedMoE):
         if self.expert_placement is None:
             raise RuntimeError(f"{self.layer_name}: set_eplb_state on a layer built without --enable-eplb")
         follow_eplb_state(self.expert_placement, self)
+
+    def get_expert_weights(self) -> Iterable[torch.Tensor]:
+        """vLLM's list of the tensors its EPLB rearrangement moves (every parameter, viewed per expert), taken by
+        the model's ``set_eplb_state`` after the weights are processed; first checked to hold every per-expert
+        tensor the quant method's experts read, and only those (:func:`.eplb.check_expert_tensors`)."""
+        check_expert_tensors(self)
+        return super().get_expert_weights()
 
     def _place_experts(self, path: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         """Take this rank's slots of the static placement: expert map, local count, and weights re-created at it."""
