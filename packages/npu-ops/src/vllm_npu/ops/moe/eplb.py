@@ -19,6 +19,10 @@ group: gloo on the emulated device, HCCL on the NPU). The model gives it each la
 
 The CUDA-only calls of vLLM's rearrangement (``torch.cuda.synchronize``) go to the device backend in npu-platform's
 model runner; vLLM's config check that refuses EPLB outside CUDA is npu-patches' ``eplb-platform-check``.
+- :func:`admit_eplb_quant_method` (around vLLM's ``FusedMoE.__init__``): vLLM 0.11 refuses ``--enable-eplb`` for
+  every quant method but its FP8 one while it builds the layer (``NotImplementedError: EPLB is only supported for
+  FP8 quantization for now``; its own comment: the other methods differ in nothing essential, what they need is that
+  their tensors move). A method declaring ``EplbMovableExperts`` is let past that check, and only that check.
 - :func:`check_expert_tensors` (also from ``set_eplb_state``, after the weights are processed): vLLM moves exactly
   the layer's parameters (``FusedMoE.get_expert_weights``, each viewed as ``[local experts, -1]``), so each must
   have the local expert slot first, and no per-expert buffer may sit beside them (it would not move).
@@ -30,6 +34,8 @@ Refused (clear errors): a static map (``npu.expert_map_path``) together with EPL
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -66,6 +72,46 @@ def eplb_tables(
         table[e, counts[e]] = p
         counts[e] += 1
     return table, counts
+
+
+@contextlib.contextmanager
+def admit_eplb_quant_method(layer: Any, quant_config: Any, enable_eplb: bool) -> Iterator[None]:
+    """Around vLLM's ``FusedMoE.__init__`` of ``layer``: let a quant method that declares npu-interface's
+    ``EplbMovableExperts`` past vLLM 0.11's FP8-only EPLB check.
+
+    vLLM's ``__init__`` sets ``layer.enable_eplb``, asks ``quant_config.get_quant_method(layer, prefix)`` and then
+    raises unless the method is its FP8 or float one (``fused_moe/layer.py``, ``if self.enable_eplb:`` right after
+    ``get_quant_method``; nothing else in ``__init__`` reads the flag after that point). For the duration of the call
+    this layer's ``get_quant_method`` call is wrapped on the config instance (an instance attribute shadowing the
+    class's method, removed on exit): when the method declares the protocol, ``layer.enable_eplb`` reads False for
+    vLLM's check, and it is set back to True when ``__init__`` returns. Any other method meets vLLM's refusal unchanged.
+    Without EPLB or a quant config: nothing is touched.
+    """
+    if not enable_eplb or quant_config is None:
+        yield
+        return
+    shadowed = vars(quant_config).get("get_quant_method")  # an instance's own attribute, kept as it was
+    original = quant_config.get_quant_method
+    admitted = False
+
+    def get_quant_method(target: Any, prefix: str) -> Any:
+        nonlocal admitted
+        method = original(target, prefix)
+        if target is layer and moves_experts_with_eplb(method):
+            target.enable_eplb = False  # vLLM's FP8-only check, next in its __init__, reads it
+            admitted = True
+        return method
+
+    quant_config.get_quant_method = get_quant_method
+    try:
+        yield
+    finally:
+        if shadowed is None:
+            del quant_config.get_quant_method  # the class's method again
+        else:
+            quant_config.get_quant_method = shadowed
+        if admitted:
+            layer.enable_eplb = True
 
 
 def check_eplb_layer(layer: Any, *, expert_map_path: str | None) -> None:

@@ -58,7 +58,13 @@ from vllm_npu.interface import (
 
 from .capture import host_ints
 from .comm import AllToAll, coordinator_all_to_all
-from .eplb import check_eplb_layer, check_expert_tensors, eplb_placement, follow_eplb_state
+from .eplb import (
+    admit_eplb_quant_method,
+    check_eplb_layer,
+    check_expert_tensors,
+    eplb_placement,
+    follow_eplb_state,
+)
 from .forward import MoEPlan, build_moe_plan, moe_forward
 from .gathered import all_gather_rows, reduce_scatter_rows
 from .gating import RoutingConfig
@@ -363,12 +369,14 @@ class AscendFusedMoE(FusedMoE):
     expert_placement: ExpertPlacement | None
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
+        bound = inspect.signature(FusedMoE.__init__).bind(self, *args, **kwargs).arguments
+        eplb = bool(bound.get("enable_eplb", False))
+        with admit_eplb_quant_method(self, bound.get("quant_config"), eplb):
+            super().__init__(*args, **kwargs)
         settings = npu_settings()
         self.expert_placement = None
         if self.enable_eplb:
             check_eplb_layer(self, expert_map_path=settings.expert_map_path)
-            bound = inspect.signature(FusedMoE.__init__).bind(self, *args, **kwargs).arguments
             logical = int(bound["num_experts"])
             self.expert_placement = eplb_placement(
                 logical, self.global_num_experts - logical, self.ep_size, layer_name=self.layer_name
