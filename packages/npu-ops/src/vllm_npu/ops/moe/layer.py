@@ -26,7 +26,8 @@ model that builds those gets these classes. What changes against vLLM:
   routed experts to replicas.
 - ``--enable-eplb`` (vLLM's dynamic EPLB, :mod:`.eplb`): the layer starts from vLLM's initial placement of the
   physical experts, follows vLLM's ``EplbState`` tables in place (``set_eplb_state``) and counts the expert load in
-  every dispatcher; vLLM's rearrangement moves the weights.
+  every dispatcher; vLLM's rearrangement moves the weights (every parameter of the layer: quantized experts' scales
+  and biases too, for quant methods declaring npu-interface's ``EplbMovableExperts``).
 - ``npu.moe_mc2``: MC2 (:mod:`.mc2`) for steps up to its token capacity, chosen per step (rule in
   :func:`~.mc2.mc2_candidate`); the dispatcher above beyond.
 - ``npu.multistream_overlap_shared_expert``: shared experts on a side stream while the routed ones run
