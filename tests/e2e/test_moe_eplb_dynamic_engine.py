@@ -6,9 +6,9 @@ rearrangement every 6 steps.
 
 While it generates, vLLM's ``EplbState`` rebalances from the load npu-ops' dispatchers counted and moves expert
 weights between the two workers over gloo. Read back from the workers afterwards: the physical -> logical map
-differs from vLLM's initial one, every slot's weights are the checkpoint weights of the logical expert the map says
-it holds, and every real (token, slot) pair was counted once. Greedy tokens equal HF's (EPLB off is covered by the
-other MoE engine modules).
+differs from vLLM's initial one, every slot's tensors are the checkpoint tensors of the logical expert the map says
+it holds, and every real (token, slot) pair was counted once. A request started after the rearrangements runs through
+the moved experts too (its prefill eagerly in both engines). EPLB off is covered by the other MoE engine modules.
 
 Two engines:
 
@@ -189,3 +189,12 @@ def test_experts_are_rearranged_and_output_matches_the_reference(llm, tiny_model
             assert total == forward_tokens * TOP_K
         else:
             assert total >= forward_tokens * TOP_K
+
+    # A request started after the rearrangements: its prompt's prefill chunks run eagerly (in the torchair mode too)
+    # through the moved experts, then its decode steps (compiled in the torchair mode); == the reference.
+    late = make_prompts([100], seed=9)
+    stats = [info["torchair"] for info in llm.collective_rpc("npu_runtime_info")]
+    assert greedy(llm, late, 6) == _reference(tiny_model, mode, late, 6)
+    if mode.startswith("torchair"):
+        for b, a in zip(stats, [info["torchair"] for info in llm.collective_rpc("npu_runtime_info")], strict=True):
+            assert a["eager_calls"] > b["eager_calls"] and a["compiles"] == b["compiles"], (b, a)
