@@ -6,13 +6,23 @@ rearrangement every 6 steps.
 
 While it generates, vLLM's ``EplbState`` rebalances from the load npu-ops' dispatchers counted and moves expert
 weights between the two workers over gloo. Read back from the workers afterwards: the physical -> logical map
-differs from vLLM's initial one, every slot's weights are the checkpoint weights of the logical expert the map says
-it holds, and every real (token, slot) pair was counted once. Greedy tokens equal HF's (EPLB off is covered by the
-other MoE engine modules).
+differs from vLLM's initial one, every slot's tensors are the checkpoint tensors of the logical expert the map says
+it holds, and every real (token, slot) pair was counted once. A request started after the rearrangements runs through
+the moved experts too (its prefill eagerly in both engines). EPLB off is covered by the other MoE engine modules.
 
-Two engines: eager, and ``npu.graph_mode='torchair'`` (sizes 2 and 8), where decode steps run the MoE layers inside
-the compiled graph reading vLLM's replica tables as graph inputs and counting load in it: the rearrangements between
-steps recompile nothing and the tokens stay HF's.
+Two engines:
+
+- ``eager``: the float model; greedy tokens == HF's.
+- ``torchair_w8a8_dynamic``: the model's experts quantized to W8A8_DYNAMIC by ``vllm-npu quantize`` (attention
+  float: :mod:`npu_testkit.quant_ep`), ``npu.graph_mode='torchair'`` (sizes 2 and 8). Decode steps run the quantized
+  MoE layers inside the compiled graph, reading vLLM's replica tables as graph inputs and counting load in it;
+  prefills and mixed steps run them eagerly. vLLM's rearrangement moves every per-expert tensor of the quant method
+  (the transposed int8 weights and the per-channel scales): every slot holds its new logical expert's processed
+  tensors, the rearrangements recompile nothing and the tokens stay the quant simulation's
+  (:mod:`vllm_npu.quant.tools.simulate`, no EPLB).
+
+(Float experts in the compiled graph with EPLB: ``packages/npu-ops/tests/test_moe_eplb_graph.py``; quantized experts
+moved layer by layer for every scheme: ``packages/npu-quant/tests/test_moe_eplb.py``.)
 """
 
 from __future__ import annotations
@@ -24,6 +34,8 @@ import pytest
 import torch
 from npu_testkit.engine import ep2_engine, greedy, make_prompts, tiny_config
 from npu_testkit.models import build_tiny_model, hf_greedy
+from npu_testkit.quant_e2e import QuantCase, moe_methods
+from npu_testkit.quant_ep import quantized_experts_only
 
 pytestmark = pytest.mark.engine
 
@@ -33,18 +45,29 @@ NUM_EXPERTS, REDUNDANT, TOP_K = 6, 2, 2
 INITIAL = list(range(NUM_EXPERTS)) + [e % NUM_EXPERTS for e in range(REDUNDANT)]  # vLLM's initial physical map
 
 
-@pytest.fixture(scope="module")
-def tiny_model():
-    return build_tiny_model(tiny_config("qwen3_moe"))
-
+QUANT = QuantCase(
+    "moe_w8a8_dynamic_eplb",
+    "W8A8_DYNAMIC",
+    "qwen3_moe",
+    0.05,
+    moe_methods("AscendW8A8DynamicFusedMoEMethod", "W8A8DynamicScheme"),
+)
 
 #: The torchair case's compiled sizes: decode steps of 1-2 requests pad to 2, of 3-5 to 8.
 SIZES = [2, 8]
 
 
-@pytest.fixture(scope="module", params=["eager", "torchair"])
+@pytest.fixture(scope="module", params=["eager", "torchair_w8a8_dynamic"])
 def mode(request):
     return request.param
+
+
+@pytest.fixture(scope="module")
+def tiny_model(mode, tmp_path_factory):
+    """The checkpoint the engine serves: the float model, or its W8A8_DYNAMIC experts (attention float)."""
+    if mode == "eager":
+        return build_tiny_model(tiny_config("qwen3_moe"))
+    return quantized_experts_only(QUANT, tmp_path_factory.mktemp("quant"))[1]
 
 
 @pytest.fixture(scope="module")
@@ -55,7 +78,7 @@ def llm(tiny_model, tmp_path_factory, mode):
             "additional_config": {"npu": {"graph_mode": "torchair", "torchair_cache": False}},
             "compilation_config": {"cudagraph_capture_sizes": SIZES},
         }
-        if mode == "torchair"
+        if mode.startswith("torchair")
         else {}
     )
     # vLLM 0.11's EngineArgs copies its deprecated EPLB fields (defaults 0 / 1000 / 3000, not None) over
@@ -83,7 +106,9 @@ def _eplb_readback(worker):
     return {
         "physical_to_logical": state.physical_to_logical_map.tolist(),
         "load_window": state.expert_load_window.sum(0).tolist(),  # [layers, physical], this rank's counts
-        "layers": [(m.ep_rank, m.w13_weight.detach().clone(), m.w2_weight.detach().clone()) for m in layers],
+        "method": type(layers[0].quant_method).__name__,
+        # every tensor vLLM's rearrangement moves (the layer's parameters), by name
+        "layers": [(m.ep_rank, {n: t.detach().clone() for n, t in m.named_parameters()}) for m in layers],
     }
 
 
@@ -96,13 +121,37 @@ def _checkpoint_experts(model_dir):
     return weights
 
 
-def test_experts_are_rearranged_and_output_matches_hf(llm, tiny_model, mode):
+def _reference(tiny_model, mode, prompts, max_tokens):
+    if mode == "eager":
+        return hf_greedy(tiny_model, prompts, max_tokens)
+    from vllm_npu.quant.tools.simulate import greedy as sim_greedy
+    from vllm_npu.quant.tools.simulate import simulated_hf_model
+
+    return sim_greedy(simulated_hf_model(tiny_model), prompts, max_tokens)
+
+
+def _expected_slot(ckpt, layer, e, quantized):
+    """The processed tensors of logical expert ``e`` of ``layer``: what its slot must hold, by parameter name."""
+    p = f"model.layers.{layer}.mlp.experts.{e}."
+    gate_up = torch.cat([ckpt[p + "gate_proj.weight"], ckpt[p + "up_proj.weight"]])
+    if not quantized:
+        return {"w13_weight": gate_up, "w2_weight": ckpt[p + "down_proj.weight"]}
+    scale = torch.cat([ckpt[p + "gate_proj.weight_scale"], ckpt[p + "up_proj.weight_scale"]])
+    return {  # npu-quant's W8A8_DYNAMIC processing: int8 weights transposed, per-channel scales flattened
+        "w13_weight": gate_up.t(),
+        "w2_weight": ckpt[p + "down_proj.weight"].t(),
+        "w13_weight_scale": scale.reshape(-1).float(),
+        "w2_weight_scale": ckpt[p + "down_proj.weight_scale"].reshape(-1).float(),
+    }
+
+
+def test_experts_are_rearranged_and_output_matches_the_reference(llm, tiny_model, mode):
     prompts = make_prompts([3, 9, 30, 70, 120], seed=7)
     max_tokens = 14
     before = [info["torchair"] for info in llm.collective_rpc("npu_runtime_info")]
-    assert greedy(llm, prompts, max_tokens) == hf_greedy(tiny_model, prompts, max_tokens)
+    assert greedy(llm, prompts, max_tokens) == _reference(tiny_model, mode, prompts, max_tokens)
     after = [info["torchair"] for info in llm.collective_rpc("npu_runtime_info")]
-    if mode == "torchair":  # decode steps ran compiled on both ranks, the rearrangements recompiled nothing
+    if mode.startswith("torchair"):  # decode steps ran compiled on both ranks, the rearrangements recompiled nothing
         for b, a in zip(before, after, strict=True):
             assert sorted(b["compiles"]) == SIZES and a["compiles"] == b["compiles"], (b, a)
             assert a["recompiles"] == b["recompiles"] == 0 and a["opaque_moe_nodes"] == 0, a
@@ -117,15 +166,18 @@ def test_experts_are_rearranged_and_output_matches_hf(llm, tiny_model, mode):
         assert sorted(set(m)) == list(range(NUM_EXPERTS))  # every logical expert still has a replica
 
     ckpt = _checkpoint_experts(tiny_model)
+    quantized = mode != "eager"
     per_rank = (NUM_EXPERTS + REDUNDANT) // 2
     for r in ranks:
-        for layer, (ep_rank, w13, w2) in enumerate(r["layers"]):
+        method = "AscendW8A8DynamicFusedMoEMethod" if quantized else "AscendUnquantizedFusedMoEMethod"
+        assert r["method"] == method
+        for layer, (ep_rank, params) in enumerate(r["layers"]):
+            # the layer holds exactly these per-expert tensors (all moved), each checked slot by slot
+            assert sorted(params) == sorted(_expected_slot(ckpt, layer, 0, quantized)), sorted(params)
             for slot in range(per_rank):
                 e = maps[layer][ep_rank * per_rank + slot]
-                p = f"model.layers.{layer}.mlp.experts.{e}."
-                gate_up = torch.cat([ckpt[p + "gate_proj.weight"], ckpt[p + "up_proj.weight"]])
-                torch.testing.assert_close(w13[slot], gate_up, rtol=0, atol=0)
-                torch.testing.assert_close(w2[slot], ckpt[p + "down_proj.weight"], rtol=0, atol=0)
+                for name, want in _expected_slot(ckpt, layer, e, quantized).items():
+                    torch.testing.assert_close(params[name][slot], want, rtol=0, atol=0, msg=f"{name} slot {slot}")
 
     # Every forward token of the generation routed TOP_K slots per layer; summed over the ranks, each pair counts once.
     # A compiled step counts its padding rows too (as vLLM's counting inside CUDA graphs does), and vLLM's capture
@@ -137,3 +189,12 @@ def test_experts_are_rearranged_and_output_matches_hf(llm, tiny_model, mode):
             assert total == forward_tokens * TOP_K
         else:
             assert total >= forward_tokens * TOP_K
+
+    # A request started after the rearrangements: its prompt's prefill chunks run eagerly (in the torchair mode too)
+    # through the moved experts, then its decode steps (compiled in the torchair mode); == the reference.
+    late = make_prompts([100], seed=9)
+    stats = [info["torchair"] for info in llm.collective_rpc("npu_runtime_info")]
+    assert greedy(llm, late, 6) == _reference(tiny_model, mode, late, 6)
+    if mode.startswith("torchair"):
+        for b, a in zip(stats, [info["torchair"] for info in llm.collective_rpc("npu_runtime_info")], strict=True):
+            assert a["eager_calls"] > b["eager_calls"] and a["compiles"] == b["compiles"], (b, a)

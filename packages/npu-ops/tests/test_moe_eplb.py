@@ -185,7 +185,9 @@ def test_static_map_with_eplb_is_refused_naming_both_keys():
     layer = SimpleNamespace(layer_name="model.layers.0.mlp.experts", quant_method=object())
     with pytest.raises(ConfigError, match=r"npu\.expert_map_path.*--enable-eplb"):
         check_eplb_layer(layer, expert_map_path="/tmp/map.json")
-    with pytest.raises(ConfigError, match="--enable-eplb supports float experts only"):
+    with pytest.raises(ConfigError, match="--enable-eplb needs a MoE method whose expert tensors .* object"):
         check_eplb_layer(layer, expert_map_path=None)
+    layer.quant_method = SimpleNamespace(moves_with_eplb=True)  # declares EplbMovableExperts (npu-quant's methods)
+    check_eplb_layer(layer, expert_map_path=None)
     layer.quant_method = UnquantizedFusedMoEMethod.__new__(UnquantizedFusedMoEMethod)
     check_eplb_layer(layer, expert_map_path=None)  # float experts, no static map: accepted

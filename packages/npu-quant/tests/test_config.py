@@ -142,9 +142,16 @@ def test_dispatch_float_embedding_and_errors(vllm_ctx: object) -> None:
         ReplicatedLinear(16, 8, bias=False, quant_config=cfg, prefix="model.layers.1.mlp.down_proj")
 
 
-def test_dynamic_eplb_with_quantised_experts_is_refused_naming_the_flag() -> None:
+def test_dynamic_eplb_takes_quantised_experts_that_declare_they_move() -> None:
+    """``--enable-eplb`` no longer refuses quantised experts: every MoE method declares npu-interface's
+    ``EplbMovableExperts`` (npu-ops' layer refuses a method that does not; test_moe_eplb.py moves them)."""
     from vllm.model_executor.layers.fused_moe import FusedMoE
-    from vllm_npu.interface import ConfigError
+    from vllm_npu.interface import moves_experts_with_eplb
+    from vllm_npu.quant.moe_method import (
+        AscendW4A8DynamicFusedMoEMethod,
+        AscendW8A8DynamicFusedMoEMethod,
+        AscendW8A8FusedMoEMethod,
+    )
 
     desc = {
         f"model.layers.0.mlp.experts.{e}.{w}.weight": "W8A8_DYNAMIC"
@@ -152,8 +159,11 @@ def test_dynamic_eplb_with_quantised_experts_is_refused_naming_the_flag() -> Non
         for w in ("gate_proj", "up_proj", "down_proj")
     }
     cfg = AscendQuantConfig(QuantDescription.from_mapping(desc))
-    layer = FusedMoE.__new__(FusedMoE)  # only what get_quant_method reads: the type and enable_eplb
+    layer = FusedMoE.__new__(FusedMoE)  # only what get_quant_method reads: the type, enable_eplb, moe_config
     torch.nn.Module.__init__(layer)
     layer.enable_eplb = True
-    with pytest.raises(ConfigError, match=r"'model\.layers\.0\.mlp\.experts' is 'W8A8_DYNAMIC'.*--enable-eplb"):
-        cfg.get_quant_method(layer, "model.layers.0.mlp.experts")
+    layer.moe_config = None
+    method = cfg.get_quant_method(layer, "model.layers.0.mlp.experts")
+    assert isinstance(method, AscendW8A8DynamicFusedMoEMethod) and moves_experts_with_eplb(method)
+    for cls in (AscendW4A8DynamicFusedMoEMethod, AscendW8A8FusedMoEMethod):
+        assert moves_experts_with_eplb(cls)

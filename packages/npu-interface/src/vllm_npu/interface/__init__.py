@@ -64,6 +64,7 @@ _EXPORTS = {
     "recording": ".graphs:recording",
     "lazy_exports": ".lazy:lazy_exports",
     "get_logger": ".log:get_logger",
+    "EplbMovableExperts": ".protocols:EplbMovableExperts",
     "GraphInputsProvider": ".protocols:GraphInputsProvider",
     "LayerMoEPlanRunner": ".protocols:LayerMoEPlanRunner",
     "MoEGraphTraceable": ".protocols:MoEGraphTraceable",
@@ -71,6 +72,7 @@ _EXPORTS = {
     "RequestFaultReport": ".protocols:RequestFaultReport",
     "fills_output_buffer": ".protocols:fills_output_buffer",
     "graph_inputs_of": ".protocols:graph_inputs_of",
+    "moves_experts_with_eplb": ".protocols:moves_experts_with_eplb",
     "report_request_faults": ".protocols:report_request_faults",
     "request_faults_of": ".protocols:request_faults_of",
     "runs_layer_moe_plan": ".protocols:runs_layer_moe_plan",
@@ -185,6 +187,7 @@ if TYPE_CHECKING:
     from .lazy import lazy_exports
     from .log import get_logger
     from .protocols import (
+        EplbMovableExperts,
         GraphInputsProvider,
         LayerMoEPlanRunner,
         MoEGraphTraceable,
@@ -192,6 +195,7 @@ if TYPE_CHECKING:
         RequestFaultReport,
         fills_output_buffer,
         graph_inputs_of,
+        moves_experts_with_eplb,
         report_request_faults,
         request_faults_of,
         runs_layer_moe_plan,
@@ -278,6 +282,7 @@ __all__ = [
     "DeviceMode",
     "DeviceUnavailableError",
     "EnvConfig",
+    "EplbMovableExperts",
     "GraphInputsProvider",
     "HookContext",
     "Kernel",
@@ -339,6 +344,7 @@ __all__ = [
     "load_component",
     "looks_like_description",
     "markdown_rows",
+    "moves_experts_with_eplb",
     "once",
     "opaque_reference_op",
     "parse_range",

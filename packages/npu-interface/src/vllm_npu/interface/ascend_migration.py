@@ -46,7 +46,11 @@ _SCHEDULER = (
     "--max-num-partial-prefills, --max-long-partial-prefills)"
 )
 _PERF = f"a performance option; {NOT_SUPPORTED}"
-_EPLB = f"expert load balancing is {NOT_SUPPORTED}; experts stay where vLLM's expert-parallel layout puts them"
+_EPLB = (
+    "vllm-ascend's own EPLB (its policies and worker) does not run here; dynamic EPLB is vLLM's --enable-eplb with "
+    '--eplb-config \'{"num_redundant_experts": <n>, "window_size": <steps>, "step_interval": <steps>}\' (float, '
+    "W8A8_DYNAMIC, W4A8_DYNAMIC and W8A8 experts; docs/moe.md)"
+)
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,7 @@ from __future__ import annotations
 from typing import ClassVar, Protocol, runtime_checkable
 
 __all__ = [
+    "EplbMovableExperts",
     "GraphInputsProvider",
     "LayerMoEPlanRunner",
     "MoEGraphTraceable",
@@ -23,6 +24,7 @@ __all__ = [
     "RequestFaultReport",
     "fills_output_buffer",
     "graph_inputs_of",
+    "moves_experts_with_eplb",
     "report_request_faults",
     "request_faults_of",
     "runs_layer_moe_plan",
@@ -82,6 +84,30 @@ class MoEGraphTraceable(Protocol):
 def traces_moe_in_graph(method: object) -> bool:
     """Whether ``method`` (a FusedMoE quant method instance or class) declares :class:`MoEGraphTraceable`."""
     return getattr(method, "traces_in_moe_graph", False) is True
+
+
+class EplbMovableExperts(Protocol):
+    """A FusedMoE quant method whose experts move correctly under vLLM's dynamic EPLB (``--enable-eplb``).
+
+    vLLM's rearrangement (``rearrange_expert_weights_inplace``) moves, slot by slot, exactly the tensors of
+    ``FusedMoE.get_expert_weights()``: every parameter of the layer (but ``e_score_correction_bias`` and the shared
+    experts'), each viewed as ``[local_num_experts, -1]``. A declaring method promises that after
+    ``process_weights_after_loading`` every tensor its experts read per expert (weights in the layout the kernel
+    reads, scales, offsets, biases, and any copy of them converted for the kernel) is such a parameter, contiguous,
+    with the local expert slot as its first dimension; that the layer holds no other parameter; and that it keeps
+    no derived per-expert tensor anywhere else (a buffer, a cache): those would not move, and the moved slot would
+    compute with its previous expert's values.
+
+    Declared by npu-ops' unquantised method and npu-quant's MoE methods; read by npu-ops' ``AscendFusedMoE``, which
+    refuses ``--enable-eplb`` for any other method.
+    """
+
+    moves_with_eplb: ClassVar[bool]
+
+
+def moves_experts_with_eplb(method: object) -> bool:
+    """Whether ``method`` (a FusedMoE quant method instance or class) declares :class:`EplbMovableExperts`."""
+    return getattr(method, "moves_with_eplb", False) is True
 
 
 @runtime_checkable

@@ -118,7 +118,7 @@ ADDITIONAL_CONFIG_SETTINGS: tuple[Setting, ...] = (
         "device unless `cudagraph_mode` or `npu.emulated_compile=inductor` is set); `torchair` compiles the decode forward per padded batch size, "
         "attention included for GQA and MLA models, and MoE layers, quantized ones included (on an NPU: GQA and "
         "MLA decoder models, MoE with unquantized, W8A8_DYNAMIC or static W8A8 experts (MC2 and data parallel with "
-        "expert parallel included) without EPLB, and the dense quant schemes; DeepSeek-V3.2's sparse attention and "
+        "expert parallel included) with or without dynamic EPLB, and the dense quant schemes; DeepSeek-V3.2's sparse attention and "
         "W4A8_DYNAMIC MoE experts are refused) (docs/torchair.md); the others set the mode (see docs/graphs.md)",
         choices=GRAPH_MODES,
     ),

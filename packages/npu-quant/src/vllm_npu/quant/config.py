@@ -149,14 +149,6 @@ class AscendQuantConfig(QuantizationConfig):
                     f"FusedMoE layer {prefix!r} is {qtype!r} in {desc.source}; npu-quant implements MoE experts for "
                     f"{', '.join(MOE_SCHEMES)} only"
                 )
-            if getattr(layer, "enable_eplb", False):
-                from vllm_npu.interface import ConfigError
-
-                raise ConfigError(
-                    f"FusedMoE layer {prefix!r} is {qtype!r}: dynamic EPLB (--enable-eplb) moves float experts only; "
-                    "npu-quant's MoE methods do not support it yet. Start without --enable-eplb (a static placement, "
-                    "npu.expert_map_path, works with quantised experts)"
-                )
             from .moe_method import (
                 AscendW4A8DynamicFusedMoEMethod,
                 AscendW8A8DynamicFusedMoEMethod,

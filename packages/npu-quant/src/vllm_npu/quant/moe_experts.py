@@ -150,36 +150,34 @@ class W8A8DynamicExperts:
         self.activation = activation
         self._dq = kernels.dynamic_quant.select()
         self._gqmm = grouped_quant_matmul.select()
-        self._scales: dict[tuple[str, torch.dtype], torch.Tensor] = {}
-        # The scales paired with the layer's activation dtype, converted now and held as (non-persistent) buffers of
-        # the layer: a compiled graph reads them as the module's static tensors, not as inputs of a dynamic shape.
+        # The scales paired with the layer's activation dtype, converted now and held as parameters of the layer
+        # (``<name>_paired``, [E, N]): a compiled graph reads them as the module's static tensors, not as inputs of a
+        # dynamic shape; and vLLM's dynamic EPLB, which moves every parameter of the layer expert by expert
+        # (``FusedMoE.get_expert_weights``), moves them with their expert. A buffer or a cache would stay with its
+        # slot while the expert moves: the slot's new expert would be scaled by the old one's scales.
         act = getattr(getattr(layer, "moe_config", None), "in_dtype", None)
         self._paired: dict[str, str] = {}
         for name in ("w13_weight_scale", "w2_weight_scale"):
-            scale = getattr(layer, name)
+            scale = param(layer, name)
             paired = _PER_TOKEN_SCALE_DTYPE.get(act) if isinstance(act, torch.dtype) else None
             if paired is not None and scale.dtype != paired:
-                layer.register_buffer(f"{name}_paired", scale.to(paired), persistent=False)
+                copy = torch.nn.Parameter(scale.detach().to(paired).contiguous(), requires_grad=False)
+                layer.register_parameter(f"{name}_paired", copy)
                 self._paired[name] = f"{name}_paired"
 
     def _scale(self, name: str, out_dtype: torch.dtype) -> torch.Tensor:
         """The float32 load-time scale in the dtype the kernel pairs with ``out_dtype`` (bfloat16 for bfloat16
-        output, as vllm-ascend v0.11.0's ``w1_scale.to(w2_scale.dtype)``): the layer's buffer for its activation
-        dtype; for another dtype converted once (eagerly) or in the graph (traced)."""
-        scale = getattr(self.layer, name)
+        output, as vllm-ascend v0.11.0's ``w1_scale.to(w2_scale.dtype)``): the layer's ``_paired`` parameter for its
+        activation dtype; for another dtype converted per call (never cached: a cache would not move with EPLB)."""
+        scale = param(self.layer, name)
         paired = _PER_TOKEN_SCALE_DTYPE.get(out_dtype, scale.dtype)
         if paired == scale.dtype:
             return scale
         if name in self._paired:
-            buffer = getattr(self.layer, self._paired[name])
-            if buffer.dtype == paired:
-                return buffer
-        if torch.compiler.is_compiling():
-            return scale.to(paired)
-        key = (name, out_dtype)
-        if key not in self._scales:
-            self._scales[key] = scale.to(paired)
-        return self._scales[key]
+            converted = param(self.layer, self._paired[name])
+            if converted.dtype == paired:
+                return converted
+        return scale.to(paired)
 
     def __call__(self, rows: torch.Tensor, group_counts: torch.Tensor) -> torch.Tensor:
         xq, s = self._dq(rows)

@@ -59,6 +59,10 @@ class AscendW8A8DynamicFusedMoEMethod(FusedMoEMethodBase):
     #: apply() traces into a compiled decode graph (npu-interface's MoEGraphTraceable): the experts of every scheme
     #: here read nothing on the host, their reference grouped matmuls are registered ops (:mod:`.moe_experts`).
     traces_in_moe_graph: ClassVar[bool] = True
+    #: vLLM's dynamic EPLB moves these experts (npu-interface's EplbMovableExperts): after processing, every tensor
+    #: the experts read is a contiguous ``[E_local, ...]`` parameter of the layer (weights, scales, scale biases,
+    #: static input scales/offsets, quant biases, the scales converted for the kernel) and nothing is cached beside.
+    moves_with_eplb: ClassVar[bool] = True
 
     def __init__(self, moe: Any, prefix: str) -> None:
         super().__init__(moe)
@@ -228,8 +232,6 @@ class AscendW8A8DynamicFusedMoEMethod(FusedMoEMethodBase):
 
         if self._plan is None or self._experts is None:
             raise RuntimeError(f"{self.prefix}: process_weights_after_loading has not run")
-        if kwargs.get("enable_eplb"):
-            raise NotImplementedError(f"EPLB is not supported with {type(self).__name__}")
         return moe_forward(
             x,
             router_logits,

@@ -26,7 +26,8 @@ model that builds those gets these classes. What changes against vLLM:
   routed experts to replicas.
 - ``--enable-eplb`` (vLLM's dynamic EPLB, :mod:`.eplb`): the layer starts from vLLM's initial placement of the
   physical experts, follows vLLM's ``EplbState`` tables in place (``set_eplb_state``) and counts the expert load in
-  every dispatcher; vLLM's rearrangement moves the weights.
+  every dispatcher; vLLM's rearrangement moves the weights (every parameter of the layer: quantized experts' scales
+  and biases too, for quant methods declaring npu-interface's ``EplbMovableExperts``).
 - ``npu.moe_mc2``: MC2 (:mod:`.mc2`) for steps up to its token capacity, chosen per step (rule in
   :func:`~.mc2.mc2_candidate`); the dispatcher above beyond.
 - ``npu.multistream_overlap_shared_expert``: shared experts on a side stream while the routed ones run
@@ -40,7 +41,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
@@ -59,7 +60,13 @@ from vllm_npu.interface import (
 
 from .capture import host_ints
 from .comm import AllToAll, coordinator_all_to_all
-from .eplb import check_eplb_layer, eplb_placement, follow_eplb_state
+from .eplb import (
+    admit_eplb_quant_method,
+    check_eplb_layer,
+    check_expert_tensors,
+    eplb_placement,
+    follow_eplb_state,
+)
 from .forward import MoEPlan, build_moe_plan, moe_forward
 from .gathered import all_gather_rows, reduce_scatter_rows
 from .gating import RoutingConfig
@@ -332,6 +339,8 @@ class AscendUnquantizedFusedMoEMethod(UnquantizedFusedMoEMethod):
     uses_layer_moe_plan: ClassVar[bool] = True
     #: Its apply runs the plan's kernels only, all traceable (npu-interface's MoEGraphTraceable).
     traces_in_moe_graph: ClassVar[bool] = True
+    #: Its expert tensors are vLLM's w13/w2 parameters, moved by vLLM's EPLB (npu-interface's EplbMovableExperts).
+    moves_with_eplb: ClassVar[bool] = True
 
     def process_weights_after_loading(self, layer: torch.nn.Module) -> None:
         # vLLM's version repacks weights for ROCm/CPU/XPU kernels; none of those run here, so nothing to do.
@@ -379,12 +388,14 @@ class AscendFusedMoE(FusedMoE):
     expert_placement: ExpertPlacement | None
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
+        bound = inspect.signature(FusedMoE.__init__).bind(self, *args, **kwargs).arguments
+        eplb = bool(bound.get("enable_eplb", False))
+        with admit_eplb_quant_method(self, bound.get("quant_config"), eplb):
+            super().__init__(*args, **kwargs)
         settings = npu_settings()
         self.expert_placement = None
         if self.enable_eplb:
             check_eplb_layer(self, expert_map_path=settings.expert_map_path)
-            bound = inspect.signature(FusedMoE.__init__).bind(self, *args, **kwargs).arguments
             logical = int(bound["num_experts"])
             self.expert_placement = eplb_placement(
                 logical, self.global_num_experts - logical, self.ep_size, layer_name=self.layer_name
@@ -460,6 +471,13 @@ class AscendFusedMoE(FusedMoE):
         if self.expert_placement is None:
             raise RuntimeError(f"{self.layer_name}: set_eplb_state on a layer built without --enable-eplb")
         follow_eplb_state(self.expert_placement, self)
+
+    def get_expert_weights(self) -> Iterable[torch.Tensor]:
+        """vLLM's list of the tensors its EPLB rearrangement moves (every parameter, viewed per expert), taken by
+        the model's ``set_eplb_state`` after the weights are processed; first checked to hold every per-expert
+        tensor the quant method's experts read, and only those (:func:`.eplb.check_expert_tensors`)."""
+        check_expert_tensors(self)
+        return super().get_expert_weights()
 
     def _place_experts(self, path: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         """Take this rank's slots of the static placement: expert map, local count, and weights re-created at it."""
