@@ -59,6 +59,8 @@ HF_TO_CHAT: tuple[tuple[str, str], ...] = (
     (r"^multi_modal_projector\.linear_2\.", "mlp1.3."),
     (r"^language_model\.", "language_model."),  # already ``language_model.model.*`` / ``.lm_head``
 )
+#: InternViT's per-block layer scales in the transformers-format checkpoint.
+LAYER_SCALE = re.compile(r"^vision_tower\.encoder\.layer\.\d+\.lambda_[12]$")
 _QKV = re.compile(r"^vision_tower\.encoder\.layer\.(\d+)\.attention\.([qkv])_proj\.(weight|bias)$")
 
 #: The tokenizer files copied from the transformers-format checkpoint (the hub repos ship a Qwen2 tokenizer too).
@@ -81,7 +83,7 @@ def build_tiny_internvl_hf_model(*, seed: int = 0, std: float = 0.2) -> Path:
     import transformers
 
     from .mm_models import _family_tokenizer
-    from .models import _save_random_checkpoint
+    from .models import write_random_checkpoint
 
     config = tiny_internvl_hf_config()
     tok = _family_tokenizer("Qwen2TokenizerFast", INTERNVL_TOKENS, INTERNVL_CHAT_TEMPLATE)
@@ -104,10 +106,25 @@ def build_tiny_internvl_hf_model(*, seed: int = 0, std: float = 0.2) -> Path:
             chat_template=INTERNVL_CHAT_TEMPLATE,
         )
 
-    key = _fingerprint(config.to_dict(), seed, std, f"internvl-hf:{INTERNVL_TOKENS}:{INTERNVL_CHAT_TEMPLATE}")
-    return _save_random_checkpoint(
-        config, key, None, transformers.AutoModelForImageTextToText, processor, seed=seed, std=std, dtype="float32"
-    )
+    def build(out: Path) -> None:
+        import torch
+        from safetensors.torch import load_file, save_file
+
+        write_random_checkpoint(
+            config, out, transformers.AutoModelForImageTextToText, processor, seed=seed, std=std, dtype="float32"
+        )
+        # InternViT's layer scales come out of the generic init as N(0, std/4): they would scale every block's
+        # attention and MLP down to ~5% of the residual, so a wrong encoder attention would barely move the
+        # features. Drawn U(0.5, 1.5) instead, the vision attention decides the image tokens.
+        gen = torch.Generator().manual_seed(seed)
+        for shard in out.glob("*.safetensors"):
+            state = load_file(shard)
+            for name in [n for n in state if LAYER_SCALE.search(n)]:
+                state[name] = torch.rand(state[name].shape, generator=gen, dtype=state[name].dtype) + 0.5
+            save_file(state, shard, metadata={"format": "pt"})
+
+    key = _fingerprint(config.to_dict(), seed, std, f"internvl-hf:{INTERNVL_TOKENS}:{INTERNVL_CHAT_TEMPLATE}:ls")
+    return cached_build(default_cache_dir() / f"internvl-hf-{key}", key, build)
 
 
 def chat_config_dict(hf_config: Any) -> dict[str, Any]:
