@@ -43,7 +43,9 @@ def models():
 def llm(models, tmp_path_factory):
     env = emulated_env(tmp_path_factory.mktemp("internvl-chat"))
     _, chat_dir = models
-    with engine(chat_dir, env, trust_remote_code=True, max_num_batched_tokens=64, limit_mm_per_prompt={"image": 2}) as llm:
+    with engine(
+        chat_dir, env, trust_remote_code=True, max_num_batched_tokens=64, limit_mm_per_prompt={"image": 2}
+    ) as llm:
         yield llm
 
 

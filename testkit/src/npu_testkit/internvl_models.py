@@ -47,8 +47,14 @@ HF_TO_CHAT: tuple[tuple[str, str], ...] = (
     (r"^vision_tower\.embeddings\.cls_token$", "vision_model.embeddings.class_embedding"),
     (r"^vision_tower\.embeddings\.position_embeddings$", "vision_model.embeddings.position_embedding"),
     (r"^vision_tower\.embeddings\.patch_embeddings\.projection\.", "vision_model.embeddings.patch_embedding."),
-    (r"^vision_tower\.encoder\.layer\.(\d+)\.attention\.projection_layer\.", r"vision_model.encoder.layers.\1.attn.proj."),
-    (r"^vision_tower\.encoder\.layer\.(\d+)\.attention\.([qk])_norm\.", r"vision_model.encoder.layers.\1.attn.\2_norm."),
+    (
+        r"^vision_tower\.encoder\.layer\.(\d+)\.attention\.projection_layer\.",
+        r"vision_model.encoder.layers.\1.attn.proj.",
+    ),
+    (
+        r"^vision_tower\.encoder\.layer\.(\d+)\.attention\.([qk])_norm\.",
+        r"vision_model.encoder.layers.\1.attn.\2_norm.",
+    ),
     (r"^vision_tower\.encoder\.layer\.(\d+)\.lambda_1$", r"vision_model.encoder.layers.\1.ls1"),
     (r"^vision_tower\.encoder\.layer\.(\d+)\.lambda_2$", r"vision_model.encoder.layers.\1.ls2"),
     (r"^vision_tower\.encoder\.layer\.(\d+)\.layernorm_before\.", r"vision_model.encoder.layers.\1.norm1."),
