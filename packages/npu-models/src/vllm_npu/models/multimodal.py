@@ -32,6 +32,7 @@ from vllm.model_executor.models.minicpmv import MiniCPMV
 from vllm.model_executor.models.qwen2_5_omni_thinker import Qwen2_5OmniThinkerForConditionalGeneration
 from vllm.model_executor.models.qwen2_audio import Qwen2AudioForConditionalGeneration
 
+from .audio_input import warn_without_audio_decoder
 from .encoder_attention import adopt_encoder_attention
 from .vision import adopt_vision_attention, pad_vision_heads
 
@@ -80,6 +81,7 @@ class AscendQwen2AudioForConditionalGeneration(Qwen2AudioForConditionalGeneratio
     def __init__(self, *, vllm_config: VllmConfig, prefix: str = "") -> None:
         super().__init__(vllm_config=vllm_config, prefix=prefix)
         adopt_encoder_attention(self, hf_towers=("audio_tower",))
+        warn_without_audio_decoder("Qwen2AudioForConditionalGeneration", vllm_config)
 
 
 class AscendQwen2_5OmniThinkerForConditionalGeneration(Qwen2_5OmniThinkerForConditionalGeneration):
@@ -92,6 +94,7 @@ class AscendQwen2_5OmniThinkerForConditionalGeneration(Qwen2_5OmniThinkerForCond
         if self.visual is not None:
             adopt_vision_attention(self.visual, pad_head_dim=True)
         adopt_encoder_attention(self, hf_towers=("audio_tower",))
+        warn_without_audio_decoder("Qwen2.5-Omni", vllm_config)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         loaded: set[str] = super().load_weights(weights)
