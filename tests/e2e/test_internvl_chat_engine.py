@@ -84,6 +84,11 @@ def test_remote_code_internvl_images_of_two_sizes_and_text_match_hf(llm, models)
     hf_processor = transformers.AutoProcessor.from_pretrained(hf_dir)
     chat_config = transformers.AutoConfig.from_pretrained(chat_dir, trust_remote_code=True)
     chat_processor = InternVLProcessor(chat_config, transformers.AutoTokenizer.from_pretrained(chat_dir))
+    chat = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "What is in the picture?"}]}]
+    rendered = transformers.AutoTokenizer.from_pretrained(chat_dir).apply_chat_template(
+        chat, tokenize=False, add_generation_prompt=True
+    )
+    assert rendered == requests[0]["prompt"]  # the checkpoint's chat template writes vLLM's <image> placeholder
     reference = []
     for parts, imgs in cases:
         hf_inputs = hf_processor(text=[hf_prompt(*parts)], images=imgs or None, return_tensors="pt")

@@ -70,7 +70,10 @@ LAYER_SCALE = re.compile(r"^vision_tower\.encoder\.layer\.\d+\.lambda_[12]$")
 _QKV = re.compile(r"^vision_tower\.encoder\.layer\.(\d+)\.attention\.([qkv])_proj\.(weight|bias)$")
 
 #: The tokenizer files copied from the transformers-format checkpoint (the hub repos ship a Qwen2 tokenizer too).
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja")
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+#: The checkpoint's chat template: ChatML whose image parts become the ``<image>`` placeholder vLLM's
+#: ``InternVLChatModel`` expands (the transformers format's template writes ``<IMG_CONTEXT>`` instead).
+CHAT_TEMPLATE = INTERNVL_CHAT_TEMPLATE.replace("<IMG_CONTEXT>", "<image>")
 #: Tiles per image at most (a thumbnail is added to multi-tile images), as the transformers processor's.
 MAX_TILES = INTERNVL_MAX_TILES
 
@@ -223,6 +226,7 @@ def _convert(hf_dir: Path, out: Path) -> None:
     for name in TOKENIZER_FILES:
         if (hf_dir / name).is_file():
             shutil.copyfile(hf_dir / name, out / name)
+    (out / "chat_template.jinja").write_text(CHAT_TEMPLATE)
 
 
 def build_tiny_internvl_chat_model(
@@ -233,7 +237,7 @@ def build_tiny_internvl_chat_model(
     src = Path(hf_dir) if hf_dir is not None else build_tiny_internvl_hf_model()
     source_key = (src / ".complete").read_text() if (src / ".complete").is_file() else str(src.resolve())
     code = Path(__file__).with_name("internvl_chat_config.py").read_text()
-    key = _fingerprint({"source": source_key}, 0, 0.0, f"internvl-chat:{code}:{HF_TO_CHAT}:{MAX_TILES}")
+    key = _fingerprint({"source": source_key}, 0, 0.0, f"internvl-chat:{code}:{HF_TO_CHAT}:{MAX_TILES}:{CHAT_TEMPLATE}")
     out = Path(path) if path is not None else default_cache_dir() / f"internvl_chat-{key}"
     return cached_build(out, key, lambda d: _convert(src, d))
 
