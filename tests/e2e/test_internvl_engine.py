@@ -6,9 +6,8 @@ InternViT tower's attention on the shared encoder seam, reference twin), float32
 (GOT-OCR2 image processor, dynamic tiling): text + image at two sizes (1 tile, and 4 tiles + a thumbnail), two
 images in one prompt, and text only, in one batch. Prompt ids == HF's processor, greedy == HF.
 
-The remote-code InternVL2 / InternVL2.5 checkpoints (``InternVLChatModel``) need their hub config and tokenizer code
-(``trust_remote_code``), which cannot be built on the fly here; their InternViT is the same vLLM
-``MultiHeadAttention`` that the seam converts (layer test: packages/npu-models/tests/test_encoder_attention.py)."""
+The remote-code InternVL2 / InternVL2.5 layout (``InternVLChatModel``, ``trust_remote_code``) is served in
+test_internvl_chat_engine.py, from a checkpoint converted from this format's model."""
 
 from __future__ import annotations
 

@@ -30,9 +30,16 @@ from vllm.model_executor.models.idefics2_vision_model import Idefics2VisionTrans
 from vllm.model_executor.models.interns1 import InternS1ForConditionalGeneration
 from vllm.model_executor.models.internvl import InternVLChatModel
 from vllm.model_executor.models.minicpmv import MiniCPMV
-from vllm.model_executor.models.qwen2_5_omni_thinker import Qwen2_5OmniThinkerForConditionalGeneration
+from vllm.model_executor.models.qwen2_5_omni_thinker import (
+    Qwen2_5OmniThinkerDummyInputsBuilder,
+    Qwen2_5OmniThinkerForConditionalGeneration,
+    Qwen2_5OmniThinkerMultiModalProcessor,
+    Qwen2_5OmniThinkerProcessingInfo,
+)
 from vllm.model_executor.models.qwen2_audio import Qwen2AudioForConditionalGeneration
+from vllm.multimodal import MULTIMODAL_REGISTRY
 
+from .audio_input import warn_without_audio_decoder
 from .encoder_attention import adopt_encoder_attention, key_padding, prefix_lengths
 from .vision import adopt_vision_attention, pad_vision_heads
 
@@ -110,18 +117,46 @@ class AscendQwen2AudioForConditionalGeneration(Qwen2AudioForConditionalGeneratio
     def __init__(self, *, vllm_config: VllmConfig, prefix: str = "") -> None:
         super().__init__(vllm_config=vllm_config, prefix=prefix)
         adopt_encoder_attention(self, hf_towers=("audio_tower",))
+        warn_without_audio_decoder("Qwen2AudioForConditionalGeneration", vllm_config)
 
 
+#: Why ``use_audio_in_video`` is refused (vLLM 0.11.0-0.11.2; upstream added it to the V1 engine later, vllm#33605).
+AUDIO_IN_VIDEO_REFUSAL = (
+    "use_audio_in_video=True is not supported for Qwen2.5-Omni on vLLM 0.11: the video's audio is interleaved with "
+    "its frames inside one placeholder, which needs overlapping audio/video placeholders that vLLM 0.11's V1 engine "
+    "does not have (its processor fails to place the audio; with the processor cache off, the engine's MRoPE "
+    "positions index past the audio lengths and the engine dies). Send the audio track as an audio item with its "
+    "own audio placeholder instead (the model then reads audio and frames one after the other)."
+)
+
+
+class AscendQwen2_5OmniThinkerMultiModalProcessor(Qwen2_5OmniThinkerMultiModalProcessor):
+    """vLLM's Omni thinker processor, refusing ``use_audio_in_video`` by name (:data:`AUDIO_IN_VIDEO_REFUSAL`)
+    before vLLM would fail on it: an opaque ``AssertionError`` per request, or a dead engine core."""
+
+    def apply(self, prompt: Any, mm_data: Any, hf_processor_mm_kwargs: Any, *args: Any, **kwargs: Any) -> Any:
+        if hf_processor_mm_kwargs.get("use_audio_in_video"):
+            raise ValueError(AUDIO_IN_VIDEO_REFUSAL)
+        return super().apply(prompt, mm_data, hf_processor_mm_kwargs, *args, **kwargs)
+
+
+@MULTIMODAL_REGISTRY.register_processor(
+    AscendQwen2_5OmniThinkerMultiModalProcessor,
+    info=Qwen2_5OmniThinkerProcessingInfo,
+    dummy_inputs=Qwen2_5OmniThinkerDummyInputsBuilder,
+)
 class AscendQwen2_5OmniThinkerForConditionalGeneration(Qwen2_5OmniThinkerForConditionalGeneration):
     """The Qwen2.5-Omni thinker (``Qwen2_5OmniModel`` / ``Qwen2_5OmniForConditionalGeneration``: text out; vLLM 0.11
     serves no talker): the Qwen2.5-VL vision tower on :mod:`vllm_npu.models.vision` (heads padded to 128) and the
-    audio encoder (transformers' ``Qwen2_5OmniAudioEncoder``) on the NPU kernel."""
+    audio encoder (transformers' ``Qwen2_5OmniAudioEncoder``) on the NPU kernel; ``use_audio_in_video`` refused by
+    name (:class:`AscendQwen2_5OmniThinkerMultiModalProcessor`)."""
 
     def __init__(self, *, vllm_config: VllmConfig, prefix: str = "") -> None:
         super().__init__(vllm_config=vllm_config, prefix=prefix)
         if self.visual is not None:
             adopt_vision_attention(self.visual, pad_head_dim=True)
         adopt_encoder_attention(self, hf_towers=("audio_tower",))
+        warn_without_audio_decoder("Qwen2.5-Omni", vllm_config)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         loaded: set[str] = super().load_weights(weights)
