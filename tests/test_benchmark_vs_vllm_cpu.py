@@ -142,7 +142,7 @@ def test_sizes_and_workloads_run_pairs_each_with_the_bandwidth_bound(
     one_size = [("1", "64", "64", False)] * 2 + [("16", "64", "64", False)] * 2 + [("1", "1024", "1", True)] * 2
     assert shapes == one_size * 2 and all(arg(c, "--side") == "ours" for c in cmds)
     assert arg(cmds[4], "--max-model-len") == "1041"  # 1024 prompt tokens + 1 new + 16
-    # ours' default mode: no graph flags, compiled replay asked for (--ours-compile inductor, the emulated default is eager)
+    # ours' default mode: no graph flags, compiled replay asked for (--ours-compile inductor, the emulated default)
     config = {"npu": {"emulated_compile": "inductor"}}
     assert all("--eager" not in c and json.loads(arg(c, "--additional-config")) == config for c in cmds)
     text = capsys.readouterr().out
@@ -156,3 +156,36 @@ def test_sizes_and_workloads_run_pairs_each_with_the_bandwidth_bound(
     report = json.loads(out.read_text())
     assert report["bandwidth"] == [1000.0, 2000.0] and [r["workload"] for r in report["runs"]] == ["decode-b16"]
     assert report["runs"][0]["weight_bytes"] == 1000 and "median" not in report
+
+
+def test_with_eager_runs_ours_eager_as_a_third_side_and_prints_each_sides_start(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Per pair: ours (the default), ours eager, the peer; each start's median is printed, whole start and engine init.
+    ready = {"ours": [12.0, 30.0, 14.0], "eager": [9.0, 9.5, 40.0], "peer": [20.0, 21.0, 22.0]}
+    cmds: list[list[str]] = []
+
+    def fake_run(cmd: list[str], env: dict[str, str], capture_output: bool, text: bool) -> subprocess.CompletedProcess:
+        cmds.append(cmd)
+        side = "eager" if "--eager" in cmd else cmd[cmd.index("--side") + 1]
+        cpu = ready[side].pop(0)
+        result = {"tokens_per_s": 100.0, "cpu_s_per_token": 0.002, "init_s": cpu, "init_cpu_s": cpu - 5.0}
+        out = json.dumps(result | {"ready_s": cpu + 1.0, "ready_cpu_s": cpu})
+        return subprocess.CompletedProcess(cmd, 0, stdout=out + "\n", stderr="")
+
+    monkeypatch.setattr(bench, "ensure_peer", lambda venv: Path("/peer/bin/python"))
+    monkeypatch.setattr(bench, "measure_bandwidth", lambda pin, threads: (1e10, 2e10))
+    monkeypatch.setattr(bench.subprocess, "run", fake_run)
+    bench.main(["--pairs", "3", "--with-eager", "--ours-compile", "auto"])
+
+    order = [("eager" if "--eager" in c else c[c.index("--side") + 1]) for c in cmds]
+    assert order == ["ours", "eager", "peer"] * 3
+    assert all(c[c.index("--t0") + 1] for c in cmds)  # each child gets the launch time for its whole-start wall time
+    ours = cmds[0]
+    assert json.loads(ours[ours.index("--additional-config") + 1]) == {"npu": {"emulated_compile": "auto"}}
+    lines = [" ".join(line.split()) for line in capsys.readouterr().out.splitlines()]
+    starts = {line.split()[1]: line for line in lines if line.startswith("start ")}
+    assert starts["ours"].startswith("start ours ready 15.0 s wall 14.0 CPU-s (CPU 12.0-30.0); engine init 14.0 s")
+    assert starts["eager"].startswith("start eager ready 10.5 s wall 9.5 CPU-s (CPU 9.0-40.0); engine init 9.5 s")
+    assert starts["peer"].startswith("start peer ready 22.0 s wall 21.0 CPU-s (CPU 20.0-22.0)")
+    assert "start CPU-s (whole start / engine init): ours 12.0/7.0, eager 9.0/4.0, peer 20.0/15.0" in lines
