@@ -23,7 +23,7 @@ from vllm.v1.attention.backends.utils import (
 from vllm_npu.interface import ConfigError, is_310p, kernel_backend
 
 from .masks import AttentionMaskBuilder
-from .ops.paged_attention import DecodePlan
+from .ops.paged_attention import DecodePlan, PageScratch
 
 # TND layout of npu_fused_infer_attention_score: a "decode" request may carry at most 16 query tokens.
 MAX_DECODE_THRESHOLD = 16
@@ -272,6 +272,8 @@ class AscendAttentionMetadataBuilder(AttentionMetadataBuilder[AscendMetadata]):
         # captured graph that read it at capture sees every later step's slots).
         self._slots: torch.Tensor | None = None
         self._slots_written = 0  # the buffer's prefix the last step wrote (zero past it)
+        # Reference backend only: where the decode twin gathers pages, kept across steps (see DecodePlan)
+        self._page_scratch = PageScratch()
 
     def reorder_batch(self, input_batch: Any, scheduler_output: Any) -> bool:
         # vLLM's model runner already reorders by reorder_batch_threshold (decodes first); nothing else to do.
@@ -318,7 +320,7 @@ class AscendAttentionMetadataBuilder(AttentionMetadataBuilder[AscendMetadata]):
             attn_mask=self._mask_for(state, cm),
             splitfuse_mask=self.masks.splitfuse_mask() if self.npu_masks else None,
             decode_plan=(
-                DecodePlan.build(seq_lens_list, self.block_size, self.device)
+                DecodePlan.build(seq_lens_list, self.block_size, self.device, self._page_scratch)
                 if not self.npu_masks and not self.nz_masks and state is AscendAttentionState.DecodeOnly and num_reqs
                 else None
             ),

@@ -75,6 +75,12 @@ from .graphs.sizes import GraphStreamsExhaustedError, is_stream_exhaustion, stre
 from .graphs.torchair import DraftTorchairWrapper, TorchairWrapper, torchair_enabled
 from .graphs.wrapper import GRAPH_STATS, NPUGraphWrapper, engine_wrappers
 
+# Resolved once here, not per step: a function-level ``from .sample import name`` goes through the door's lazy
+# ``__getattr__`` (an import-system lookup) twice per name on every step (~18 us a step, issue 35).
+from .sample.grammar import apply_grammar_bitmask, async_scheduling_faults
+from .sample.request_faults import isolated_request_logitsprocs
+from .sample.topk_topp import NPUTopKTopPSampler
+
 logger = get_logger(__name__)
 
 # Smallest emulated profile run (tokens): a few prefill chunks' worth, enough to run every kernel path of a batch.
@@ -107,8 +113,6 @@ class NPUModelRunner(GPUModelRunner):
 
             self.rejection_sampler = make_rejection_sampler(getattr(self, "sampler", None))
         if hasattr(self, "sampler"):
-            from .sample import NPUTopKTopPSampler
-
             self.sampler.topk_topp_sampler = NPUTopKTopPSampler(self.sampler.logprobs_mode)
         from .sample import GRAMMAR_BITMASK
 
@@ -247,9 +251,6 @@ class NPUModelRunner(GPUModelRunner):
         """vLLM's sampling step, after the structured-output bitmask (:func:`.sample.apply_grammar_bitmask`), with
         per-request logits processors guarded (:func:`.sample.isolated_request_logitsprocs`): a request whose own
         logits processing fails is recorded in ``_request_faults`` (reported with the step's output), not raised."""
-        from .sample import apply_grammar_bitmask, isolated_request_logitsprocs
-        from .sample.grammar import async_scheduling_faults
-
         faults = getattr(self, "_request_faults", {})
         step = getattr(self, "_grammar_step", None)
         if step is not None and logits is not None:
@@ -266,8 +267,6 @@ class NPUModelRunner(GPUModelRunner):
         """The step's largest top-k, read from the persistent batch's host copy (the one vLLM copies to the device
         ``top_k`` of the sampling metadata), for the top-k/top-p sampler to choose the NPU op without a device read."""
         topk_topp = getattr(getattr(self, "sampler", None), "topk_topp_sampler", None)
-        from .sample import NPUTopKTopPSampler
-
         if not isinstance(topk_topp, NPUTopKTopPSampler):
             return nullcontext()
         batch = self.input_batch

@@ -98,7 +98,9 @@ def decode_lens_refresh(layer_name: str, batch: int) -> Refresh:
         if step.source is not lens or step.batch != batch:
             step.source, step.batch = lens, batch
             step.lens = lens + [1] * (batch - len(lens))
-            step.plan = None if plan is None else DecodePlan.build(step.lens, plan.block_size, plan.lens.device)
+            step.plan = (
+                None if plan is None else DecodePlan.build(step.lens, plan.block_size, plan.lens.device, plan.scratch)
+            )
         return {"context_lens": step.lens, "plan": step.plan}
 
     return refresh

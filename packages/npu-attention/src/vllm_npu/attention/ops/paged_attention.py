@@ -77,7 +77,12 @@ class DecodePlan:
 
     The pages a block table gives for the step (``block_table[:, :num_blocks]``, flattened) are made by the first
     layer that asks (:meth:`pages`) and kept for the others: every layer of a KV-cache group reads the same block
-    table in one step, and a plan lives for one step.
+    table in one step, and a plan lives for one step. So is :meth:`run`, whether those pages lie in the cache as one
+    strided run (then the twin reads the cache in place, without a gather).
+
+    ``scratch`` (optional, :class:`PageScratch`): where the twin gathers pages, reused by every layer and, when the
+    metadata builder owns it, every step; without it each gather allocates (at long contexts a fresh buffer of
+    hundreds of MB per layer, whose page faults cost more than the copy).
     """
 
     context_lens: list[int]
@@ -87,8 +92,10 @@ class DecodePlan:
     positions: torch.Tensor
     masked: torch.Tensor
     bias: torch.Tensor
-    # (address, rows, row stride) of a block table -> its flattened pages; see the class docstring
+    scratch: PageScratch | None = field(default=None, compare=False, repr=False)
+    # (address, rows, row stride) of a block table -> its flattened pages / its run; see the class docstring
     _pages: dict[tuple[int, int, int], torch.Tensor] = field(default_factory=dict, compare=False, repr=False)
+    _runs: dict[tuple[int, int, int], tuple[int, int] | None] = field(default_factory=dict, compare=False, repr=False)
 
     def pages(self, block_table: torch.Tensor) -> torch.Tensor:
         """``block_table[:, :num_blocks]`` flattened (int, ``[B * num_blocks]``), made once per block table."""
@@ -98,15 +105,64 @@ class DecodePlan:
             pages = self._pages[key] = block_table[:, : self.num_blocks].reshape(-1)
         return pages
 
+    def run(self, block_table: torch.Tensor) -> tuple[int, int] | None:
+        """``(first, spacing)`` when row ``b`` of ``block_table[:, :num_blocks]`` is the consecutive blocks
+        ``first + b * spacing + j`` (``spacing >= 0``; one row: always 0), else None; made once per block table.
+
+        Then every request's pages are one strided view of the cache. vLLM's block pool hands a prompt its blocks in
+        order, so a lone request (batch 1) that grew without other requests interleaving their blocks qualifies;
+        rows of other lengths never do (their table's tail is block 0), nor do interleaved ones. One host read of the
+        table's first ``num_blocks`` columns per step."""
+        key = (block_table.data_ptr(), block_table.shape[0], block_table.stride(0))
+        if key not in self._runs:
+            self._runs[key] = self._find_run(block_table)
+        return self._runs[key]
+
+    def _find_run(self, block_table: torch.Tensor) -> tuple[int, int] | None:
+        n = self.num_blocks
+        row = block_table[0, :n].tolist()  # most tables fail here: read the rest only when row 0 is a run
+        first = row[0]
+        if row != list(range(first, first + n)):
+            return None
+        if block_table.shape[0] == 1:
+            return first, 0
+        rows = block_table[:, :n].tolist()
+        spacing = rows[1][0] - first
+        if spacing < 0 or any(
+            r != list(range(first + b * spacing, first + b * spacing + n)) for b, r in enumerate(rows)
+        ):
+            return None
+        return first, spacing
+
     @staticmethod
-    def build(context_lens: list[int], block_size: int, device: torch.device) -> DecodePlan:
+    def build(
+        context_lens: list[int], block_size: int, device: torch.device, scratch: PageScratch | None = None
+    ) -> DecodePlan:
         num_blocks = max(1, -(-max(context_lens, default=1) // block_size))
         lens = torch.tensor(context_lens, dtype=torch.long, device=device)
         positions = torch.arange(num_blocks * block_size, device=device)
         hidden = positions >= lens[:, None]  # [B, S]
         masked = hidden.view(len(context_lens), 1, 1, 1, -1)
         bias = torch.zeros(hidden.shape, device=device).masked_fill_(hidden, _MASKED).view(len(context_lens), 1, 1, -1)
-        return DecodePlan(context_lens, block_size, num_blocks, lens, positions, masked, bias)
+        return DecodePlan(context_lens, block_size, num_blocks, lens, positions, masked, bias, scratch)
+
+
+class PageScratch:
+    """A reusable buffer for the decode twin's page gathers, grown on demand and never shrunk.
+
+    A step's layers run one after another and each consumes its gathered K/V before the next layer gathers, so one
+    buffer serves them all; held by the metadata builder (which lives as long as the engine), it serves every step.
+    Not for concurrent use from two threads (one engine's forward runs on one thread)."""
+
+    def __init__(self) -> None:
+        self._buffer: torch.Tensor | None = None
+
+    def take(self, numel: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        """A 1-D tensor of ``numel`` elements of ``dtype`` on ``device`` (contents undefined)."""
+        buf = self._buffer
+        if buf is None or buf.dtype != dtype or buf.device != device or buf.numel() < numel:
+            buf = self._buffer = torch.empty(numel, dtype=dtype, device=device)
+        return buf[:numel]
 
 
 def _plan_for(plan: DecodePlan | None, context_lens: list[int], key_cache: torch.Tensor) -> DecodePlan:
@@ -145,7 +201,11 @@ def _decode(
         pages = block_table[:, : plan.num_blocks].reshape(-1)
         k, v = key_cache.index_select(0, pages).view(shape), value_cache.index_select(0, pages).view(shape)
     else:
-        k, v = _gather_kv(key_cache, value_cache, plan.pages(block_table), shape)
+        run = plan.run(block_table) if _viewable(key_cache) and _viewable(value_cache) else None
+        if run is not None:  # the pages lie in the cache as one strided run: read them where they are
+            k, v = _run_view(key_cache, run, shape), _run_view(value_cache, run, shape)
+        else:
+            k, v = _gather_kv(key_cache, value_cache, plan.pages(block_table), shape, plan.scratch)
     if logits_soft_cap:
         o = attend(query[:, None], k, v, None, scale, logits_soft_cap, masked=masked)
         out.copy_(o.view_as(out))
@@ -163,12 +223,35 @@ def _decode(
     out.copy_(o.view_as(out))
 
 
+def _viewable(cache: torch.Tensor) -> bool:
+    """Whether ``cache [num_blocks, block_size, Nkv, D]`` has its blocks packed (each contiguous, one after another),
+    so that the tokens of consecutive blocks are equally spaced and a run of blocks is a view."""
+    _, bs, nkv, d = cache.shape
+    return (
+        cache.stride(3) == 1 and cache.stride(2) == d and cache.stride(1) == nkv * d and cache.stride(0) == bs * nkv * d
+    )
+
+
+def _run_view(cache: torch.Tensor, run: tuple[int, int], shape: tuple[int, ...]) -> torch.Tensor:
+    """Request ``b``'s pages, blocks ``first + b * spacing`` onwards of a packed ``cache`` (:func:`_viewable`), as a
+    ``shape`` view: no copy."""
+    first, spacing = run
+    _, _, nkv, d = shape
+    offset = cache.storage_offset() + first * cache.stride(0)
+    return cache.as_strided(shape, (spacing * cache.stride(0), nkv * d, d, 1), offset)
+
+
 def _gather_kv(
-    key_cache: torch.Tensor, value_cache: torch.Tensor, pages: torch.Tensor, shape: tuple[int, ...]
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    pages: torch.Tensor,
+    shape: tuple[int, ...],
+    scratch: PageScratch | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The pages ``pages`` of both caches, each viewed as ``shape``. When the two caches are the halves of one
     tensor (vLLM's per-layer ``[2, num_blocks, ...]`` KV cache, unbound), one gather over that tensor serves both:
-    half the gather calls in the decode step's hottest loop, the same values."""
+    half the gather calls in the decode step's hottest loop, the same values. With ``scratch`` the pages land in
+    its buffer (valid until the next gather into it) instead of a fresh allocation."""
     step = value_cache.data_ptr() - key_cache.data_ptr()
     size = key_cache.element_size()
     if (
@@ -183,9 +266,20 @@ def _gather_kv(
         both = key_cache.as_strided(
             (2, key_cache.shape[0], key_cache.stride(0)), (step // size, key_cache.stride(0), 1)
         )
-        kv = both.index_select(1, pages)
+        if scratch is None:
+            kv = both.index_select(1, pages)
+        else:
+            kv = scratch.take(both.shape[0] * pages.numel() * both.shape[2], both.dtype, both.device)
+            kv = torch.index_select(both, 1, pages, out=kv.view(both.shape[0], pages.numel(), both.shape[2]))
         return kv[0].view(shape), kv[1].view(shape)
-    return key_cache.index_select(0, pages).view(shape), value_cache.index_select(0, pages).view(shape)
+    if scratch is None or value_cache.dtype != key_cache.dtype or value_cache.shape != key_cache.shape:
+        return key_cache.index_select(0, pages).view(shape), value_cache.index_select(0, pages).view(shape)
+    n = pages.numel()
+    buf = scratch.take(2 * n * key_cache[0].numel(), key_cache.dtype, key_cache.device)
+    buf = buf.view(2, n, *key_cache.shape[1:])
+    k = torch.index_select(key_cache, 0, pages, out=buf[0])
+    v = torch.index_select(value_cache, 0, pages, out=buf[1])
+    return k.view(shape), v.view(shape)
 
 
 def paged_decode_npu(
