@@ -22,7 +22,7 @@ ranks' counts when the proposer opens it, ``DPMetadata.make``), so no extra coll
 
 A step of ``k`` draft passes on a rank with requests meets one ``dummy_run`` pass on a rank without: the ranks'
 collectives (the count all-reduce and the MoE exchange of each pass) would pair up wrongly and hang for ``k > 1``.
-vllm-ascend's ``dummy_run`` runs ``num_speculative_tokens`` passes (``mtp_proposer.py:141``);
+vllm-ascend's ``dummy_run`` runs ``num_speculative_tokens`` passes (``mtp_proposer.py:150``);
 :func:`dummy_runs_every_pass` makes vLLM's do the same.
 """
 
