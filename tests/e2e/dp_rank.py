@@ -47,17 +47,64 @@ def _moe_layers(worker) -> dict:
     }
 
 
-def _torchair_stats() -> dict:
-    from vllm_npu.platform.graphs.torchair import TORCHAIR_STATS
+def _draft_moe_layers(worker) -> dict:
+    """The MTP draft's MoE layers: their dispatcher and quant method, and the dispatch choices counted in eager
+    passes (``StepDispatcher.calls``; compiled passes hold the exchange in the graph)."""
+    from vllm_npu.ops.moe import AscendFusedMoE
 
-    return TORCHAIR_STATS.snapshot()
+    drafter = getattr(worker.model_runner, "drafter", None)
+    if drafter is None:
+        return {}
+    model = drafter.model
+    module = model.unwrap() if hasattr(model, "unwrap") else model
+    layers = [m for m in module.modules() if isinstance(m, AscendFusedMoE)]
+    calls: dict[str, int] = {}
+    for m in layers:
+        for key, n in getattr(m.moe_plan.dispatcher, "calls", {}).items():
+            calls[key] = calls.get(key, 0) + n
+    return {
+        "wrapper": type(model).__name__,
+        "layers": len(layers),
+        "dispatchers": sorted({type(m.moe_plan.dispatcher).__name__ for m in layers}),
+        "quant_methods": sorted({type(m.quant_method).__name__ for m in layers}),
+        "calls": calls,
+    }
+
+
+def _torchair_stats(llm) -> dict:
+    # read in the worker: with vLLM's engine-core process (multiprocessing) the counts live there, not here
+    (info,) = llm.collective_rpc("npu_runtime_info")
+    return info["torchair"]
+
+
+def _count_acceptance(worker) -> None:
+    """Count drafted and accepted draft tokens in the worker's rejection sampler (vLLM's spec-decode counters need
+    its stat loggers, which its offline DP front end does not run: it asserts on the DP engines' stat-less outputs)."""
+    sampler = getattr(worker.model_runner, "rejection_sampler", None)
+    counts = worker.model_runner.test_spec_counts = {"drafted": 0, "accepted": 0}
+    if sampler is None:
+        return
+    forward = sampler.forward
+
+    def counted(metadata, *args, **kwargs):
+        out = forward(metadata, *args, **kwargs)  # [requests, 1 + k], rejected slots hold -1
+        counts["drafted"] += int(sum(metadata.num_draft_tokens))
+        counts["accepted"] += int((out != -1).sum()) - out.shape[0]
+        return out
+
+    sampler.forward = counted
+
+
+def _acceptance(worker) -> dict:
+    return dict(worker.model_runner.test_spec_counts)
 
 
 def _delta(before: dict, after: dict) -> dict:
-    keys = ("recompiles", "opaque_moe_nodes", "opaque_attention_nodes", "eager_calls")
+    keys = ("recompiles", "opaque_moe_nodes", "opaque_attention_nodes", "eager_calls", "declined_steps")
     out = {k: after[k] - before[k] for k in keys}
-    out["compiles"] = sum(after["compiles"].values()) - sum(before["compiles"].values())
-    out["compiled_calls"] = sum(after["compiled_calls"].values()) - sum(before["compiled_calls"].values())
+    for key in ("compiles", "compiled_calls", "draft_compiled_calls"):
+        out[key] = sum(after[key].values()) - sum(before[key].values())
+    out["draft_compiles"] = after["draft_compiles"]  # the draft's sizes compile at their first pass while serving
     return out
 
 
@@ -69,13 +116,17 @@ def main() -> None:
 
     llm = make_llm(model, **request["llm"])
     params = SamplingParams(temperature=0.0, max_tokens=request["max_tokens"], ignore_eos=True)
-    before = _torchair_stats()
+    graph_state = request.get("graph_state")
+    before = _torchair_stats(llm) if graph_state else {}
+    llm.collective_rpc(_count_acceptance)
     outs = llm.generate(token_prompts(request["prompts"]), params, use_tqdm=False)
     (state,) = llm.collective_rpc(_parallel_state)
-    result = {"tokens": [list(o.outputs[0].token_ids) for o in outs], **state}
-    if request.get("graph_state"):  # the torchair mode: its counts at start-up and during generate, the MoE layers
+    (spec,) = llm.collective_rpc(_acceptance)
+    result = {"tokens": [list(o.outputs[0].token_ids) for o in outs], **state, "spec": spec}
+    if graph_state:  # the torchair mode: its counts at start-up and during generate, the MoE layers
         (layers,) = llm.collective_rpc(_moe_layers)
-        result.update(startup=before, generate=_delta(before, _torchair_stats()), moe_layers=layers)
+        (result["draft_moe_layers"],) = llm.collective_rpc(_draft_moe_layers)
+        result.update(startup=before, generate=_delta(before, _torchair_stats(llm)), moe_layers=layers)
     Path(out_path).write_text(json.dumps(result))
     shutdown_llm(llm)
 

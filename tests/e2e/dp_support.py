@@ -20,12 +20,25 @@ TIMEOUT_S = 900
 
 
 def run_dp(
-    model: Path, llm_kwargs: dict, tmp: Path, shares: dict[int, list[list[int]]], max_tokens: int, **request: Any
+    model: Path,
+    llm_kwargs: dict,
+    tmp: Path,
+    shares: dict[int, list[list[int]]],
+    max_tokens: int,
+    *,
+    multiprocessing: bool = False,
+    **request: Any,
 ) -> dict[int, dict]:
     """Greedy ``max_tokens`` for each DP rank's prompts (``shares``: rank -> its token prompts); ``request`` adds keys
-    to each rank's request (``dp_rank.py``). Returns each rank's output JSON."""
-    # in-process engine core per rank (vLLM's LLMEngine then joins the DP group itself): two processes, not four
-    env = {**os.environ, **emulated_env(tmp, multiprocessing=False)}
+    to each rank's request (``dp_rank.py``). Returns each rank's output JSON.
+
+    By default each rank's engine core runs in its rank's process (vLLM's LLMEngine then joins the DP group itself):
+    two processes, not four. ``multiprocessing=True`` gives each rank vLLM's engine-core process (``DPEngineCoreProc``,
+    which steps dummy batches itself); speculative decoding needs it, since vLLM 0.11 hands the drafted tokens to the
+    scheduler only from the engine-core busy loop (``EngineCore.post_step``)."""
+    # the engine-core process takes dp_rank.py's worker functions through collective_rpc: pickled (test code only)
+    extra = {"VLLM_ALLOW_INSECURE_SERIALIZATION": "1"} if multiprocessing else None
+    env = {**os.environ, **emulated_env(tmp, multiprocessing=multiprocessing, extra=extra)}
     port = free_port()
     procs = {}
     for rank, prompts in shares.items():

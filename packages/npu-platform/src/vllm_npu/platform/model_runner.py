@@ -71,6 +71,7 @@ from vllm_npu.interface import get_logger, report_request_faults
 
 from ._device import _torch_npu, cuda_stream_api_as, cuda_synchronize_as, device_backend
 from .graphs.config import stream_budget
+from .graphs.dp_pad import dummy_runs_every_pass
 from .graphs.sizes import GraphStreamsExhaustedError, is_stream_exhaustion, stream_exhaustion_message
 from .graphs.torchair import DraftTorchairWrapper, TorchairWrapper, torchair_enabled
 from .graphs.wrapper import GRAPH_STATS, NPUGraphWrapper, engine_wrappers
@@ -317,6 +318,9 @@ class NPUModelRunner(GPUModelRunner):
         drafter.model = cast(nn.Module, DraftTorchairWrapper(drafter.model, self.vllm_config))
         drafter.use_cuda_graph = True  # pad each pass to a capture size from the proposer's persistent buffers
         drafter.cudagraph_batch_sizes = sorted(self.compilation_config.cudagraph_capture_sizes)
+        if self.parallel_config.data_parallel_size > 1 and spec.num_speculative_tokens > 1:
+            # a rank without requests meets each of the k draft passes of the ranks with requests (graphs.dp_pad)
+            drafter.dummy_run = dummy_runs_every_pass(drafter.dummy_run, spec.num_speculative_tokens)  # type: ignore[method-assign]
 
     def estimate_graph_memory(self) -> int:
         """Device bytes the graph pool will hold once every size is captured, to keep out of the KV budget.

@@ -58,6 +58,7 @@ from vllm_npu.interface import COMPILED_STEP, AdditionalConfig, GraphInputsProvi
 
 from .compile_cache import CompileCache, default_cache_root, kv_cache_layout, worker_cache
 from .config import sparse_attention
+from .dp_pad import dp_padded_pass, pad_token_args, token_rows, unpad_rows
 from .wrapper import register_wrapper
 
 logger = get_logger(__name__)
@@ -257,6 +258,14 @@ class TorchairWrapper(CUDAGraphWrapper):
             TORCHAIR_STATS.eager_calls += 1
             return self.runnable(*args, **kwargs)
         size = context.batch_descriptor.num_tokens
+        if context.attn_metadata is None:
+            # vLLM's dummy batch of a DP rank without requests: one row under the padded size's descriptor and no
+            # metadata to lay out; eagerly at the other ranks' size (the MoE exchange's shapes; .dp_pad)
+            TORCHAIR_STATS.eager_calls += 1
+            rows = token_rows(kwargs)
+            if rows < 0:
+                return self.runnable(*args, **kwargs)
+            return unpad_rows(self.runnable(*args, **pad_token_args(kwargs, size)), rows)
         inputs = _graph_inputs(size)
         if inputs is None:
             TORCHAIR_STATS.eager_calls += 1
@@ -320,13 +329,20 @@ class DraftTorchairWrapper(TorchairWrapper):
     (one token per request). A pass with a prefill chunk, vLLM's metadata-less dummy runs and every other size run
     eagerly. Sizes compile at their first such pass (while serving), counted apart from the target's
     (``TORCHAIR_STATS.draft_compiles`` / ``draft_compiled_calls``); a second compile of a size is a recompile.
+    With data parallelism each pass is first padded to the largest DP rank's size (:mod:`.dp_pad`).
     """
 
     prefix = "draft_"
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        positions = kwargs.get("positions")
-        size = positions.shape[-1] if isinstance(positions, torch.Tensor) else -1
+        local = token_rows(kwargs)
+        if local < 0:
+            return self._run(local, args, kwargs)
+        # with data parallelism every rank runs the pass at the largest rank's size (the MoE exchange's static shapes)
+        with dp_padded_pass(kwargs, local) as (padded_kwargs, size):
+            return unpad_rows(self._run(size, args, padded_kwargs), local)
+
+    def _run(self, size: int, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         sizes = self.vllm_config.compilation_config.cudagraph_capture_sizes or []
         inputs: dict[str, object] | None = None
         if size in sizes:
