@@ -39,6 +39,8 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from .gc_heap import freeze_long_lived_heap
+
 #: Defaults of :func:`make_llm`; any keyword argument overrides them.
 LLM_DEFAULTS: dict[str, Any] = {
     "dtype": "float32",
@@ -191,6 +193,7 @@ def _cleanup_distributed() -> None:
 def engine(model_dir: str | os.PathLike[str], env: Mapping[str, str], **kwargs: Any) -> Iterator[Any]:
     """An ``LLM`` on the emulated device for the duration of the block (environment applied, then restored)."""
     with patched_environ(env):
+        freeze_long_lived_heap()  # the imports' heap out of the start-up and teardown collections (gc_heap.py)
         try:
             llm = make_llm(model_dir, **kwargs)
         except BaseException:
