@@ -66,7 +66,8 @@ def test_worker_hook_rejects_unknown_ids(monkeypatch):
     with pytest.raises(
         ConfigError,
         match="known ids: attention-output-empty, bert-token-types-no-shift, eagle-discarded-next-token, "
-        "eplb-platform-check, host-offload-npu, host-offload-stats, kv-connector-metrics, lora-npu-layers, multi-connector-stats, multimodal-merge-index-put, repetition-penalty-torch, request-fault-isolation, "
+        "eplb-platform-check, host-offload-npu, host-offload-stats, hybrid-prefill-no-drafts, kv-connector-metrics, "
+        "lora-npu-layers, multi-connector-stats, multimodal-merge-index-put, repetition-penalty-torch, request-fault-isolation, "
         "roberta-token-types-no-shift, shutdown-ends-requests, unsupported-api-status",
     ):
         on_worker_init(ctx(Scope.WORKER))

@@ -82,6 +82,23 @@ EAGLE_DISCARDED_NEXT_TOKEN = Patch(
     removal="drop when the plugin's vLLM floor includes vllm#26231 (after 0.11.0); the range already ends at 0.11.1",
 )
 
+HYBRID_PREFILL_NO_DRAFTS = Patch(
+    id="hybrid-prefill-no-drafts",
+    target="vllm.v1.core.sched.scheduler.Scheduler.update_draft_token_ids",
+    replacement="vllm_npu.patches.sets.hybrid_prefill_drafts:make_replacement",
+    scope=Scope.PLATFORM,
+    vllm=">=0.11.0,<0.11.1",
+    fingerprint="a4f9ff05003230e3d7e6707da9c5cd65e8945f0e5c6a9e1507a322fa21637b11",
+    upstream="https://github.com/vllm-project/vllm/pull/30618",
+    reason="with EAGLE/MTP speculative decoding and chunked prefill, the drafts proposed for a partly prefilled "
+    "request are scheduled with its last prompt chunk, which the runner runs as prefill: a recurrent-state layer "
+    "(Qwen3-Next's gated delta-net) then stores a state that includes the draft tokens, and the request decodes "
+    "wrong tokens from its first step when a draft is rejected (found with Qwen3-Next + MTP, a 64-token budget and "
+    "a 150-token prompt). The replacement clears the drafts of requests still in their prompt",
+    removal="drop when the plugin's vLLM floor schedules prompt chunks without drafts (vllm#30618 or its "
+    "successor); 0.11.1/0.11.2 not reviewed, so the range ends at 0.11.1",
+)
+
 EPLB_PLATFORM_CHECK = Patch(
     id="eplb-platform-check",
     target="vllm.config.parallel.ParallelConfig.__post_init__",
@@ -469,6 +486,7 @@ BUILTIN_PATCHES: tuple[Patch, ...] = (
     REPETITION_PENALTY_TORCH,
     ATTENTION_OUTPUT_EMPTY,
     EAGLE_DISCARDED_NEXT_TOKEN,
+    HYBRID_PREFILL_NO_DRAFTS,
     EPLB_PLATFORM_CHECK,
     SHUTDOWN_ENDS_REQUESTS,
     REQUEST_FAULT_ISOLATION,
