@@ -33,6 +33,7 @@ def test_worker_hook_applies_worker_patches_and_reads_additional_config(monkeypa
         "host-offload-stats",
         "multi-connector-stats",
         "kv-connector-metrics",
+        "hybrid-prefill-no-drafts",
     ]
     revert_patches(ids=platform_ids)
     assert applied == set(platform_ids)
