@@ -21,9 +21,9 @@ from vllm_npu.models._hooks import MODEL_OVERRIDES
 REPO = Path(__file__).resolve().parent.parent
 PACKAGE = REPO / "packages" / "npu-models"
 # HF architecture names as vLLM's ModelRegistry keys them (`DeepseekV32ForCausalLM`, `Qwen2VLForConditionalGeneration`),
-# and the few multimodal ones named otherwise (`InternVLChatModel`, `Qwen2_5OmniModel`, `MiniCPMV`).
+# and the few named otherwise (`InternVLChatModel`, `Qwen2_5OmniModel`, `MiniCPMV`, the MTP draft `Qwen3NextMTP`).
 ARCHITECTURE = re.compile(
-    r"\b(?:[A-Z][A-Za-z0-9_]*For(?:CausalLM|ConditionalGeneration)|InternVLChatModel|Qwen2_5OmniModel|MiniCPMV)\b"
+    r"\b(?:[A-Z][A-Za-z0-9_]*For(?:CausalLM|ConditionalGeneration)|InternVLChatModel|Qwen2_5OmniModel|MiniCPMV|Qwen3NextMTP)\b"
 )
 
 
@@ -79,7 +79,7 @@ def test_package_readme_table_is_the_override_table() -> None:
 
 #: Overrides that do not subclass vLLM's class, and why: vLLM 0.11's qwen3_next module imports its FLA Triton kernels at
 #: import, which fails on a host without a working Triton (this one), so ours is built beside it.
-STANDALONE = {"Qwen3NextForCausalLM"}
+STANDALONE = {"Qwen3NextForCausalLM", "Qwen3NextMTP"}
 
 
 def test_vllm_registry_builds_each_declared_override() -> None:

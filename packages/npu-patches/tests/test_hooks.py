@@ -33,6 +33,7 @@ def test_worker_hook_applies_worker_patches_and_reads_additional_config(monkeypa
         "host-offload-stats",
         "multi-connector-stats",
         "kv-connector-metrics",
+        "hybrid-prefill-no-drafts",
     ]
     revert_patches(ids=platform_ids)
     assert applied == set(platform_ids)
@@ -66,7 +67,8 @@ def test_worker_hook_rejects_unknown_ids(monkeypatch):
     with pytest.raises(
         ConfigError,
         match="known ids: attention-output-empty, bert-token-types-no-shift, eagle-discarded-next-token, "
-        "eplb-platform-check, host-offload-npu, host-offload-stats, kv-connector-metrics, lora-npu-layers, multi-connector-stats, multimodal-merge-index-put, repetition-penalty-torch, request-fault-isolation, "
+        "eplb-platform-check, host-offload-npu, host-offload-stats, hybrid-prefill-no-drafts, kv-connector-metrics, "
+        "lora-npu-layers, multi-connector-stats, multimodal-merge-index-put, repetition-penalty-torch, request-fault-isolation, "
         "roberta-token-types-no-shift, shutdown-ends-requests, unsupported-api-status",
     ):
         on_worker_init(ctx(Scope.WORKER))

@@ -43,6 +43,7 @@ _EXPORTS: dict[str, str] = {
     "adopt_vision_attention": ".vision:adopt_vision_attention",
     "pad_vision_heads": ".vision:pad_vision_heads",
     "NPUQwen3NextForCausalLM": ".qwen3_next:NPUQwen3NextForCausalLM",
+    "NPUQwen3NextMTP": ".qwen3_next_mtp:NPUQwen3NextMTP",
     "selftest_cases": ".selftest:selftest_cases",
 }
 
@@ -61,6 +62,7 @@ if TYPE_CHECKING:
     from .pangu_config import PanguProMoEConfig
     from .pangu_moe import AscendPanguProMoEForCausalLM, moge_select_experts
     from .qwen3_next import NPUQwen3NextForCausalLM
+    from .qwen3_next_mtp import NPUQwen3NextMTP
     from .qwen_vl import (
         AscendQwen2_5_VLForConditionalGeneration,
         AscendQwen2VLForConditionalGeneration,
@@ -100,6 +102,7 @@ __all__ = [
     "AscendQwen3VLForConditionalGeneration",
     "AscendQwen3VLMoeForConditionalGeneration",
     "NPUQwen3NextForCausalLM",
+    "NPUQwen3NextMTP",
     "PanguProMoEConfig",
     "__version__",
     "adopt_encoder_attention",

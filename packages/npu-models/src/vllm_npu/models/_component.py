@@ -19,7 +19,8 @@ COMPONENT = Component(
         "vision attention; Qwen2.5-Omni thinker (Qwen2_5OmniModel, Qwen2_5OmniForConditionalGeneration), Gemma-3 "
         "(Gemma3ForConditionalGeneration), InternVL (InternVLChatModel, InternVLForConditionalGeneration, "
         "InternS1ForConditionalGeneration), MiniCPM-V (MiniCPMV), Qwen2-Audio (Qwen2AudioForConditionalGeneration): "
-        "NPU encoder attention; Qwen3-Next (Qwen3NextForCausalLM): gated delta-net hybrid"
+        "NPU encoder attention; Qwen3-Next (Qwen3NextForCausalLM): gated delta-net hybrid, and its MTP draft "
+        "(Qwen3NextMTP)"
     ),
     on_load="vllm_npu.models._hooks:on_load",
 )

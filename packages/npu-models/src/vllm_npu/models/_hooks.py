@@ -21,6 +21,8 @@ MODEL_OVERRIDES: dict[str, str] = {
     "DeepseekV32ForCausalLM": "vllm_npu.models.deepseek_v32:AscendDeepseekV32ForCausalLM",
     # vLLM 0.11's module imports its FLA Triton kernels at import (fails without a working Triton); ours does not.
     "Qwen3NextForCausalLM": "vllm_npu.models.qwen3_next:NPUQwen3NextForCausalLM",
+    # Its MTP draft (speculative method qwen3_next_mtp): vLLM's module imports qwen3_next, so it fails the same way.
+    "Qwen3NextMTP": "vllm_npu.models.qwen3_next_mtp:NPUQwen3NextMTP",
     # Not in vLLM 0.11 at all.
     "PanguProMoEForCausalLM": "vllm_npu.models.pangu_moe:AscendPanguProMoEForCausalLM",
     # The Qwen VL family: vLLM's classes with the vision attention on the NPU kernels (vllm_npu.models.vision).

@@ -134,30 +134,29 @@ def fused_recurrent_gated_delta_rule_ref(
 ) -> torch.Tensor:
     """Fused recurrent gated delta rule (decode and speculative verification; reference twin).
 
-    ``N`` sequences of ``Q`` tokens each, packed: q, k ``[N * Q, H, K]``, v ``[N * Q, HV, V]``, g, beta
-    ``[N * Q, HV]``. ``state_indices`` is ``[N]`` (decode, ``Q`` = 1: read and write that slot) or ``[N, Q]``
-    (verification: start from slot ``[i, num_accepted_tokens[i] - 1]``, write the state after token ``t`` to slot
-    ``[i, t]``, as vLLM's FLA kernel with ``inplace_final_state``). ``-1`` (padding) is clamped to the null slot 0.
-    ``query_start_loc`` is the NPU kernel's ``cu_seqlens`` (``[N + 1]``); the twin relies on the uniform ``Q`` instead,
-    so it makes no host synchronisation and can be captured in a graph. Returns o ``[N * Q, HV, V]`` in v's dtype."""
+    q, k ``[T, H, K]``, v ``[T, HV, V]``, g, beta ``[T, HV]``, packed; ``ssm_states`` ``[slots, HV, K, V]`` updated in
+    place; ``-1`` slots (padding) are clamped to the null slot 0. No host synchronisation, so it can be captured in a
+    graph. Returns o ``[T, HV, V]`` in v's dtype.
+
+    - Decode: ``state_indices`` ``[N]``, one token per sequence (``T = N``): read and write that slot.
+    - Verification: ``state_indices`` ``[>= N, Q]`` (``Q = 1 + k`` slots per request), ``query_start_loc``
+      ``[N + 1]`` (sequence ``i`` is tokens ``loc[i]:loc[i + 1]``, at most ``Q`` of them; tokens past ``loc[N]``
+      get 0): start from slot ``[i, num_accepted_tokens[i] - 1]`` (``[i, 0]`` when None), write the state after
+      its token ``t`` to slot ``[i, t]`` (vLLM's FLA kernel with ``num_accepted_tokens`` and
+      ``inplace_final_state``)."""
+    if state_indices.dim() == 2:
+        return _recurrent_spec(
+            q, k, v, g, beta, ssm_states, query_start_loc, state_indices, num_accepted_tokens, use_qk_l2norm, scale
+        )
     del query_start_loc
     n = state_indices.shape[0]
-    spec = state_indices.dim() == 2
-    per_seq = q.shape[0] // max(n, 1)
+    per_seq = q.shape[0] // max(n, 1)  # 1 when decoding
     qp, kp = _prepare(q, k, v.shape[1], use_qk_l2norm, scale)
     shape = (n, per_seq)
     qp, kp, vf = (x.reshape(*shape, *x.shape[1:]) for x in (qp, kp, v.float()))
     gf, bf = (x.float().reshape(*shape, x.shape[-1]) for x in (g, beta))
     slots = state_indices.long().clamp(min=0)
-    if spec:
-        first = (
-            slots[:, 0]
-            if num_accepted_tokens is None
-            else slots.gather(1, (num_accepted_tokens.long() - 1)[:, None])[:, 0]
-        )
-    else:
-        first = slots
-    state = ssm_states[first].float()  # [N, HV, K, V]
+    state = ssm_states[slots].float()  # [N, HV, K, V]
     out = torch.empty_like(vf)
     for t in range(per_seq):
         state = state * gf[:, t].exp()[..., None, None]
@@ -165,11 +164,51 @@ def fused_recurrent_gated_delta_rule_ref(
         delta = (vf[:, t] - torch.einsum("nhk,nhkv->nhv", kt, state)) * bf[:, t, :, None]
         state = state + kt[..., None] * delta[..., None, :]
         out[:, t] = torch.einsum("nhk,nhkv->nhv", qp[:, t], state)
-        if spec:
-            ssm_states[slots[:, t]] = state.to(ssm_states.dtype)
-    if not spec:
-        ssm_states[slots] = state.to(ssm_states.dtype)
+    ssm_states[slots] = state.to(ssm_states.dtype)
     return out.reshape(v.shape).to(v.dtype)
+
+
+def _recurrent_spec(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    ssm_states: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    state_indices: torch.Tensor,
+    num_accepted_tokens: torch.Tensor | None,
+    use_qk_l2norm: bool,
+    scale: float | None,
+) -> torch.Tensor:
+    """The verification branch of :func:`fused_recurrent_gated_delta_rule_ref`: all sequences step together over
+    ``Q`` token columns; a column past a sequence's length leaves its state alone and writes only to slot 0."""
+    n, q_max = query_start_loc.shape[0] - 1, state_indices.shape[1]
+    out = torch.zeros(v.shape, dtype=torch.float32, device=v.device)
+    if n == 0 or v.shape[0] == 0:
+        return out.to(v.dtype)
+    qp, kp = _prepare(q, k, v.shape[1], use_qk_l2norm, scale)
+    vf, gf, bf = v.float(), g.float(), beta.float()
+    slots = state_indices[:n].long().clamp(min=0)  # [N, Q]
+    first = slots[:, 0] if num_accepted_tokens is None else slots.gather(
+        1, (num_accepted_tokens[:n].long() - 1).clamp(min=0)[:, None]
+    )[:, 0]  # fmt: skip
+    starts = query_start_loc[:-1].long()
+    lens = query_start_loc[1:].long() - starts
+    state = ssm_states[first].float()  # [N, HV, K, V]
+    for t in range(q_max):
+        valid = t < lens  # [N]
+        rows = (starts + t).clamp(max=v.shape[0] - 1)
+        stepped = state * gf[rows].exp()[..., None, None]
+        kt = kp[rows]
+        delta = (vf[rows] - torch.einsum("nhk,nhkv->nhv", kt, stepped)) * bf[rows][..., None]
+        stepped = stepped + kt[..., None] * delta[..., None, :]
+        state = torch.where(valid[:, None, None, None], stepped, state)
+        o = torch.einsum("nhk,nhkv->nhv", qp[rows], state) * valid[:, None, None]
+        out.index_put_((rows,), o, accumulate=True)  # every real token is some (i, t) exactly once
+        target = torch.where(valid, slots[:, t], torch.zeros_like(slots[:, t]))
+        ssm_states[target] = state.to(ssm_states.dtype)
+    return out.to(v.dtype)
 
 
 def fused_recurrent_gated_delta_rule_npu(

@@ -9,8 +9,8 @@ plugin code runs. This module is the same model built from vLLM's layer classes 
 layers, ``Attention``, ``FusedMoE``, ``GemmaRMSNorm``, ``get_rope``, Qwen2-MoE's MLP), so our CustomOp overrides
 (npu-ops) and attention backends (npu-attention) serve it, with the GDN mixer on our kernel pairs. Checkpoint names
 are HF's and vLLM's (``q_proj``/``k_proj``/``v_proj`` stacked into ``qkv_proj``, experts through ``FusedMoE``'s
-mapping; the ``mtp.`` weights are skipped). Prefix caching is refused for hybrids by vLLM itself (``MambaModelConfig``
-turns it off); pipeline parallelism, EPLB and LoRA are not offered by this class.
+mapping; the ``mtp.`` weights are the MTP draft's, :mod:`.qwen3_next_mtp`). Prefix caching is refused for hybrids by
+vLLM itself (``MambaModelConfig`` turns it off); pipeline parallelism, EPLB and LoRA are not offered by this class.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from vllm.model_executor.models.qwen2_moe import Qwen2MoeMLP
 from vllm.model_executor.models.utils import AutoWeightsLoader, extract_layer_index, maybe_prefix
 from vllm_npu.interface import ConfigError
 
-from .qwen3_next_gdn import NPUQwen3NextGatedDeltaNet
+from .qwen3_next_gdn import NPUQwen3NextGatedDeltaNet, num_speculative_tokens
 
 
 class NPUQwen3NextSparseMoeBlock(nn.Module):
@@ -245,48 +245,55 @@ class NPUQwen3NextModel(nn.Module):
         return hidden_states
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
-        stacked = [
-            ("qkv_proj", "q_proj", "q"),
-            ("qkv_proj", "k_proj", "k"),
-            ("qkv_proj", "v_proj", "v"),
-            ("gate_up_proj", "gate_proj", 0),
-            ("gate_up_proj", "up_proj", 1),
-        ]
-        experts = FusedMoE.make_expert_params_mapping(
-            ckpt_gate_proj_name="gate_proj",
-            ckpt_down_proj_name="down_proj",
-            ckpt_up_proj_name="up_proj",
-            num_experts=self.config.num_experts,
-        )
-        params = dict(self.named_parameters())
-        loaded: set[str] = set()
-        for name, weight in weights:
-            if "rotary_emb.inv_freq" in name or name.startswith("mtp."):
+        return load_body_weights(self, self.config.num_experts, weights)
+
+
+def load_body_weights(module: nn.Module, num_experts: int, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+    """Load a Qwen3-Next body (the target's ``model.*`` or the MTP draft's ``mtp.*``, names relative to ``module``):
+    q/k/v and gate/up stacked, experts through ``FusedMoE``'s mapping, ``mtp.`` names skipped. Returns the names
+    loaded."""
+    stacked = [
+        ("qkv_proj", "q_proj", "q"),
+        ("qkv_proj", "k_proj", "k"),
+        ("qkv_proj", "v_proj", "v"),
+        ("gate_up_proj", "gate_proj", 0),
+        ("gate_up_proj", "up_proj", 1),
+    ]
+    experts = FusedMoE.make_expert_params_mapping(
+        ckpt_gate_proj_name="gate_proj",
+        ckpt_down_proj_name="down_proj",
+        ckpt_up_proj_name="up_proj",
+        num_experts=num_experts,
+    )
+    params = dict(module.named_parameters())
+    loaded: set[str] = set()
+    for name, weight in weights:
+        if "rotary_emb.inv_freq" in name or name.startswith("mtp."):
+            continue
+        for param_name, shard_name, shard_id in stacked:
+            if shard_name not in name or "mlp.experts" in name:
                 continue
-            for param_name, shard_name, shard_id in stacked:
-                if shard_name not in name or "mlp.experts" in name:
+            name = name.replace(shard_name, param_name)
+            if name not in params:
+                continue
+            stacked_param: Any = params[name]  # vLLM's parameters carry their weight_loader
+            stacked_param.weight_loader(stacked_param, weight, shard_id)
+            break
+        else:
+            for param_name, weight_name, expert_id, shard_id in experts:
+                if weight_name not in name:
                     continue
-                name = name.replace(shard_name, param_name)
-                if name not in params:
-                    continue
-                stacked_param: Any = params[name]  # vLLM's parameters carry their weight_loader
-                stacked_param.weight_loader(stacked_param, weight, shard_id)
+                name = name.replace(weight_name, param_name)
+                expert_param: Any = params[name]
+                expert_param.weight_loader(expert_param, weight, name, shard_id=shard_id, expert_id=expert_id)
                 break
             else:
-                for param_name, weight_name, expert_id, shard_id in experts:
-                    if weight_name not in name:
-                        continue
-                    name = name.replace(weight_name, param_name)
-                    expert_param: Any = params[name]
-                    expert_param.weight_loader(expert_param, weight, name, shard_id=shard_id, expert_id=expert_id)
-                    break
-                else:
-                    if name.endswith(".bias") and name not in params:  # a quantised checkpoint's extra bias
-                        continue
-                    param = params[name]
-                    getattr(param, "weight_loader", default_weight_loader)(param, weight)
-            loaded.add(name)
-        return loaded
+                if name.endswith(".bias") and name not in params:  # a quantised checkpoint's extra bias
+                    continue
+                param = params[name]
+                getattr(param, "weight_loader", default_weight_loader)(param, weight)
+        loaded.add(name)
+    return loaded
 
 
 class NPUQwen3NextForCausalLM(nn.Module, HasInnerState, IsHybrid):
@@ -297,11 +304,6 @@ class NPUQwen3NextForCausalLM(nn.Module, HasInnerState, IsHybrid):
     def __init__(self, *, vllm_config: VllmConfig, prefix: str = "") -> None:
         super().__init__()
         config = vllm_config.model_config.hf_config
-        if vllm_config.speculative_config is not None:
-            raise ConfigError(
-                "Qwen3-Next with speculative decoding (the MTP draft) is not served by vllm-npu yet; drop "
-                "--speculative-config"
-            )
         if vllm_config.parallel_config.pipeline_parallel_size > 1:
             raise ConfigError("Qwen3-Next with pipeline parallelism is not served by vllm-npu; use TP")
         self.config = config
@@ -343,7 +345,7 @@ class NPUQwen3NextForCausalLM(nn.Module, HasInnerState, IsHybrid):
             hf.linear_key_head_dim,
             hf.linear_value_head_dim,
             hf.linear_conv_kernel_dim,
-            0,
+            num_speculative_tokens(vllm_config),
         )
         return shapes
 

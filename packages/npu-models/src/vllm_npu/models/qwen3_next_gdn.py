@@ -10,7 +10,11 @@ module does not import vLLM's ``qwen3_next`` (whose import fails on a host witho
 read ``tl.exp`` at import). The op is vLLM's where its module can be imported (a working Triton), else registered here
 with the same body (dispatch to the layer's ``_forward``).
 
-Speculative decoding (the MTP draft) is not served yet: a config with a speculative model is refused by name.
+Speculative decoding (Qwen3-Next's MTP draft, :mod:`.qwen3_next_mtp`): a verification step carries ``1 + k`` tokens
+per decoding request (fewer when drafts were cut); the layer splits them from the prefill/plain-decode tokens by
+vLLM's ``GDNAttentionMetadata`` masks, as vLLM's ``_forward`` does, and runs the conv update and the fused recurrent
+rule with the per-request accepted counts of the previous step. The conv state grows to ``W - 1 + k`` columns and each
+request owns ``1 + k`` recurrent-state slots (vLLM's ``num_speculative_blocks``), one per verified token.
 """
 
 from __future__ import annotations
@@ -62,6 +66,12 @@ def ensure_gdn_op() -> None:
     )
 
 
+def num_speculative_tokens(vllm_config: Any) -> int:
+    """``k``, the draft tokens verified per step (0 without a speculative config)."""
+    spec = getattr(vllm_config, "speculative_config", None)
+    return int(spec.num_speculative_tokens) if spec is not None else 0
+
+
 class NPUQwen3NextGatedDeltaNet(nn.Module, MambaBase):
     """The linear-attention mixer of one Qwen3-Next decoder layer (the parameters of HF's ``Qwen3NextGatedDeltaNet``:
     ``in_proj_qkvz``, ``in_proj_ba``, ``conv1d``, ``dt_bias``, ``A_log``, ``norm``, ``out_proj``)."""
@@ -83,7 +93,13 @@ class NPUQwen3NextGatedDeltaNet(nn.Module, MambaBase):
 
     def get_state_shape(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
         return MambaStateShapeCalculator.gated_delta_net_state_shape(
-            self.tp_size, self.num_k_heads, self.num_v_heads, self.head_k_dim, self.head_v_dim, self.conv_kernel_size, 0
+            self.tp_size,
+            self.num_k_heads,
+            self.num_v_heads,
+            self.head_k_dim,
+            self.head_v_dim,
+            self.conv_kernel_size,
+            self.num_spec,
         )
 
     def __init__(
@@ -112,6 +128,7 @@ class NPUQwen3NextGatedDeltaNet(nn.Module, MambaBase):
         self.prefix = prefix
         self.model_config = model_config
         self.cache_config = cache_config
+        self.num_spec = num_speculative_tokens(get_current_vllm_config())
         self.conv_dim = self.key_dim * 2 + self.value_dim
         self.conv1d = ColumnParallelLinear(
             input_size=self.conv_kernel_size, output_size=self.conv_dim, bias=False, prefix=f"{prefix}.conv1d"
@@ -197,10 +214,8 @@ class NPUQwen3NextGatedDeltaNet(nn.Module, MambaBase):
             return
         assert isinstance(meta, dict)
         meta = meta[self.prefix]
-        if meta.spec_sequence_masks is not None:
-            raise ConfigError("Qwen3-Next with speculative decoding (MTP) is not served by vllm-npu yet")
         cache = self.kv_cache[context.virtual_engine]
-        conv_state, ssm_state = cache[0].transpose(-1, -2), cache[1]  # [slots, D, W - 1], [slots, HV, K, V]
+        conv_state, ssm_state = cache[0].transpose(-1, -2), cache[1]  # [slots, D, W - 1 + k], [slots, HV, K, V]
         tokens = meta.num_actual_tokens
         qkvz, _ = self.in_proj_qkvz(hidden_states[:tokens])
         ba, _ = self.in_proj_ba(hidden_states[:tokens])
@@ -208,23 +223,28 @@ class NPUQwen3NextGatedDeltaNet(nn.Module, MambaBase):
         mixed = torch.cat([q.reshape(tokens, -1), k.reshape(tokens, -1), v.reshape(tokens, -1)], dim=-1)
         conv_weight = cast(torch.Tensor, self.conv1d.weight)
         weight = conv_weight.view(conv_weight.size(0), conv_weight.size(2))
-        loc, slots = meta.non_spec_query_start_loc, meta.non_spec_state_indices_tensor
-        prefill = meta.num_prefills > 0
-        if prefill:
-            mixed = self._conv_prefill(
-                mixed, weight, None, conv_state, loc, slots, meta.has_initial_state, self.activation
-            )
-        else:
-            mixed = self._conv_update(mixed, conv_state, weight, None, self.activation, slots)
-        key_part = self.key_dim // self.tp_size
-        q, k, v = torch.split(mixed, [key_part, key_part, self.value_dim // self.tp_size], dim=-1)
-        q, k = q.reshape(tokens, -1, self.head_k_dim), k.reshape(tokens, -1, self.head_k_dim)
-        v = v.reshape(tokens, -1, self.head_v_dim)
         g, beta = self._gating(self.A_log, a, b, self.dt_bias)
-        if prefill:
-            core = self._chunk(q, k, v, g, beta, ssm_state, loc, slots, meta.has_initial_state, True)
+        # Verification tokens (requests with drafts) vs the rest; a step with only verifications splits nothing.
+        spec = meta.spec_sequence_masks is not None
+        only_spec = spec and meta.num_prefills == 0 and meta.num_decodes == 0
+        token_masks = meta.spec_token_masks[:tokens] if spec and not only_spec else None
+        parts: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, bool]] = []  # (mixed, g, beta, is_spec)
+        if only_spec:
+            parts.append((mixed, g, beta, True))
+        elif token_masks is not None:
+            parts.append((mixed[token_masks], g[token_masks], beta[token_masks], True))
+            parts.append((mixed[~token_masks], g[~token_masks], beta[~token_masks], False))
         else:
-            core = self._recurrent(q, k, v, g, beta, ssm_state, loc, slots, None, True)
+            parts.append((mixed, g, beta, False))
+        outs = [
+            self._mix(x, g_part, beta_part, is_spec, meta, conv_state, ssm_state, weight)
+            for x, g_part, beta_part, is_spec in parts
+        ]
+        if token_masks is None:
+            core = outs[0]
+        else:
+            core = outs[0].new_empty((tokens, *outs[0].shape[1:]))
+            core[token_masks], core[~token_masks] = outs[0], outs[1]
         core = self._norm(
             core.reshape(-1, self.head_v_dim),
             z.reshape(-1, self.head_v_dim),
@@ -232,3 +252,43 @@ class NPUQwen3NextGatedDeltaNet(nn.Module, MambaBase):
             self.eps,
         )
         output[:tokens], _ = self.out_proj(core.reshape(tokens, -1))
+
+    def _mix(
+        self,
+        mixed: torch.Tensor,
+        g: torch.Tensor,
+        beta: torch.Tensor,
+        is_spec: bool,
+        meta: Any,
+        conv_state: torch.Tensor,
+        ssm_state: torch.Tensor,
+        weight: torch.Tensor,
+    ) -> torch.Tensor:
+        """Conv + gated delta rule of one part of the step's tokens (``mixed`` ``[T, 2 * key + value]`` of this
+        rank); returns the core output ``[T, HV, V]``."""
+        if is_spec:  # 1 + k tokens per request, from the state its previous step's accepted tokens left
+            n = meta.num_spec_decodes
+            loc, slots = meta.spec_query_start_loc[: n + 1], meta.spec_state_indices_tensor
+            accepted = meta.num_accepted_tokens
+            mixed = self._conv_update(mixed, conv_state, weight, None, self.activation, slots, accepted, loc,
+                                      slots.size(-1))  # fmt: skip
+        elif meta.num_prefills > 0:
+            loc, slots = meta.non_spec_query_start_loc, meta.non_spec_state_indices_tensor
+            mixed = self._conv_prefill(
+                mixed, weight, None, conv_state, loc, slots, meta.has_initial_state, self.activation
+            )
+        else:
+            loc, slots = meta.non_spec_query_start_loc, meta.non_spec_state_indices_tensor
+            mixed = self._conv_update(mixed, conv_state, weight, None, self.activation, slots)
+        count = mixed.shape[0]
+        key_part = self.key_dim // self.tp_size
+        q, k, v = torch.split(mixed, [key_part, key_part, self.value_dim // self.tp_size], dim=-1)
+        q, k = q.reshape(count, -1, self.head_k_dim), k.reshape(count, -1, self.head_k_dim)
+        v = v.reshape(count, -1, self.head_v_dim)
+        if is_spec:
+            out: torch.Tensor = self._recurrent(q, k, v, g, beta, ssm_state, loc, slots, accepted, True)
+        elif meta.num_prefills > 0:
+            out = self._chunk(q, k, v, g, beta, ssm_state, loc, slots, meta.has_initial_state, True)
+        else:
+            out = self._recurrent(q, k, v, g, beta, ssm_state, loc, slots, None, True)
+        return out

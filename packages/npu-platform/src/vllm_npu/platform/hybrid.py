@@ -49,7 +49,7 @@ def check_hybrid_config(vllm_config: Any) -> None:
             "vLLM's hybrid KV-cache manager; remove --disable-hybrid-kv-cache-manager"
         )
     logger.warning(
-        "%s is a hybrid model: prefix caching is off (vLLM 0.11 does not cache recurrent state), and speculative "
-        "decoding (MTP) and pipeline parallelism are not served for it by vllm-npu",
+        "%s is a hybrid model: prefix caching is off (vLLM 0.11 does not cache recurrent state), and pipeline "
+        "parallelism is not served for it by vllm-npu",
         arch,
     )

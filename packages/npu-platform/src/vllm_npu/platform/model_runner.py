@@ -348,6 +348,7 @@ class NPUModelRunner(GPUModelRunner):
             self._torchair_graph_keys()
         elif not MODE_RESOLVED_AT_BACKEND_INIT:
             super().initialize_cudagraph_capture()
+            self._builders_follow_resolved_mode()
 
     def _check_and_update_cudagraph_mode(self, attention_backends: Any, kv_cache_groups: Any) -> None:
         """vLLM 0.11.1's resolution of the graph mode (0.11.0: in :meth:`initialize_cudagraph_capture`)."""
@@ -355,6 +356,21 @@ class NPUModelRunner(GPUModelRunner):
             self._torchair_graph_keys()
             return
         cast(Any, super())._check_and_update_cudagraph_mode(attention_backends, kv_cache_groups)
+        self._builders_follow_resolved_mode()
+
+    def _builders_follow_resolved_mode(self) -> None:
+        """vLLM's state-layer builders (GDN, Mamba) read "full graphs on" when they are built, before the mode is
+        resolved against the attention backends. A mode downgraded to one without full graphs (Qwen3-Next with MTP
+        under FULL_DECODE_ONLY: our attention captures single-token decode only, so vLLM falls back to NONE) would
+        leave them padding the metadata of steps the runner no longer pads (the GDN layer then splits too few
+        tokens: a shape error in its first decode step)."""
+        mode = self.compilation_config.cudagraph_mode
+        if mode is None or mode.has_full_cudagraphs():
+            return
+        for group in self._attn_group_iterator():
+            for builder in group.metadata_builders:
+                if getattr(builder, "use_full_cuda_graph", False):
+                    builder.use_full_cuda_graph = False
 
     def _torchair_graph_keys(self) -> None:
         # torchair compiles the decode forward instead of capturing it: attention stays an op called with each step's

@@ -82,6 +82,35 @@ EAGLE_DISCARDED_NEXT_TOKEN = Patch(
     removal="drop when the plugin's vLLM floor includes vllm#26231 (after 0.11.0); the range already ends at 0.11.1",
 )
 
+HYBRID_PREFILL_NO_DRAFTS = Patch(
+    id="hybrid-prefill-no-drafts",
+    target="vllm.v1.core.sched.scheduler.Scheduler.update_draft_token_ids",
+    replacement="vllm_npu.patches.sets.hybrid_prefill_drafts:make_replacement",
+    scope=Scope.PLATFORM,
+    vllm=">=0.11.0,<0.12",
+    fingerprint="a4f9ff05003230e3d7e6707da9c5cd65e8945f0e5c6a9e1507a322fa21637b11",
+    # 0.11.1 dropped the branch that cleared a request's drafts when the proposer gave none; the method still
+    # stores every listed request's drafts, prompt chunks included (the same in 0.11.2). Reviewed on 0.11.1/0.11.2.
+    changes=(
+        (
+            "0.11.1",
+            (
+                (
+                    "vllm.v1.core.sched.scheduler.Scheduler.update_draft_token_ids",
+                    "0dcf58e7247de7a4a7c4ba2213895dd1d0aed55f595c4e6194cfd19822b37b6f",
+                ),
+            ),
+        ),
+    ),
+    upstream="https://github.com/vllm-project/vllm/pull/30618",
+    reason="with EAGLE/MTP speculative decoding and chunked prefill, the drafts proposed for a partly prefilled "
+    "request are scheduled with its last prompt chunk, which the runner runs as prefill: a recurrent-state layer "
+    "(Qwen3-Next's gated delta-net) then stores a state that includes the draft tokens, and the request decodes "
+    "wrong tokens from its first step when a draft is rejected (found with Qwen3-Next + MTP, a 64-token budget and "
+    "a 150-token prompt). The replacement clears the drafts of requests still in their prompt",
+    removal="drop when the plugin's vLLM floor schedules prompt chunks without drafts (vllm#30618 or its successor)",
+)
+
 EPLB_PLATFORM_CHECK = Patch(
     id="eplb-platform-check",
     target="vllm.config.parallel.ParallelConfig.__post_init__",
@@ -469,6 +498,7 @@ BUILTIN_PATCHES: tuple[Patch, ...] = (
     REPETITION_PENALTY_TORCH,
     ATTENTION_OUTPUT_EMPTY,
     EAGLE_DISCARDED_NEXT_TOKEN,
+    HYBRID_PREFILL_NO_DRAFTS,
     EPLB_PLATFORM_CHECK,
     SHUTDOWN_ENDS_REQUESTS,
     REQUEST_FAULT_ISOLATION,
