@@ -37,6 +37,16 @@ SURFACE: tuple[VllmName, ...] = (
     ),
     VllmName(
         _RUNNER,
+        "_attn_group_iterator",
+        "method",
+        "calls",
+        _MODEL_RUNNER,
+        "after vLLM downgrades the graph mode, the builders of every attention group are told (they read the mode "
+        "at construction)",
+        signature="(self)",
+    ),
+    VllmName(
+        _RUNNER,
         "_sync_device",
         "method",
         "overrides",

@@ -320,7 +320,7 @@ class NPUModelRunner(GPUModelRunner):
         drafter.cudagraph_batch_sizes = sorted(self.compilation_config.cudagraph_capture_sizes)
         if self.parallel_config.data_parallel_size > 1 and spec.num_speculative_tokens > 1:
             # a rank without requests meets each of the k draft passes of the ranks with requests (graphs.dp_pad)
-            drafter.dummy_run = dummy_runs_every_pass(drafter.dummy_run, spec.num_speculative_tokens)  # type: ignore[method-assign]
+            drafter.dummy_run = dummy_runs_every_pass(drafter.dummy_run, spec.num_speculative_tokens)  # type: ignore[method-assign,assignment]
 
     def estimate_graph_memory(self) -> int:
         """Device bytes the graph pool will hold once every size is captured, to keep out of the KV budget.
@@ -370,7 +370,7 @@ class NPUModelRunner(GPUModelRunner):
         for group in self._attn_group_iterator():
             for builder in group.metadata_builders:
                 if getattr(builder, "use_full_cuda_graph", False):
-                    builder.use_full_cuda_graph = False
+                    setattr(builder, "use_full_cuda_graph", False)  # noqa: B010 (not on the base class)
 
     def _torchair_graph_keys(self) -> None:
         # torchair compiles the decode forward instead of capturing it: attention stays an op called with each step's

@@ -258,7 +258,8 @@ class TorchairWrapper(CUDAGraphWrapper):
             TORCHAIR_STATS.eager_calls += 1
             return self.runnable(*args, **kwargs)
         size = context.batch_descriptor.num_tokens
-        if context.attn_metadata is None:
+        metadata: object = context.attn_metadata
+        if metadata is None:
             # vLLM's dummy batch of a DP rank without requests: one row under the padded size's descriptor and no
             # metadata to lay out; eagerly at the other ranks' size (the MoE exchange's shapes; .dp_pad)
             TORCHAIR_STATS.eager_calls += 1
