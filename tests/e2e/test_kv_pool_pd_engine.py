@@ -29,6 +29,7 @@ from npu_testkit.kv_pool import local_pool, store_config
 from npu_testkit.models import hf_greedy
 from npu_testkit.serve import vllm_server
 from npu_testkit.sibling import import_sibling
+from npu_testkit.system_libs import require_mooncake_libraries
 
 pd = import_sibling(__file__, "pd_support")
 
@@ -50,6 +51,7 @@ def references(tiny_qwen2, prompts) -> list[list[int]]:
 
 @pytest.fixture(scope="module")
 def cluster(tiny_qwen2, tmp_path_factory):
+    require_mooncake_libraries()  # the PD connector's transfer engine, before the pool's processes
     tmp = tmp_path_factory.mktemp("pd-pool")
     common = [str(tiny_qwen2), "--dtype", "float32", "--max-model-len", "512", "--block-size", "16"]
     common += ["--max-num-seqs", "8", "--served-model-name", "tiny", "--enable-prompt-tokens-details"]

@@ -423,7 +423,9 @@ def test_wrapper_on_npu_compiles_each_decode_size_through_torchair(fake_torchair
     wrapper = bare_wrapper(tmp_path, "npu")
     x = torch.randn(2, 4)
     context = SimpleNamespace(
-        cudagraph_runtime_mode=CUDAGraphMode.FULL, batch_descriptor=BatchDescriptor(2, True), attn_metadata=None
+        cudagraph_runtime_mode=CUDAGraphMode.FULL,
+        batch_descriptor=BatchDescriptor(2, True),
+        attn_metadata={"layers.0": SimpleNamespace()},  # a scheduled step (None is a DP rank's dummy batch: eager)
     )
     monkeypatch.setattr(torchair, "get_forward_context", lambda: context)
     assert torch.equal(wrapper(x), wrapper.runnable(x))
