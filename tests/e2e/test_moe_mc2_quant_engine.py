@@ -19,7 +19,8 @@ import sys
 import cloudpickle
 import pytest
 from npu_testkit.engine import ep2_engine
-from npu_testkit.quant_e2e import QuantCase, check_greedy, layer_methods, moe_methods, quantize
+from npu_testkit.quant_e2e import QuantCase, check_greedy, layer_methods, moe_methods
+from npu_testkit.quant_ep import quantized_experts_only
 
 pytestmark = pytest.mark.engine
 
@@ -35,32 +36,9 @@ CASE = QuantCase(
 SLOTS = {0: [0, 1, 2, 5], 1: [3, 4, 5, 1]}
 
 
-def _float_attention(quant_dir, float_dir) -> None:
-    """Mark the attention linears FLOAT in the quantized checkpoint, with the float checkpoint's weights."""
-    from safetensors.torch import load_file, save_file
-
-    desc_path = quant_dir / "quant_model_description.json"
-    desc = json.loads(desc_path.read_text())
-    weights_path = quant_dir / "quant_model_weights.safetensors"
-    state = load_file(str(weights_path))
-    floats = {}
-    for f in float_dir.glob("*.safetensors"):
-        floats.update(load_file(str(f)))
-    for name in [n for n in desc if ".self_attn." in n and desc[n] != "FLOAT"]:
-        if name.endswith(".weight"):
-            desc[name], state[name] = "FLOAT", floats[name]
-        else:  # the weight's scale / offset
-            del desc[name]
-            state.pop(name, None)
-    desc_path.write_text(json.dumps(desc))
-    save_file(state, str(weights_path), metadata={"format": "pt"})
-
-
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory):
-    float_dir, quant_dir = quantize(CASE, tmp_path_factory.mktemp("quant"))
-    _float_attention(quant_dir, float_dir)
-    return float_dir, quant_dir
+    return quantized_experts_only(CASE, tmp_path_factory.mktemp("quant"))
 
 
 @pytest.fixture(scope="module")
