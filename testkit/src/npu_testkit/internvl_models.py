@@ -34,8 +34,6 @@ from .cache import cached_build
 from .mm_models import (
     INTERNVL_CHAT_TEMPLATE,
     INTERNVL_MAX_TILES,
-    INTERNVL_TILE,
-    INTERNVL_TILE_TOKENS,
     INTERNVL_TOKENS,
     tiny_internvl_config,
 )
@@ -91,29 +89,11 @@ def build_tiny_internvl_hf_model(*, seed: int = 0, std: float = 0.2) -> Path:
     model of the remote-code checkpoint); returns the dir."""
     import transformers
 
-    from .mm_models import _family_tokenizer
+    from .mm_models import internvl_tokenizer_and_processor
     from .models import write_random_checkpoint
 
     config = tiny_internvl_hf_config()
-    tok = _family_tokenizer("Qwen2TokenizerFast", INTERNVL_TOKENS, INTERNVL_CHAT_TEMPLATE)
-    config.text_config.vocab_size = max(config.text_config.vocab_size, len(tok))
-    config.image_token_id = tok.convert_tokens_to_ids(INTERNVL_TOKENS["context_image_token"])
-    for cfg in (config, config.text_config):
-        cfg.bos_token_id, cfg.eos_token_id, cfg.pad_token_id = tok.bos_token_id, tok.eos_token_id, tok.pad_token_id
-        cfg.torch_dtype = "float32"
-
-    def processor() -> Any:
-        size = {"height": INTERNVL_TILE, "width": INTERNVL_TILE}
-        image = transformers.GotOcr2ImageProcessorFast(
-            size=size, crop_to_patches=True, min_patches=1, max_patches=MAX_TILES
-        )
-        return transformers.InternVLProcessor(
-            image_processor=image,
-            tokenizer=tok,
-            video_processor=transformers.InternVLVideoProcessor(size=size),
-            image_seq_length=INTERNVL_TILE_TOKENS,
-            chat_template=INTERNVL_CHAT_TEMPLATE,
-        )
+    processor = internvl_tokenizer_and_processor(config)
 
     def build(out: Path) -> None:
         import torch

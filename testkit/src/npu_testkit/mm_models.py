@@ -12,6 +12,7 @@ tokens named for its processor through ``extra_special_tokens``. Builds are cach
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -359,12 +360,12 @@ def tiny_internvl_config() -> Any:
     return config
 
 
-def build_tiny_internvl_model(path: str | os.PathLike[str] | None = None, *, seed: int = 0, std: float = 0.2) -> Path:
-    """Save random weights for :func:`tiny_internvl_config` and its ``InternVLProcessor`` (GOT-OCR2 image processor
-    tiling into up to 4 tiles of 56 pixels); returns the dir."""
+def internvl_tokenizer_and_processor(config: Any) -> Callable[[], Any]:
+    """Fit the tiny transformers-format InternVL ``config`` (vocabulary size, image token id, special token ids,
+    float32) to its Qwen2 tokenizer with the InternVL tokens and chat template, and return the factory of its
+    ``InternVLProcessor`` (GOT-OCR2 image processor tiling into up to :data:`INTERNVL_MAX_TILES` tiles)."""
     import transformers
 
-    config = tiny_internvl_config()
     tok = _family_tokenizer("Qwen2TokenizerFast", INTERNVL_TOKENS, INTERNVL_CHAT_TEMPLATE)
     config.text_config.vocab_size = max(config.text_config.vocab_size, len(tok))
     config.image_token_id = tok.convert_tokens_to_ids(INTERNVL_TOKENS["context_image_token"])
@@ -385,6 +386,17 @@ def build_tiny_internvl_model(path: str | os.PathLike[str] | None = None, *, see
             image_seq_length=INTERNVL_TILE_TOKENS,
             chat_template=INTERNVL_CHAT_TEMPLATE,
         )
+
+    return processor
+
+
+def build_tiny_internvl_model(path: str | os.PathLike[str] | None = None, *, seed: int = 0, std: float = 0.2) -> Path:
+    """Save random weights for :func:`tiny_internvl_config` and its ``InternVLProcessor`` (GOT-OCR2 image processor
+    tiling into up to 4 tiles of 56 pixels); returns the dir."""
+    import transformers
+
+    config = tiny_internvl_config()
+    processor = internvl_tokenizer_and_processor(config)
 
     key = _fingerprint(config.to_dict(), seed, std, f"internvl:{INTERNVL_TOKENS}:{INTERNVL_CHAT_TEMPLATE}")
     return _save_random_checkpoint(
