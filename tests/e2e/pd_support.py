@@ -7,7 +7,6 @@ from __future__ import annotations
 import contextlib
 import json
 import re
-import socket
 import subprocess
 import sys
 import time
@@ -58,22 +57,6 @@ def wait_usage_zero(url: str, poke, timeout: float = 60) -> float:
         time.sleep(0.5)
         usage = kv_usage(url)
     return usage
-
-
-def port_block(n: int) -> int:
-    for _ in range(50):
-        base = free_port()
-        if base + n >= 65536:
-            continue
-        try:
-            with contextlib.ExitStack() as stack:
-                for i in range(n):
-                    s = stack.enter_context(socket.socket())
-                    s.bind(("127.0.0.1", base + i))
-            return base
-        except OSError:
-            continue
-    raise RuntimeError("no free port block")
 
 
 @contextlib.contextmanager

@@ -27,7 +27,7 @@ import pytest
 from npu_testkit.engine import emulated_env, make_prompts
 from npu_testkit.kv_pool import local_pool, store_config
 from npu_testkit.models import hf_greedy
-from npu_testkit.serve import vllm_server
+from npu_testkit.serve import free_port, vllm_server
 from npu_testkit.sibling import import_sibling
 from npu_testkit.system_libs import require_mooncake_libraries
 
@@ -78,9 +78,9 @@ def cluster(tiny_qwen2, tmp_path_factory):
         consumer = {"kv_connector": "MooncakeConnector", "kv_role": "kv_consumer"}
         urls = {}
         for name, cfg in (
-            ("prefill", prefill(pd.port_block(1))),
+            ("prefill", prefill(free_port())),
             ("decode", consumer),
-            ("prefill2", prefill(pd.port_block(1))),
+            ("prefill2", prefill(free_port())),
         ):
             env = {**os.environ, **emulated_env(tmp / name, multiprocessing=True, extra={"PYTHONHASHSEED": "0"})}
             args = [*common, "--kv-transfer-config", json.dumps(cfg)]

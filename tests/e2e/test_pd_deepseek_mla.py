@@ -26,7 +26,7 @@ from npu_testkit.drafts import build_mtp_model
 from npu_testkit.engine import emulated_env, make_prompts, tiny_config
 from npu_testkit.models import hf_greedy
 from npu_testkit.mtp_bigram import bigrams, teach_bigrams
-from npu_testkit.serve import vllm_server
+from npu_testkit.serve import free_port, vllm_server
 from npu_testkit.sibling import import_sibling
 from npu_testkit.system_libs import require_mooncake_libraries
 
@@ -63,7 +63,7 @@ def cluster(tiny_model, tmp_path_factory):
     common = [str(tiny_model), "--dtype", "float32", "--max-model-len", "512", "--block-size", "16"]
     common += ["--max-num-seqs", "8", "--served-model-name", "tiny", "--enable-prompt-tokens-details"]
     common += ["--speculative-config", json.dumps(MTP)]
-    producer = {"kv_connector": "MooncakeConnector", "kv_role": "kv_producer", "kv_port": pd.port_block(1)}
+    producer = {"kv_connector": "MooncakeConnector", "kv_role": "kv_producer", "kv_port": free_port()}
     consumer = {"kv_connector": "MooncakeConnector", "kv_role": "kv_consumer"}
     torchair = {"npu": {"graph_mode": "torchair", "torchair_cache": False}}
     extra = {

@@ -60,7 +60,7 @@ def cluster(tiny_qwen2, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("pd")
     common = [str(tiny_qwen2), "--dtype", "float32", "--max-model-len", "512", "--block-size", "16"]
     common += ["--max-num-seqs", "16", "--served-model-name", "tiny", "--enable-prompt-tokens-details"]
-    kv_port = pd.port_block(1)
+    kv_port = free_port()
     producer = {
         "kv_connector": "MooncakeConnector",
         "kv_role": "kv_producer",
@@ -72,7 +72,7 @@ def cluster(tiny_qwen2, tmp_path_factory):
         "kv_role": "kv_consumer",
         "kv_connector_extra_config": {"handshake_timeout_s": 3},
     }
-    producer_tp2 = {**producer, "kv_port": pd.port_block(2)}
+    producer_tp2 = {**producer, "kv_port": free_port(2)}
     instances = [
         ("prefill", producer, []),
         ("decode0", consumer, []),

@@ -7,6 +7,7 @@ test that stops it itself (:func:`start_vllm_server`)."""
 from __future__ import annotations
 
 import contextlib
+import random
 import signal
 import socket
 import subprocess
@@ -24,11 +25,37 @@ import pytest
 STARTUP_TIMEOUT_S = 900
 
 
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def _ephemeral_start() -> int:
+    """The first port of Linux's ephemeral range (``ip_local_port_range``; 32768 where it cannot be read)."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+#: Where :func:`free_port` picks: below the ephemeral range, so no ``connect()`` or ``bind(port 0)`` on the host (the
+#: servers' ZMQ and Mooncake sockets, vLLM's own ``get_open_port``) can take a port between the pick and the bind of
+#: the process it was picked for -- seconds later, after a server's imports. A port handed out by the kernel was
+#: taken that way in the suite ("Address already in use" for a second prefill instance's kv_port).
+_PICK_FROM = 20000
+
+
+def free_port(block: int = 1) -> int:
+    """The first of ``block`` consecutive TCP ports on 127.0.0.1 that were free a moment ago, drawn at random below the
+    ephemeral range (see ``_PICK_FROM``); only another explicit bind can take them before their process binds."""
+    stop = _ephemeral_start() - block
+    if stop <= _PICK_FROM:
+        raise RuntimeError(f"no room for {block} ports below the ephemeral range (starts at {stop + block})")
+    for _ in range(200):
+        base = random.randrange(_PICK_FROM, stop)
+        try:
+            with contextlib.ExitStack() as stack:
+                for port in range(base, base + block):
+                    stack.enter_context(socket.socket()).bind(("127.0.0.1", port))
+        except OSError:
+            continue
+        return base
+    raise RuntimeError(f"no {block} free consecutive ports in {_PICK_FROM}-{stop + block - 1} on 127.0.0.1")
 
 
 def _log_tail(log_path: Path) -> str:

@@ -11,11 +11,40 @@ from vllm_npu.interface import REMOVED, VllmName
 _RUNNER = "vllm.v1.worker.gpu_model_runner:GPUModelRunner"
 _WORKER = "vllm.v1.worker.gpu_worker:Worker"
 _PLATFORM = "vllm.platforms.interface:Platform"
+_KV_MIXIN = "vllm.v1.worker.kv_connector_model_runner_mixin:KVConnectorModelRunnerMixin"
 _MODEL_RUNNER = ("vllm_npu.platform.model_runner",)
 _WORKER_MODULE = ("vllm_npu.platform.worker",)
 _PLATFORM_MODULE = ("vllm_npu.platform.platform",)
 
 SURFACE: tuple[VllmName, ...] = (
+    VllmName(
+        _KV_MIXIN,
+        "kv_connector_no_forward",
+        "method",
+        "overrides",
+        _MODEL_RUNNER,
+        "the runner's step without a forward: ours keeps the connectors' stats that vLLM 0.11.0 drops there "
+        "(vllm_npu.platform.kv_no_forward); a renamed seam would bring the loss back",
+        signature="(scheduler_output, vllm_config)",
+    ),
+    VllmName(
+        _KV_MIXIN,
+        "_get_kv_connector_output",
+        "method",
+        "calls",
+        ("vllm_npu.platform.kv_no_forward",),
+        "the no-forward step runs the connectors' per-step work (start loads, finished transfers, stats) through it",
+        signature="(scheduler_output, wait_for_save=True)",
+    ),
+    VllmName(
+        "vllm.v1.outputs:KVConnectorOutput",
+        "is_empty",
+        "method",
+        "calls",
+        ("vllm_npu.platform.kv_no_forward",),
+        "decides whether the no-forward step reports anything; it counts the stats on every release of the line",
+        signature="(self)",
+    ),
     VllmName(
         _RUNNER,
         "_update_hybrid_attention_mamba_layout",

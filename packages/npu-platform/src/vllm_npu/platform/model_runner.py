@@ -75,6 +75,7 @@ from .graphs.dp_pad import dummy_runs_every_pass
 from .graphs.sizes import GraphStreamsExhaustedError, is_stream_exhaustion, stream_exhaustion_message
 from .graphs.torchair import DraftTorchairWrapper, TorchairWrapper, torchair_enabled
 from .graphs.wrapper import GRAPH_STATS, NPUGraphWrapper, engine_wrappers
+from .kv_no_forward import kv_connector_no_forward
 
 # Resolved once here, not per step: a function-level ``from .sample import name`` goes through the door's lazy
 # ``__getattr__`` (an import-system lookup) twice per name on every step (~18 us a step, issue 35).
@@ -197,6 +198,9 @@ class NPUModelRunner(GPUModelRunner):
             # (vllm#37868). Zeroed padding, as vllm-ascend's runner keeps it (model_runner_v1.py:1366-1368).
             self.positions.gpu[num_scheduled:num_input].zero_()
         return out
+
+    #: vLLM 0.11.0 drops a no-forward step's connector stats (see :mod:`.kv_no_forward`); 0.11.1's rule on every release.
+    kv_connector_no_forward = staticmethod(kv_connector_no_forward)
 
     def execute_model(self, scheduler_output: Any, intermediate_tensors: Any | None = None) -> Any:
         if SPLIT_SAMPLING:

@@ -1,0 +1,33 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vllm-npu-plugin project
+"""``npu_testkit.serve.free_port``: ports for servers started seconds later are drawn below the kernel's ephemeral
+range, where no outgoing connection or ``bind(port 0)`` can take them in between (a second prefill instance once
+found its kv_port taken that way)."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+from npu_testkit import serve
+
+
+def test_ports_are_free_and_below_the_ephemeral_range() -> None:
+    start = serve._ephemeral_start()
+    for block in (1, 2, 4):
+        base = serve.free_port(block)
+        assert base >= serve._PICK_FROM and base + block <= start
+        for port in range(base, base + block):
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", port))
+
+
+def test_a_block_holding_a_taken_port_is_drawn_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        taken = held.getsockname()[1]
+        draws = iter([taken - 1, *range(taken + 1, taken + 40, 3)])  # first: a block of two ending on the taken port
+        monkeypatch.setattr(serve, "_PICK_FROM", taken - 2)
+        monkeypatch.setattr(serve, "_ephemeral_start", lambda: taken + 50)
+        monkeypatch.setattr(serve.random, "randrange", lambda lo, hi: next(draws))
+        assert serve.free_port(2) > taken
