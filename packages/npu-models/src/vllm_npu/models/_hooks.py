@@ -5,7 +5,8 @@ types transformers does not know with its ``AutoConfig``.
 
 The load hook runs only where our platform is active (``registry.load_component`` checks that), in every process
 that loads vLLM's general plugins; the worker init runs it again (once per process). Registration uses vLLM's lazy
-``"module:Class"`` form, so nothing model-related is imported until vLLM builds that architecture; a config class is
+``"module:Class"`` form, so nothing model-related is imported until vLLM builds that architecture (the entry is
+ours, :mod:`._registry_entry`, so vLLM's inspection of the class is cached); a config class is
 imported when its model type is registered (it needs only transformers, which vLLM has imported by then).
 """
 
@@ -53,11 +54,15 @@ def register_models() -> list[str]:
     now. Idempotent: a second call (or a second process hook) registers nothing."""
     from vllm import ModelRegistry
 
+    from ._registry_entry import registry_entry
+
     done = []
     for arch, target in MODEL_OVERRIDES.items():
 
         def _register(arch: str = arch, target: str = target) -> None:
-            ModelRegistry.register_model(arch, target)
+            ModelRegistry.register_model(arch, target)  # vLLM's checks of the arch and "module:Class"
+            # ... then our entry in its place: the same lazy import, the inspection cached on our sources.
+            ModelRegistry.models[arch] = registry_entry(target)
             logger.debug("model override %s -> %s", arch, target)
 
         if once(f"vllm_npu.models.register_model:{arch}", _register):
