@@ -294,7 +294,7 @@ def vllm_default_sizes(vllm_config: VllmConfig) -> list[int]:
     from the scheduler config (``SchedulerConfig.cuda_graph_sizes`` in ``_vllm_surface.py``)."""
     scheduler = getattr(vllm_config, "scheduler_config", None)
     max_tokens = getattr(scheduler, "max_num_batched_tokens", None)
-    if max_tokens is None:
+    if scheduler is None or max_tokens is None:
         return []
     if hasattr(scheduler, "cuda_graph_sizes"):  # vLLM 0.11.0
         graph_sizes = list(scheduler.cuda_graph_sizes or [])
