@@ -3,7 +3,8 @@
 """The graph mode of an engine, from vLLM's own knobs and the plugin's ``npu.graph_mode``.
 
 vLLM's knobs mean on the NPU what they mean on CUDA: ``--enforce-eager``, ``compilation_config.cudagraph_mode``,
-``cudagraph_capture_sizes`` (or ``--cuda-graph-sizes``; vLLM 0.11 derives ``max_capture_size`` from them).
+``cudagraph_capture_sizes`` (or ``--cuda-graph-sizes``; vLLM 0.11.0 derives ``max_capture_size`` from them, 0.11.1
+``max_cudagraph_capture_size``, which may be set instead of the list there).
 
 ================== ===========================================================================================
 cudagraph_mode     on the NPU platform
