@@ -3,7 +3,8 @@
 """The graph mode of an engine, from vLLM's own knobs and the plugin's ``npu.graph_mode``.
 
 vLLM's knobs mean on the NPU what they mean on CUDA: ``--enforce-eager``, ``compilation_config.cudagraph_mode``,
-``cudagraph_capture_sizes`` (or ``--cuda-graph-sizes``; vLLM 0.11 derives ``max_capture_size`` from them).
+``cudagraph_capture_sizes`` (or ``--cuda-graph-sizes``; vLLM 0.11.0 derives ``max_capture_size`` from them, 0.11.1
+``max_cudagraph_capture_size``, which may be set instead of the list there).
 
 ================== ===========================================================================================
 cudagraph_mode     on the NPU platform
@@ -284,14 +285,28 @@ def emulated_default_fallback(vllm_config: VllmConfig) -> str | None:
 
 
 def vllm_default_sizes(vllm_config: VllmConfig) -> list[int]:
-    """vLLM 0.11's default capture sizes for this config (``VllmConfig._set_cudagraph_sizes`` with the scheduler's
-    ``cuda_graph_sizes`` default, ``[min(2 * max_num_seqs, 512)]``), [] when the scheduler config does not say."""
+    """vLLM's default capture sizes for this config (``VllmConfig._set_cudagraph_sizes`` with no sizes configured),
+    ascending; [] when the scheduler config does not say.
+
+    vLLM 0.11.0 derives them from the scheduler's ``cuda_graph_sizes`` (default ``[min(2 * max_num_seqs, 512)]``):
+    1, 2, 4 and the multiples of 8 up to it. 0.11.1 dropped that field: the largest size is
+    ``min(2 * max_num_seqs, 512, max_num_batched_tokens)`` (or ``compilation_config.max_cudagraph_capture_size``), the
+    list 1, 2, 4, the multiples of 8 below 256, then the multiples of 16 (0.11.2 the same). Which one applies is read
+    from the scheduler config (``SchedulerConfig.cuda_graph_sizes`` in ``_vllm_surface.py``)."""
     scheduler = getattr(vllm_config, "scheduler_config", None)
-    graph_sizes = list(getattr(scheduler, "cuda_graph_sizes", None) or [])
     max_tokens = getattr(scheduler, "max_num_batched_tokens", None)
-    if len(graph_sizes) != 1 or max_tokens is None:
+    if scheduler is None or max_tokens is None:
         return []
-    return [s for s in [1, 2, 4, *range(8, graph_sizes[0] + 1, 8)] if s <= max_tokens]
+    if hasattr(scheduler, "cuda_graph_sizes"):  # vLLM 0.11.0
+        graph_sizes = list(scheduler.cuda_graph_sizes or [])
+        if len(graph_sizes) != 1:
+            return []
+        return [s for s in [1, 2, 4, *range(8, graph_sizes[0] + 1, 8)] if s <= max_tokens]
+    max_seqs = getattr(scheduler, "max_num_seqs", None)
+    if not max_seqs:
+        return []
+    top = min(2 * max_seqs, 512, max_tokens)
+    return [s for s in (1, 2, 4) if s <= top] + list(range(8, min(top + 1, 256), 8)) + list(range(256, top + 1, 16))
 
 
 def _emulated_default_sizes(vllm_config: VllmConfig, sizes: list[int]) -> list[int]:
