@@ -9,7 +9,9 @@ Usage: python dp_rank.py <model dir> <request json> <output json>
 The request JSON holds ``prompts`` (this rank's token prompts), ``max_tokens`` and ``llm`` (extra ``LLM`` keyword
 arguments). The output JSON holds the greedy tokens per prompt and what the worker's parallel state says (DP rank
 and size, EP size, the MoE layers' local expert count); with ``graph_state`` in the request (torchair mode) also
-the torchair counts at start-up and what generating added, and the MoE layers' graph state.
+the torchair counts at start-up and what generating added, and the MoE layers' graph state. With ``enable_eplb``
+in ``llm``: vLLM's EPLB state read back after generating (``npu_testkit.eplb.eplb_readback``). With ``late_prompts``
+(possibly empty): a second generate after the first, its tokens, torchair counts and EPLB state.
 """
 
 from __future__ import annotations
@@ -108,17 +110,36 @@ def _delta(before: dict, after: dict) -> dict:
     return out
 
 
+def _late_phase(llm, request: dict, params) -> list[list[int]]:
+    """Greedy tokens of ``late_prompts`` (a second ``generate`` after the first). A rank given none keeps stepping,
+    as vLLM's offline DP front end steps a rank whose requests are done: a dummy batch for every step another DP rank
+    takes (``LLMEngine.has_unfinished_requests``, all-reduced over the DP group, pairs with the other ranks')."""
+    from npu_testkit.engine import token_prompts
+
+    if request["late_prompts"]:
+        outs = llm.generate(token_prompts(request["late_prompts"]), params, use_tqdm=False)
+        return [list(o.outputs[0].token_ids) for o in outs]
+    engine = llm.llm_engine
+    while engine.has_unfinished_requests():
+        engine.step()
+    return []
+
+
 def main() -> None:
     model, request_path, out_path = sys.argv[1:4]
     request = json.loads(Path(request_path).read_text())
     from npu_testkit.engine import make_llm, shutdown_llm, token_prompts
+    from npu_testkit.eplb import count_rearrangements, eplb_readback
     from vllm import SamplingParams
 
     llm = make_llm(model, **request["llm"])
     params = SamplingParams(temperature=0.0, max_tokens=request["max_tokens"], ignore_eos=True)
     graph_state = request.get("graph_state")
+    eplb = request["llm"].get("enable_eplb", False)
     before = _torchair_stats(llm) if graph_state else {}
     llm.collective_rpc(_count_acceptance)
+    if eplb:
+        llm.collective_rpc(count_rearrangements)
     outs = llm.generate(token_prompts(request["prompts"]), params, use_tqdm=False)
     (state,) = llm.collective_rpc(_parallel_state)
     (spec,) = llm.collective_rpc(_acceptance)
@@ -127,6 +148,15 @@ def main() -> None:
         (layers,) = llm.collective_rpc(_moe_layers)
         (result["draft_moe_layers"],) = llm.collective_rpc(_draft_moe_layers)
         result.update(startup=before, generate=_delta(before, _torchair_stats(llm)), moe_layers=layers)
+    if eplb:  # vLLM's EPLB state after the first generate: maps, load, rearrangements, every slot checked
+        (result["eplb"],) = llm.collective_rpc(eplb_readback)
+    if "late_prompts" in request:
+        late_before = _torchair_stats(llm) if graph_state else {}
+        result["late_tokens"] = _late_phase(llm, request, params)
+        if graph_state:
+            result["late"] = _delta(late_before, _torchair_stats(llm))
+        if eplb:
+            (result["eplb_late"],) = llm.collective_rpc(eplb_readback)
     Path(out_path).write_text(json.dumps(result))
     shutdown_llm(llm)
 

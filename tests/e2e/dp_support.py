@@ -27,10 +27,13 @@ def run_dp(
     max_tokens: int,
     *,
     multiprocessing: bool = False,
+    late_shares: dict[int, list[list[int]]] | None = None,
     **request: Any,
 ) -> dict[int, dict]:
     """Greedy ``max_tokens`` for each DP rank's prompts (``shares``: rank -> its token prompts); ``request`` adds keys
-    to each rank's request (``dp_rank.py``). Returns each rank's output JSON.
+    to each rank's request (``dp_rank.py``). ``late_shares`` (rank -> prompts, possibly none): a second generate
+    after the first on every rank (a rank without late prompts steps dummy batches meanwhile). Returns each rank's
+    output JSON.
 
     By default each rank's engine core runs in its rank's process (vLLM's LLMEngine then joins the DP group itself):
     two processes, not four. ``multiprocessing=True`` gives each rank vLLM's engine-core process (``DPEngineCoreProc``,
@@ -43,7 +46,10 @@ def run_dp(
     procs = {}
     for rank, prompts in shares.items():
         path = tmp / f"request{rank}.json"
-        path.write_text(json.dumps({"prompts": prompts, "max_tokens": max_tokens, "llm": llm_kwargs, **request}))
+        late = {} if late_shares is None else {"late_prompts": late_shares[rank]}
+        path.write_text(
+            json.dumps({"prompts": prompts, "max_tokens": max_tokens, "llm": llm_kwargs, **late, **request})
+        )
         dp_env = {
             **env,
             "VLLM_DP_RANK": str(rank),

@@ -3,7 +3,16 @@
 """``npu.graph_mode='torchair'`` with data-parallel MoE: a tiny Qwen3-MoE at ``data_parallel_size=2`` with
 ``enable_expert_parallel`` (EP=2 over the DP ranks, 3 of 6 experts each), offline, one process per DP rank
 (``dp_support``), cache off, sizes [1, 2, 4]. The MoE layers are in the compiled decode graph (no opaque
-``vllm.moe_forward`` node) with their exchange: the all-gather / reduce-scatter of static shapes (``default``).
+``vllm.moe_forward`` node) with their exchange: the all-gather / reduce-scatter of static shapes.
+
+``gathered_eplb_dynamic`` runs it with vLLM's dynamic EPLB (``--enable-eplb``, two redundant experts: 4 of 8 slots
+per rank, a rearrangement every 3 steps over the EP group of both DP ranks), as production DeepSeek runs DP + EP.
+Decode steps count the expert load inside the compiled graph and read vLLM's replica tables as graph inputs; rank
+1's dummy batches (eager, at the padded size) count none but take their part in every rearrangement. After the
+first generate (rearranged twice mid-run) and again after a late request on rank 0 alone (rank 1 idles through two
+more rearrangements): both ranks agree on a physical -> logical map other than vLLM's initial one, each rank's own
+slots changed experts, every slot holds the checkpoint tensors of its new expert (``npu_testkit.eplb``), greedy ==
+HF before, across and after the rearrangements, nothing recompiled.
 
 ``deepseek_mc2_w8a8_dynamic_mtp`` is the production DeepSeek stack of issue #31 as one engine: a tiny DeepSeek-V3
 (MLA, a shared expert, noaux_tc routing, 2 of 4 experts per rank) with an MTP layer, quantized to W8A8_DYNAMIC (its
@@ -24,6 +33,7 @@ from pathlib import Path
 
 import pytest
 from npu_testkit.engine import make_prompts, tiny_config
+from npu_testkit.eplb import eplb_engine_args, initial_map
 from npu_testkit.models import build_tiny_model, hf_greedy
 from npu_testkit.sibling import import_sibling
 
@@ -34,11 +44,20 @@ SIZES = [1, 2, 4]
 MAX_TOKENS = 6
 PROMPTS = make_prompts([5, 9, 17, 3], seed=3)
 SHARES = {0: [0, 1, 2], 1: [3]}
+LATE = {0: make_prompts([20], seed=5), 1: []}  # the EPLB case's second generate: rank 1 idles
 MTP_K = 1
-# case -> (npu settings, the MoE layers' dispatcher, the exchange's nodes per MoE layer in a compiled graph, MTP)
+NUM_EXPERTS, REDUNDANT, TOP_K = 6, 2, 2  # the tiny Qwen3-MoE's experts; the EPLB case's redundant slots
+# case -> (npu settings, the MoE layers' dispatcher, the exchange's nodes per MoE layer in a compiled graph, MTP,
+# dynamic EPLB)
 CASES = {
-    "default": ({}, "GatheredDispatcher", {"all_gather": 3, "reduce_scatter": 1}, False),  # rows, weights, ids; sums
-    "deepseek_mc2_w8a8_dynamic_mtp": ({"moe_mc2": "on"}, "StepDispatcher", {"mc2": 1, "all_gather": 0}, True),
+    "gathered_eplb_dynamic": (  # all-gather of rows, weights, ids; reduce-scatter of sums
+        {},
+        "GatheredDispatcher",
+        {"all_gather": 3, "reduce_scatter": 1},
+        False,
+        True,
+    ),
+    "deepseek_mc2_w8a8_dynamic_mtp": ({"moe_mc2": "on"}, "StepDispatcher", {"mc2": 1, "all_gather": 0}, True, False),
 }
 
 
@@ -62,7 +81,7 @@ def _deepseek_mtp_w8a8_dynamic(tmp: Path) -> tuple[Path, list[list[int]]]:
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_dp_moe_in_the_graph_equals_hf(case, tmp_path):
-    npu, dispatcher, exchanges, mtp = CASES[case]
+    npu, dispatcher, exchanges, mtp, eplb = CASES[case]
     sizes, experts = SIZES, [3]
     llm_kwargs = {
         "enable_expert_parallel": True,
@@ -76,10 +95,16 @@ def test_dp_moe_in_the_graph_equals_hf(case, tmp_path):
         llm_kwargs["speculative_config"] = {"method": "deepseek_mtp", "num_speculative_tokens": MTP_K}
     else:
         model = build_tiny_model(tiny_config("qwen3_moe"))
-        reference = hf_greedy(model, PROMPTS, MAX_TOKENS)
+        reference = hf_greedy(model, PROMPTS + LATE[0], MAX_TOKENS)
+    if eplb:
+        llm_kwargs.update(eplb_engine_args(REDUNDANT, step_interval=3), enable_prefix_caching=False)
+        experts = [(NUM_EXPERTS + REDUNDANT) // 2]
     llm_kwargs["compilation_config"] = {"cudagraph_capture_sizes": sizes}
     shares = {rank: [PROMPTS[i] for i in share] for rank, share in SHARES.items()}
-    results = dp.run_dp(model, llm_kwargs, tmp_path, shares, MAX_TOKENS, multiprocessing=mtp, graph_state=True)
+    late = LATE if eplb else None
+    results = dp.run_dp(
+        model, llm_kwargs, tmp_path, shares, MAX_TOKENS, multiprocessing=mtp, late_shares=late, graph_state=True
+    )
     for rank, share in SHARES.items():
         got = results[rank]
         assert got["tokens"] == [reference[i] for i in share], rank
@@ -109,3 +134,36 @@ def test_dp_moe_in_the_graph_equals_hf(case, tmp_path):
                 [dispatcher],
             )
             assert draft["quant_methods"] == [method] and draft["calls"]["mc2"] > 0, draft
+    if eplb:
+        _check_eplb(results, reference[len(PROMPTS) :], experts[0])
+
+
+def _check_eplb(results: dict[int, dict], late_reference: list[list[int]], per_rank: int) -> None:
+    """Both DP ranks' EPLB state after the first generate and after the late request (rank 0's alone)."""
+    initial = initial_map(NUM_EXPERTS, REDUNDANT)
+    first, late = ({r: results[r][key] for r in results} for key in ("eplb", "eplb_late"))
+    for phase in (first, late):
+        maps = phase[0]["physical_to_logical"]
+        assert all(p["physical_to_logical"] == maps for p in phase.values())  # one state, agreed by both ranks
+        assert len(maps) == 2 and all(sorted(set(m)) == list(range(NUM_EXPERTS)) for m in maps), maps
+        for rank, p in phase.items():
+            assert p["ep_rank"] == rank and p["method"] == "AscendUnquantizedFusedMoEMethod", p
+            assert p["mismatches"] == [], (rank, p["mismatches"])  # every slot holds its expert's tensors
+            # this rank's own slots changed experts in some layer: the rearrangement moved weights to both ranks
+            own = slice(rank * per_rank, (rank + 1) * per_rank)
+            assert any(m[own] != initial[own] for m in maps), (rank, maps)
+    # both ranks rearranged together mid-generate, and the idle rank 1 (dummy batches) took part in more
+    assert first[0]["rearrangements"] == first[1]["rearrangements"] >= 1, first
+    assert late[0]["rearrangements"] == late[1]["rearrangements"] > first[0]["rearrangements"], late
+    # each real (token, expert) pair of the first generate counted once on its rank (compiled steps count padding)
+    forward_tokens = sum(len(p) for p in PROMPTS) + len(PROMPTS) * (MAX_TOKENS - 1)
+    for layer in range(2):
+        assert sum(sum(first[r]["load_window"][layer]) for r in first) >= forward_tokens * TOP_K
+    # rank 1's dummy batches took part without counting load (vLLM drops a dummy pass's)
+    assert late[1]["load_window"] == first[1]["load_window"], (first[1], late[1])
+    # the late request ran through the moved experts (decode compiled), rank 1 stepped eager dummies, no compile
+    assert results[0]["late_tokens"] == late_reference and results[1]["late_tokens"] == []
+    rank0, rank1 = results[0]["late"], results[1]["late"]
+    assert rank0["compiled_calls"] > 0 and rank1["eager_calls"] > 0, (rank0, rank1)
+    for stats in (rank0, rank1):
+        assert stats["compiles"] == 0 and stats["recompiles"] == 0 and stats["opaque_moe_nodes"] == 0, stats

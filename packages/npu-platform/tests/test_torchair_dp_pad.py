@@ -91,7 +91,8 @@ class _Recorder(torch.nn.Module):
     def forward(self, input_ids, positions, hidden_states, inputs_embeds=None):
         import vllm.forward_context
 
-        counts = vllm.forward_context.get_forward_context().dp_metadata.num_tokens_across_dp_cpu.tolist()
+        meta = vllm.forward_context.get_forward_context().dp_metadata
+        counts = None if meta is None else meta.num_tokens_across_dp_cpu.tolist()
         self.seen.append((int(input_ids.shape[0]), counts))
         return hidden_states * 2
 
@@ -162,3 +163,46 @@ def test_a_dummy_batch_runs_eagerly_at_the_padded_size_of_its_descriptor(monkeyp
     out = wrapper(**_kwargs(1))
     assert model.seen == [(4, [4, 4])] and out.shape == (1, 3)
     assert wrapper.compiled == {} and torchair.TORCHAIR_STATS.eager_calls == eager + 1
+
+
+def _eager_wrapper(monkeypatch, ctx: SimpleNamespace) -> tuple[object, _Recorder]:
+    import vllm.forward_context
+    from vllm.config import CUDAGraphMode
+    from vllm_npu.platform.graphs import torchair
+
+    monkeypatch.setattr(torchair, "get_forward_context", lambda: ctx)
+    monkeypatch.setattr(vllm.forward_context, "get_forward_context", lambda: ctx)
+    wrapper = object.__new__(torchair.TorchairWrapper)
+    wrapper.runnable, wrapper.runtime_mode = (model := _Recorder()), CUDAGraphMode.FULL
+    wrapper.compiled = {}
+    return wrapper, model
+
+
+def test_a_dummy_batch_beside_another_ranks_prefill_runs_at_that_ranks_count(monkeypatch):
+    """vLLM's DP dummy batch while the other rank runs a 20-token prefill: runtime mode NONE, no descriptor, the
+    forward context's counts [20, 20], one row. Handed one row, the MoE exchange met 20 on the other rank (the layer
+    refused: "the DP ranks hold [20, 20] tokens this step, this rank's MoE input 1"); it runs with 20 and returns
+    its one."""
+    from vllm.config import CUDAGraphMode
+
+    ctx = _context([20, 20])
+    ctx.cudagraph_runtime_mode = CUDAGraphMode.NONE
+    wrapper, model = _eager_wrapper(monkeypatch, ctx)
+    out = wrapper(**_kwargs(1))
+    assert model.seen == [(20, [20, 20])] and out.shape == (1, 3)
+    assert torch.equal(out, torch.full((1, 3), 2.0)) and wrapper.compiled == {}
+
+
+@pytest.mark.parametrize("counts", [None, [6, 6]], ids=["no-dp", "agreeing"])
+def test_an_eager_step_with_metadata_or_agreeing_counts_is_unpadded(monkeypatch, counts):
+    """A real eager step (attention metadata set) and a dummy batch that already holds the count run as given."""
+    from vllm.config import CUDAGraphMode
+
+    ctx = _context(counts)
+    ctx.cudagraph_runtime_mode = CUDAGraphMode.NONE
+    wrapper, model = _eager_wrapper(monkeypatch, ctx)
+    ctx.attn_metadata = {"layer": object()}
+    assert wrapper(**_kwargs(3)).shape == (3, 3)
+    ctx.attn_metadata = None
+    assert wrapper(**_kwargs(6)).shape == (6, 3)
+    assert [rows for rows, _ in model.seen] == [3, 6]

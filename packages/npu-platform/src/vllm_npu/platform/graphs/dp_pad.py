@@ -7,8 +7,10 @@ vLLM's dummy batch (``execute_dummy_batch``: a DP rank without requests while ot
 with the batch descriptor of the DP-padded size and runtime mode FULL, but hands the model the unpadded one row and
 no attention metadata (on CUDA the replayed graph reads its own persistent buffers, so the row count never shows).
 A compiled size called with one row recompiles; run eagerly with one row, the MoE exchange sees one row against the
-other ranks' padded count. :func:`pad_token_args` pads it to the descriptor's size; the wrapper runs it eagerly
-(there is no metadata to lay out as graph inputs).
+other ranks' padded count. :func:`run_dummy_at` pads it to the descriptor's size; the wrapper runs it eagerly
+(there is no metadata to lay out as graph inputs). While another rank runs a prefill or mixed step (mode NONE, no
+descriptor) the dummy batch gets the same one row against that rank's count: it is padded to the forward context's
+largest count (:func:`dp_pass_size`).
 
 The MoE exchange in the compiled graph has static shapes (the all-gather / reduce-scatter or MC2 of npu-ops'
 ``AscendFusedMoE``), so every DP rank must hand it the same row count. vLLM pads the target's steps across DP
@@ -48,6 +50,18 @@ def dp_pass_size(size: int) -> int:
     if meta is None:
         return size
     return max(size, int(meta.num_tokens_across_dp_cpu.max()))
+
+
+def run_dummy_at(runnable: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], size: int) -> Any:
+    """vLLM's DP dummy batch (``execute_dummy_batch``: ``_dummy_run(1)``, no attention metadata) run by ``runnable``
+    with its token arguments padded with zero rows to ``size`` (the other ranks' count), its output cut back to its
+    own rows. Unpadded when it holds ``size`` rows or more, or has no token arguments. vLLM pads the forward context's
+    DP counts to the largest rank's but hands the model the one row; vllm-ascend's ``_dummy_run`` runs the model at
+    the DP-synced count (``worker/model_runner_v1.py:2397-2399``)."""
+    rows = token_rows(kwargs)
+    if rows < 0 or rows >= size:
+        return runnable(*args, **kwargs)
+    return unpad_rows(runnable(*args, **pad_token_args(kwargs, size)), rows)
 
 
 def _pad_rows(t: torch.Tensor, rows: int, dim: int) -> torch.Tensor:

@@ -58,7 +58,7 @@ from vllm_npu.interface import COMPILED_STEP, AdditionalConfig, GraphInputsProvi
 
 from .compile_cache import CompileCache, default_cache_root, kv_cache_layout, worker_cache
 from .config import sparse_attention
-from .dp_pad import dp_padded_pass, pad_token_args, token_rows, unpad_rows
+from .dp_pad import dp_padded_pass, dp_pass_size, run_dummy_at, token_rows, unpad_rows
 from .wrapper import register_wrapper
 
 logger = get_logger(__name__)
@@ -254,19 +254,20 @@ class TorchairWrapper(CUDAGraphWrapper):
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         context = get_forward_context()
+        metadata: object = context.attn_metadata
         if context.cudagraph_runtime_mode != self.runtime_mode or context.batch_descriptor is None:
             TORCHAIR_STATS.eager_calls += 1
+            if metadata is None:
+                # vLLM's dummy batch of a DP rank without requests while another rank runs a prefill or mixed step
+                # (mode NONE): one row against the DP-padded count of the forward context (.dp_pad)
+                return run_dummy_at(self.runnable, args, kwargs, dp_pass_size(0))
             return self.runnable(*args, **kwargs)
         size = context.batch_descriptor.num_tokens
-        metadata: object = context.attn_metadata
         if metadata is None:
             # vLLM's dummy batch of a DP rank without requests: one row under the padded size's descriptor and no
             # metadata to lay out; eagerly at the other ranks' size (the MoE exchange's shapes; .dp_pad)
             TORCHAIR_STATS.eager_calls += 1
-            rows = token_rows(kwargs)
-            if rows < 0:
-                return self.runnable(*args, **kwargs)
-            return unpad_rows(self.runnable(*args, **pad_token_args(kwargs, size)), rows)
+            return run_dummy_at(self.runnable, args, kwargs, size)
         inputs = _graph_inputs(size)
         if inputs is None:
             TORCHAIR_STATS.eager_calls += 1
