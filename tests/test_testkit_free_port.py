@@ -6,6 +6,7 @@ found its kv_port taken that way)."""
 
 from __future__ import annotations
 
+import random
 import socket
 
 import pytest
@@ -22,6 +23,15 @@ def test_ports_are_free_and_below_the_ephemeral_range() -> None:
                 s.bind(("127.0.0.1", port))
 
 
+def test_seeding_the_global_generator_does_not_repeat_the_draws() -> None:
+    """Two pytest workers that seed ``random`` alike (tests do) must not draw the same port for two servers."""
+    draws = []
+    for _ in range(2):
+        random.seed(1234)
+        draws.append([serve.free_port() for _ in range(5)])
+    assert draws[0] != draws[1]
+
+
 def test_a_block_holding_a_taken_port_is_drawn_again(monkeypatch: pytest.MonkeyPatch) -> None:
     with socket.socket() as held:
         held.bind(("127.0.0.1", 0))
@@ -29,5 +39,5 @@ def test_a_block_holding_a_taken_port_is_drawn_again(monkeypatch: pytest.MonkeyP
         draws = iter([taken - 1, *range(taken + 1, taken + 40, 3)])  # first: a block of two ending on the taken port
         monkeypatch.setattr(serve, "_PICK_FROM", taken - 2)
         monkeypatch.setattr(serve, "_ephemeral_start", lambda: taken + 50)
-        monkeypatch.setattr(serve.random, "randrange", lambda lo, hi: next(draws))
+        monkeypatch.setattr(serve._DRAWS, "randrange", lambda lo, hi: next(draws))
         assert serve.free_port(2) > taken

@@ -39,6 +39,10 @@ def _ephemeral_start() -> int:
 #: taken that way in the suite ("Address already in use" for a second prefill instance's kv_port).
 _PICK_FROM = 20000
 
+#: Draws from the OS, never from ``random``'s global generator: tests seed that one (``random.seed``), and two xdist
+#: workers seeded alike drew the same "free" port for two servers starting at the same time.
+_DRAWS = random.SystemRandom()
+
 
 def free_port(block: int = 1) -> int:
     """The first of ``block`` consecutive TCP ports on 127.0.0.1 that were free a moment ago, drawn at random below the
@@ -47,7 +51,7 @@ def free_port(block: int = 1) -> int:
     if stop <= _PICK_FROM:
         raise RuntimeError(f"no room for {block} ports below the ephemeral range (starts at {stop + block})")
     for _ in range(200):
-        base = random.randrange(_PICK_FROM, stop)
+        base = _DRAWS.randrange(_PICK_FROM, stop)
         try:
             with contextlib.ExitStack() as stack:
                 for port in range(base, base + block):
@@ -80,6 +84,14 @@ def start_vllm_server(
     ``http://127.0.0.1:<port>`` once ``/v1/models`` returns 200; eager unless ``args`` choose a graph mode
     (:func:`pin_eager_args`). Fails the test, with the end of the log (and the
     server killed), if the server exits or is not ready within ``timeout_s`` seconds. The caller stops the server."""
+    if "vllm" in sys.modules and "VLLM_CACHE_ROOT" in env and args and Path(args[0]).is_dir():
+        # The server's front end finds vLLM's model-class inspection cached (model_info.py) instead of starting a
+        # subprocess for it; only where this process has vLLM imported already (a test process of engine modules).
+        from .engine import patched_environ
+        from .model_info import warm_model_info
+
+        with patched_environ({"VLLM_CACHE_ROOT": env["VLLM_CACHE_ROOT"]}):
+            warm_model_info(args[0])
     port = free_port()
     args = pin_eager_args(args)
     cmd = [str(Path(sys.executable).with_name("vllm")), "serve", *args, "--host", "127.0.0.1", "--port", str(port)]
