@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from .gc_heap import freeze_long_lived_heap
+from .model_info import warm_model_info
 
 #: Defaults of :func:`make_llm`; any keyword argument overrides them.
 LLM_DEFAULTS: dict[str, Any] = {
@@ -168,6 +169,7 @@ def make_llm(model_dir: str | os.PathLike[str], **kwargs: Any):
     # as dynamic (e.g. a LayerNorm's eps: XLM-R 1e-5, then BERT 1e-12), and the emulated twin's trace of the piece
     # fails on the resulting .item(). A served model has its process to itself: start from the same clean state.
     torch._dynamo.reset()
+    warm_model_info(model_dir)  # vLLM's model-class inspection from this process, not a subprocess (model_info.py)
     args = pin_eager({**LLM_DEFAULTS, **kwargs})
     return LLM(model=str(model_dir), **args)
 

@@ -44,8 +44,12 @@ def sources_key(module_name: str) -> str | None:
 class NPULazyModel(vllm_registry._LazyRegisteredModel):
     """vLLM's lazily imported registry entry, with :meth:`inspect_model_cls` cached on :func:`sources_key`."""
 
+    def cache_key(self) -> str | None:
+        """The key of this entry's cached inspection (:func:`sources_key` of its module)."""
+        return sources_key(self.module_name)
+
     def inspect_model_cls(self) -> Any:
-        key = sources_key(self.module_name)
+        key = self.cache_key()
         if key is not None and (cached := self._load_modelinfo_from_cache(key)) is not None:
             return cached
         # In a subprocess, as vLLM does: importing a model module may initialise the device runtime.
