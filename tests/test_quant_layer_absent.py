@@ -32,6 +32,8 @@ OLD_DESCRIPTION = {"model.layers.0.mlp.down_proj.weight": "W8A8_DYNAMIC", "lm_he
 _HIDE_QUANT = """
 import importlib.abc, importlib.metadata as md, sys
 
+pytestmark = pytest.mark.long  # half a minute or more: scheduled with the engine modules (conftest.py)
+
 class _NoQuant(importlib.abc.MetaPathFinder):
     def find_spec(self, name, path=None, target=None):
         if name == "vllm_npu.quant" or name.startswith("vllm_npu.quant."):

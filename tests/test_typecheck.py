@@ -10,6 +10,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.long  # half a minute or more: scheduled with the engine modules (conftest.py)
+
 REPO = Path(__file__).resolve().parent.parent
 
 

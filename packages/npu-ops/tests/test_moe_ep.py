@@ -18,6 +18,8 @@ from pathlib import Path
 import pytest
 import torch
 
+pytestmark = pytest.mark.long  # half a minute or more: scheduled with the engine modules (conftest.py)
+
 WORKER = Path(__file__).with_name("moe_ep_worker.py")
 DP_WORKER = Path(__file__).with_name("moe_dp_worker.py")
 

@@ -22,6 +22,8 @@ from vllm_npu.interface import DeviceDecision, DeviceMode, reset_device_selectio
 from vllm_npu.platform.tools.cli import SUBCOMMANDS, main, selftest
 from vllm_npu.platform.tools.cli import _kernel_check as kc
 
+pytestmark = pytest.mark.long  # half a minute or more: scheduled with the engine modules (conftest.py)
+
 REPO = Path(__file__).resolve().parents[3]
 
 

@@ -22,6 +22,8 @@ from vllm_npu.platform.graphs.sizes import GraphStreamsExhaustedError
 from vllm_npu.platform.graphs.wrapper import NPUGraphWrapper
 from vllm_npu.platform.model_runner import NPUModelRunner
 
+pytestmark = pytest.mark.long  # half a minute or more: scheduled with the engine modules (conftest.py)
+
 SIZES = [2, 4]
 
 

@@ -16,6 +16,8 @@ from npu_testkit.npu_runtime_standin import install_for_test
 from vllm_npu.platform import _device
 from vllm_npu.platform._device import EMULATED_RUNTIME, FORK_ERROR, EmulatedDevice, NPUDevice
 
+pytestmark = pytest.mark.long  # half a minute or more: scheduled with the engine modules (conftest.py)
+
 
 def _child_set_device(backend: type, queue: multiprocessing.Queue) -> None:
     try:
