@@ -111,14 +111,21 @@ def tiny_model():
 
 
 @pytest.mark.parametrize("device", ["npu", "emulated"])
-def test_building_the_engine_config_in_the_front_end_leaves_the_runtime_alone(tiny_model, device, tmp_path):
+def test_building_the_engine_config_in_the_front_end_leaves_the_runtime_alone(tiny_model, device):
     """vLLM's EngineArgs.create_engine_config (the front-end process of `LLM` and `vllm serve`) calls the
     platform's hooks; none may initialise the device runtime there (the engine core and workers fork from it)."""
     import json
 
+    from npu_testkit.engine import patched_environ, shared_vllm_cache_root
+    from npu_testkit.model_info import warm_model_info
+
     env = {**os.environ, "VLLM_NPU_DEVICE": "emulated", "VLLM_NO_USAGE_STATS": "1", "HF_HUB_OFFLINE": "1"}
     env.pop("VLLM_WORKER_MULTIPROC_METHOD", None)
-    env["VLLM_CACHE_ROOT"] = str(tmp_path)
+    # vLLM's model-class inspection found cached, as the engines' front ends find it (its subprocess is another
+    # process: nothing this test watches; it only cost 10-20 s per case)
+    env["VLLM_CACHE_ROOT"] = str(shared_vllm_cache_root())
+    with patched_environ({"VLLM_CACHE_ROOT": env["VLLM_CACHE_ROOT"]}):
+        warm_model_info(tiny_model)
     proc = subprocess.run(
         [sys.executable, "-c", FRONT_END, str(tiny_model), device],
         env=env,
