@@ -8,6 +8,10 @@ every tensor static; ``torch_npu`` as opaque custom ops of the documented argume
 twin's exchange with NaN in the rows the kernel leaves undefined). Each compiled run equals the eager one, compiles
 once, takes no symbolic input, reads nothing on the host, and holds the exchange as the op the NPU kernel is (or the
 twin's registered op); every op of the NPU graph has an implemented GE converter in torch_npu 2.8.0's torchair.
+
+``mc2_eplb_dp`` adds dynamic EPLB to MC2 over DP tokens (four steps, a rearrangement before the third): the replica
+tables and load counter are graph inputs, so the compiled layers read the new placement without recompiling and
+count the same load as the eager one (the docstring of its test).
 """
 
 from __future__ import annotations
