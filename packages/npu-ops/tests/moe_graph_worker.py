@@ -11,6 +11,13 @@ emulated device's stand-in) and the NPU twins (``dynamic=True``, every tensor ma
 replaced by opaque custom ops of the documented arguments. The NPU MC2 kernels' stand-ins run the twin's exchange
 over gloo and fill the rows the kernel leaves undefined with NaN. Saves outputs, compile counts, the lowered graphs'
 ops and symbolic inputs to ``<out_dir>/rank<r>.pt``.
+
+The dynamic-EPLB scenario (kind ``mc2+eplb``): vLLM's initial EPLB placement (``NUM_LOGICAL`` + ``REDUNDANT``
+physical experts, 4 slots a rank) whose replica tables and load counter are the layer's EPLB views
+(``ExpertPlacement.follow``); before step ``REARRANGE_AT`` both ranks do what ``EplbState.rearrange`` does to them
+(the tables and this rank's moved slots' weights rewritten in place, ``copy_``), and the load is zeroed before every
+step (vLLM's per-pass load) and saved after it. Its ``stale`` run moves the weights but keeps the old tables: what a
+graph that had baked the tables in would compute.
 """
 
 from __future__ import annotations
@@ -31,7 +38,14 @@ SCENARIOS: dict[str, tuple[int, int, bool, str]] = {
     "mc2_dp": (8, 2, True, "mc2"),
     "gathered_dp": (8, 2, True, "gathered"),
     "mc2_over_gathered_dp": (8, 2, True, "mc2+gathered"),  # steps past MC2's capacity: the gathered dispatcher
+    "mc2_eplb_dp": (6, 2, True, "mc2+eplb"),  # 6 logical experts + REDUNDANT, dynamic EPLB tables, a rearrangement
 }
+
+# Dynamic EPLB: vLLM's initial map is [0, 1, 2, 3, 4, 5, 0, 1] (rank 0's slots [0, 1, 2, 3], rank 1's [4, 5, 0, 1]).
+# The rearranged one gives the hot expert HOT two replicas (slots 3 and 6) and expert 0 one: every slot of rank 0
+# but slot 3 keeps its expert, three of rank 1's four change, and the replica counts change with them.
+REDUNDANT, HOT, REARRANGE_AT, EPLB_STEPS = 2, 4, 2, 4
+REARRANGED = [0, 1, 2, 4, 3, 5, 4, 1]
 
 _COMMS: dict[str, Any] = {}
 Out7 = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
@@ -39,9 +53,16 @@ Out7 = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tenso
 
 def inputs(name: str, rank: int, step: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(x, logits) of a step; the same on every rank when the ranks hold the same tokens."""
-    num_experts, _, differ, _ = SCENARIOS[name]
+    num_experts, _, differ, kind = SCENARIOS[name]
     gen = torch.Generator().manual_seed(100 * step + (rank if differ else 0))
-    return torch.randn(TOKENS, HIDDEN, generator=gen), torch.randn(TOKENS, num_experts, generator=gen)
+    x, logits = torch.randn(TOKENS, HIDDEN, generator=gen), torch.randn(TOKENS, num_experts, generator=gen)
+    if "eplb" in kind:
+        logits[:, HOT] += 3.0  # every token picks the hot expert: its replicas share the load
+    return x, logits
+
+
+def steps(name: str) -> int:
+    return EPLB_STEPS if "eplb" in SCENARIOS[name][3] else STEPS
 
 
 def weights(num_experts: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -155,6 +176,24 @@ class Layer(torch.nn.Module):
         self.moe_plan = plan
         self.w13 = torch.nn.Parameter(w13, requires_grad=False)
         self.w2 = torch.nn.Parameter(w2, requires_grad=False)
+        #: The EPLB views (replica table, replica counts, load), when the placement follows them.
+        self.eplb: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+
+    def rearrange(self, physical_to_logical: list[int], rank: int, *, tables: bool = True) -> None:
+        """What ``EplbState.rearrange`` does to this rank: the tables and the moved slots' weights, in place."""
+        from vllm_npu.ops.moe.eplb import eplb_tables
+
+        assert self.eplb is not None
+        table, counts, _ = self.eplb
+        if tables:
+            new_table, new_counts = eplb_tables(physical_to_logical, int(table.shape[0]), int(table.shape[1]))
+            table.copy_(new_table)
+            counts.copy_(new_counts)
+        w13, w2 = weights(int(table.shape[0]))
+        per = self.w13.shape[0]
+        mine = physical_to_logical[rank * per : (rank + 1) * per]
+        self.w13.copy_(w13[mine])
+        self.w2.copy_(w2[mine])
 
     def forward(self, x: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
         from vllm_npu.ops.moe.forward import moe_forward
@@ -164,15 +203,24 @@ class Layer(torch.nn.Module):
 
 def build_layer(name: str, rank: int, world: int, backend: str) -> Layer:
     from vllm_npu.ops.moe.comm import torch_all_to_all
+    from vllm_npu.ops.moe.eplb import eplb_placement, eplb_tables
     from vllm_npu.ops.moe.forward import build_moe_plan
     from vllm_npu.ops.moe.gating import RoutingConfig
     from vllm_npu.ops.moe.mc2 import MC2Comm
     from vllm_npu.ops.moe.placement import ExpertPlacement
 
     num_experts, top_k, differ, kind = SCENARIOS[name]
-    per = num_experts // world
-    slots = [list(range(r * per, (r + 1) * per)) for r in range(world)]
-    placement = ExpertPlacement(num_experts, slots)
+    eplb = None
+    if "eplb" in kind:
+        placement = eplb_placement(num_experts, REDUNDANT, world)
+        table, counts = eplb_tables(placement.physical_to_logical.tolist(), num_experts)
+        eplb = (table, counts, torch.zeros(placement.num_physical, dtype=torch.int32))
+        placement.follow(*eplb)
+        slots = placement.slots
+    else:
+        per = num_experts // world
+        slots = [list(range(r * per, (r + 1) * per)) for r in range(world)]
+        placement = ExpertPlacement(num_experts, slots)
     exchange = torch_all_to_all(torch.distributed.group.WORLD)
     kwargs: dict[str, Any] = dict(act_dtype=torch.float32, placement=placement, ep_rank=rank, backend=backend)
     if differ:
@@ -187,26 +235,35 @@ def build_layer(name: str, rank: int, world: int, backend: str) -> Layer:
     plan = build_moe_plan(RoutingConfig(top_k=top_k), num_experts, **kwargs)
     w13, w2 = weights(num_experts)
     mine = torch.tensor(slots[rank])
-    return Layer(plan, w13[mine], w2[mine])
+    layer = Layer(plan, w13[mine], w2[mine])
+    layer.eplb = eplb
+    return layer
 
 
-def run(name: str, rank: int, world: int, backend: str, compiled: bool) -> dict[str, Any]:
+def run(name: str, rank: int, world: int, backend: str, compiled: bool, *, stale: bool = False) -> dict[str, Any]:
     from npu_testkit.torchair_converters import compile_lowered, fresh_dynamo_imports
 
     layer = build_layer(name, rank, world, backend)
     fn, graphs = compile_lowered(layer, dynamic=backend == "npu") if compiled else (layer, [])
-    outs = []
+    outs, loads = [], []
     with torch.no_grad(), fresh_dynamo_imports():
-        for step in range(STEPS):
+        for step in range(steps(name)):
+            if layer.eplb is not None:
+                if step == REARRANGE_AT:
+                    layer.rearrange(REARRANGED, rank, tables=not stale)
+                layer.eplb[2].zero_()  # vLLM's per-pass load
             x, logits = inputs(name, rank, step)
             if compiled and backend == "npu":  # the torchair wrapper's NPU strategy: dynamic, tensors static
                 for t in (x, logits, layer.w13, layer.w2):
                     torch._dynamo.mark_static(t)
             outs.append(fn(x, logits))
+            if layer.eplb is not None:
+                loads.append(layer.eplb[2].clone())
     from npu_testkit.torchair_converters import graph_ops, symbolic_inputs
 
     return {
         "outs": outs,
+        "loads": loads,
         "compiles": len(graphs),
         "ops": sorted(set().union(*(graph_ops(g) for g in graphs))) if graphs else [],
         "symbolic": [s for g in graphs for s in symbolic_inputs(g)],
@@ -222,6 +279,8 @@ def main() -> None:
     for name in SCENARIOS:
         results[name] = {"eager": run(name, rank, world, "reference", compiled=False)}
         results[name]["reference"] = run(name, rank, world, "reference", compiled=True)
+        if "eplb" in SCENARIOS[name][3]:
+            results[name]["stale"] = run(name, rank, world, "reference", compiled=False, stale=True)
         sys.modules["torch_npu"] = fake_torch_npu()
         try:
             results[name]["npu_eager"] = run(name, rank, world, "npu", compiled=False)

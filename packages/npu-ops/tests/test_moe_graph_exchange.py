@@ -8,6 +8,10 @@ every tensor static; ``torch_npu`` as opaque custom ops of the documented argume
 twin's exchange with NaN in the rows the kernel leaves undefined). Each compiled run equals the eager one, compiles
 once, takes no symbolic input, reads nothing on the host, and holds the exchange as the op the NPU kernel is (or the
 twin's registered op); every op of the NPU graph has an implemented GE converter in torch_npu 2.8.0's torchair.
+
+``mc2_eplb_dp`` adds dynamic EPLB to MC2 over DP tokens (four steps, a rearrangement before the third): the replica
+tables and load counter are graph inputs, so the compiled layers read the new placement without recompiling and
+count the same load as the eager one (the docstring of its test).
 """
 
 from __future__ import annotations
@@ -53,15 +57,20 @@ GATHER_OPS = {
     "_c10d_functional.wait_tensor.default",
 }
 # the kind of a scenario -> (the exchange's ops in the reference graph, in the NPU graph)
-EXCHANGE_OPS = {"mc2": MC2_OPS, "gathered": (GATHER_OPS, GATHER_OPS), "mc2+gathered": (GATHER_OPS, GATHER_OPS)}
+EXCHANGE_OPS = {
+    "mc2": MC2_OPS,
+    "mc2+eplb": MC2_OPS,
+    "gathered": (GATHER_OPS, GATHER_OPS),
+    "mc2+gathered": (GATHER_OPS, GATHER_OPS),
+}
 
 
-@pytest.mark.parametrize("name", ["mc2_replicated", "mc2_dp", "gathered_dp", "mc2_over_gathered_dp"])
+@pytest.mark.parametrize("name", ["mc2_replicated", "mc2_dp", "gathered_dp", "mc2_over_gathered_dp", "mc2_eplb_dp"])
 def test_exchange_compiles_once_without_host_reads_and_equals_eager(ranks, name):
     worker, results = ranks
     _, _, differ, kind = worker.SCENARIOS[name]
     twin_ops, npu_ops = EXCHANGE_OPS[kind]
-    others = set() if kind == "mc2" else MC2_OPS[0] | MC2_OPS[1]  # past MC2's capacity the graph holds no MC2
+    others = MC2_OPS[0] | MC2_OPS[1] if "gathered" in kind else set()  # past MC2's capacity the graph holds no MC2
     for rank in range(2):
         got = results[rank][name]
         for run in ("reference", "npu_eager", "npu"):
@@ -70,13 +79,13 @@ def test_exchange_compiles_once_without_host_reads_and_equals_eager(ranks, name)
                 torch.testing.assert_close(out, exp, atol=1e-5, rtol=1e-5)
         for run, exchange in (("reference", twin_ops), ("npu", npu_ops)):
             ops = set(got[run]["ops"])
-            assert got[run]["compiles"] == 1, f"{run}: {got[run]['compiles']} compiles over three steps"
+            assert got[run]["compiles"] == 1, f"{run}: {got[run]['compiles']} compiles over {worker.steps(name)} steps"
             assert got[run]["symbolic"] == []
             assert not ops & HOST_READS, ops
             assert exchange <= ops and not ops & others, ops
         assert missing_converters(got["npu"]["ops"]) == []
     # The eager reference itself: each rank's complete output, or (same tokens) the ranks' partial outputs summed.
-    for step in range(worker.STEPS):
+    for step in range(worker.steps(name)):
         eager = [results[r][name]["eager"]["outs"][step] for r in range(2)]
         if differ:
             for rank in range(2):
@@ -138,3 +147,56 @@ def test_eager_step_with_unequal_dp_ranks_is_an_error(monkeypatch):
     monkeypatch.setattr(fc, "get_forward_context", lambda: context([4, 3]))
     with pytest.raises(RuntimeError, match=r"the DP ranks hold \[4, 3\] tokens this step, this rank's MoE input 4"):
         _check_dp_padded(torch.zeros(4, 8))
+
+
+def _eplb_expected_load(worker, step: int) -> list[int]:
+    """Rows per physical expert of a step over both ranks, by the placement's documented replica rule (slot j of
+    token t on rank r goes to replica ``(t + r) % n_e`` of its expert, replicas in physical order) under the map in
+    force: vLLM's initial one, then ``REARRANGED``."""
+    from vllm_npu.ops.moe.eplb import eplb_placement
+
+    num_experts, top_k, _, _ = worker.SCENARIOS["mc2_eplb_dp"]
+    initial = eplb_placement(num_experts, worker.REDUNDANT, 2).physical_to_logical.tolist()
+    mapping = worker.REARRANGED if step >= worker.REARRANGE_AT else initial
+    load = [0] * len(mapping)
+    for rank in range(2):
+        _, logits = worker.inputs("mc2_eplb_dp", rank, step)
+        for t, row in enumerate(torch.topk(logits, top_k, dim=-1).indices.tolist()):
+            for e in row:
+                replicas = [p for p, held in enumerate(mapping) if held == e]
+                load[replicas[(t + rank) % len(replicas)]] += 1
+    return load
+
+
+def test_mc2_with_dynamic_eplb_counts_the_load_and_reads_the_rearranged_tables_in_the_graph(ranks):
+    """MC2 over DP tokens with dynamic EPLB (redundant experts, vLLM-shaped replica tables as graph inputs, a
+    rearrangement rewriting tables and weights in place between steps): the load MC2 counts in the compiled graphs
+    (reference twins and NPU strategy) equals the eager count on each rank, step by step; over both ranks it is the
+    documented replica rule's count under the map in force, which the rearrangement changes (the hot expert's rows
+    split over its two new replicas). The outputs (== eager == one process, the test above, one compile) need the new
+    tables: with the weights moved and the old tables kept, they are wrong from the rearrangement on."""
+    worker, results = ranks
+    name, at = "mc2_eplb_dp", worker.REARRANGE_AT
+    for rank in range(2):
+        got = results[rank][name]
+        eager_loads = got["eager"]["loads"]
+        assert len(eager_loads) == worker.EPLB_STEPS
+        for run in ("reference", "npu_eager", "npu"):
+            assert [t.tolist() for t in got[run]["loads"]] == [t.tolist() for t in eager_loads], run
+        assert all(t.dtype == torch.int32 for t in got["npu"]["loads"])
+    before, after = _eplb_expected_load(worker, at - 1), _eplb_expected_load(worker, at)
+    for step in range(worker.EPLB_STEPS):
+        total = sum(results[r][name]["npu"]["loads"][step] for r in range(2)).tolist()
+        assert total == _eplb_expected_load(worker, step), step
+    # Every token picks the hot expert: before, its one replica (slot 4) takes all 2 x TOKENS rows; after, its two
+    # replicas (slot 3 on rank 0, slot 6 on rank 1) take half each, and slot 4 counts only expert 3's rows.
+    replicas = [p for p, held in enumerate(worker.REARRANGED) if held == worker.HOT]
+    assert replicas == [3, 6] and before[4] == 2 * worker.TOKENS, before
+    assert [after[p] for p in replicas] == [worker.TOKENS] * 2, after
+    for rank in range(2):
+        eager, stale = results[rank][name]["eager"]["outs"], results[rank][name]["stale"]["outs"]
+        for step in range(worker.EPLB_STEPS):
+            if step < at:
+                torch.testing.assert_close(stale[step], eager[step])
+            else:
+                assert not torch.allclose(stale[step], eager[step], atol=1e-3), (rank, step)
