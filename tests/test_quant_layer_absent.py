@@ -28,11 +28,11 @@ W8A8_DESCRIPTION = {
 }
 OLD_DESCRIPTION = {"model.layers.0.mlp.down_proj.weight": "W8A8_DYNAMIC", "lm_head.weight": "FLOAT"}
 
+pytestmark = pytest.mark.long  # half a minute or more: scheduled with the engine modules (conftest.py)
+
 # Hides vllm_npu.quant in the child before anything imports vLLM or our registry.
 _HIDE_QUANT = """
 import importlib.abc, importlib.metadata as md, sys
-
-pytestmark = pytest.mark.long  # half a minute or more: scheduled with the engine modules (conftest.py)
 
 class _NoQuant(importlib.abc.MetaPathFinder):
     def find_spec(self, name, path=None, target=None):
