@@ -12,6 +12,7 @@ import subprocess
 import sys
 
 import pytest
+from npu_testkit.demo import seed_demo_model
 from npu_testkit.engine import emulated_env
 
 pytestmark = pytest.mark.engine
@@ -29,6 +30,7 @@ RUNTIME_CHECKS = (
 
 def test_selftest_runs_kernels_runtime_and_end_to_end_on_the_emulated_device(tmp_path) -> None:
     env = {**os.environ, **emulated_env(tmp_path)}
+    seed_demo_model(env["VLLM_NPU_CACHE_DIR"])  # trained once per machine (npu_testkit/demo.py)
     proc = subprocess.run(
         [sys.executable, "-m", "vllm_npu.platform.tools.cli", "selftest", "--json", "--max-tokens", "6"],
         env=env,
