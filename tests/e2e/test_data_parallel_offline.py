@@ -8,8 +8,8 @@ Three configurations, one DP=2 run each: tiny Qwen2 (dense: the ranks are indepe
 group), tiny Qwen3-MoE without expert parallelism (vLLM splits every expert's intermediate size over the two ranks:
 each MoE layer gathers both ranks' tokens and reduce-scatters the partial sums) and with ``enable_expert_parallel``
 (EP=2 over the two DP ranks, 3 of the 6 experts per rank), the latter also with PIECEWISE graphs (the MoE layers
-inside the captured pieces, exchanging static shapes; then a late prompt on rank 0 alone, a prefill beside rank 1's
-dummy batches). In the MoE cases every MoE layer exchanges tokens between
+inside the captured pieces, exchanging static shapes; then late prompts on rank 0 alone, a prefill and decode steps
+beside rank 1's dummy batches). In the MoE cases every MoE layer exchanges tokens between
 the ranks, and the rank with fewer requests keeps stepping with dummy batches until the other is done. Rank 0 gets three prompts, rank 1 one. Reference: HF transformers greedy, per
 prompt.
 """
@@ -40,9 +40,10 @@ CASES = {
         },
     ),
 }
-# The PIECEWISE case's second generate: rank 0 alone prefills 20 tokens (more than the largest capture size: mode NONE)
-# while rank 1 idles and steps vLLM's DP dummy batch, one row against the ranks' padded count of 20 in the MoE.
-LATE = {0: make_prompts([20], seed=5), 1: []}
+# The PIECEWISE case's second generate on rank 0 alone while rank 1 idles and steps vLLM's DP dummy batch: beside the
+# 31-token prefill (above the largest capture size: mode NONE, eager) and beside the 3-request decode steps (padded to
+# capture size 4: the dummy batch replays the graph captured at 4). vLLM hands the model one row there.
+LATE = {0: make_prompts([20, 4, 7], seed=5), 1: []}
 LATE_CASES = {"moe-ep-piecewise"}
 dp = import_sibling(__file__, "dp_support")
 
