@@ -516,9 +516,9 @@ class AscendFusedMoE(FusedMoE):
         # the all-to-all plan's result is complete here, the gathered one a partial over the TP group's experts.
         gathered = self._moe_across_dp and not self.moe_plan.all_to_all
         run = self._gathered_apply if gathered else self._run_quant_method
-        # vLLM's DP dummy batch beside another rank's step holds one row against the ranks' padded count: padded here
-        # with zero rows so every rank's exchange pairs up, cut back after (vllm-ascend runs its dummy batch at the
-        # DP-synced count, model_runner_v1.py:2397-2399). Only the routed experts exchange rows.
+        # An input with fewer rows than this rank's padded DP count (vLLM 0.11.0's DP dummy batch pads only the
+        # counts; npu-platform's runner now runs it at the count, as vllm-ascend's model_runner_v1.py:2397-2399) is
+        # padded with zero rows so every rank's exchange pairs up, and cut back. Only the routed experts exchange rows.
         rows = hidden_states.shape[0]
         step = dp_padded_rows(hidden_states, self.dp_rank) if self._moe_across_dp and self._dp_padded else rows
         routed_in = (pad_rows(hidden_states, step), pad_rows(router_logits, step))
