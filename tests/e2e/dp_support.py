@@ -62,10 +62,21 @@ def run_dp(
         log = open(tmp / f"rank{rank}.log", "w")  # noqa: SIM115 (closed below, after the process ends)
         procs[rank] = (subprocess.Popen([*cmd, str(tmp / f"out{rank}.json")], env=dp_env, stdout=log, stderr=log), log)
     try:
+        codes: dict[int, int | None] = {}
         for rank, (proc, log) in procs.items():
-            rc = proc.wait(timeout=TIMEOUT_S)
+            # After one rank failed the others end on the broken connection ("Connection closed by peer"), the cause
+            # sits in the failed rank's log: wait for them briefly and report every failed rank.
+            try:
+                codes[rank] = proc.wait(timeout=TIMEOUT_S if all(rc == 0 for rc in codes.values()) else 60)
+            except subprocess.TimeoutExpired:
+                codes[rank] = None  # killed below
             log.close()
-            assert rc == 0, f"DP rank {rank} exited with {rc}:\n{(tmp / f'rank{rank}.log').read_text()[-4000:]}"
+        failed = [
+            f"DP rank {r} {'hung' if rc is None else f'exited with {rc}'}:\n{(tmp / f'rank{r}.log').read_text()[-4000:]}"
+            for r, rc in codes.items()
+            if rc != 0
+        ]
+        assert not failed, "\n".join(failed)
     finally:
         for proc, log in procs.values():
             if proc.poll() is None:

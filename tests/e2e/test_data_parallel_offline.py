@@ -8,7 +8,8 @@ Three configurations, one DP=2 run each: tiny Qwen2 (dense: the ranks are indepe
 group), tiny Qwen3-MoE without expert parallelism (vLLM splits every expert's intermediate size over the two ranks:
 each MoE layer gathers both ranks' tokens and reduce-scatters the partial sums) and with ``enable_expert_parallel``
 (EP=2 over the two DP ranks, 3 of the 6 experts per rank), the latter also with PIECEWISE graphs (the MoE layers
-inside the captured pieces, exchanging static shapes). In the MoE cases every MoE layer exchanges tokens between
+inside the captured pieces, exchanging static shapes; then late prompts on rank 0 alone, a prefill and decode steps
+beside rank 1's dummy batches). In the MoE cases every MoE layer exchanges tokens between
 the ranks, and the rank with fewer requests keeps stepping with dummy batches until the other is done. Rank 0 gets three prompts, rank 1 one. Reference: HF transformers greedy, per
 prompt.
 """
@@ -39,6 +40,11 @@ CASES = {
         },
     ),
 }
+# The PIECEWISE case's second generate on rank 0 alone while rank 1 idles and steps vLLM's DP dummy batch: beside the
+# 31-token prefill (above the largest capture size: mode NONE, eager) and beside the 3-request decode steps (padded to
+# capture size 4: the dummy batch replays the graph captured at 4). vLLM hands the model one row there.
+LATE = {0: make_prompts([20, 4, 7], seed=5), 1: []}
+LATE_CASES = {"moe-ep-piecewise"}
 dp = import_sibling(__file__, "dp_support")
 
 
@@ -46,9 +52,11 @@ dp = import_sibling(__file__, "dp_support")
 def test_dp2_greedy_equals_hf(case, tmp_path):
     arch, llm_kwargs = CASES[case]
     model = build_tiny_model(tiny_config(arch))
-    reference = hf_greedy(model, PROMPTS, MAX_TOKENS)
+    late = LATE if case in LATE_CASES else None
+    reference = hf_greedy(model, PROMPTS + (LATE[0] if late else []), MAX_TOKENS)
     shares = {rank: [PROMPTS[i] for i in share] for rank, share in SHARES.items()}
-    results = dp.run_dp(model, {"max_num_batched_tokens": 64, **llm_kwargs}, tmp_path, shares, MAX_TOKENS)
+    kwargs = {"max_num_batched_tokens": 64, **llm_kwargs}
+    results = dp.run_dp(model, kwargs, tmp_path, shares, MAX_TOKENS, late_shares=late)
     for rank, share in SHARES.items():
         got = results[rank]
         assert (got["dp_rank"], got["dp_size"]) == (rank, 2)
@@ -59,3 +67,6 @@ def test_dp2_greedy_equals_hf(case, tmp_path):
             assert got["local_experts"] == [6]  # every expert on every rank, each a slice
         else:
             assert got["ep_size"] == 1 or got["local_experts"] == []
+    if late:  # rank 0's late prefill beside rank 1's dummy batches
+        assert results[0]["late_tokens"] == reference[len(PROMPTS) :]
+        assert results[1]["late_tokens"] == []

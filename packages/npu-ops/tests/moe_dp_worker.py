@@ -106,6 +106,13 @@ def main() -> None:
             out_graph = graph.output[: len(x)].clone()
             xp[: len(x)], lp[: len(x)] = replay_inputs(x, logits)  # the next step: new contents, same buffers
             out_replay = graph.replay((xp, lp), {})[: len(x)].clone()
+        # vLLM's DP dummy batch (execute_dummy_batch -> _dummy_run(1), not captured) on DP rank 1 beside DP rank 0's
+        # step: the forward context holds both ranks at the padded count, the layer gets one row.
+        step = max(TOKENS)
+        dummy = (x, logits) if dp_rank == 0 else (x[:1], logits[:1])
+        counts = torch.tensor([step] * dp, dtype=torch.int32)
+        with set_forward_context(None, cfg, num_tokens=step, num_tokens_across_dp=counts), torch.no_grad():
+            out_dummy = layer(*dummy)
         # The layer's own plan without DP padding inside a capture (TP 1: the variable-size all-to-all; TP 2: the DP
         # gather sized by an exchange of token counts): refused on every rank alike.
         refused = ""
@@ -129,7 +136,14 @@ def main() -> None:
         }
         info["graph_plan"] = graph_plan
         torch.save(
-            {"out": out, "out_gathered": out_gathered, "out_graph": out_graph, "out_replay": out_replay, "info": info},
+            {
+                "out": out,
+                "out_gathered": out_gathered,
+                "out_graph": out_graph,
+                "out_replay": out_replay,
+                "out_dummy": out_dummy,
+                "info": info,
+            },
             f"{out_dir}/rank{rank}.pt",
         )
         torch.distributed.barrier()

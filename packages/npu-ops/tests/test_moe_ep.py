@@ -88,7 +88,9 @@ def test_fused_moe_layer_dp2_matches_single_process(tmp_path, tp):
     experts, reduce-scatter, TP all-reduce. Both modes run on every rank; each rank's output equals the
     single-process MoE over its DP rank's tokens with all 7 experts. Then with DP steps padded (graphs on): the
     static exchanges captured by the emulated twin give the same result and replay right on new contents, and the
-    unpadded exchanges (TP 1: the all-to-all; TP 2: the DP gather sized on the host) fail their capture loudly."""
+    unpadded exchanges (TP 1: the all-to-all; TP 2: the DP gather sized on the host) fail their capture loudly. And
+    vLLM's DP dummy batch on DP rank 1 (one row, the forward context's counts padded to rank 0's six) runs eagerly
+    beside rank 0's step: the layer pads it to the count and gives each rank its own rows' output."""
     worker = _load_worker(DP_WORKER)
     world = 2 * tp
     init = f"file://{tmp_path}/pg"
@@ -132,3 +134,8 @@ def test_fused_moe_layer_dp2_matches_single_process(tmp_path, tp):
         torch.testing.assert_close(got["out_graph"], expect, atol=1e-5, rtol=1e-5)
         expect = moe_forward(*worker.replay_inputs(x, logits), plan=plan, experts=experts)
         torch.testing.assert_close(got["out_replay"], expect, atol=1e-5, rtol=1e-5)
+        # DP rank 1's dummy batch (one row against the padded count [6, 6]) beside rank 0's step: padded in the
+        # layer, each rank's own rows back
+        rows = len(x) if dp_rank == 0 else 1
+        expect = moe_forward(x[:rows], logits[:rows], plan=plan, experts=experts)
+        torch.testing.assert_close(got["out_dummy"], expect, atol=1e-5, rtol=1e-5)

@@ -132,21 +132,29 @@ def test_mc2_npu_arguments_are_what_the_converters_take(monkeypatch, soc, traced
 
 def test_eager_step_with_unequal_dp_ranks_is_an_error(monkeypatch):
     """The static DP exchange needs every DP rank padded to one size (vLLM's DP padding): an eager step that breaks
-    that is an error naming the counts, not a hung or wrong collective."""
+    that (counts differ, or this rank's input exceeds its count) is an error naming the counts, not a hung or wrong
+    collective. An input smaller than the count (vLLM's DP dummy batch: one row, the counts padded) is padded."""
     import types
 
     import vllm.forward_context as fc
-    from vllm_npu.ops.moe.layer import _check_dp_padded
+    from vllm_npu.ops.moe.gathered import dp_padded_rows, pad_rows
 
     def context(counts):
         meta = types.SimpleNamespace(num_tokens_across_dp_cpu=torch.tensor(counts))
         return types.SimpleNamespace(dp_metadata=meta)
 
     monkeypatch.setattr(fc, "get_forward_context", lambda: context([4, 4]))
-    _check_dp_padded(torch.zeros(4, 8))
+    assert dp_padded_rows(torch.zeros(4, 8), 0) == 4
+    assert dp_padded_rows(torch.zeros(1, 8), 1) == 4  # the dummy batch: padded to the count
+    with pytest.raises(RuntimeError, match=r"the DP ranks hold \[4, 4\] tokens this step, this rank's MoE input 5"):
+        dp_padded_rows(torch.zeros(5, 8), 1)
     monkeypatch.setattr(fc, "get_forward_context", lambda: context([4, 3]))
-    with pytest.raises(RuntimeError, match=r"the DP ranks hold \[4, 3\] tokens this step, this rank's MoE input 4"):
-        _check_dp_padded(torch.zeros(4, 8))
+    with pytest.raises(RuntimeError, match=r"the DP ranks hold \[4, 3\] tokens this step, this rank's MoE input 3"):
+        dp_padded_rows(torch.zeros(3, 8), 1)
+    x = torch.arange(6.0).view(3, 2)
+    padded = pad_rows(x, 5)
+    assert padded.shape == (5, 2) and torch.equal(padded[:3], x) and not padded[3:].any()
+    assert pad_rows(x, 3) is x
 
 
 def _eplb_expected_load(worker, step: int) -> list[int]:

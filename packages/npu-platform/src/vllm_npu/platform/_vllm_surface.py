@@ -386,6 +386,17 @@ SURFACE: tuple[VllmName, ...] = (
     ),
     VllmName(
         _RUNNER,
+        "get_dp_padding",
+        "method",
+        "calls",
+        _MODEL_RUNNER,
+        "0.11.0: the _dummy_run override takes the DP counts through it (vLLM's _dummy_run calls it once, then gets "
+        "the result back) to run the dummy batch at the padded count; a change would add a collective or lose the pad",
+        signature="(self, num_tokens)",
+        changes=(("0.11.1", REMOVED),),
+    ),
+    VllmName(
+        _RUNNER,
         "_dummy_run",
         "method",
         "calls",

@@ -28,6 +28,9 @@ sampling and logprobs, KV-cache allocation) is vLLM's own code. The overrides:
   :func:`._device.cuda_synchronize_as` because vLLM's rearrangement calls ``torch.cuda.synchronize``. vLLM's
   ``load_model`` builds the ``EplbState`` and ``execute_model`` / ``_dummy_run`` call this method, as on CUDA.
   ``_dummy_run`` then zeroes the pass load, so that no dummy forward (profile run, warm-up) counts as load.
+- ``_dummy_run`` (vLLM 0.11.0) runs the model at the data-parallel ranks' padded count (vLLM pads only the counts;
+  0.11.1 runs at it itself): vLLM's DP dummy batch of a rank without requests then holds as many rows as the other
+  ranks' step (the MoE exchange, a graph captured at that size).
 - speculative decoding: vLLM's ``RejectionSampler`` (built in ``__init__`` only with a speculative config on the
   last pipeline rank) launches Triton kernels; it is replaced by :class:`.sample.NPURejectionSampler`, the same
   contract in torch.
@@ -53,6 +56,7 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from types import SimpleNamespace
 from typing import Any, cast
+from unittest.mock import patch
 
 import torch
 from torch import nn
@@ -90,6 +94,9 @@ EMULATED_PROFILE_MIN_TOKENS = 256
 
 #: vLLM 0.11.1 split sampling out of ``execute_model`` into ``sample_tokens(grammar_output)`` (read off the class).
 SPLIT_SAMPLING = hasattr(GPUModelRunner, "sample_tokens")
+#: vLLM 0.11.0's ``_dummy_run`` pads only the data-parallel counts (``get_dp_padding``) and runs the model at its own
+#: ``num_tokens``; from 0.11.1 (``coordinate_batch_across_dp``, no ``get_dp_padding``) it runs at the padded count.
+DUMMY_RUN_PADS_ONLY_DP_COUNTS = hasattr(GPUModelRunner, "get_dp_padding")
 #: vLLM 0.11.1 captures graphs per (num_tokens, activate_lora) case (``_dummy_run`` gained ``activate_lora`` with it).
 CAPTURE_CASES_WITH_LORA = "activate_lora" in inspect.signature(GPUModelRunner._dummy_run).parameters
 #: vLLM 0.11.1 resolves the graph mode when it builds the attention backends, no longer before capture.
@@ -176,8 +183,18 @@ class NPUModelRunner(GPUModelRunner):
         with cuda_synchronize_as(self.device_backend):
             super().eplb_step(is_dummy, is_profile)
 
-    def _dummy_run(self, *args: Any, **kwargs: Any) -> Any:
-        out = super()._dummy_run(*args, **kwargs)
+    def _dummy_run(self, num_tokens: int, *args: Any, **kwargs: Any) -> Any:
+        if DUMMY_RUN_PADS_ONLY_DP_COUNTS:
+            # vLLM 0.11.0 pads a dummy run's DP counts to the largest rank's (get_dp_padding) but hands the model
+            # num_tokens rows: its DP dummy batch (execute_dummy_batch: one row) beside another rank's step met the MoE
+            # exchange, and a graph captured at the padded size, with one row. As vllm-ascend
+            # (worker/model_runner_v1.py:2397-2399) and vLLM 0.11.1, it runs at the DP-synced count: the counts are
+            # taken here, by the run's one all-reduce, and handed to vLLM's _dummy_run (the collectives pair 1:1).
+            num_pad, across_dp = self.get_dp_padding(num_tokens)
+            with patch.object(self, "get_dp_padding", lambda n: (0, across_dp)):
+                out = super()._dummy_run(num_tokens + num_pad, *args, **kwargs)
+        else:
+            out = super()._dummy_run(num_tokens, *args, **kwargs)
         if self.eplb_state is not None:
             # vLLM drops a dummy run's expert load only in a non-profile eplb_step: the profile run and the
             # skip_eplb runs (warm-up, graph capture) would count in the next real step's window.

@@ -14,6 +14,10 @@ over the DP group and reduce-scatters the experts' sums back (``torchair_fused_m
 :class:`GatheredDispatcher` is a token dispatcher (``(hidden [T, H], topk_weights, topk_ids, experts) -> [T, H]``) for
 ranks holding different tokens: gather every rank's rows and routing, run this rank's experts over all of them with
 the local dispatcher (a partial sum per token), reduce-scatter: each rank gets its own tokens' complete output.
+
+:func:`dp_padded_rows` is the count every rank hands these exchanges in an eager step, from vLLM's forward context;
+vLLM's DP dummy batch (a rank without requests beside another rank's step) holds fewer rows than that count, and
+the layer pads it with :func:`pad_rows`.
 """
 
 from __future__ import annotations
@@ -39,6 +43,39 @@ def reduce_scatter_rows(x: torch.Tensor, group: Any) -> torch.Tensor:
     from torch.distributed import _functional_collectives as fc
 
     return fc.wait_tensor(fc.reduce_scatter_tensor(x.contiguous(), "sum", 0, group))
+
+
+def dp_padded_rows(hidden: torch.Tensor, dp_rank: int) -> int:
+    """Eager steps with DP padding: the row count every DP rank hands the static exchanges (vLLM's forward context
+    holds the counts on the host), ``hidden``'s own outside a DP step or while traced (the compiled size).
+
+    Larger than ``hidden``'s rows on vLLM's DP dummy batch (``execute_dummy_batch`` -> ``_dummy_run(1)``: the counts
+    are padded to the largest rank's, the model input stays one row); the caller pads to it. Counts that differ
+    between ranks, or an input larger than this rank's count, are an error.
+    """
+    rows = int(hidden.shape[0])
+    if torch.compiler.is_compiling():
+        return rows  # the compiled size; vLLM pads every DP rank's step to it
+    from vllm.forward_context import get_forward_context
+
+    meta = get_forward_context().dp_metadata
+    if meta is None:
+        return rows
+    counts = meta.num_tokens_across_dp_cpu.tolist()
+    if any(n != counts[0] for n in counts) or rows > counts[dp_rank]:
+        raise RuntimeError(
+            f"the DP ranks hold {counts} tokens this step, this rank's MoE input {rows}; with graphs on "
+            "(torchair, PIECEWISE, FULL_DECODE_ONLY) the MoE exchange needs every DP rank padded to one size (vLLM "
+            "pads them unless --enforce-eager)"
+        )
+    return int(counts[dp_rank])
+
+
+def pad_rows(t: torch.Tensor, rows: int) -> torch.Tensor:
+    """``t`` with zero rows appended up to ``rows`` (dimension 0)."""
+    if t.shape[0] >= rows:
+        return t
+    return torch.cat([t, t.new_zeros((rows - t.shape[0], *t.shape[1:]))])
 
 
 @dataclass

@@ -68,7 +68,7 @@ from .eplb import (
     follow_eplb_state,
 )
 from .forward import MoEPlan, build_moe_plan, moe_forward
-from .gathered import all_gather_rows, reduce_scatter_rows
+from .gathered import all_gather_rows, dp_padded_rows, pad_rows, reduce_scatter_rows
 from .gating import RoutingConfig
 from .mc2 import MC2Comm, mc2_candidate, mc2_tokens_capacity
 from .overlap import SideStream, device_stream_api, graph_overlap
@@ -192,23 +192,6 @@ def _mc2_comm(layer: FusedMoE, all_to_all: AllToAll | None) -> MC2Comm:
         name = backend.get_hccl_comm_name(torch.distributed.get_rank(group=group.device_group))
     exchange = all_to_all or coordinator_all_to_all(group)
     return MC2Comm(group.rank_in_group, group.world_size, exchange, name, _device_soc())
-
-
-def _check_dp_padded(hidden: torch.Tensor) -> None:
-    """Eager steps: every DP rank holds ``hidden``'s row count (what the static exchanges assume; vLLM's forward
-    context holds the counts on the host)."""
-    if torch.compiler.is_compiling():
-        return  # the compiled size; vLLM pads every DP rank's step to it
-    from vllm.forward_context import get_forward_context
-
-    meta = get_forward_context().dp_metadata
-    counts = None if meta is None else meta.num_tokens_across_dp_cpu.tolist()
-    if counts is not None and any(n != hidden.shape[0] for n in counts):
-        raise RuntimeError(
-            f"the DP ranks hold {counts} tokens this step, this rank's MoE input {hidden.shape[0]}; with graphs on "
-            "(torchair, PIECEWISE, FULL_DECODE_ONLY) the MoE exchange needs every DP rank padded to one size (vLLM "
-            "pads them unless --enforce-eager)"
-        )
 
 
 def _check_310p_widths(layer: FusedMoE) -> None:
@@ -529,13 +512,19 @@ class AscendFusedMoE(FusedMoE):
         if not self._moe_across_dp and (self._side_stream is None or self.shared_experts is None):
             return super().forward_impl(hidden_states, router_logits)
         self.ensure_moe_quant_config()
-        if self._moe_across_dp and self._dp_padded:
-            _check_dp_padded(hidden_states)
         # Without DP this is vLLM's forward_impl (no dispatch/combine) with the shared experts overlapped. With DP:
         # the all-to-all plan's result is complete here, the gathered one a partial over the TP group's experts.
         gathered = self._moe_across_dp and not self.moe_plan.all_to_all
         run = self._gathered_apply if gathered else self._run_quant_method
-        shared, routed = self._shared_and_routed(hidden_states, functools.partial(run, hidden_states, router_logits))
+        # An input with fewer rows than this rank's padded DP count (vLLM 0.11.0's DP dummy batch pads only the
+        # counts; npu-platform's runner now runs it at the count, as vllm-ascend's model_runner_v1.py:2397-2399) is
+        # padded with zero rows so every rank's exchange pairs up, and cut back. Only the routed experts exchange rows.
+        rows = hidden_states.shape[0]
+        step = dp_padded_rows(hidden_states, self.dp_rank) if self._moe_across_dp and self._dp_padded else rows
+        routed_in = (pad_rows(hidden_states, step), pad_rows(router_logits, step))
+        shared, routed = self._shared_and_routed(hidden_states, functools.partial(run, *routed_in))
+        if step > rows:
+            routed = routed[:rows]
         # As vLLM's forward_impl: sum the attention-TP ranks' partial outputs (a no-op when TP is 1).
         if self.reduce_results and not self.is_sequence_parallel and (self.tp_size > 1 or self.ep_size > 1):
             routed = self.maybe_all_reduce_tensor_model_parallel(routed)
