@@ -53,6 +53,13 @@ def pytest_report_header() -> str | None:
 _LONG_MARKERS = ("engine", "selective_install", "long")
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """Keep the collection order under ``--dist loadfile``: pytest-xdist (3.x) otherwise re-sorts the modules by their
+    number of tests, most first, which put the one-test end-to-end modules (the longest) last."""
+    if hasattr(config.option, "loadscopereorder"):  # only when xdist is loaded
+        config.option.loadscopereorder = False
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Long modules first, the many short ones after them (stable: each module's tests keep their order).
 
