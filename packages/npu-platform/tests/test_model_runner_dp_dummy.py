@@ -34,14 +34,14 @@ def test_the_dp_dummy_batch_runs_at_the_padded_count(monkeypatch, counts, rows):
         return "hidden", "last"
 
     monkeypatch.setattr(model_runner, "DUMMY_RUN_PADS_ONLY_DP_COUNTS", True)  # vLLM 0.11.0's _dummy_run (faked)
-    monkeypatch.setattr(NPUModelRunner, "get_dp_padding", get_dp_padding, raising=False)
+    monkeypatch.setattr(GPUModelRunner, "get_dp_padding", get_dp_padding, raising=False)
     monkeypatch.setattr(GPUModelRunner, "_dummy_run", vllm_dummy_run)
     runner = object.__new__(NPUModelRunner)
     runner.eplb_state = None
     assert runner._dummy_run(1, uniform_decode=True) == ("hidden", "last")
     assert seen == [(rows, True, 0, across)]
     assert syncs == [1]  # one count exchange per dummy run: the ranks' collectives pair one to one
-    assert "get_dp_padding" not in vars(runner)  # vLLM's method again after the run
+    assert runner._dp_counts_taken is None  # vLLM's exchange again after the run
 
 
 def test_from_vllm_0_11_1_the_dummy_run_is_vllms(monkeypatch):
@@ -52,7 +52,7 @@ def test_from_vllm_0_11_1_the_dummy_run_is_vllms(monkeypatch):
     assert uses is model_runner.DUMMY_RUN_PADS_ONLY_DP_COUNTS
     monkeypatch.setattr(model_runner, "DUMMY_RUN_PADS_ONLY_DP_COUNTS", False)
     monkeypatch.setattr(
-        NPUModelRunner, "get_dp_padding", lambda self, n: pytest.fail("counts exchanged"), raising=False
+        GPUModelRunner, "get_dp_padding", lambda self, n: pytest.fail("counts exchanged"), raising=False
     )
     seen: list[int] = []
     monkeypatch.setattr(GPUModelRunner, "_dummy_run", lambda self, n, **kwargs: seen.append(n) or ("h", "last"))

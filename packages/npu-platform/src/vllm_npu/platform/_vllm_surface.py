@@ -388,10 +388,11 @@ SURFACE: tuple[VllmName, ...] = (
         _RUNNER,
         "get_dp_padding",
         "method",
-        "calls",
+        "overrides",
         _MODEL_RUNNER,
-        "0.11.0: the _dummy_run override takes the DP counts through it (vLLM's _dummy_run calls it once, then gets "
-        "the result back) to run the dummy batch at the padded count; a change would add a collective or lose the pad",
+        "0.11.0: the _dummy_run override takes the DP counts through it and our override hands them back to vLLM's "
+        "_dummy_run (one exchange per run) to run the dummy batch at the padded count; a change would add a "
+        "collective or lose the pad",
         signature="(self, num_tokens)",
         changes=(("0.11.1", REMOVED),),
     ),

@@ -56,7 +56,6 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from types import SimpleNamespace
 from typing import Any, cast
-from unittest.mock import patch
 
 import torch
 from torch import nn
@@ -183,6 +182,16 @@ class NPUModelRunner(GPUModelRunner):
         with cuda_synchronize_as(self.device_backend):
             super().eplb_step(is_dummy, is_profile)
 
+    #: vLLM 0.11.0: the DP counts :meth:`_dummy_run` exchanged for the run in progress (see :meth:`get_dp_padding`).
+    _dp_counts_taken: tuple[int, torch.Tensor | None] | None = None
+
+    def get_dp_padding(self, num_tokens: int) -> tuple[int, torch.Tensor | None]:
+        """vLLM 0.11.0's count exchange; inside :meth:`_dummy_run`, the counts it already exchanged for that run (so
+        vLLM's own call there is no second all-reduce)."""
+        if self._dp_counts_taken is not None:
+            return self._dp_counts_taken
+        return super().get_dp_padding(num_tokens)  # type: ignore[misc]
+
     def _dummy_run(self, num_tokens: int, *args: Any, **kwargs: Any) -> Any:
         if DUMMY_RUN_PADS_ONLY_DP_COUNTS:
             # vLLM 0.11.0 pads a dummy run's DP counts to the largest rank's (get_dp_padding) but hands the model
@@ -191,8 +200,11 @@ class NPUModelRunner(GPUModelRunner):
             # (worker/model_runner_v1.py:2397-2399) and vLLM 0.11.1, it runs at the DP-synced count: the counts are
             # taken here, by the run's one all-reduce, and handed to vLLM's _dummy_run (the collectives pair 1:1).
             num_pad, across_dp = self.get_dp_padding(num_tokens)
-            with patch.object(self, "get_dp_padding", lambda n: (0, across_dp)):
+            self._dp_counts_taken = (0, across_dp)
+            try:
                 out = super()._dummy_run(num_tokens + num_pad, *args, **kwargs)
+            finally:
+                self._dp_counts_taken = None
         else:
             out = super()._dummy_run(num_tokens, *args, **kwargs)
         if self.eplb_state is not None:
