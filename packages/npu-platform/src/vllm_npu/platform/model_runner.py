@@ -190,7 +190,7 @@ class NPUModelRunner(GPUModelRunner):
         vLLM's own call there is no second all-reduce)."""
         if self._dp_counts_taken is not None:
             return self._dp_counts_taken
-        return super().get_dp_padding(num_tokens)  # type: ignore[misc]
+        return super().get_dp_padding(num_tokens)
 
     def _dummy_run(self, num_tokens: int, *args: Any, **kwargs: Any) -> Any:
         if DUMMY_RUN_PADS_ONLY_DP_COUNTS:
