@@ -5,7 +5,6 @@ the head split between prefill TP=2 and decode TP=1, the MLA two-plane cache, an
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import sys
 import time
@@ -14,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from npu_testkit.serve import free_port
 from npu_testkit.system_libs import require_mooncake_libraries
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -36,32 +36,9 @@ def _mooncake_loads() -> None:
 PRODUCER = Path(__file__).resolve().parent / "_producer.py"
 
 
-def free_port_block(n: int) -> int:
-    """A base port with ``n`` free consecutive ports after it."""
-    for _ in range(50):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            base = s.getsockname()[1]
-        if base + n >= 65536:
-            continue
-        try:
-            socks = []
-            for i in range(n):
-                t = socket.socket()
-                socks.append(t)
-                t.bind(("127.0.0.1", base + i))
-        except OSError:
-            continue
-        finally:
-            for t in socks:
-                t.close()
-        return base
-    raise RuntimeError("no free port block")
-
-
 class Producer:
     def __init__(self) -> None:
-        self.port = free_port_block(PORTS_USED)
+        self.port = free_port(PORTS_USED)
         self.proc = subprocess.Popen(
             [sys.executable, str(PRODUCER), str(self.port)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
         )
@@ -175,7 +152,7 @@ def test_unreachable_prefill_fails_the_pull_and_reports_it() -> None:
     w, caches = consumer("gqa")
     w.settings = ConnectorSettings("127.0.0.1", 1, 30.0, 0.3, "kv_consumer")
     try:
-        port = free_port_block(1)  # nothing listens there
+        port = free_port()  # nothing listens there
         pull(w, port, 1, [0], [0])
         stats = w.take_stats()
         assert stats is not None and stats.data["failed"] == ["req-0"] and stats.data["transfers"] == 0
@@ -185,7 +162,7 @@ def test_unreachable_prefill_fails_the_pull_and_reports_it() -> None:
 
 
 def test_side_channel_timeout_names_the_address() -> None:
-    port = free_port_block(1)
+    port = free_port()
     client = SideChannelClient("127.0.0.1", port, timeout_s=0.2)
     with pytest.raises(SideChannelError, match=f"127.0.0.1:{port} did not answer 'meta'"):
         client.metadata()
