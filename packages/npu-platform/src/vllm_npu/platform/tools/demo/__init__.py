@@ -53,7 +53,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--enforce-eager",
         action="store_true",
-        help="run eagerly (the emulated device's default; on an NPU the default captures graphs)",
+        help="run eagerly (the default captures graphs: compiled FULL_DECODE_ONLY on the emulated device)",
     )
     p.add_argument(
         "--emulated-compile",
