@@ -10,8 +10,9 @@ command line), ``decode-b1`` and ``decode-b16`` (1 or 16 requests of 64 prompt t
 
 The bound: a decode step reads every weight once, so a host that reads ``B`` bytes/s can decode at most
 ``batch * B / weight_bytes`` tokens/s (KV-cache reads and activations come on top, so the bound is optimistic).
-``B`` is measured with a plain ``tensor.sum()`` over 256 MiB of float32, best of 5, in a process pinned and
-threaded as the runs are, per wall second and per CPU second; each side's share is given against both (tokens/s
+``B`` is measured per size over a float32 buffer as large as its weights (at least 256 MiB), the better of a plain
+``tensor.sum()`` and a matrix-vector product (``torch.mv``), best of 5, in a process pinned and threaded as the runs
+are, per wall second and per CPU second; each side's share is given against both (tokens/s
 against the wall bound, tokens per CPU second against the CPU one: on a loaded host only the latter is fair).
 """
 
@@ -67,14 +68,21 @@ WORKLOADS: dict[str, tuple[int | None, int | None, int | None, bool]] = {
 BANDWIDTH_CODE = """
 import sys, time, torch
 torch.set_num_threads(int(sys.argv[1]))
-x = torch.ones(64 * 1024 * 1024, dtype=torch.float32)
-x.sum()
-wall = cpu = float("inf")
-for _ in range(5):
-    t, c = time.perf_counter(), time.process_time()
-    x.sum()
-    wall, cpu = min(wall, time.perf_counter() - t), min(cpu, time.process_time() - c)
-print(x.numel() * x.element_size() / wall, x.numel() * x.element_size() / max(cpu, 1e-9))
+n = max(int(sys.argv[2]) // 4, 64 * 1024 * 1024)  # float32 elements: the weights' size, at least 256 MiB
+cols = 4096
+w = torch.ones(n // cols, cols, dtype=torch.float32)
+x = torch.ones(cols, dtype=torch.float32)
+best = {}
+for name, read in (("sum", lambda: w.sum()), ("mv", lambda: torch.mv(w, x))):
+    read()
+    wall = cpu = float("inf")
+    for _ in range(5):
+        t, c = time.perf_counter(), time.process_time()
+        read()
+        wall, cpu = min(wall, time.perf_counter() - t), min(cpu, time.process_time() - c)
+    best[name] = (w.numel() * w.element_size() / wall, w.numel() * w.element_size() / max(cpu, 1e-9))
+name = max(best, key=lambda k: best[k][0])
+print(name, *best[name])
 """
 
 
@@ -103,14 +111,21 @@ def weight_bytes(model: Path) -> int:
     return sum(f.stat().st_size for f in model.glob("*.safetensors"))
 
 
-def measure_bandwidth(pin: list[str], threads: int) -> tuple[float, float]:
-    """Read bandwidth of a plain ``tensor.sum()``, pinned and threaded as the benchmark's runs: bytes per wall second
-    and bytes per CPU second (the latter holds on a loaded host, where wall time also counts the wait for a core)."""
+def measure_bandwidth(pin: list[str], threads: int, nbytes: int) -> tuple[float, float, str]:
+    """Read bandwidth over a float32 buffer of ``nbytes`` (at least 256 MiB; the model's weights, so that caches
+    hold as much of it as of them), pinned and threaded as the benchmark's runs: bytes per wall second and per CPU
+    second (the latter holds on a loaded host, where wall time also counts the wait for a core), the better of a
+    plain ``tensor.sum()`` and a matrix-vector product (``torch.mv``, BLAS's gemv: what a batch-1 linear layer
+    is), and which one that was. One thread of ``sum`` can be bound by its adds, not by memory, so the bound would
+    be too low without ``mv``."""
     done = subprocess.run(
-        [*pin, sys.executable, "-c", BANDWIDTH_CODE, str(threads)], capture_output=True, text=True, check=True
+        [*pin, sys.executable, "-c", BANDWIDTH_CODE, str(threads), str(nbytes)],
+        capture_output=True,
+        text=True,
+        check=True,
     )
-    wall, cpu = done.stdout.strip().splitlines()[-1].split()
-    return float(wall), float(cpu)
+    name, wall, cpu = done.stdout.strip().splitlines()[-1].split()
+    return float(wall), float(cpu), name
 
 
 def decode_bound(batch: int, bandwidth: float, model_bytes: int) -> float:

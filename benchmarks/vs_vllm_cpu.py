@@ -41,7 +41,8 @@ there is mostly the wait for a core.
 Scaling (issue 35): ``--sizes tiny,100m,500m`` and ``--workloads decode-b1,decode-b16,prefill-1k`` run the pairs for
 every size and workload (``_vs_sizes.py``: models built on the fly, no downloads) and end with one line per size and
 workload: each side's median tokens/s, their ratio and, for decode, the share of the memory-bandwidth bound (a decode
-step reads every weight once; the script measures its own read bandwidth with a plain ``tensor.sum()`` first).
+step reads every weight once; the script measures its own read bandwidth per size, the better of a plain
+``tensor.sum()`` and a ``torch.mv`` over a buffer as large as the weights).
 ``--no-peer`` (or a peer venv that cannot be made) runs ours alone and says so.
 
 Two ratios per pair: wall-time throughput (tokens/s) and CPU-time throughput (the inverse of each engine process's
@@ -309,12 +310,6 @@ def main(argv: list[str] | None = None) -> None:
     works = {name: workload(name, args.prompts, args.prompt_len, args.tokens) for name in args.workloads.split(",")}
     peer_python = peer_or_none(args)
     pin = ["taskset", "-c", args.cpus] if args.cpus else []
-    bandwidth = measure_bandwidth(pin, args.threads)
-    print(
-        f"read bandwidth (tensor.sum, {args.threads} thread(s)): {bandwidth[0] / 1e9:.1f} GB per wall s, "
-        f"{bandwidth[1] / 1e9:.1f} GB per CPU s; load {os.getloadavg()[0]:.1f}",
-        flush=True,
-    )
     tmp = tempfile.mkdtemp(prefix="bench-vs-cpu-")
     threads = {"OMP_NUM_THREADS": str(args.threads), "MKL_NUM_THREADS": str(args.threads)}
     base = {k: v for k, v in os.environ.items() if not k.startswith("VLLM_")}
@@ -330,6 +325,13 @@ def main(argv: list[str] | None = None) -> None:
     for size in sizes:
         model = build_size(size, args.dtype)
         model_bytes = weight_bytes(model)
+        *bandwidth, how = measure_bandwidth(pin, args.threads, model_bytes)
+        print(
+            f"read bandwidth over {max(model_bytes, 1 << 28) / 1e6:.0f} MB ({how}, {args.threads} thread(s)): "
+            f"{bandwidth[0] / 1e9:.1f} GB per wall s, {bandwidth[1] / 1e9:.1f} GB per CPU s; load "
+            f"{os.getloadavg()[0]:.1f}",
+            flush=True,
+        )
         for name, work in works.items():
             print(f"--- {size} ({model_bytes / 1e6:.0f} MB of weights), {name}: {work}", flush=True)
             pairs = run_pairs(args, model, work, (ours_env, peer_env), peer_python, tmp)
@@ -340,7 +342,14 @@ def main(argv: list[str] | None = None) -> None:
             sides = {side: [p[side] for p in pairs if side in p] for side in ("ours", "eager", "peer")}
             print_starts(pairs)
             summaries.append(summary_line(size, name, work, sides, bounds))
-            run: dict = {"size": size, "workload": name, "work": work, "weight_bytes": model_bytes, "pairs": pairs}
+            run: dict = {
+                "size": size,
+                "workload": name,
+                "work": work,
+                "weight_bytes": model_bytes,
+                "bandwidth": bandwidth,
+                "pairs": pairs,
+            }
             if peer_python:
                 run["median"] = statistics.median(p["ratio"] for p in pairs)
                 run["cpu_median"] = statistics.median(p["cpu_ratio"] for p in pairs)
@@ -363,7 +372,7 @@ def main(argv: list[str] | None = None) -> None:
         print_breakdown(run["pairs"])
     if args.json:
         first = runs[0]
-        report = {"args": vars(args) | {"peer_venv": str(args.peer_venv)}, "bandwidth": bandwidth, "runs": runs}
+        report = {"args": vars(args) | {"peer_venv": str(args.peer_venv)}, "runs": runs}
         # The first (with the defaults: the only) size and workload at the top level, as before sizes existed.
         report |= {k: first[k] for k in ("pairs", "median", "cpu_median") if k in first}
         with open(args.json, "w") as f:

@@ -39,7 +39,7 @@ def test_pairs_alternate_pinned_with_wall_and_cpu_ratios(tmp_path: Path, monkeyp
         return subprocess.CompletedProcess(cmd, 0, stdout="log line\n" + json.dumps(next(results)) + "\n", stderr="")
 
     monkeypatch.setattr(bench, "ensure_peer", lambda venv: Path("/peer/bin/python"))
-    monkeypatch.setattr(bench, "measure_bandwidth", lambda pin, threads: (1e10, 2e10))
+    monkeypatch.setattr(bench, "measure_bandwidth", lambda pin, threads, nbytes: (1e10, 2e10, "mv"))
     monkeypatch.setattr(bench.subprocess, "run", fake_run)
     out = tmp_path / "r.json"
     bench.main(["--pairs", "3", "--cpus", "0", "--ours-graph", "full_decode_only", "--json", str(out)])
@@ -61,7 +61,7 @@ def test_cold_caches_are_emptied_before_every_pair_and_prime_runs_each_side_once
     result = {"tokens_per_s": 100.0, "cpu_s_per_token": 0.002, "init_s": 5.0, "init_cpu_s": 4.0}
     vllm_cache = tmp_path / "vllm-cache"
     monkeypatch.setattr(bench, "ensure_peer", lambda venv: Path("/peer/bin/python"))
-    monkeypatch.setattr(bench, "measure_bandwidth", lambda pin, threads: (1e10, 2e10))
+    monkeypatch.setattr(bench, "measure_bandwidth", lambda pin, threads, nbytes: (1e10, 2e10, "mv"))
     from npu_testkit import engine
 
     monkeypatch.setattr(engine, "shared_vllm_cache_root", lambda: vllm_cache)
@@ -103,7 +103,7 @@ def test_breakdown_is_asked_of_both_sides_and_printed_as_medians(
         return subprocess.CompletedProcess(cmd, 0, stdout=out + "\n", stderr="")
 
     monkeypatch.setattr(bench, "ensure_peer", lambda venv: Path("/peer/bin/python"))
-    monkeypatch.setattr(bench, "measure_bandwidth", lambda pin, threads: (1e10, 2e10))
+    monkeypatch.setattr(bench, "measure_bandwidth", lambda pin, threads, nbytes: (1e10, 2e10, "mv"))
     monkeypatch.setattr(bench.subprocess, "run", fake_run)
     bench.main(["--pairs", "3", "--breakdown"])
     assert all("--breakdown" in c for c in cmds)
@@ -128,7 +128,13 @@ def test_sizes_and_workloads_run_pairs_each_with_the_bandwidth_bound(
         return subprocess.CompletedProcess(cmd, 0, stdout=json.dumps(result) + "\n", stderr="")
 
     monkeypatch.setattr(bench, "ensure_peer", lambda venv: pytest.fail("--no-peer must not make the peer venv"))
-    monkeypatch.setattr(bench, "measure_bandwidth", lambda pin, threads: (1000.0, 2000.0))  # bytes/s: wall, CPU
+    measured: list[int] = []
+
+    def fake_bandwidth(pin: list[str], threads: int, nbytes: int) -> tuple[float, float, str]:
+        measured.append(nbytes)
+        return 1000.0, 2000.0, "mv"  # bytes/s: wall, CPU
+
+    monkeypatch.setattr(bench, "measure_bandwidth", fake_bandwidth)
     monkeypatch.setattr(bench, "build_size", lambda size, dtype: model)
     monkeypatch.setattr(bench.subprocess, "run", fake_run)
     out = tmp_path / "r.json"
@@ -154,8 +160,16 @@ def test_sizes_and_workloads_run_pairs_each_with_the_bandwidth_bound(
     assert "100m decode-b16 ours 4 tok/s 4 tok/cpu-s (25 % / 12 %) bound 16 tok/s / 32 tok/cpu-s" in lines
     assert "tiny prefill-1k ours 4 tok/s 4 tok/cpu-s" in lines and "100m prefill-1k ours 4 tok/s 4 tok/cpu-s" in lines
     report = json.loads(out.read_text())
-    assert report["bandwidth"] == [1000.0, 2000.0] and [r["workload"] for r in report["runs"]] == ["decode-b16"]
+    assert report["runs"][0]["bandwidth"] == [1000.0, 2000.0] and [r["workload"] for r in report["runs"]] == [
+        "decode-b16"
+    ]
     assert report["runs"][0]["weight_bytes"] == 1000 and "median" not in report
+    assert measured == [1000, 1000, 1000]  # once per size and run, over the size's weight bytes
+
+
+def test_bandwidth_is_the_better_of_sum_and_mv_over_the_weights_size() -> None:
+    wall, cpu, how = bench.measure_bandwidth([], 1, 1 << 20)  # below the 256 MiB floor: 256 MiB are read
+    assert how in ("sum", "mv") and wall > 1e8 and cpu > 1e8
 
 
 def test_with_eager_runs_ours_eager_as_a_third_side_and_prints_each_sides_start(
@@ -174,7 +188,7 @@ def test_with_eager_runs_ours_eager_as_a_third_side_and_prints_each_sides_start(
         return subprocess.CompletedProcess(cmd, 0, stdout=out + "\n", stderr="")
 
     monkeypatch.setattr(bench, "ensure_peer", lambda venv: Path("/peer/bin/python"))
-    monkeypatch.setattr(bench, "measure_bandwidth", lambda pin, threads: (1e10, 2e10))
+    monkeypatch.setattr(bench, "measure_bandwidth", lambda pin, threads, nbytes: (1e10, 2e10, "mv"))
     monkeypatch.setattr(bench.subprocess, "run", fake_run)
     bench.main(["--pairs", "3", "--with-eager", "--ours-compile", "auto"])
 

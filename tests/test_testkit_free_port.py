@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import random
 import socket
+import subprocess
+import sys
 
 import pytest
 from npu_testkit import serve
@@ -41,3 +43,32 @@ def test_a_block_holding_a_taken_port_is_drawn_again(monkeypatch: pytest.MonkeyP
         monkeypatch.setattr(serve, "_ephemeral_start", lambda: taken + 50)
         monkeypatch.setattr(serve._DRAWS, "randrange", lambda lo, hi: next(draws))
         assert serve.free_port(2) > taken
+
+
+_LISTENER = """
+import socket, sys, time
+with socket.socket() as s:
+    s.bind(("127.0.0.1", int(sys.argv[1])))
+    s.listen()
+    print("listening", flush=True)
+    time.sleep(60)
+"""
+
+
+def test_a_server_is_ready_only_on_its_own_listening_socket() -> None:
+    """``start_vllm_server`` takes a 200 on its port as its server's only when that server (or a child of it)
+    holds the listening socket: two servers once drew one port, and the second one's readiness poll got the
+    first one's answer."""
+    port = serve.free_port()
+    owner = subprocess.Popen([sys.executable, "-c", _LISTENER, str(port)], stdout=subprocess.PIPE, text=True)
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        assert owner.stdout is not None and owner.stdout.readline().strip() == "listening"
+        assert serve.listens_on(owner.pid, port)
+        assert not serve.listens_on(other.pid, port)  # the server that lost the port: alive, listening nowhere
+        assert not serve.listens_on(owner.pid, port + 1)
+    finally:
+        for p in (owner, other):
+            p.kill()
+            p.wait(timeout=30)
+    assert not serve.listens_on(owner.pid, port)  # gone

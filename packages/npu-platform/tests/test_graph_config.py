@@ -64,8 +64,8 @@ VLLM_SIZES = [1, 2, 4, *range(8, 513, 8)]
     ("mode", "emulated", "expected", "level"),
     [
         (CUDAGraphMode.FULL_AND_PIECEWISE, False, "PIECEWISE", CompilationLevel.PIECEWISE),  # vLLM's default
-        # The emulated device stays eager by default (issue 35: warm starts of the compiled graphs cost more).
-        (CUDAGraphMode.FULL_AND_PIECEWISE, True, "NONE", CompilationLevel.NO_COMPILATION),
+        # The emulated device compiles by default (issue 35): FULL_DECODE_ONLY, the model itself not Dynamo-compiled.
+        (CUDAGraphMode.FULL_AND_PIECEWISE, True, "FULL_DECODE_ONLY", CompilationLevel.NO_COMPILATION),
         (CUDAGraphMode.PIECEWISE, True, "PIECEWISE", CompilationLevel.PIECEWISE),
         (CUDAGraphMode.FULL_DECODE_ONLY, True, "FULL_DECODE_ONLY", CompilationLevel.NO_COMPILATION),
         (CUDAGraphMode.NONE, False, "NONE", CompilationLevel.NO_COMPILATION),
@@ -295,16 +295,26 @@ def test_graph_modes_warm_each_size_up_eagerly_before_capturing_it(mode):
     assert cfg.compilation_config.cudagraph_num_of_warmups == 3
 
 
-# --- the emulated device (issue 35): eager by default; npu.emulated_compile=inductor alone runs compiled graphs -------
+# --- the emulated device (issue 35): compiled FULL_DECODE_ONLY by default, as vLLM compiles by default -------------
 
 INDUCTOR = {"emulated_compile": "inductor"}
 
 
-def test_emulated_default_stays_eager_and_names_the_opt_in():
+def test_emulated_default_is_compiled_full_decode_only_and_names_the_way_out():
     cfg = config(CUDAGraphMode.FULL_AND_PIECEWISE, VLLM_SIZES_16)
     plan = configure_graphs(cfg, "auto", True)
+    assert (plan.mode, plan.compile, plan.capture_sizes) == ("FULL_DECODE_ONLY", "inductor", (1, 2, 4, 8, 16))
+    assert "--enforce-eager" in plan.reason and "npu.emulated_compile='none'" in plan.reason
+    # The workers' graph wrappers read the resolved value ("auto" -> "inductor") from additional_config.
+    assert cfg.additional_config == {"npu": {"emulated_compile": "inductor"}}
+    assert not cfg.model_config.enforce_eager
+
+
+def test_emulated_compile_none_keeps_the_default_eager():
+    cfg = config(CUDAGraphMode.FULL_AND_PIECEWISE, VLLM_SIZES_16, npu={"emulated_compile": "none"})
+    plan = configure_graphs(cfg, "auto", True)
     assert (plan.mode, plan.compile, plan.capture_sizes) == ("NONE", "none", ())
-    assert "npu.emulated_compile=inductor" in plan.reason and cfg.model_config.enforce_eager
+    assert "npu.emulated_compile=none" in plan.reason and cfg.model_config.enforce_eager
 
 
 #: vLLM 0.11's default capture sizes for max_num_seqs 16 (cuda_graph_sizes [32], up to 256 tokens).
@@ -337,7 +347,7 @@ def test_emulated_default_keeps_the_users_capture_sizes():
     [
         ({"enforce_eager": True}, "auto", None, "NONE", "none"),
         ({}, "eager", None, "NONE", "none"),
-        ({}, "auto", None, "NONE", "none"),  # the default
+        ({}, "auto", None, "FULL_DECODE_ONLY", "inductor"),  # the default
         ({}, "auto", {"emulated_compile": "none"}, "NONE", "none"),
         ({}, "auto", {"emulated_compile": "inductor"}, "FULL_DECODE_ONLY", "inductor"),
         ({}, "piecewise", None, "PIECEWISE", "none"),  # an explicit graph mode keeps uncompiled replay
@@ -370,9 +380,11 @@ def test_explicit_cudagraph_mode_on_the_emulated_device_is_not_compiled():
         ({"pooling": True}, "a pooling model"),
     ],
 )
-def test_emulated_default_falls_back_to_eager_naming_the_feature(kwargs, named):
+@pytest.mark.parametrize("npu", [None, INDUCTOR])  # the default ("auto") and the explicit opt-in
+def test_emulated_default_falls_back_to_eager_naming_the_feature(kwargs, named, npu):
+    kwargs = dict(kwargs)  # the parametrized dict is shared by both values of npu
     pooling = kwargs.pop("pooling", False)
-    cfg = config(CUDAGraphMode.FULL_AND_PIECEWISE, VLLM_SIZES_16, npu=dict(INDUCTOR), **kwargs)
+    cfg = config(CUDAGraphMode.FULL_AND_PIECEWISE, VLLM_SIZES_16, npu=dict(npu or {}), **kwargs)
     cfg.model_config.runner_type = "pooling" if pooling else "generate"
     plan = configure_graphs(cfg, "auto", True)
     assert (plan.mode, plan.compile) == ("NONE", "none") and named in plan.reason

@@ -76,12 +76,34 @@ def pin_eager_args(args: Sequence[str]) -> list[str]:
     return list(args) if chooses else [*args, "--enforce-eager"]
 
 
+def listens_on(pid: int, port: int) -> bool:
+    """Whether process ``pid`` or one of its descendants holds a listening TCP socket on ``port``: the answer on a
+    port is this server's, not another test's server that took the same port first (this one then fails to bind
+    and exits, which the caller sees next)."""
+    import psutil
+
+    try:
+        root = psutil.Process(pid)
+        procs = [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return False
+    for p in procs:
+        try:
+            conns = p.net_connections(kind="tcp")
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+        if any(c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port for c in conns):
+            return True
+    return False
+
+
 def start_vllm_server(
     args: Sequence[str], env: Mapping[str, str], log: IO[str], *, timeout_s: float = STARTUP_TIMEOUT_S
 ) -> tuple[subprocess.Popen[bytes], str]:
     """Start ``vllm serve <args> --host 127.0.0.1 --port <free port>`` (the venv's ``vllm`` script, ``env`` as its
     whole environment, stdout and stderr into ``log``) and return the process and its base URL
-    ``http://127.0.0.1:<port>`` once ``/v1/models`` returns 200; eager unless ``args`` choose a graph mode
+    ``http://127.0.0.1:<port>`` once ``/v1/models`` returns 200 from it (its own listening socket, :func:`listens_on`);
+    eager unless ``args`` choose a graph mode
     (:func:`pin_eager_args`). Fails the test, with the end of the log (and the
     server killed), if the server exits or is not ready within ``timeout_s`` seconds. The caller stops the server."""
     if "vllm" in sys.modules and "VLLM_CACHE_ROOT" in env and args and Path(args[0]).is_dir():
@@ -103,7 +125,7 @@ def start_vllm_server(
             pytest.fail(f"vllm serve exited with {proc.returncode}:\n{_log_tail(Path(log.name))}")
         try:
             with urllib.request.urlopen(f"{base}/v1/models", timeout=5) as resp:
-                if resp.status == 200:
+                if resp.status == 200 and listens_on(proc.pid, port):
                     return proc, base
         except (urllib.error.URLError, ConnectionError, TimeoutError):
             pass

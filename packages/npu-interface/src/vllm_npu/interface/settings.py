@@ -114,8 +114,8 @@ ADDITIONAL_CONFIG_SETTINGS: tuple[Setting, ...] = (
     _key(
         "graph_mode",
         "auto",
-        "`auto` follows vLLM's `cudagraph_mode` (PIECEWISE graphs by default on the NPU, eager on the emulated "
-        "device unless `cudagraph_mode` or `npu.emulated_compile=inductor` is set); `torchair` compiles the decode forward per padded batch size, "
+        "`auto` follows vLLM's `cudagraph_mode` (PIECEWISE graphs by default on the NPU, FULL_DECODE_ONLY graphs "
+        "with compiled replay on the emulated device, see `npu.emulated_compile`); `torchair` compiles the decode forward per padded batch size, "
         "attention included for GQA and MLA models, and MoE layers, quantized ones included (on an NPU: GQA and "
         "MLA decoder models, MoE with unquantized, W8A8_DYNAMIC or static W8A8 experts (MC2 and data parallel with "
         "expert parallel included) with or without dynamic EPLB, and the dense quant schemes; DeepSeek-V3.2's sparse attention and "
@@ -125,9 +125,10 @@ ADDITIONAL_CONFIG_SETTINGS: tuple[Setting, ...] = (
     _key(
         "emulated_compile",
         "auto",
-        "emulated device: `auto` is `none` today (eager by default: a warm start of compiled graphs still costs more "
-        "than an eager one, docs/graphs.md); `inductor` alone (no `--enforce-eager`, `cudagraph_mode` or "
-        "`npu.graph_mode`) runs FULL_DECODE_ONLY graphs with compiled replay at sizes 1-16; "
+        "emulated device: with no `--enforce-eager`, `cudagraph_mode` or `npu.graph_mode`, `auto` and `inductor` "
+        "run FULL_DECODE_ONLY graphs with compiled replay at sizes 1-16 (vLLM compiles by default; eager, logged, "
+        "with speculative decoding, a KV connector, more than one rank, sleep mode or a pooling model) and `none` "
+        "runs eagerly; "
         "with graphs on (`piecewise`, `full_decode_only`), `inductor` compiles each captured graph's "
         "pieces between its KV-cache writes and updatable kernels with inductor, once per distinct piece and capture "
         "size at start-up, kept in `$VLLM_NPU_CACHE_DIR/emulated_compile` across restarts (off with "

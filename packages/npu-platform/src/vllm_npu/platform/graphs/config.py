@@ -20,13 +20,12 @@ FULL               refused: it would capture mixed prefill/decode batches as ful
                    take per-request host parameters that change with every batch; use FULL_DECODE_ONLY
 ================== ===========================================================================================
 
-Defaults: on an NPU, PIECEWISE (vllm-ascend's default). On the emulated device, eager (``npu.emulated_compile``
-``auto``, as ``none``): a warm start of the compiled graphs still costs 15-30 % more CPU than an eager start on the
-demo model (docs/graphs.md, issue 35), so the switch to vLLM's default (compile and capture) waits for that.
-``npu.emulated_compile=inductor`` with no graph setting runs what that default will be: FULL_DECODE_ONLY with compiled
-replay at :data:`EMULATED_DEFAULT_SIZES` when vLLM's default list is in effect (each size costs a compile, cached on
-disk), eager, logged, for the features of :func:`emulated_default_fallback`. ``--enforce-eager`` runs eagerly
-everywhere.
+Defaults: on an NPU, PIECEWISE (vllm-ascend's default). On the emulated device, what vLLM's own CPU backend does by
+default, compile (issue 35; its warm start is not slower than vLLM's CPU backend's, docs/graphs.md): with
+``npu.emulated_compile`` ``auto`` (or ``inductor``) and no graph setting, FULL_DECODE_ONLY with compiled replay at
+:data:`EMULATED_DEFAULT_SIZES` when vLLM's default list is in effect (each size costs a compile once per machine,
+cached on disk), eager, logged, for the features of :func:`emulated_default_fallback`. ``npu.emulated_compile=none``,
+``npu.graph_mode='eager'`` or ``--enforce-eager`` run eagerly.
 
 ``npu.graph_mode``: ``auto`` follows the above; ``eager`` / ``piecewise`` / ``full_decode_only`` set the mode (an
 explicit, different ``cudagraph_mode`` is a conflict). ``--enforce-eager`` with a graph mode is a conflict.
@@ -246,16 +245,17 @@ TORCHAIR_C8 = (
 #: start (seconds to tens of seconds; later starts load it from the on-disk cache); larger decode batches run eagerly.
 EMULATED_DEFAULT_SIZES = (1, 2, 4, 8, 16)
 
-#: The reason logged for compiled graphs on the emulated device with no graph setting.
+#: The reason logged for the emulated device's default: compiled graphs, as vLLM's CPU backend compiles by default.
 EMULATED_DEFAULT = (
-    "emulated device with npu.emulated_compile=inductor and vLLM's default cudagraph_mode: FULL_DECODE_ONLY with "
-    "compiled replay; --enforce-eager or npu.graph_mode='eager' runs eagerly"
+    "emulated device, vLLM's default cudagraph_mode: FULL_DECODE_ONLY with compiled replay (vLLM compiles by "
+    "default; compiled once per machine, then loaded from the on-disk cache); --enforce-eager, "
+    "npu.graph_mode='eager' or npu.emulated_compile='none' runs eagerly"
 )
 
-#: The reason logged for the emulated device's default, eager.
+#: The reason logged for the emulated device's default with ``npu.emulated_compile=none``.
 EMULATED_EAGER = (
-    "emulated device: eager by default (a warm start of the compiled graphs costs more than an eager start, "
-    "docs/graphs.md); npu.emulated_compile=inductor runs FULL_DECODE_ONLY graphs with compiled replay"
+    "emulated device with npu.emulated_compile=none and vLLM's default cudagraph_mode: eager (the default, 'auto', "
+    "runs FULL_DECODE_ONLY graphs with compiled replay)"
 )
 
 
@@ -354,8 +354,9 @@ def _check_torchair(vllm_config: VllmConfig, emulated: bool) -> None:
 
 
 def _emulated_default_mode(vllm_config: VllmConfig, emulated_compile: str) -> tuple[str, str]:
-    """The emulated device's mode for vLLM's default ``cudagraph_mode`` (no explicit graph setting)."""
-    if emulated_compile != "inductor":
+    """The emulated device's mode for vLLM's default ``cudagraph_mode`` (no explicit graph setting): compiled
+    FULL_DECODE_ONLY unless ``npu.emulated_compile=none`` or a feature of :func:`emulated_default_fallback`."""
+    if emulated_compile == "none":
         return "NONE", EMULATED_EAGER
     fallback = emulated_default_fallback(vllm_config)
     if fallback is not None:

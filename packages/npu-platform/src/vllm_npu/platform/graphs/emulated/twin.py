@@ -211,6 +211,21 @@ def _no_host_reads_of_traced_tensors() -> Iterator[None]:
             setattr(torch.Tensor, name, fn)
 
 
+@contextlib.contextmanager
+def one_meta_mode() -> Iterator[None]:
+    """One fake-tensor mode for the metadata of every traced node. A real-mode ``make_fx`` records each node's value
+    as a fake tensor (``node.meta["val"]``) and, with no fake mode in reach, makes a new ``FakeTensorMode`` per node
+    (torch 2.8's ``proxy_tensor.extract_val``), whose constructor records the Python stack: on the demo model ~40 %
+    of a capture's trace, at every engine start and capture size. A tracing context holding one mode is where
+    ``extract_val`` looks first (``torch._guards.detect_fake_mode``); the metadata is the same (shape, stride,
+    dtype, device of each value)."""
+    from torch._guards import TracingContext, tracing
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with tracing(TracingContext(FakeTensorMode(allow_fallback_kernels=True))):
+        yield
+
+
 def _tensor_positions(flat: list[Any]) -> list[int]:
     return [i for i, x in enumerate(flat) if isinstance(x, torch.Tensor)]
 
@@ -248,7 +263,12 @@ class EmulatedGraph:
 
         inputs = [flat[i] for i in positions]
         recorder = _TwinRecorder()
-        with recording(recorder), _plain_parameters(runnable), _no_host_reads_of_traced_tensors():
+        with (
+            recording(recorder),
+            _plain_parameters(runnable),
+            _no_host_reads_of_traced_tensors(),
+            one_meta_mode(),
+        ):
             module = make_fx(traced, decomposition_table=_attention_decompositions(), tracing_mode="real")(*inputs)
         graph = cls(module, spec, flat, positions, [t.data_ptr() for t in inputs], None, recorder.task_ids)
         labels = tensor_labels(runnable)

@@ -34,6 +34,7 @@ import torch
 
 from ..wrapper import PIECE_STATS
 from ._twin_code import load_code, store_code, structure_key
+from .twin import one_meta_mode
 
 if TYPE_CHECKING:
     from ..compile_cache import CompileCache
@@ -73,7 +74,7 @@ def _decomposed(piece: torch.fx.GraphModule, inputs: Sequence[torch.Tensor]) -> 
         out = piece(*args)
         return tuple(out) if isinstance(out, (tuple, list)) else (out,)
 
-    with torch.no_grad():
+    with torch.no_grad(), one_meta_mode():
         return make_fx(functionalize(as_tuple), decomposition_table=select_decomp_table(), tracing_mode="real")(*inputs)
 
 

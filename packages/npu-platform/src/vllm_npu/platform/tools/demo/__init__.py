@@ -53,7 +53,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--enforce-eager",
         action="store_true",
-        help="run eagerly (the emulated device's default; on an NPU the default captures graphs)",
+        help="run eagerly (the default captures graphs: compiled FULL_DECODE_ONLY on the emulated device)",
     )
     p.add_argument(
         "--emulated-compile",
@@ -81,6 +81,24 @@ def graph_mode(info: dict[str, Any]) -> str:
         )
     replays = sum((graphs.get("replays") or {}).values())
     return f"{line}, {replays} replays"
+
+
+def _wants_notice(args: argparse.Namespace) -> bool:
+    """Whether the start may compile (no ``--enforce-eager``, no ``--emulated-compile none``) and stdout is text."""
+    return not args.json and not args.enforce_eager and args.emulated_compile != "none"
+
+
+def _compile_notice() -> str:
+    """What the default start does on the emulated device (issue 35), said before the wait it may cost."""
+    if os.environ["VLLM_NPU_DEVICE"] != "emulated":
+        return "engine start (graphs captured as the device's default mode)"
+    from ...graphs.compile_cache import EMULATED_COMPILE_SUBDIR, default_cache_root
+
+    return (
+        "engine start: compiled FULL_DECODE_ONLY graphs (vLLM's default mode); the first start on a machine "
+        "compiles them (about a minute on 2 cores), later starts load them from "
+        f"{default_cache_root(EMULATED_COMPILE_SUBDIR)}; --enforce-eager starts without them"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -118,6 +136,8 @@ def main(argv: list[str] | None = None) -> int:
 
     from vllm import LLM, SamplingParams
 
+    if _wants_notice(args):
+        print(_compile_notice(), flush=True)
     t1 = time.perf_counter()
     llm = LLM(
         model=str(model_dir),
