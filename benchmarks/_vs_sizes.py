@@ -133,11 +133,10 @@ def decode_bound(batch: int, bandwidth: float, model_bytes: int) -> float:
     return batch * bandwidth / model_bytes
 
 
-def summary_line(
-    size: str, name: str, work: dict[str, Any], runs: dict[str, list[dict]], bounds: tuple[float, float]
-) -> str:
+def summary_line(size: str, name: str, runs: dict[str, list[dict]], bounds: tuple[float, float] | None) -> str:
     """One line per size and workload: each side's median tokens/s (wall) and tokens per CPU second, their ratios and,
-    for decode, each one's share of the bound (``bounds``: wall and CPU-time, :func:`decode_bound`)."""
+    for decode, each one's share of the bound (``bounds``: wall and CPU-time, :func:`decode_bound`; None for
+    prefill)."""
     import statistics
 
     parts = [f"{size:>5s} {name:<11s}"]
@@ -148,13 +147,13 @@ def summary_line(
         wall = statistics.median(r["tokens_per_s"] for r in results)
         cpu = statistics.median(1.0 / r["cpu_s_per_token"] for r in results)
         med[side] = (wall, cpu)
-        share = "" if work["prefill"] else f" ({100 * wall / bounds[0]:.0f} % / {100 * cpu / bounds[1]:.0f} %)"
+        share = "" if bounds is None else f" ({100 * wall / bounds[0]:.0f} % / {100 * cpu / bounds[1]:.0f} %)"
         parts.append(f"{side} {wall:8.0f} tok/s {cpu:8.0f} tok/cpu-s{share}")
     for side in ("ours", "eager"):
         if side in med and "peer" in med:
             ratio = f"{med[side][0] / med['peer'][0]:.2f} / {med[side][1] / med['peer'][1]:.2f}"
             parts.append(f"ratio{'' if side == 'ours' else ' eager'} {ratio}")
-    if not work["prefill"]:
+    if bounds is not None:
         parts.append(f"bound {bounds[0]:.0f} tok/s / {bounds[1]:.0f} tok/cpu-s")
     return "  ".join(parts)
 

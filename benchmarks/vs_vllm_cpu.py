@@ -325,23 +325,27 @@ def main(argv: list[str] | None = None) -> None:
     for size in sizes:
         model = build_size(size, args.dtype)
         model_bytes = weight_bytes(model)
-        *bandwidth, how = measure_bandwidth(pin, args.threads, model_bytes)
-        print(
-            f"read bandwidth over {max(model_bytes, 1 << 28) / 1e6:.0f} MB ({how}, {args.threads} thread(s)): "
-            f"{bandwidth[0] / 1e9:.1f} GB per wall s, {bandwidth[1] / 1e9:.1f} GB per CPU s; load "
-            f"{os.getloadavg()[0]:.1f}",
-            flush=True,
-        )
+        bandwidth = None  # only decode workloads have a bandwidth bound: measured for them alone
+        if any(not work["prefill"] for work in works.values()):
+            *bandwidth, how = measure_bandwidth(pin, args.threads, model_bytes)
+            print(
+                f"read bandwidth over {max(model_bytes, 1 << 28) / 1e6:.0f} MB ({how}, {args.threads} thread(s)): "
+                f"{bandwidth[0] / 1e9:.1f} GB per wall s, {bandwidth[1] / 1e9:.1f} GB per CPU s; load "
+                f"{os.getloadavg()[0]:.1f}",
+                flush=True,
+            )
         for name, work in works.items():
             print(f"--- {size} ({model_bytes / 1e6:.0f} MB of weights), {name}: {work}", flush=True)
             pairs = run_pairs(args, model, work, (ours_env, peer_env), peer_python, tmp)
-            bounds = (
-                decode_bound(work["prompts"], bandwidth[0], model_bytes),
-                decode_bound(work["prompts"], bandwidth[1], model_bytes),
-            )
+            bounds = None
+            if bandwidth is not None and not work["prefill"]:
+                bounds = (
+                    decode_bound(work["prompts"], bandwidth[0], model_bytes),
+                    decode_bound(work["prompts"], bandwidth[1], model_bytes),
+                )
             sides = {side: [p[side] for p in pairs if side in p] for side in ("ours", "eager", "peer")}
             print_starts(pairs)
-            summaries.append(summary_line(size, name, work, sides, bounds))
+            summaries.append(summary_line(size, name, sides, bounds))
             run: dict = {
                 "size": size,
                 "workload": name,

@@ -165,6 +165,10 @@ def test_sizes_and_workloads_run_pairs_each_with_the_bandwidth_bound(
     ]
     assert report["runs"][0]["weight_bytes"] == 1000 and "median" not in report
     assert measured == [1000, 1000, 1000]  # once per size and run, over the size's weight bytes
+    measured.clear()
+    bench.main(["--pairs", "1", "--no-peer", "--workloads", "prefill-1k", "--json", str(out)])
+    assert measured == []  # prefill alone has no bandwidth bound: nothing measured
+    assert json.loads(out.read_text())["runs"][0]["bandwidth"] is None
 
 
 def test_bandwidth_is_the_better_of_sum_and_mv_over_the_weights_size() -> None:
